@@ -1,0 +1,111 @@
+"""`infer.yaml`: the vLLM inference server (`grpo-infer`, or the server thread of `grpo`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from grpo.config.base import StrictModel
+
+# vLLM accepts only these LoRA ranks; a configured rank is rounded up to the next one.
+VALID_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def round_up_lora_rank(rank: int) -> int:
+    """Smallest rank vLLM accepts that is >= `rank`."""
+    for valid in VALID_VLLM_LORA_RANKS:
+        if valid >= rank:
+            return valid
+    raise ValueError(f"max_lora_rank {rank} exceeds the largest rank vLLM supports ({VALID_VLLM_LORA_RANKS[-1]})")
+
+
+class InferenceConfig(StrictModel):
+    model: str
+    """HuggingFace model id or local path. Ids resolve offline: local path, HF cache, embedded store."""
+
+    host: str | None = None
+    """Bind address. null binds 127.0.0.1 (loopback only); set "0.0.0.0" to serve other hosts."""
+
+    port: int = Field(8000, ge=0, le=65535)
+    """Bind port (0 picks a free one; the chosen port is logged)."""
+
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    """Weight and activation dtype of the engine."""
+
+    max_model_len: int | None = Field(None, gt=0)
+    """Maximum context length (prompt + completion); null takes the model's."""
+
+    enforce_eager: bool = False
+    """Disable CUDA graphs (debugging; always eager on CPU)."""
+
+    trust_remote_code: bool = False
+    """Allow custom model code from the model folder."""
+
+    tp: int = Field(1, ge=1)
+    """Tensor parallel degree."""
+
+    dp: int = Field(1, ge=1)
+    """Data parallel degree (engine replicas behind one server)."""
+
+    enable_lora: bool = True
+    """Serve LoRA adapters and hot-load each new policy's adapter."""
+
+    max_lora_rank: int | None = Field(None, gt=0)
+    """Largest LoRA rank to serve; rounded up to a rank vLLM accepts. null = 64."""
+
+    max_loras: int = Field(8, ge=1)
+    """Adapters resident in the engine at once."""
+
+    max_cpu_loras: int = Field(100, ge=1)
+    """Adapters cached in host memory."""
+
+    enable_prefix_caching: bool | None = None
+    """Prefix caching; null keeps vLLM's default."""
+
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may use. In co-located mode this is an upper bound: the
+    trainer's estimated needs are taken off first."""
+
+    kv_cache_space_gb: float | None = Field(None, gt=0)
+    """CPU only: GiB of host memory for the KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE). null = 2,
+    or the automatic split in co-located mode."""
+
+    weight_broadcast_type: Literal["filesystem", "nccl"] = "filesystem"
+    """How new full weights arrive: from a directory, or over a collective (NCCL on GPU, gloo on CPU)."""
+
+    reasoning_parser: str | None = None
+    """vLLM reasoning parser name (e.g. "deepseek_r1", "qwen3")."""
+
+    enable_auto_tool_choice: bool = False
+    """Let the model choose tools (needs `tool_call_parser`)."""
+
+    tool_call_parser: str | None = None
+    """vLLM tool call parser name, used with enable_auto_tool_choice."""
+
+    rope_scaling: dict[str, Any] | None = None
+    """RoPE scaling dict passed to the model config (e.g. {rope_type: yarn, factor: 4.0})."""
+
+    seed: int = 0
+    """Engine seed."""
+
+    max_num_seqs: int | None = Field(None, gt=0)
+    """Sequences the scheduler runs at once; null keeps vLLM's default."""
+
+    api_key_var: str = "VLLM_API_KEY"
+    """Env var holding the API key the server requires; unset or empty = no key."""
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank_is_servable(cls, rank: int | None) -> int | None:
+        if rank is not None:
+            round_up_lora_rank(rank)
+        return rank
+
+    @property
+    def served_lora_rank(self) -> int:
+        return round_up_lora_rank(self.max_lora_rank or 64)
+
+    @property
+    def bind_host(self) -> str:
+        return self.host or "127.0.0.1"

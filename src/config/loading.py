@@ -1,0 +1,207 @@
+"""Read a YAML config, apply dotted command-line overrides, validate, and explain what is wrong.
+
+Pydantic's own error text names internal locations (union tags, validator names); users need
+the key as they wrote it, the file it is in, and the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from grpo.config.errors import ConfigError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+MAX_ERRORS_SHOWN = 8
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping in `path`, or a ConfigError naming what is wrong with the file."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file (check the path; it is relative to {Path.cwd()})")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, expected a YAML file")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from exc
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; it needs at least a `model:` key")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values at the top level, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(args: list[str], source: str = "command line") -> list[tuple[str, Any]]:
+    """Turn ['--a.b', '1', '--c=x'] into [('a.b', 1), ('c', 'x')]; values are parsed as YAML."""
+    pairs: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"{source}: unexpected argument '{arg}'; overrides look like --key.subkey VALUE")
+        key, eq, raw = arg[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ConfigError(f"{source}: override --{key} needs a value (--{key} VALUE or --{key}=VALUE)")
+            raw = args[i + 1]
+            i += 1
+        i += 1
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        pairs.append((key.replace("-", "_"), value))
+    return pairs
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Set each dotted key in a copy of `data` (creating intermediate mappings)."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for dotted, value in overrides:
+        node = out
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def validate(model_cls: type[ModelT], data: dict[str, Any], source: str) -> ModelT:
+    """`model_cls(**data)`, with validation errors rewritten as ConfigError lines."""
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as exc:
+        lines = [_explain(model_cls, data, err, source) for err in exc.errors()]
+        unique = list(dict.fromkeys(lines))
+        if len(unique) > MAX_ERRORS_SHOWN:
+            unique = [*unique[:MAX_ERRORS_SHOWN], f"{source}: ... and {len(unique) - MAX_ERRORS_SHOWN} more"]
+        raise ConfigError("\n".join(unique)) from exc
+
+
+def load_config(
+    model_cls: type[ModelT], path: str | Path, overrides: list[tuple[str, Any]] | None = None
+) -> ModelT:
+    """Read, override and validate one config file."""
+    data = apply_overrides(read_yaml(path), overrides or [])
+    return validate(model_cls, data, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Error explanation
+
+
+def _explain(model_cls: type[BaseModel], data: dict[str, Any], err: Any, source: str) -> str:
+    path = _user_path(err["loc"], data)
+    key = _format_path(path)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent_cls = _model_at(model_cls, path[:-1], data)
+        name = str(path[-1])
+        hint = ""
+        if parent_cls is not None:
+            close = difflib.get_close_matches(name, list(parent_cls.model_fields), n=1, cutoff=0.6)
+            if close:
+                hint = f"; did you mean '{_format_path([*path[:-1], close[0]])}'?"
+            else:
+                hint = f"; valid keys here: {', '.join(sorted(parent_cls.model_fields))}"
+        return f"{source}: unknown key '{key}'{hint}"
+    if kind == "missing":
+        return f"{source}: missing required key '{key}'"
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    got = ""
+    if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(err["input"], dict):
+        got = f" (got {err['input']!r})"
+    where = f"'{key}': " if key else ""
+    return f"{source}: {where}{message}{got}"
+
+
+def _user_path(loc: tuple[Any, ...], data: Any) -> list[str | int]:
+    """Drop the parts of a pydantic location the user never wrote (union tags, validator names)."""
+    path: list[str | int] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict):
+            if part in node:
+                path.append(part)
+                node = node[part]
+                continue
+            if isinstance(part, str) and (node.get("type") == part or "[" in part or part.startswith("function")):
+                continue
+            path.append(part)
+            node = None
+        elif isinstance(node, list) and isinstance(part, int):
+            path.append(part)
+            node = node[part] if part < len(node) else None
+        elif isinstance(part, str) and ("[" in part or part.startswith("function")):
+            continue
+        else:
+            path.append(part)
+            node = None
+    return path
+
+
+def _format_path(path: list[str | int]) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _model_at(model_cls: type[BaseModel], path: list[str | int], data: Any) -> type[BaseModel] | None:
+    """The config model class at `path` (following Optional, lists and tagged unions)."""
+    current: Any = model_cls
+    node = data
+    for part in path:
+        if isinstance(part, int):
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            continue
+        cls = _as_model(current, node)
+        if cls is None or part not in cls.model_fields:
+            return None
+        current = cls.model_fields[part].annotation
+        node = node.get(part) if isinstance(node, dict) else None
+    return _as_model(current, node)
+
+
+def _as_model(annotation: Any, node: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _as_model(typing.get_args(annotation)[0], node)
+    if origin in (list, tuple):
+        args = typing.get_args(annotation)
+        return _as_model(args[0], node[0] if isinstance(node, list) and node else None) if args else None
+    if origin in (typing.Union, types.UnionType):
+        candidates = [m for a in typing.get_args(annotation) if (m := _as_model(a, node)) is not None]
+        tag = node.get("type") if isinstance(node, dict) else None
+        for cand in candidates:
+            type_field = cand.model_fields.get("type")
+            if tag is not None and type_field is not None and tag in typing.get_args(type_field.annotation):
+                return cand
+        return candidates[0] if candidates else None
+    return None

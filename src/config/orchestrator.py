@@ -1,0 +1,406 @@
+"""`orch.yaml`: the orchestrator (`grpo-orch`, or the main loop of `grpo`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from grpo.config.base import StrictModel
+
+
+class ModelConfig(StrictModel):
+    name: str | None = None
+    """HuggingFace model id or local path of the policy being trained (tokenizer and chat template)."""
+
+    lora_adapter: str | None = "default"
+    """Name under which the inference server serves the policy's LoRA adapter; null trains
+    full weights (requests use the base model name)."""
+
+    lora_rank: int | None = Field(None, gt=0)
+    """LoRA rank of the trainer (checked against the trainer and the server's max_lora_rank)."""
+
+    lora_alpha: float | None = Field(None, gt=0)
+    """LoRA alpha of the trainer (checked against the trainer)."""
+
+
+class TempSchedulerConfig(StrictModel):
+    type: Literal["linear", "cosine"]
+    """Shape of the schedule from start to end over max_steps."""
+
+    start_temperature: float = Field(ge=0.0)
+    """Temperature at step 0."""
+
+    end_temperature: float = Field(ge=0.0)
+    """Temperature at the final step."""
+
+
+class SamplingConfig(StrictModel):
+    max_tokens: int | None = Field(None, gt=0)
+    """Max completion tokens per generation (per turn); null = until the context is full."""
+
+    temperature: float | None = Field(None, ge=0.0)
+    """Sampling temperature (default 1.0). Set this or temp_scheduler, not both."""
+
+    temp_scheduler: TempSchedulerConfig | None = None
+    """Temperature schedule over training steps."""
+
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    """Repetition penalty (1.0 = off)."""
+
+    min_tokens: int = Field(0, ge=0)
+    """Minimum completion tokens per generation."""
+
+    seed: int | None = None
+    """Sampling seed; each request derives its own seed from it."""
+
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling. Values below 1 renormalise vLLM's logprobs over kept tokens, which biases
+    the importance ratio; keep 1.0 unless you know why."""
+
+    @model_validator(mode="after")
+    def _one_temperature_source(self) -> SamplingConfig:
+        if self.temperature is not None and self.temp_scheduler is not None:
+            raise ValueError("set sampling.temperature or sampling.temp_scheduler, not both")
+        return self
+
+    def temperature_at(self, step: int, max_steps: int | None) -> float:
+        """Temperature for rollouts of `step`."""
+        import math
+
+        if self.temp_scheduler is None:
+            return 1.0 if self.temperature is None else self.temperature
+        sched = self.temp_scheduler
+        frac = 0.0 if not max_steps or max_steps <= 1 else min(1.0, step / (max_steps - 1))
+        if sched.type == "cosine":
+            frac = 0.5 * (1.0 - math.cos(math.pi * frac))
+        return sched.start_temperature + frac * (sched.end_temperature - sched.start_temperature)
+
+
+class EnvConfig(StrictModel):
+    id: str
+    """Built-in environment id (reverse-text, math, gsm8k-synthetic, reasoning-gym:<task>, ...) or an
+    import path "pkg.module:load_environment" whose function returns an environment."""
+
+    name: str | None = None
+    """Human-readable name used in metrics (defaults to id)."""
+
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the environment's loader."""
+
+    address: str | None = None
+    """Address (host:port) of an external environment server; null runs the environment in-process."""
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.id
+
+
+class ElasticConfig(StrictModel):
+    hostname: str
+    """DNS name whose A records are the inference servers of an elastic pool."""
+
+    port: int = Field(8000, ge=1, le=65535)
+    """Port of every server in the pool."""
+
+    sync_interval: float = Field(5.0, gt=0)
+    """Seconds between DNS re-resolutions."""
+
+
+class ClientConfig(StrictModel):
+    base_url: list[str] = Field(default_factory=lambda: ["http://localhost:8000/v1"])
+    """Inference server URL(s); requests go to the least-loaded one."""
+
+    timeout: float = Field(1200, gt=0)
+    """Request timeout in seconds."""
+
+    api_key_var: str = "VLLM_API_KEY"
+    """Env var holding the API key sent to the servers."""
+
+    skip_model_check: bool = False
+    """Skip checking that the servers' /models lists the model."""
+
+    max_retries: int = Field(3, ge=0)
+    """Retries on transient errors (connection errors, 5xx, 429); other errors fail at once."""
+
+    elastic: ElasticConfig | None = None
+    """Discover servers by DNS instead of a fixed base_url list."""
+
+
+class BufferConfig(StrictModel):
+    seed: int | None = None
+    """Seed for example sampling (null = the run seed)."""
+
+    online_difficulty_filtering: bool = False
+    """Drop groups whose rollouts all scored 0.0 or all 1.0 (no learning signal)."""
+
+    easy_threshold: float | None = None
+    """Mean group reward above which an example moves to the easy pool."""
+
+    hard_threshold: float | None = None
+    """Mean group reward below which an example moves to the hard pool."""
+
+    easy_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Fraction of easy examples promoted back to the normal pool on start."""
+
+    hard_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Fraction of hard examples promoted back to the normal pool on start."""
+
+    hash_keys: list[str] = Field(default_factory=lambda: ["task", "prompt"])
+    """Example fields hashed to identify (and deduplicate) an example."""
+
+    skip_verification: bool = False
+    """Skip reward scoring (rewards are 0); for pure distillation."""
+
+    env_ratios: list[float] | None = None
+    """Sampling weight per environment (same order as env[]); must sum to > 0."""
+
+    @model_validator(mode="after")
+    def _ratios_positive(self) -> BufferConfig:
+        if self.env_ratios is not None:
+            if any(r < 0 for r in self.env_ratios) or sum(self.env_ratios) <= 0:
+                raise ValueError("buffer.env_ratios must be non-negative and sum to > 0")
+        return self
+
+
+class AdvantageConfig(StrictModel):
+    type: Literal["default", "grpo", "dr_grpo", "rloo", "reinforce_pp", "custom"] = "default"
+    """default: reward minus group mean. grpo: also divided by the group std. dr_grpo: same as
+    default (no std, no length normalisation). rloo: leave-one-out mean. reinforce_pp: REINFORCE++
+    baseline (group mean removed, then normalised over the whole batch). custom: import_path."""
+
+    length_weighted_mean: bool = False
+    """Weight the group mean by completion length."""
+
+    import_path: str | None = None
+    """(custom) "pkg.module:function" taking (rewards [groups x n], lengths, **kwargs) and returning advantages."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """(custom) keyword arguments for the function."""
+
+    @model_validator(mode="after")
+    def _custom_needs_path(self) -> AdvantageConfig:
+        if self.type == "custom" and not self.import_path:
+            raise ValueError("advantage.type 'custom' needs advantage.import_path ('pkg.module:function')")
+        if self.type != "custom" and self.import_path:
+            raise ValueError("advantage.import_path is only used with advantage.type: custom")
+        return self
+
+
+class GibberishFilterConfig(StrictModel):
+    type: Literal["gibberish"]
+    enforce: bool = False
+    """Mask flagged rollouts from the loss (otherwise only count them)."""
+
+    token_id_threshold: int = 100000
+    """Token ids at or above this are gibberish candidates."""
+
+    logprob_offset: float = 2.0
+    """A candidate is flagged when its logprob is below log(1/vocab) + offset."""
+
+
+class RepetitionFilterConfig(StrictModel):
+    type: Literal["repetition"]
+    enforce: bool = False
+    """Mask flagged rollouts from the loss (otherwise only count them)."""
+
+    window: int = Field(3000, ge=1)
+    """Consecutive high-probability tokens before a rollout is flagged."""
+
+    prob_threshold: float = Field(0.99, gt=0.0, le=1.0)
+    """Per-token probability counted as high."""
+
+
+FilterConfig = Annotated[GibberishFilterConfig | RepetitionFilterConfig, Field(discriminator="type")]
+
+
+class CheckpointConfig(StrictModel):
+    interval: int | None = Field(None, gt=0)
+    """Save progress and buffer every N steps (null = never)."""
+
+    resume_step: int | None = Field(None, ge=-1)
+    """Step to resume from; -1 = the latest checkpoint."""
+
+    wait_for_weights_timeout: float | None = Field(None, gt=0)
+    """Seconds to wait for the resumed step's weights to appear."""
+
+    keep_last: int | None = Field(None, gt=0)
+    """Keep at most the N newest checkpoints."""
+
+    keep_interval: int | None = Field(None, gt=0)
+    """Never delete checkpoints at multiples of N."""
+
+    skip_progress: bool = False
+    """On resume, do not restore the step counter and progress."""
+
+    skip_buffer: bool = False
+    """On resume, do not restore the buffer."""
+
+
+class EvalConfig(StrictModel):
+    env: list[EnvConfig] = Field(min_length=1)
+    """Environments to evaluate on."""
+
+    num_examples: int = Field(-1, ge=-1)
+    """Examples per environment (-1 = all)."""
+
+    rollouts_per_example: int = Field(1, ge=1)
+    """Rollouts per example."""
+
+    interval: int = Field(100, gt=0)
+    """Evaluate every N training steps."""
+
+    eval_base_model: bool = True
+    """Also evaluate the base model (step 0)."""
+
+    skip_eval_on_resume: bool = True
+    """Skip the evaluation that would run right after resuming."""
+
+    cancel_inflight_rollouts_on_eval: bool = False
+    """Cancel in-flight training rollouts before evaluating."""
+
+
+class ReportConfig(StrictModel):
+    project: str = "grpo"
+    """W&B project."""
+
+    name: str | None = None
+    """W&B run name."""
+
+    offline: bool = False
+    """Run W&B offline (no network needed)."""
+
+    samples: bool | None = None
+    """Log a table of prompt/completion samples."""
+
+    distributions: bool | None = None
+    """Log reward and advantage distributions."""
+
+    interval: int = Field(10, gt=0)
+    """Steps between sample/distribution logs."""
+
+
+class FilesystemRolloutTransport(StrictModel):
+    type: Literal["filesystem"] = "filesystem"
+
+
+class ZmqRolloutTransport(StrictModel):
+    type: Literal["zmq"]
+    host: str = "localhost"
+    """ZMQ host (the trainer binds, the orchestrator connects)."""
+
+    port: int = Field(5555, ge=1, le=65535)
+    """ZMQ port."""
+
+    hwm: int = Field(10, ge=1)
+    """High-water mark: batches queued before the sender blocks (back-pressure)."""
+
+
+RolloutTransportConfig = Annotated[FilesystemRolloutTransport | ZmqRolloutTransport, Field(discriminator="type")]
+
+
+class FilesystemWeightBroadcast(StrictModel):
+    type: Literal["filesystem"] = "filesystem"
+
+
+class NcclWeightBroadcast(StrictModel):
+    type: Literal["nccl"]
+    host: str = "localhost"
+    """Rendezvous host."""
+
+    port: int = Field(29501, ge=1, le=65535)
+    """Rendezvous port."""
+
+    timeout: float = Field(1200, gt=0)
+    """Seconds before a missing peer is reported."""
+
+
+WeightBroadcastConfig = Annotated[FilesystemWeightBroadcast | NcclWeightBroadcast, Field(discriminator="type")]
+
+
+class TeacherModelConfig(StrictModel):
+    model: ModelConfig
+    """The teacher model (name); its logprobs of each rollout go to the trainer."""
+
+    client: ClientConfig | None = None
+    """An already running teacher server; null = the policy's servers serve the teacher model."""
+
+
+class OrchestratorConfig(StrictModel):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy model."""
+
+    env: list[EnvConfig] = Field(default_factory=lambda: [EnvConfig(id="reverse-text")], min_length=1)
+    """Training environments."""
+
+    batch_size: int = Field(128, gt=0)
+    """Rollouts per training step."""
+
+    rollouts_per_example: int = Field(1, gt=0)
+    """Rollouts per prompt (the group size for advantages)."""
+
+    seq_len: int = Field(2048, gt=0)
+    """Tokens per packed training row; longer samples are truncated."""
+
+    max_steps: int | None = Field(None, gt=0)
+    """Training steps (null = run until stopped)."""
+
+    max_async_level: int = Field(1, ge=0)
+    """Rollouts for step n come from policy max(0, n - max_async_level); 0 is strictly on-policy."""
+
+    max_off_policy_steps: int = Field(8, ge=0)
+    """Rollouts whose generation spans more policy updates than this are dropped."""
+
+    oversampling_factor: float = Field(1.0, ge=1.0)
+    """Rollouts kept in flight as a multiple of batch_size."""
+
+    output_dir: str = "outputs/run_default"
+    """Run directory: rollouts, broadcasts, checkpoints, metrics.jsonl, resolved configs."""
+
+    seed: int = 42
+    """Random seed."""
+
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    filters: list[FilterConfig] = Field(default_factory=list)
+    """Rollout quality filters."""
+
+    ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig | None = None
+    """Online evaluation (null = none)."""
+
+    report_to: ReportConfig | None = None
+    """W&B reporting (null = none; metrics.jsonl is always written)."""
+
+    rollout_transport: RolloutTransportConfig = Field(default_factory=FilesystemRolloutTransport)
+    """How batches reach the trainer."""
+
+    weight_broadcast: WeightBroadcastConfig = Field(default_factory=FilesystemWeightBroadcast)
+    """How new weights reach the inference servers."""
+
+    teacher_model: TeacherModelConfig | None = None
+    """Teacher for on-policy distillation (null = none)."""
+
+    @model_validator(mode="after")
+    def _groups_fill_batch(self) -> OrchestratorConfig:
+        if self.batch_size % self.rollouts_per_example != 0:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by rollouts_per_example "
+                f"({self.rollouts_per_example}): each step trains on whole groups"
+            )
+        if self.buffer.env_ratios is not None and len(self.buffer.env_ratios) != len(self.env):
+            raise ValueError(
+                f"buffer.env_ratios has {len(self.buffer.env_ratios)} entries but env has {len(self.env)}"
+            )
+        if self.max_off_policy_steps < self.max_async_level:
+            raise ValueError(
+                f"max_off_policy_steps ({self.max_off_policy_steps}) is below max_async_level "
+                f"({self.max_async_level}): every rollout would be dropped; raise max_off_policy_steps"
+            )
+        return self
+
+    @property
+    def num_groups_per_step(self) -> int:
+        return self.batch_size // self.rollouts_per_example

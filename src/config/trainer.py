@@ -1,0 +1,227 @@
+"""`train.yaml`: the trainer (`grpo-train`, or the trainer thread of `grpo`).
+
+Field names follow the SFT config the GRPO trainer inherits from (model, sequence_len,
+learning_rate, lora_*, ...) plus the GRPO-specific `loss`, `noise_scheduler`, `transport_type`
+and `max_async_level`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from grpo.config.base import StrictModel
+from grpo.config.orchestrator import FilesystemWeightBroadcast, ReportConfig, WeightBroadcastConfig
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LossConfig(StrictModel):
+    ratio_type: Literal["token", "sequence"] = "token"
+    """Importance ratio per token, or one per sequence (geometric mean of its tokens)."""
+
+    kl_tau: float = Field(0.0, ge=0.0)
+    """Weight of the -log_ratio term that keeps the policy near the inference policy."""
+
+    adv_tau: float = Field(1.0, ge=0.0)
+    """Weight of the advantage term."""
+
+    teacher_tau: float = Field(0.0, ge=0.0)
+    """Weight of the teacher term (teacher_lp - trainer_lp); needs teacher logprobs in the batch."""
+
+    token_mask_low: float = Field(0.125, ge=0.0)
+    """Mask tokens whose importance ratio is below this."""
+
+    token_mask_high: float = Field(8.0, gt=0.0)
+    """Mask tokens whose importance ratio is above this."""
+
+    geo_mask_low: float = Field(0.1, ge=0.0)
+    """Mask a whole sequence when the geometric mean of its ratios is below this."""
+
+    geo_mask_high: float = Field(10.0, gt=0.0)
+    """Mask a whole sequence when the geometric mean of its ratios is above this."""
+
+    sequence_mask_low: float = Field(0.0, ge=0.0)
+    """Mask a sequence when its smallest token ratio is below this."""
+
+    sequence_mask_high: float = Field(100.0, gt=0.0)
+    """Mask a sequence when its largest token ratio is above this."""
+
+    sequence_clip_high: float = Field(10.0, gt=0.0)
+    """Upper clip of the sequence-level ratio (ratio_type: sequence)."""
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> LossConfig:
+        for low, high in (
+            ("token_mask_low", "token_mask_high"),
+            ("geo_mask_low", "geo_mask_high"),
+            ("sequence_mask_low", "sequence_mask_high"),
+        ):
+            if getattr(self, low) >= getattr(self, high):
+                raise ValueError(f"loss.{low} must be below loss.{high}")
+        return self
+
+
+class NoiseSchedulerConfig(StrictModel):
+    enabled: bool = False
+    """Add Gaussian noise to the inference model's RMSNorm weights (QeRL)."""
+
+    sigma_start: float = Field(5e-2, ge=0.0)
+    """Noise std of the first noisy stage."""
+
+    sigma_end: float = Field(5e-4, ge=0.0)
+    """Noise std of the last stage."""
+
+    num_stages: int = Field(10, ge=1)
+    """Geometric decay intervals over max_steps; the first has no noise."""
+
+
+class TrainerCheckpointConfig(StrictModel):
+    interval: int | None = Field(None, gt=0)
+    """Save adapter/weights, optimizer, scheduler, step and RNG every N steps (null = never)."""
+
+    resume_step: int | None = Field(None, ge=-1)
+    """Step to resume from; -1 = the latest complete checkpoint."""
+
+    keep_last: int | None = Field(None, gt=0)
+    """Keep at most the N newest checkpoints."""
+
+
+class TrainerConfig(StrictModel):
+    model: str
+    """HuggingFace model id or local path."""
+
+    output_dir: str = "output"
+    """Run directory shared with the orchestrator, or its parent holding one run_* folder."""
+
+    gpus: int = Field(1, ge=1)
+    """GPUs to train on (data parallel; launch with torchrun for more than one)."""
+
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where to train: auto = CUDA when present, else CPU."""
+
+    sequence_len: int = Field(1024, gt=0)
+    """Maximum tokens per packed micro-batch row."""
+
+    learning_rate: float = Field(2e-4, gt=0.0)
+    """Peak learning rate."""
+
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warmup."""
+
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup steps."""
+
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Floor of the linear/cosine decay as a fraction of learning_rate."""
+
+    max_steps: int = Field(-1, ge=-1)
+    """Training steps (-1 = until the orchestrator stops)."""
+
+    logging_steps: int = Field(1, ge=1)
+    """Print metrics every N steps (metrics.jsonl gets every step)."""
+
+    gradient_accumulation_steps: int = Field(4, ge=1)
+    """Packed micro-batches per forward/backward group; a step trains on all rows the
+    orchestrator sent, this many at a time between clears of the activation memory."""
+
+    per_device_train_batch_size: int = Field(2, ge=1)
+    """Packed rows per micro-batch (typically 1 for packed RL sequences)."""
+
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw_8bit"
+    """adamw_8bit needs bitsandbytes on CUDA; on CPU it falls back to adamw with a warning."""
+
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    adam_epsilon: float = Field(1e-8, gt=0.0)
+
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+
+    max_grad_norm: float = Field(1.0, ge=0.0)
+    """Gradient clipping norm (0 = no clipping)."""
+
+    recipe: Literal["bf16", "fp8_hybrid", "nvfp4"] = "bf16"
+    """Precision recipe. fp8_hybrid needs SM89+, nvfp4 needs SM100+; on CPU bf16 runs as bf16
+    when the CPU supports it, else fp32."""
+
+    lora: bool = True
+    """Train LoRA adapters (false = full-parameter training)."""
+
+    lora_rank: int = Field(16, gt=0)
+    lora_alpha: float = Field(32, gt=0)
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    lora_target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    """Module names wrapped with LoRA ("all-linear" allowed)."""
+
+    qlora_bnb: bool = False
+    """Base weights in bitsandbytes NF4 (QLoRA)."""
+
+    qlora_fp8: bool = False
+    """Base weights in FP8 E4M3 with block scales (SM89+)."""
+
+    qlora_fp4: bool = False
+    """Base weights in NVFP4 (SM100+)."""
+
+    gradient_checkpointing: bool = True
+    """Recompute activations in backward to save memory."""
+
+    logprob_chunk_size: int = Field(1024, gt=0)
+    """Tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32 logits
+    never exist at once."""
+
+    zero_level: int = Field(1, ge=0, le=3)
+    """Sharding for multi-GPU: 1 shards optimizer states, 3 shards everything (FSDP2)."""
+
+    seed: int = 42
+    """Random seed."""
+
+    loss: LossConfig = Field(default_factory=LossConfig)
+    noise_scheduler: NoiseSchedulerConfig = Field(default_factory=NoiseSchedulerConfig)
+
+    transport_type: Literal["filesystem", "zmq"] = "filesystem"
+    """How batches arrive from the orchestrator."""
+
+    zmq_host: str = "localhost"
+    """(zmq) Address the trainer binds for batches."""
+
+    zmq_port: int = Field(5555, ge=1, le=65535)
+    """(zmq) Port the trainer binds for batches."""
+
+    weight_broadcast: WeightBroadcastConfig = Field(default_factory=FilesystemWeightBroadcast)
+    """How new weights reach inference (LoRA adapters always go through the filesystem)."""
+
+    max_async_level: int = Field(1, ge=0)
+    """Must match the orchestrator's; also how many broadcast folders are kept (+1)."""
+
+    batch_timeout: float | None = Field(None, gt=0)
+    """Seconds to wait for a batch before failing with a message (null = wait forever)."""
+
+    ckpt: TrainerCheckpointConfig = Field(default_factory=TrainerCheckpointConfig)
+    report_to: ReportConfig | None = None
+    """W&B reporting of trainer metrics (null = none; metrics are always in trainer_metrics.jsonl)."""
+
+    @field_validator("recipe", mode="before")
+    @classmethod
+    def _accept_hyphenated_recipe(cls, value: object) -> object:
+        return value.replace("-", "_") if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_quantization(self) -> TrainerConfig:
+        chosen = [k for k in ("qlora_bnb", "qlora_fp8", "qlora_fp4") if getattr(self, k)]
+        if len(chosen) > 1:
+            raise ValueError(f"choose one base-weight quantization, not {' and '.join(chosen)}")
+        if chosen and not self.lora:
+            raise ValueError(f"{chosen[0]} needs lora: true (quantized base weights are frozen)")
+        return self
+
+    @property
+    def quantization(self) -> Literal["none", "nf4", "fp8", "nvfp4"]:
+        if self.qlora_bnb:
+            return "nf4"
+        if self.qlora_fp8:
+            return "fp8"
+        if self.qlora_fp4:
+            return "nvfp4"
+        return "none"

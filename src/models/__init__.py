@@ -1,0 +1,1 @@
+"""Where model weights come from: offline resolution of model ids and the embedded default model."""

@@ -1,0 +1,59 @@
+"""Tiny random-initialised Llama models with the real SmolLM2 tokenizer, for tests and benchmarks.
+
+Real tokenizer (so chat templates, special tokens and decoding behave as in production), tiny
+transformer (so a forward pass takes milliseconds). Shapes are chosen to be valid for vLLM's CPU
+attention (head_dim 64) and for LoRA (every projection present).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def build_tiny_model(
+    path: str | Path,
+    num_layers: int = 2,
+    hidden_size: int = 128,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 256,
+    seed: int = 0,
+    tie_word_embeddings: bool = True,
+) -> Path:
+    """Write a random LlamaForCausalLM (bf16 safetensors) + the embedded tokenizer to `path`."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from grpo.models import embedded
+
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    tokenizer = AutoTokenizer.from_pretrained(embedded.build())
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype=torch.bfloat16,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(path)
+    return path
