@@ -1,0 +1,74 @@
+"""What the orchestrator needs from inference, as types it can fake in tests.
+
+Token in, token out: prompts go to the server as token ids and completions come back as the
+exact token ids and per-token logprobs vLLM sampled, so nothing is ever re-tokenised for
+training and multi-turn prompts extend previous token ids exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    """Completion token ids exactly as sampled."""
+    logprobs: list[float]
+    """logprob of each completion token under the sampling policy (after temperature); len == len(token_ids)."""
+    text: str
+    finish_reason: Literal["stop", "length", "abort"] | str
+    policy_version: int = -1
+    """Filled in by the orchestrator: the policy version the server had when the request completed."""
+
+
+@dataclass
+class GenerateRequest:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    model: str = ""
+    """Served model name: the LoRA adapter name, or the base model name for full weights."""
+    cache_salt: str | None = None
+    """Per-policy-version salt so prefix-cache entries of an old policy are never reused."""
+    session_id: str | None = None
+    """Multi-turn sessions route to the same server (sticky) for prefix-cache hits."""
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class RolloutClient(Protocol):
+    """The orchestrator's view of one or more inference servers."""
+
+    async def wait_until_ready(self, timeout: float) -> None:
+        """Return once every server answers (and serves the model unless skip_model_check)."""
+        ...
+
+    async def generate(self, request: GenerateRequest) -> list[Completion]:
+        """`request.n` completions of one prompt."""
+        ...
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load (or reload in place) the adapter at `path` under `name` on every server."""
+        ...
+
+    async def update_weights(self, path: str) -> None:
+        """Load full weights from a folder of safetensors on every server."""
+        ...
+
+    async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
+        """logprob of each token given its prefix under `model` (teacher scoring); entry 0 is 0.0."""
+        ...
+
+    async def close(self) -> None: ...
