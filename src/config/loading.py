@@ -7,6 +7,7 @@ the key as they wrote it, the file it is in, and the closest valid key.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -20,6 +21,7 @@ from grpo.config.errors import ConfigError
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 MAX_ERRORS_SHOWN = 8
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -63,6 +65,8 @@ def parse_overrides(args: list[str], source: str = "command line") -> list[tuple
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str) and _FLOAT.fullmatch(value):
+            value = float(value)  # YAML 1.1 reads "1e-5" (no dot) as a string
         pairs.append((key.replace("-", "_"), value))
     return pairs
 

@@ -1,0 +1,32 @@
+# The two commands a new user needs: `make demo` and `make test`. Both install what is missing
+# into .venv/ first (scripts/setup.sh; fast when already done).
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-fast lint typecheck bench gpu-validate clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(BIN)/grpo --train configs/demo/train.yaml --infer configs/demo/infer.yaml --orch configs/demo/orch.yaml
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
+
+typecheck: setup
+	$(BIN)/mypy src
+
+test: setup lint typecheck
+	$(BIN)/pytest -q --timeout=900
+
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow and not vllm" --timeout=300
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache

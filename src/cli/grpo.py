@@ -1,0 +1,74 @@
+"""`grpo --train train.yaml --infer infer.yaml --orch orch.yaml`: everything in one process.
+
+vLLM serves from a background thread (engine in its subprocess), the trainer trains in another
+thread on base weights borrowed from the engine, and the orchestrator runs on the main event loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from grpo.cli.common import (
+    EXTRA_ARGS,
+    guard,
+    load_with_overrides,
+    log_model,
+    print_resolved,
+    run_app,
+    split_overrides,
+)
+from grpo.config.crosscheck import check_colocated
+from grpo.config.inference import InferenceConfig
+from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.trainer import TrainerConfig
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+OPTIONS = ["--train", "--infer", "--orch", "--dry-run", "--verbose", "--help"]
+
+
+@app.command(context_settings=EXTRA_ARGS)
+def grpo(
+    ctx: typer.Context,
+    train: Path = typer.Option(..., "--train", help="train.yaml (trainer)"),
+    infer: Path = typer.Option(..., "--infer", help="infer.yaml (vLLM server)"),
+    orch: Path = typer.Option(..., "--orch", help="orch.yaml (orchestrator)"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Validate, print the resolved configs and the memory plan, exit."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
+) -> None:
+    """Run inference, orchestrator and trainer in one process (co-located mode).
+
+    Override keys per file with --train.KEY, --infer.KEY, --orch.KEY, e.g.
+    --orch.sampling.temperature 0.7 --train.learning_rate 1e-5.
+    """
+
+    def body() -> int:
+        overrides = split_overrides(ctx.args, ("train", "infer", "orch"), OPTIONS)
+        train_cfg = load_with_overrides(TrainerConfig, train, overrides["train"])
+        infer_cfg = load_with_overrides(InferenceConfig, infer, overrides["infer"])
+        orch_cfg = load_with_overrides(OrchestratorConfig, orch, overrides["orch"])
+        orch_cfg = check_colocated(train_cfg, infer_cfg, orch_cfg)
+
+        from grpo.colocate.memory_plan import plan_memory
+        from grpo.models.resolve import resolve_model
+
+        resolved = resolve_model(train_cfg.model)
+        log_model(resolved)
+        plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path)
+        if dry_run:
+            print_resolved({"train": train_cfg, "infer": infer_cfg, "orch": orch_cfg})
+            print(plan.table())
+            return 0
+        from grpo.colocate.runner import run_colocated
+
+        return run_colocated(train_cfg, infer_cfg, orch_cfg, resolved, plan)
+
+    guard("grpo", verbose, body)
+
+
+def main() -> None:
+    run_app(app, "grpo")

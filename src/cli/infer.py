@@ -1,0 +1,37 @@
+"""`grpo-infer infer.yaml`: the vLLM inference server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from grpo.cli.common import EXTRA_ARGS, run_app
+from grpo.cli.single import run_single
+from grpo.config.inference import InferenceConfig
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+@app.command(context_settings=EXTRA_ARGS)
+def infer(
+    ctx: typer.Context,
+    config: Path = typer.Argument(..., help="infer.yaml"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config, exit."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
+) -> None:
+    """Serve the policy with vLLM (OpenAI-compatible API, LoRA hot reload, weight updates).
+
+    Override any key with --key.subkey VALUE, e.g. --port 8001 --max_lora_rank 32.
+    """
+
+    def start(cfg: InferenceConfig) -> int:
+        from grpo.inference.server import run_server
+
+        return run_server(cfg)
+
+    run_single("grpo-infer", "infer", InferenceConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model)
+
+
+def main() -> None:
+    run_app(app, "grpo-infer")

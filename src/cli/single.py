@@ -1,0 +1,46 @@
+"""The shape shared by grpo-infer, grpo-orch and grpo-train: one YAML file plus overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from grpo.cli.common import check_option_typos, guard, load_with_overrides, print_resolved, split_overrides
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+SINGLE_OPTIONS = ["--dry-run", "--verbose", "--help"]
+
+
+def run_single(
+    prog: str,
+    name: str,
+    model_cls: type[ModelT],
+    config_path: Path,
+    extra_args: list[str],
+    dry_run: bool,
+    verbose: bool,
+    start: Callable[[ModelT], int | None],
+    model_of: Callable[[ModelT], str | None] = lambda cfg: None,
+) -> None:
+    """Load `config_path` (+ overrides); on --dry-run resolve the model, print and stop; else `start`."""
+
+    def body() -> int | None:
+        overrides = split_overrides(extra_args, None, SINGLE_OPTIONS)[""]
+        check_option_typos(overrides, model_cls, SINGLE_OPTIONS)
+        config = load_with_overrides(model_cls, config_path, overrides)
+        if dry_run:
+            model = model_of(config)
+            if model is not None:
+                from grpo.cli.common import log_model
+                from grpo.models.resolve import resolve_model
+
+                log_model(resolve_model(model))
+            print_resolved({name: config})
+            return 0
+        return start(config)
+
+    guard(prog, verbose, body)

@@ -1,0 +1,50 @@
+"""`grpo-train train.yaml`: the trainer as its own process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from grpo.cli.common import EXTRA_ARGS, log_model, run_app
+from grpo.cli.single import run_single
+from grpo.config.trainer import TrainerConfig
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+@app.command(context_settings=EXTRA_ARGS)
+def train(
+    ctx: typer.Context,
+    config: Path = typer.Argument(..., help="train.yaml"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config, exit."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
+) -> None:
+    """Train the policy on batches from grpo-orch and publish each new policy.
+
+    Blocks until the orchestrator delivers the first batch. Override any key with
+    --key.subkey VALUE, e.g. --learning_rate 1e-5 --loss.kl_tau 0.01.
+    """
+
+    def start(cfg: TrainerConfig) -> int:
+        from grpo.cli.common import write_resolved_configs
+        from grpo.models.resolve import resolve_model
+        from grpo.trainer.entry import find_run_dir, run
+        from grpo.transport.factory import batch_receiver_for
+
+        resolved = resolve_model(cfg.model)
+        log_model(resolved)
+        run_dir = find_run_dir(Path(cfg.output_dir))
+        write_resolved_configs(run_dir, {"train": cfg})
+        receiver = batch_receiver_for(cfg, run_dir)
+        try:
+            run(cfg, run_dir, receiver, model_path=resolved.path)
+        finally:
+            receiver.close()
+        return 0
+
+    run_single("grpo-train", "train", TrainerConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model)
+
+
+def main() -> None:
+    run_app(app, "grpo-train")

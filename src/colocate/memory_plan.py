@@ -1,0 +1,150 @@
+"""How memory is split between the trainer and vLLM in co-located mode.
+
+The trainer borrows the engine's base weights, so its own footprint is what is left: LoRA
+parameters with gradients and optimizer state, activations of one micro-batch, dequantization
+buffers, embeddings/lm_head and a fixed runtime overhead. vLLM gets the rest (minus a safety
+margin) for weights + KV cache. A user's gpu_memory_utilization / kv_cache_space_gb is an upper
+bound, never raised.
+
+On GPU the result is vLLM's gpu_memory_utilization; on CPU it is the KV-cache size in GiB
+(VLLM_CPU_KVCACHE_SPACE), capped by what the configured load needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo.colocate.model_shape import ModelShape
+from grpo.config.inference import InferenceConfig
+from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.trainer import TrainerConfig
+
+GIB = 1024**3
+SAFETY_MARGIN = 0.10
+GPU_FIXED_OVERHEAD = 2.5 * GIB  # CUDA context, cuDNN/cuBLAS workspaces, allocator fragmentation
+CPU_FIXED_OVERHEAD = 1.0 * GIB  # Python, torch, tokenizer, vLLM API server in this process
+MIN_CPU_KV_CACHE_GB = 0.25
+# Bytes per LoRA parameter: fp32 weight + fp32 grad + optimizer moments (8-bit: 2 x 1 B; else 2 x 4 B).
+LORA_BYTES = {"adamw": 4 + 4 + 8, "adamw_8bit": 4 + 4 + 2}
+# Bytes per base parameter for full fine-tuning (fp32 master + grad + moments; bf16 copy is the engine's).
+FULL_BYTES = {"adamw": 4 + 4 + 8, "adamw_8bit": 4 + 4 + 2}
+
+
+@dataclass
+class MemoryPlan:
+    device: str
+    total_bytes: int
+    rows: list[tuple[str, int, str]] = field(default_factory=list)
+    """(component, bytes, how it was estimated) of the trainer's footprint."""
+    engine_bytes: int = 0
+    gpu_memory_utilization: float | None = None
+    kv_cache_space_gb: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trainer_bytes(self) -> int:
+        return sum(b for _, b, _ in self.rows)
+
+    def apply(self, infer: InferenceConfig) -> InferenceConfig:
+        """The inference config with the planned memory settings."""
+        update: dict[str, object] = {}
+        if self.gpu_memory_utilization is not None:
+            update["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.kv_cache_space_gb is not None:
+            update["kv_cache_space_gb"] = self.kv_cache_space_gb
+        return infer.model_copy(update=update)
+
+    def table(self) -> str:
+        lines = [f"memory plan ({self.device}, {self.total_bytes / GIB:.1f} GiB total)"]
+        width = max(len(name) for name, _, _ in self.rows) if self.rows else 10
+        for name, nbytes, how in self.rows:
+            lines.append(f"  trainer  {name:<{width}}  {nbytes / GIB:8.3f} GiB  {how}")
+        lines.append(f"  trainer  {'total':<{width}}  {self.trainer_bytes / GIB:8.3f} GiB")
+        lines.append(f"  vLLM     {'weights + KV cache':<{width}}  {self.engine_bytes / GIB:8.3f} GiB")
+        if self.gpu_memory_utilization is not None:
+            lines.append(f"  -> infer gpu_memory_utilization = {self.gpu_memory_utilization:.3f}")
+        if self.kv_cache_space_gb is not None:
+            lines.append(f"  -> infer kv_cache_space_gb = {self.kv_cache_space_gb:.2f}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _device_memory(train: TrainerConfig) -> tuple[str, int]:
+    import torch
+
+    if train.device != "cpu" and torch.cuda.is_available():
+        _free, total = torch.cuda.mem_get_info()
+        return f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}", int(total)
+    if train.device == "cuda":
+        raise ValueError("train device is 'cuda' but no CUDA device is visible; set device: auto or cpu")
+    import psutil
+
+    return "cpu", int(psutil.virtual_memory().available)
+
+
+def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[tuple[str, int, str]]:
+    tokens = train.per_device_train_batch_size * train.sequence_len
+    h, vocab = shape.hidden_size, shape.vocab_size
+    rows: list[tuple[str, int, str]] = []
+    if train.lora:
+        num = shape.num_lora_params(train.lora_rank, train.lora_target_modules)
+        per = LORA_BYTES[train.optimizer]
+        rows.append(("LoRA parameters", num * per, f"{num / 1e6:.2f}M params x {per} B (weight, grad, {train.optimizer})"))
+    else:
+        num = shape.num_linear_params() + (1 if shape.tied_embeddings else 2) * vocab * h
+        per = FULL_BYTES[train.optimizer]
+        rows.append(("full parameters", num * per, f"{num / 1e6:.1f}M params x {per} B (master, grad, {train.optimizer})"))
+    working = 6 * tokens * max(h, shape.intermediate_size) * 2
+    checkpoints = shape.num_layers * tokens * h * 2 if train.gradient_checkpointing else 0
+    logits = min(tokens, train.logprob_chunk_size) * vocab * 4 * 3
+    rows.append(
+        ("activations", working + checkpoints + logits, f"{tokens} tokens: 6 bf16 tensors/layer, residual checkpoints, logits chunk")
+    )
+    if train.quantization != "none":
+        rows.append(("dequant buffers", 3 * shape.max_linear_numel() * 2, "3 bf16 buffers of the largest linear weight"))
+    num_embed = 1 if shape.tied_embeddings else 2
+    rows.append(("embeddings + lm_head", num_embed * vocab * h * 2, "bf16, loaded from disk"))
+    rows.append(
+        ("fixed overhead", int(GPU_FIXED_OVERHEAD if on_gpu else CPU_FIXED_OVERHEAD), "runtime, workspaces, fragmentation")
+    )
+    return rows
+
+
+def plan_memory(
+    train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig, model_path: str | Path
+) -> MemoryPlan:
+    shape = ModelShape.from_folder(model_path)
+    device, total = _device_memory(train)
+    on_gpu = device.startswith("cuda")
+    plan = MemoryPlan(device=device, total_bytes=total, rows=trainer_rows(train, shape, on_gpu))
+    usable = total * (1 - SAFETY_MARGIN) - plan.trainer_bytes
+    if on_gpu:
+        fraction = usable / total
+        if fraction <= 0.05:
+            raise ValueError(
+                f"the trainer needs about {plan.trainer_bytes / GIB:.1f} GiB of {total / GIB:.1f} GiB: nothing is left "
+                "for vLLM; lower sequence_len or per_device_train_batch_size, or use qlora_bnb"
+            )
+        plan.gpu_memory_utilization = round(min(fraction, infer.gpu_memory_utilization), 3)
+        plan.engine_bytes = int(plan.gpu_memory_utilization * total)
+        return plan
+
+    # CPU: vLLM's own weights are counted as part of "usable" (they live in this machine's RAM too).
+    weight_bytes = (shape.num_linear_params() + (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.hidden_size) * 2
+    max_len = infer.max_model_len or orch.seq_len
+    num_seqs = int(orch.batch_size * orch.oversampling_factor)
+    needed_gb = num_seqs * max_len * shape.kv_bytes_per_token() / GIB
+    room_gb = (usable - 2 * weight_bytes) / GIB  # the engine keeps dense and packed copies on CPU
+    cap = infer.kv_cache_space_gb if infer.kv_cache_space_gb is not None else max(needed_gb, MIN_CPU_KV_CACHE_GB)
+    kv_gb = min(cap, room_gb)
+    if kv_gb < MIN_CPU_KV_CACHE_GB:
+        raise ValueError(
+            f"only {room_gb:.2f} GiB of RAM would be left for vLLM's KV cache; free memory or lower sequence_len"
+        )
+    plan.kv_cache_space_gb = round(max(kv_gb, MIN_CPU_KV_CACHE_GB), 2)
+    plan.engine_bytes = int(2 * weight_bytes + plan.kv_cache_space_gb * GIB)
+    plan.notes.append(
+        f"KV cache sized for {num_seqs} sequences x {max_len} tokens ({needed_gb:.2f} GiB needed)"
+    )
+    return plan

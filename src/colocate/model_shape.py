@@ -1,0 +1,66 @@
+"""The few numbers of a model's config.json that memory estimates need (no torch import)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# Input and output width of each HF linear module of a Llama/Qwen-style decoder layer.
+LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> ModelShape:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        cfg = cfg.get("text_config", cfg)
+        num_heads = cfg["num_attention_heads"]
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads", num_heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            vocab_size=cfg["vocab_size"],
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+    def linear_dims(self, name: str) -> tuple[int, int]:
+        """(in_features, out_features) of one decoder-layer linear module."""
+        h, i = self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }[name]
+
+    def num_linear_params(self) -> int:
+        """Parameters in the decoder layers' linear modules (the weights the trainer borrows)."""
+        return self.num_layers * sum(a * b for a, b in map(self.linear_dims, LINEAR_MODULES))
+
+    def max_linear_numel(self) -> int:
+        return max(a * b for a, b in map(self.linear_dims, LINEAR_MODULES))
+
+    def num_lora_params(self, rank: int, targets: list[str]) -> int:
+        names = LINEAR_MODULES if "all-linear" in targets else [t for t in targets if t in LINEAR_MODULES]
+        return self.num_layers * sum(rank * (a + b) for a, b in map(self.linear_dims, names))
+
+    def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value

@@ -1,0 +1,119 @@
+"""Checks across the three config files of one run.
+
+Each file can be valid on its own and the run still be broken: a trainer waiting forever for a
+batch written to another folder, an adapter rank the server cannot load. These checks catch such
+combinations at load time, before anything starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo.config.errors import ConfigError
+from grpo.config.inference import InferenceConfig
+from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.trainer import TrainerConfig
+
+
+def run_dir_matches(trainer_output_dir: str, orch_output_dir: str) -> bool:
+    """The trainer's output_dir is the run dir itself or its parent (docs/design.md)."""
+    train = Path(trainer_output_dir).expanduser().resolve()
+    orch = Path(orch_output_dir).expanduser().resolve()
+    return orch == train or orch.parent == train
+
+
+def fill_orchestrator_model(orch: OrchestratorConfig, model: str) -> OrchestratorConfig:
+    """`orch.model.name` defaults to the trainer's model."""
+    if orch.model.name is None:
+        return orch.model_copy(update={"model": orch.model.model_copy(update={"name": model})})
+    return orch
+
+
+def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig, colocated: bool) -> list[str]:
+    problems = []
+    if orch.model.name is not None and orch.model.name != train.model:
+        problems.append(
+            f"orch model.name '{orch.model.name}' differs from train model '{train.model}'; use the same model in both"
+        )
+    if train.lora:
+        if orch.model.lora_adapter is None:
+            problems.append("train lora is true but orch model.lora_adapter is null; set it (e.g. 'default')")
+        if orch.model.lora_rank is not None and orch.model.lora_rank != train.lora_rank:
+            problems.append(
+                f"orch model.lora_rank ({orch.model.lora_rank}) differs from train lora_rank ({train.lora_rank})"
+            )
+        if orch.model.lora_alpha is not None and orch.model.lora_alpha != train.lora_alpha:
+            problems.append(
+                f"orch model.lora_alpha ({orch.model.lora_alpha}) differs from train lora_alpha ({train.lora_alpha})"
+            )
+    elif orch.model.lora_adapter is not None:
+        problems.append("train lora is false (full fine-tuning) but orch model.lora_adapter is set; set it to null")
+    if train.max_async_level != orch.max_async_level:
+        problems.append(
+            f"max_async_level differs: train {train.max_async_level}, orch {orch.max_async_level}; set the same value"
+        )
+    if orch.seq_len > train.sequence_len:
+        problems.append(
+            f"orch seq_len ({orch.seq_len}) exceeds train sequence_len ({train.sequence_len}); "
+            "packed rows would not fit the trainer"
+        )
+    if train.max_steps != -1 and orch.max_steps is not None and train.max_steps != orch.max_steps:
+        problems.append(f"max_steps differs: train {train.max_steps}, orch {orch.max_steps}")
+    if not run_dir_matches(train.output_dir, orch.output_dir):
+        problems.append(
+            f"train output_dir '{train.output_dir}' is neither orch output_dir '{orch.output_dir}' nor its parent; "
+            "the trainer would wait for batches in the wrong folder"
+        )
+    if train.loss.teacher_tau > 0 and orch.teacher_model is None:
+        problems.append("train loss.teacher_tau > 0 needs orch teacher_model (the teacher's logprobs come from it)")
+    if not colocated:
+        if train.transport_type != orch.rollout_transport.type:
+            problems.append(
+                f"batch transport differs: train transport_type '{train.transport_type}', "
+                f"orch rollout_transport.type '{orch.rollout_transport.type}'"
+            )
+        if train.weight_broadcast.type != orch.weight_broadcast.type:
+            problems.append(
+                f"weight broadcast differs: train weight_broadcast.type '{train.weight_broadcast.type}', "
+                f"orch weight_broadcast.type '{orch.weight_broadcast.type}'"
+            )
+    return problems
+
+
+def check_inference(infer: InferenceConfig, train: TrainerConfig | None, orch: OrchestratorConfig) -> list[str]:
+    problems = []
+    model = orch.model.name
+    if model is not None and infer.model != model:
+        problems.append(f"infer model '{infer.model}' differs from orch model.name '{model}'")
+    if orch.model.lora_adapter is not None and not infer.enable_lora:
+        problems.append("orch serves a LoRA adapter but infer enable_lora is false; set enable_lora: true")
+    rank = train.lora_rank if train is not None and train.lora else orch.model.lora_rank
+    if infer.enable_lora and rank is not None and infer.served_lora_rank < rank:
+        problems.append(
+            f"infer max_lora_rank ({infer.max_lora_rank}) is below the LoRA rank ({rank}); set max_lora_rank >= {rank}"
+        )
+    max_tokens = orch.sampling.max_tokens
+    if infer.max_model_len is not None and max_tokens is not None and max_tokens >= infer.max_model_len:
+        problems.append(
+            f"orch sampling.max_tokens ({max_tokens}) leaves no room for the prompt in infer max_model_len "
+            f"({infer.max_model_len}); raise max_model_len or lower max_tokens"
+        )
+    if orch.sampling.max_tokens is not None and orch.sampling.max_tokens >= orch.seq_len:
+        problems.append(
+            f"orch sampling.max_tokens ({orch.sampling.max_tokens}) leaves no room for the prompt in "
+            f"seq_len ({orch.seq_len})"
+        )
+    return problems
+
+
+def check_colocated(train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig) -> OrchestratorConfig:
+    """Validate the three files of a one-shot run; returns orch with defaults filled from train."""
+    orch = fill_orchestrator_model(orch, train.model)
+    problems = []
+    if train.model != infer.model:
+        problems.append(f"train model '{train.model}' differs from infer model '{infer.model}'; use the same model")
+    problems += check_trainer_orchestrator(train, orch, colocated=True)
+    problems += check_inference(infer, train, orch)
+    if problems:
+        raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
+    return orch
