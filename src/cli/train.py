@@ -30,6 +30,7 @@ def train(
         from grpo.cli.common import write_resolved_configs
         from grpo.models.resolve import resolve_model
         from grpo.trainer.entry import find_run_dir, run
+        from grpo.trainer.weights import DiskWeights
         from grpo.transport.factory import batch_receiver_for
 
         resolved = resolve_model(cfg.model)
@@ -38,7 +39,7 @@ def train(
         write_resolved_configs(run_dir, {"train": cfg})
         receiver = batch_receiver_for(cfg, run_dir)
         try:
-            run(cfg, run_dir, receiver, model_path=resolved.path)
+            run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path))
         finally:
             receiver.close()
         return 0

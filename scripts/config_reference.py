@@ -1,0 +1,87 @@
+"""Write docs/config_reference.md from the config models (each field's doc lives beside it).
+
+Run: .venv/bin/python scripts/config_reference.py   (tests check the file is up to date)
+"""
+
+from __future__ import annotations
+
+import sys
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from grpo.config.inference import InferenceConfig
+from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.trainer import TrainerConfig
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"
+FILES = [("infer.yaml", InferenceConfig), ("orch.yaml", OrchestratorConfig), ("train.yaml", TrainerConfig)]
+
+
+def _models(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models(arg)]
+
+
+def _type_name(annotation: object) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    text = text or str(annotation).replace("typing.", "")
+    for prefix in ("grpo.config.orchestrator.", "grpo.config.trainer.", "grpo.config.inference."):
+        text = text.replace(prefix, "")
+    return text.replace("|", "\\|")
+
+
+def _default(field: object) -> str:
+    default = getattr(field, "default", PydanticUndefined)
+    factory = getattr(field, "default_factory", None)
+    if default is PydanticUndefined and factory is None:
+        return "(required)"
+    value = factory() if factory is not None else default  # type: ignore[operator]
+    if isinstance(value, BaseModel):
+        return "(section)"
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        return "[" + ", ".join(str(v.model_dump()) for v in value) + "]"
+    return "null" if value is None else f"`{value}`"
+
+
+def _rows(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+    nested: list[tuple[str, type[BaseModel]]] = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        subs = _models(field.annotation)
+        doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
+        if subs:
+            is_list = typing.get_origin(field.annotation) is list
+            nested += [(f"{key}[]." if is_list else f"{key}.", sub) for sub in subs]
+            if not doc:
+                continue
+        out.append(f"| `{key}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
+    for sub_prefix, sub in nested:
+        _rows(sub, sub_prefix, out)
+
+
+def render() -> str:
+    lines = [
+        "# Config reference",
+        "",
+        "Generated from the config models by `scripts/config_reference.py`; each entry is the field's own",
+        "documentation. Unknown keys are errors (with a suggestion). Any key can be overridden on the command",
+        "line: `--key.subkey VALUE` (one-shot `grpo`: `--train.KEY`, `--infer.KEY`, `--orch.KEY`).",
+        "",
+    ]
+    for file_name, model in FILES:
+        lines += [f"## {file_name}", "", "| key | type | default | description |", "|---|---|---|---|"]
+        _rows(model, "", lines)
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    text = render()
+    if "--check" in sys.argv:
+        sys.exit(0 if OUT.exists() and OUT.read_text() == text else 1)
+    OUT.write_text(text)
+    print(f"wrote {OUT}")

@@ -1,0 +1,146 @@
+"""Dequantize borrowed base weights on the fly for the trainer's forward and backward.
+
+The engine keeps its base weights quantized; the trainer must not keep a bf16 copy (that is the
+memory co-location saves). `DequantLinear` dequantizes into a buffer shared by all layers in
+forward, and again in backward, so at most one layer's bf16 weight exists at a time.
+
+Formats:
+- NF4 (bitsandbytes): two 4-bit codes per byte (first element in the high nibble), one absmax per
+  block of `blocksize` elements; with double quantization the absmax values are themselves
+  8-bit blockwise-quantized (code book + per-block absmax) plus an offset.
+- FP8 E4M3 with block scales: weight [out, in] in float8_e4m3fn, one fp32 scale per
+  [block x block] tile (scale_inv convention: real = fp8 * scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class NF4Weight:
+    packed: torch.Tensor
+    """uint8, numel = out*in/2 (any shape; read flat)."""
+    absmax: torch.Tensor
+    """fp32 [num_blocks], or uint8 [num_blocks] when double-quantized."""
+    code: torch.Tensor
+    """fp32 [16] NF4 code book."""
+    blocksize: int
+    shape: tuple[int, int]
+    nested_absmax: torch.Tensor | None = None
+    """fp32 per-block absmax of the quantized absmax (double quantization)."""
+    nested_code: torch.Tensor | None = None
+    """fp32 [256] code book of the quantized absmax."""
+    nested_blocksize: int = 256
+    offset: float = 0.0
+
+
+def nf4_absmax(weight: NF4Weight) -> torch.Tensor:
+    import torch
+
+    if weight.nested_absmax is None:
+        return weight.absmax.float()
+    assert weight.nested_code is not None
+    codes = weight.nested_code[weight.absmax.long()]
+    scale = weight.nested_absmax.repeat_interleave(weight.nested_blocksize)[: codes.numel()]
+    return (codes * scale + weight.offset).to(torch.float32)
+
+
+def dequantize_nf4(weight: NF4Weight, out: torch.Tensor | None = None, dtype: Any = None) -> torch.Tensor:
+    """[out, in] weight in `dtype` (default bf16), written into `out` when given."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    packed = weight.packed.reshape(-1)
+    codes = torch.stack(((packed >> 4) & 0xF, packed & 0xF), dim=1).reshape(-1)
+    values = weight.code.float()[codes.long()]
+    absmax = nf4_absmax(weight).repeat_interleave(weight.blocksize)[: values.numel()]
+    result = (values * absmax).reshape(weight.shape)
+    if out is None:
+        return result.to(dtype)
+    return out.copy_(result)
+
+
+@dataclass
+class FP8BlockWeight:
+    weight: torch.Tensor
+    """float8_e4m3fn [out, in]."""
+    scale: torch.Tensor
+    """fp32 [ceil(out/block), ceil(in/block)]."""
+    block: int = 128
+
+
+def dequantize_fp8_block(weight: FP8BlockWeight, out: torch.Tensor | None = None, dtype: Any = None) -> torch.Tensor:
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    rows, cols = weight.weight.shape
+    scale = weight.scale.repeat_interleave(weight.block, 0)[:rows].repeat_interleave(weight.block, 1)[:, :cols]
+    result = weight.weight.float() * scale
+    if out is None:
+        return result.to(dtype)
+    return out.copy_(result)
+
+
+class DequantBuffers:
+    """One reusable buffer per (shape, dtype, device), shared by every layer of the trainer."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def get(self, shape: tuple[int, int], dtype: Any, device: Any) -> torch.Tensor:
+        import torch
+
+        key = (shape, dtype, str(device))
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty(shape, dtype=dtype, device=device)
+        return self._buffers[key]
+
+
+def dequant_linear(x: torch.Tensor, quantized: NF4Weight | FP8BlockWeight, buffers: DequantBuffers) -> torch.Tensor:
+    """y = x @ W^T with W dequantized into a shared buffer in forward and again in backward."""
+    return _DequantLinearFn.apply(x, quantized, buffers)
+
+
+def _dequantize_into(quantized: NF4Weight | FP8BlockWeight, buffers: DequantBuffers, like: torch.Tensor) -> torch.Tensor:
+    shape = quantized.shape if isinstance(quantized, NF4Weight) else tuple(quantized.weight.shape)
+    buf = buffers.get(shape, like.dtype, like.device)  # type: ignore[arg-type]
+    if isinstance(quantized, NF4Weight):
+        return dequantize_nf4(quantized, out=buf)
+    return dequantize_fp8_block(quantized, out=buf)
+
+
+def _make_fn() -> Any:
+    import torch
+
+    class DequantLinearFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, quantized: Any, buffers: DequantBuffers) -> torch.Tensor:
+            ctx.quantized, ctx.buffers = quantized, buffers
+            weight = _dequantize_into(quantized, buffers, x)
+            return x @ weight.t()
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+            # The base weight is frozen: only the input gradient is needed, and the buffer may
+            # hold another layer's weight by now, so dequantize again.
+            weight = _dequantize_into(ctx.quantized, ctx.buffers, grad_out)
+            return grad_out @ weight, None, None
+
+    return DequantLinearFn
+
+
+class _LazyFn:
+    _fn: Any = None
+
+    def apply(self, *args: Any) -> Any:
+        if self._fn is None:
+            self._fn = _make_fn()
+        return self._fn.apply(*args)
+
+
+_DequantLinearFn = _LazyFn()
