@@ -1,0 +1,93 @@
+"""What an environment is to the orchestrator: examples, the conversation protocol, scoring.
+
+An example is a dict with `prompt` (a string or a list of chat messages) and optionally `answer`,
+`task` and `info`. A rollout is a conversation: the prompt messages, then the model's reply and,
+for multi-turn environments, environment replies between model turns. Only model tokens train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Message = dict[str, Any]
+"""A chat message: {"role": ..., "content": ...}."""
+
+Example = dict[str, Any]
+
+
+@dataclass
+class Score:
+    """The outcome of scoring one rollout."""
+
+    reward: float
+    """Weighted sum of the reward functions (0.0 when failed)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Each reward function's raw value, by function name."""
+    failure: str | None = None
+    """Why scoring failed (a reward function raised or timed out); None on success."""
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+
+@dataclass
+class EnvReply:
+    """What a multi-turn environment says after a model turn."""
+
+    messages: list[Message]
+    """Messages appended to the conversation (they never train)."""
+    done: bool
+    """True ends the rollout."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """The orchestrator's view of an environment."""
+
+    name: str
+    examples: list[Example]
+    max_turns: int
+    """Model turns per rollout (1 for single-turn)."""
+
+    def prompt_messages(self, example: Example) -> list[Message]:
+        """The conversation the model first answers (system prompt included)."""
+        ...
+
+    async def reset(self, example: Example) -> dict[str, Any]:
+        """Fresh per-rollout state."""
+        ...
+
+    async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
+        """React to the model's latest turn (the last message) and say whether the rollout is done."""
+        ...
+
+    async def score(self, example: Example, completion: list[Message], state: dict[str, Any]) -> Score:
+        """Score a finished rollout; never raises (failures come back in `Score.failure`)."""
+        ...
+
+
+def normalise_examples(examples: list[Example]) -> list[Example]:
+    """Check every example has a prompt; copy them so later mutation cannot leak back."""
+    out = []
+    for i, example in enumerate(examples):
+        if not isinstance(example, dict) or "prompt" not in example:
+            raise ValueError(
+                f"example {i} has no 'prompt'; examples are dicts like "
+                "{'prompt': 'question', 'answer': '42'} (prompt may be a list of chat messages)"
+            )
+        prompt = example["prompt"]
+        if not isinstance(prompt, str | list):
+            raise ValueError(
+                f"example {i}: prompt must be a string or a list of chat messages, got {type(prompt)}"
+            )
+        out.append(dict(example))
+    if not out:
+        raise ValueError("an environment needs at least one example")
+    return out
+
+
+def completion_text(completion: list[Message]) -> str:
+    """The model's text: its assistant messages joined by newlines."""
+    return "\n".join(str(m.get("content", "")) for m in completion if m.get("role") == "assistant")

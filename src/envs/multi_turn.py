@@ -1,0 +1,38 @@
+"""MultiTurnEnv: the model and the environment take turns until the environment says done.
+
+Subclass it and implement `step` (and `reset` for per-rollout state). Environment replies are
+appended as messages; they are part of later prompts but never carry loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grpo.envs.base import EnvReply, Example, Message
+from grpo.envs.rewards import RewardFn
+from grpo.envs.single_turn import SingleTurnEnv
+
+
+class MultiTurnEnv(SingleTurnEnv):
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        rewards: Sequence[RewardFn],
+        max_turns: int = 4,
+        weights: Sequence[float] | None = None,
+        system_prompt: str | None = None,
+        name: str = "multi-turn",
+        reward_timeout: float = 60.0,
+    ) -> None:
+        super().__init__(examples, rewards, weights, system_prompt, name, reward_timeout)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+
+    async def reset(self, example: Example) -> dict[str, Any]:
+        return {"example": example, "turn": 0}
+
+    async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
+        """Override: look at messages[-1] (the model's turn) and reply. The default ends the rollout."""
+        return EnvReply(messages=[], done=True)

@@ -1,0 +1,1 @@
+"""The orchestrator: rollouts in flight, scoring, advantages, packing, batches to the trainer."""

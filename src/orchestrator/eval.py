@@ -1,0 +1,38 @@
+"""Online evaluation: the policy the servers run now, on the eval environments."""
+
+from __future__ import annotations
+
+import asyncio
+
+from grpo.config.orchestrator import EvalConfig
+from grpo.envs.base import Environment
+from grpo.inference.types import SamplingParams
+from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
+
+
+def should_evaluate(cfg: EvalConfig | None, step: int, resumed_at: int | None) -> bool:
+    """Evaluate at multiples of interval (step 0 only with eval_base_model), not right after a resume
+    when skip_eval_on_resume."""
+    if cfg is None or step % cfg.interval != 0:
+        return False
+    if step == 0 and not cfg.eval_base_model:
+        return False
+    return not (cfg.skip_eval_on_resume and resumed_at == step)
+
+
+async def evaluate(
+    cfg: EvalConfig, envs: list[Environment], runner: RolloutRunner, params: SamplingParams
+) -> dict[str, float]:
+    """Mean reward per eval env as `eval/<env>/reward`, plus `eval/policy_version`."""
+    metrics: dict[str, float] = {"eval/policy_version": float(runner.policy.version)}
+    for env_index, env in enumerate(envs):
+        num = len(env.examples) if cfg.num_examples == -1 else min(cfg.num_examples, len(env.examples))
+        requests = [
+            GroupRequest(env_index, env, i, env.examples[i], cfg.rollouts_per_example, params)
+            for i in range(num)
+        ]
+        groups = await asyncio.gather(*(runner.run_group(r) for r in requests))
+        rewards = [r.reward for g in groups for r in g.rollouts]
+        metrics[f"eval/{env.name}/reward"] = sum(rewards) / len(rewards)
+        metrics[f"eval/{env.name}/num_rollouts"] = float(len(rewards))
+    return metrics

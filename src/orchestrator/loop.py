@@ -1,0 +1,309 @@
+"""The orchestrator's asyncio main loop.
+
+A launcher task keeps about batch_size * oversampling_factor rollouts in flight at all times (as
+groups of rollouts_per_example), gated only by staleness: it starts new groups once the servers run
+policy >= required_policy(next batch). The main coroutine collects finished groups into batch n
+(dropping ones that are too stale or carry no signal), computes advantages, applies filters, packs,
+and hands the batch to the sender in a worker thread while generation carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grpo.config.orchestrator import OrchestratorConfig
+from grpo.envs.base import Environment
+from grpo.inference.types import RolloutClient, SamplingParams
+from grpo.orchestrator import checkpoint
+from grpo.orchestrator.advantage import compute_advantages
+from grpo.orchestrator.buffer import Buffer
+from grpo.orchestrator.eval import evaluate, should_evaluate
+from grpo.orchestrator.filters import apply_filters
+from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.report import Reporter
+from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.scheduler import PolicyTracker, accepted_lag, required_policy
+from grpo.orchestrator.tokenizer import ChatTokenizer
+from grpo.orchestrator.types import Group, Rollout
+from grpo.transport.batch import TrainingBatch
+from grpo.transport.interfaces import BatchSender
+from grpo.utils.logging import get_logger
+
+log = get_logger("orchestrator")
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        cfg: OrchestratorConfig,
+        client: RolloutClient,
+        sender: BatchSender,
+        run_dir: Path,
+        tokenizer: ChatTokenizer,
+        envs: list[Environment],
+        eval_envs: list[Environment] | None = None,
+        stop: asyncio.Event | None = None,
+        teacher_client: RolloutClient | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.sender = sender
+        self.run_dir = run_dir
+        self.envs = envs
+        self.eval_envs = eval_envs or []
+        self.stop = stop or asyncio.Event()
+        self.buffer = Buffer(envs, cfg.buffer, cfg.seed)
+        self.policy = PolicyTracker(run_dir, client, cfg.model.lora_adapter, cfg.model.name or "")
+        self.runner = RolloutRunner(client, tokenizer, self.policy, teacher_client)
+        self.vocab_size = tokenizer.vocab_size
+        self.step = 0
+        self.required_version = 0
+        self.max_lag = accepted_lag(cfg.max_async_level, cfg.max_off_policy_steps)
+        self.num_inflight_target = max(1, math.ceil(cfg.num_groups_per_step * cfg.oversampling_factor))
+        self.counters: dict[str, int] = {"num_rollouts_dropped_off_policy": 0, "num_groups_launched": 0}
+        self._slots = asyncio.Semaphore(self.num_inflight_target)
+        self._done: asyncio.Queue[Group | BaseException] = asyncio.Queue()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._group_seconds: list[float] = []
+        self._launch_paused = asyncio.Event()
+
+    # ---- launching -------------------------------------------------------------------------
+
+    def _params(self) -> SamplingParams:
+        s = self.cfg.sampling
+        seed = None if s.seed is None else s.seed + self.counters["num_groups_launched"]
+        return SamplingParams(
+            temperature=s.temperature_at(self.step, self.cfg.max_steps),
+            max_tokens=s.max_tokens,
+            min_tokens=s.min_tokens,
+            repetition_penalty=s.repetition_penalty,
+            top_p=s.top_p,
+            seed=seed,
+        )
+
+    async def _run_one(self, req: GroupRequest) -> None:
+        started = time.monotonic()
+        try:
+            group = await self.runner.run_group(req)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # surfaced by the collector, which re-raises it
+            self._done.put_nowait(exc)
+        else:
+            self._group_seconds.append(time.monotonic() - started)
+            self._done.put_nowait(group)
+
+    async def _launch_forever(self) -> None:
+        teacher = self.cfg.teacher_model.model.name if self.cfg.teacher_model is not None else None
+        while True:
+            await self._slots.acquire()
+            while self._launch_paused.is_set():
+                await asyncio.sleep(0.01)
+            await self.policy.wait_for(self.required_version)
+            env_index, example_index, example = self.buffer.sample()
+            req = GroupRequest(
+                env_index,
+                self.envs[env_index],
+                example_index,
+                example,
+                self.cfg.rollouts_per_example,
+                self._params(),
+                self.cfg.buffer.skip_verification,
+                teacher,
+            )
+            self.counters["num_groups_launched"] += 1
+            task = asyncio.create_task(self._run_one(req))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            # a callback, not `finally`: a task cancelled before it first runs still frees its slot
+            task.add_done_callback(lambda _task: self._slots.release())
+
+    async def _cancel_inflight(self) -> None:
+        tasks = list(self._inflight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- collecting ------------------------------------------------------------------------
+
+    async def _next_done(self) -> Group | None:
+        """The next finished group, or None when stop was requested."""
+        if not self._done.empty():
+            item = self._done.get_nowait()
+        else:
+            getter = asyncio.ensure_future(self._done.get())
+            stopper = asyncio.ensure_future(self.stop.wait())
+            await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if not getter.done():
+                getter.cancel()
+                return None
+            item = getter.result()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def _collect(self, step: int, stats: dict[str, float]) -> list[Group] | None:
+        groups: list[Group] = []
+        while len(groups) < self.cfg.num_groups_per_step:
+            group = await self._next_done()
+            if group is None:
+                return None
+            if step - group.start_version > self.max_lag:
+                stats["off_policy/num_dropped"] += len(group.rollouts)
+                continue
+            env_index = next(i for i, e in enumerate(self.envs) if e.name == group.env_name)
+            self.buffer.update(env_index, group)
+            if not self.buffer.keep_group(group):
+                stats["buffer/num_difficulty_filtered"] += len(group.rollouts)
+                continue
+            groups.append(group)
+        return groups
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def _build_batch(
+        self, step: int, groups: list[Group], stats: dict[str, float]
+    ) -> tuple[TrainingBatch, list[Rollout]]:
+        rollouts = [r for g in groups for r in g.rollouts]
+        rewards = np.array([g.rewards for g in groups], dtype=np.float64)
+        lengths = np.array([[r.num_model_tokens for r in g.rollouts] for g in groups], dtype=np.float64)
+        advantages = compute_advantages(self.cfg.advantage, rewards, lengths)
+        for group, row in zip(groups, advantages, strict=True):
+            for rollout, adv in zip(group.rollouts, row, strict=True):
+                rollout.advantage = float(adv)
+        stats.update(apply_filters(rollouts, self.cfg.filters, self.vocab_size))
+        rows, pack = pack_rollouts(rollouts, self.cfg.seq_len)
+        stats["packing/efficiency"] = pack.efficiency
+        stats["packing/num_rows"] = pack.num_rows
+        stats["packing/num_truncated"] = pack.num_truncated
+        stats["advantage/mean"] = float(advantages.mean())
+        stats["advantage/std"] = float(advantages.std())
+        batch = TrainingBatch(step=step, rows=rows, metadata={"policy_version": self.policy.version})
+        return batch, rollouts
+
+    def _rollout_metrics(self, step: int, groups: list[Group], rollouts: list[Rollout]) -> dict[str, float]:
+        rewards = [r.reward for r in rollouts]
+        lengths = [r.num_model_tokens for r in rollouts]
+        metrics: dict[str, float] = {
+            "reward/mean": statistics.fmean(rewards),
+            "reward/std": statistics.pstdev(rewards),
+            "frac_reward_zero_std": sum(1 for g in groups if len(set(g.rewards)) == 1) / len(groups),
+            "completion_len/mean": statistics.fmean(lengths),
+            "completion_len/max": max(lengths),
+            "truncated/frac": sum(r.truncated for r in rollouts) / len(rollouts),
+            "failed/num_rollouts": sum(r.failure is not None for r in rollouts),
+            "masked/num_rollouts": sum(r.masked for r in rollouts),
+            "off_policy/mean_lag": statistics.fmean(step - r.start_version for r in rollouts),
+            "off_policy/max_lag": max(step - r.start_version for r in rollouts),
+            "policy/version": self.policy.version,
+        }
+        for env in self.envs:
+            env_rewards = [r.reward for r in rollouts if r.env_name == env.name]
+            if env_rewards:
+                metrics[f"reward/{env.name}"] = statistics.fmean(env_rewards)
+        return metrics
+
+    async def _maybe_eval(self, step: int, resumed_at: int | None) -> dict[str, float]:
+        if (
+            self.cfg.eval is None
+            or not self.eval_envs
+            or not should_evaluate(self.cfg.eval, step, resumed_at)
+        ):
+            return {}
+        self._launch_paused.set()
+        if self.cfg.eval.cancel_inflight_rollouts_on_eval:
+            await self._cancel_inflight()
+        try:
+            return await evaluate(self.cfg.eval, self.eval_envs, self.runner, self._params())
+        finally:
+            self._launch_paused.clear()
+
+    async def _resume(self) -> int | None:
+        resumed_at = await asyncio.to_thread(
+            checkpoint.resolve_resume_step, self.run_dir, self.cfg.ckpt.resume_step
+        )
+        if resumed_at is None:
+            return None
+        progress, buffer_state = await asyncio.to_thread(checkpoint.load_checkpoint, self.run_dir, resumed_at)
+        if not self.cfg.ckpt.skip_progress:
+            self.step = int(progress["step"])
+            self.counters.update({k: int(v) for k, v in progress.get("counters", {}).items()})
+        if not self.cfg.ckpt.skip_buffer:
+            self.buffer.load_state(buffer_state)
+        log.info("resumed from orchestrator checkpoint step_%d (next batch %d)", resumed_at, self.step)
+        # the servers must run the resumed policy before sampling
+        await self.policy.poll_once()
+        needed = required_policy(self.step, self.cfg.max_async_level)
+        await asyncio.wait_for(self.policy.wait_for(needed), timeout=self.cfg.ckpt.wait_for_weights_timeout)
+        return self.step
+
+    async def run(self) -> None:
+        resumed_at = await self._resume()
+        self.policy.start()
+        reporter = Reporter(
+            self.run_dir, self.cfg.report_to, self.cfg.model_dump(mode="json"), self.cfg.max_steps, self.step
+        )
+        launcher = asyncio.create_task(self._launch_forever(), name="rollout-launcher")
+        try:
+            await self._steps(reporter, resumed_at)
+        finally:
+            launcher.cancel()
+            await asyncio.gather(launcher, return_exceptions=True)
+            await self._cancel_inflight()
+            await self.policy.stop()
+            reporter.close()
+
+    async def _steps(self, reporter: Reporter, resumed_at: int | None) -> None:
+        while self.cfg.max_steps is None or self.step < self.cfg.max_steps:
+            if self.stop.is_set():
+                return
+            step = self.step
+            started = time.monotonic()
+            eval_metrics = await self._maybe_eval(step, resumed_at)
+            self.required_version = required_policy(step, self.cfg.max_async_level)
+            stats: dict[str, float] = {"off_policy/num_dropped": 0, "buffer/num_difficulty_filtered": 0}
+            groups = await self._collect(step, stats)
+            if groups is None:
+                return
+            collected = time.monotonic()
+            # new rollouts may already target the next batch
+            self.required_version = required_policy(step + 1, self.cfg.max_async_level)
+            # advantages, filters and packing are CPU work on finished groups: keep the loop free
+            batch, rollouts = await asyncio.to_thread(self._build_batch, step, groups, stats)
+            await asyncio.to_thread(self.sender.send, batch)
+            sent = time.monotonic()
+            self.step = step + 1
+            self.counters["num_rollouts_dropped_off_policy"] += int(stats["off_policy/num_dropped"])
+            await self._maybe_checkpoint()
+            step_seconds = time.monotonic() - started
+            num_tokens = sum(r.num_model_tokens for r in rollouts)
+            group_seconds, self._group_seconds = self._group_seconds, []
+            metrics = {
+                **self._rollout_metrics(step, groups, rollouts),
+                **stats,
+                **eval_metrics,
+                "time/step": step_seconds,
+                "time/collect": collected - started,
+                "time/send": sent - collected,
+                "time/group_mean": statistics.fmean(group_seconds) if group_seconds else 0.0,
+                "time/weight_update": self.policy.last_update_seconds,
+                "perf/tokens_per_second": num_tokens / step_seconds if step_seconds > 0 else 0.0,
+                "perf/num_inflight_groups": len(self._inflight),
+            }
+            await reporter.log_step(step, metrics, rollouts)
+
+    async def _maybe_checkpoint(self) -> None:
+        interval = self.cfg.ckpt.interval
+        if interval is None or self.step % interval != 0:
+            return
+        progress: dict[str, Any] = {"counters": dict(self.counters), "policy_version": self.policy.version}
+        await asyncio.to_thread(
+            checkpoint.save_checkpoint, self.run_dir, self.step, progress, self.buffer.state(), self.cfg.ckpt
+        )

@@ -1,0 +1,83 @@
+"""Packing rollouts into training rows of at most seq_len tokens.
+
+Each sample is prompt ids + completion ids; loss_mask is True only on model-generated completion
+tokens (and False for rollouts a filter masked). Samples longer than seq_len are truncated on the
+right and counted.
+
+Rows are filled by first-fit decreasing: samples sorted longest first, each placed in the first row
+with room for it, a new row opened when none has. This is within 11/9 of the optimal row count and
+keeps rows dense, so the trainer's compute goes to real tokens. Rows are not padded to seq_len: the
+trainer handles ragged rows (padding would only add wasted compute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from grpo.orchestrator.types import Rollout
+from grpo.transport.batch import PackedRow
+
+
+@dataclass
+class PackStats:
+    num_rows: int
+    num_tokens: int
+    num_truncated: int
+    efficiency: float
+    """Real tokens / (num_rows * seq_len)."""
+
+
+def _sample_arrays(rollout: Rollout, seq_len: int, with_teacher: bool) -> dict[str, np.ndarray]:
+    ids = rollout.prompt_ids + rollout.completion_ids
+    num_prompt = len(rollout.prompt_ids)
+    trains = not rollout.masked
+    mask = [False] * num_prompt + [m and trains for m in rollout.completion_mask]
+    logprobs = [0.0] * num_prompt + [
+        lp if m else 0.0 for lp, m in zip(rollout.completion_logprobs, rollout.completion_mask, strict=True)
+    ]
+    n = min(len(ids), seq_len)
+    mask_arr = np.asarray(mask[:n], dtype=np.bool_)
+    arrays = {
+        "input_ids": np.asarray(ids[:n], dtype=np.int32),
+        "position_ids": np.arange(n, dtype=np.int32),
+        "loss_mask": mask_arr,
+        "advantages": np.where(mask_arr, np.float32(rollout.advantage), np.float32(0.0)).astype(np.float32),
+        "inference_logprobs": np.asarray(logprobs[:n], dtype=np.float32),
+        "temperatures": np.where(mask_arr, np.float32(rollout.temperature), np.float32(1.0)).astype(
+            np.float32
+        ),
+    }
+    if with_teacher:
+        teacher = rollout.teacher_logprobs or [0.0] * len(ids)
+        arrays["teacher_logprobs"] = np.asarray(teacher[:n], dtype=np.float32)
+    return arrays
+
+
+def pack_rollouts(rollouts: Sequence[Rollout], seq_len: int) -> tuple[list[PackedRow], PackStats]:
+    """Rows holding every rollout exactly once (first-fit decreasing), and packing statistics."""
+    with_teacher = any(r.teacher_logprobs is not None for r in rollouts)
+    samples = [_sample_arrays(r, seq_len, with_teacher) for r in rollouts]
+    num_truncated = sum(len(r.prompt_ids) + len(r.completion_ids) > seq_len for r in rollouts)
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["input_ids"]))
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        size = len(samples[i]["input_ids"])
+        for b, room in enumerate(free):
+            if room >= size:
+                bins[b].append(i)
+                free[b] -= size
+                break
+        else:
+            bins.append([i])
+            free.append(seq_len - size)
+    rows = []
+    for members in bins:
+        fields = {name: np.concatenate([samples[i][name] for i in members]) for name in samples[members[0]]}
+        rows.append(PackedRow(**fields))
+    num_tokens = sum(r.num_tokens for r in rows)
+    efficiency = num_tokens / (len(rows) * seq_len) if rows else 0.0
+    return rows, PackStats(len(rows), num_tokens, num_truncated, efficiency)

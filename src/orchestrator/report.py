@@ -1,0 +1,110 @@
+"""Where step metrics go: metrics.jsonl always, W&B when configured, and the terminal.
+
+The terminal shows a rich live line (step, reward, tokens/s, ETA) when stdout is a TTY and plain
+log lines otherwise (CI logs, redirected output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from grpo.config.orchestrator import ReportConfig
+from grpo.orchestrator.types import Rollout
+from grpo.utils.jsonl import JsonlWriter
+from grpo.utils.logging import get_logger
+
+log = get_logger("orchestrator")
+
+
+class TerminalProgress:
+    def __init__(self, max_steps: int | None, first_step: int) -> None:
+        self.max_steps = max_steps
+        self.first_step = first_step
+        self.started = time.monotonic()
+        self._live: Any = None
+        if sys.stdout.isatty():
+            from rich.live import Live
+
+            self._live = Live(auto_refresh=False)
+            self._live.start()
+
+    def _eta(self, step: int) -> str:
+        done = step + 1 - self.first_step
+        if self.max_steps is None or done <= 0:
+            return "-"
+        remaining = (time.monotonic() - self.started) / done * (self.max_steps - step - 1)
+        return time.strftime("%H:%M:%S", time.gmtime(remaining))
+
+    def update(self, step: int, metrics: dict[str, Any]) -> None:
+        total = "?" if self.max_steps is None else str(self.max_steps)
+        line = (
+            f"step {step + 1}/{total}  reward {metrics.get('reward/mean', 0.0):.3f}  "
+            f"tokens/s {metrics.get('perf/tokens_per_second', 0.0):.0f}  "
+            f"policy {metrics.get('policy/version', 0)}  ETA {self._eta(step)}"
+        )
+        if self._live is not None:
+            self._live.update(line, refresh=True)
+        else:
+            log.info(line)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+
+class Reporter:
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: ReportConfig | None,
+        run_config: dict[str, Any],
+        max_steps: int | None,
+        first_step: int,
+    ) -> None:
+        self.cfg = cfg
+        self.jsonl = JsonlWriter(run_dir / "metrics.jsonl")
+        self.terminal = TerminalProgress(max_steps, first_step)
+        self._wandb: Any = None
+        if cfg is not None:
+            import wandb
+
+            self._wandb = wandb.init(
+                project=cfg.project,
+                name=cfg.name,
+                mode="offline" if cfg.offline else "online",
+                dir=str(run_dir),
+                config=run_config,
+            )
+
+    async def log_step(self, step: int, metrics: dict[str, Any], rollouts: list[Rollout]) -> None:
+        record = {"step": step, **metrics}
+        await asyncio.to_thread(self.jsonl.write, record)
+        self.terminal.update(step, metrics)
+        if self._wandb is not None:
+            await asyncio.to_thread(self._log_wandb, step, metrics, rollouts)
+
+    def _log_wandb(self, step: int, metrics: dict[str, Any], rollouts: list[Rollout]) -> None:
+        import wandb
+
+        assert self.cfg is not None
+        payload: dict[str, Any] = dict(metrics)
+        if step % self.cfg.interval == 0:
+            if self.cfg.samples:
+                table = wandb.Table(columns=["step", "env", "completion", "reward", "advantage"])
+                for r in rollouts[:16]:
+                    table.add_data(step, r.env_name, r.completion_text, r.reward, r.advantage)
+                payload["samples"] = table
+            if self.cfg.distributions:
+                payload["dist/reward"] = wandb.Histogram([r.reward for r in rollouts])
+                payload["dist/advantage"] = wandb.Histogram([r.advantage for r in rollouts])
+        self._wandb.log(payload, step=step)
+
+    def close(self) -> None:
+        self.terminal.close()
+        self.jsonl.close()
+        if self._wandb is not None:
+            self._wandb.finish()

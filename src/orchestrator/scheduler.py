@@ -1,0 +1,136 @@
+"""Staleness: which policy the inference servers run, and which rollouts a batch may take.
+
+Rules (docs/design.md, "Step semantics"):
+- New rollouts for batch n start only once the servers run policy >= max(0, n - max_async_level);
+  until then the orchestrator waits for `broadcasts/step_k/STABLE` and loads it.
+- Every rollout records the policy version at its start and end (weights are reloaded in place,
+  so a generation can span an update).
+- Batch n accepts a rollout when n - start_version <= max_off_policy_steps; older ones are dropped
+  and counted. With max_async_level 0 the limit is 0: batch n holds only policy-n rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from grpo.inference.types import RolloutClient
+from grpo.utils.atomic import STABLE
+from grpo.utils.logging import get_logger
+
+log = get_logger("orchestrator")
+
+
+def required_policy(step: int, max_async_level: int) -> int:
+    """Oldest policy new rollouts for batch `step` may start from."""
+    return max(0, step - max_async_level)
+
+
+def accepted_lag(max_async_level: int, max_off_policy_steps: int) -> int:
+    """Largest step - start_version a batch accepts."""
+    return 0 if max_async_level == 0 else max_off_policy_steps
+
+
+def broadcast_dir(run_dir: Path, version: int) -> Path:
+    return run_dir / "broadcasts" / f"step_{version}"
+
+
+def newest_stable(run_dir: Path, after: int) -> int:
+    """Highest v > after whose broadcast is STABLE; `after` if none.
+
+    Lists the broadcasts folder (the trainer may prune old ones, so versions need not be
+    contiguous). Blocking; call it off the event loop.
+    """
+    newest = after
+    root = run_dir / "broadcasts"
+    if not root.is_dir():
+        return newest
+    for entry in os.scandir(root):
+        name = entry.name
+        is_newer = name.startswith("step_") and name[5:].isdigit() and int(name[5:]) > newest
+        if is_newer and os.path.exists(os.path.join(entry.path, STABLE)):
+            newest = int(name[5:])
+    return newest
+
+
+class PolicyTracker:
+    """Watches the run dir for new policies and switches the inference servers to them."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        client: RolloutClient,
+        lora_adapter: str | None,
+        base_model: str,
+        version: int = 0,
+        poll_interval: float = 0.05,
+    ) -> None:
+        self.run_dir = run_dir
+        self.client = client
+        self.lora_adapter = lora_adapter
+        self.base_model = base_model
+        self.version = version
+        self.poll_interval = poll_interval
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.num_updates = 0
+        self.last_update_seconds = 0.0
+
+    @property
+    def model_name(self) -> str:
+        """Served model name for requests: the adapter once one is loaded, else the base model."""
+        if self.lora_adapter is not None and self.version > 0:
+            return self.lora_adapter
+        return self.base_model
+
+    @property
+    def cache_salt(self) -> str:
+        return f"policy-{self.version}"
+
+    async def load(self, version: int) -> None:
+        """Switch the servers to `version` (its broadcast must be STABLE)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        path = str(broadcast_dir(self.run_dir, version))
+        if self.lora_adapter is not None:
+            await self.client.load_lora_adapter(self.lora_adapter, path)
+        else:
+            await self.client.update_weights(path)
+        self.last_update_seconds = loop.time() - started
+        self.num_updates += 1
+        async with self._changed:
+            self.version = version
+            self._changed.notify_all()
+        log.debug("inference now runs policy %d (%.2fs)", version, self.last_update_seconds)
+
+    async def poll_once(self) -> None:
+        newest = await asyncio.to_thread(newest_stable, self.run_dir, self.version)
+        if newest > self.version:
+            await self.load(newest)
+
+    async def _watch(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.poll_interval)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name="policy-watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def wait_for(self, version: int) -> None:
+        """Return once the servers run a policy >= version."""
+        async with self._changed:
+            while self.version < version:
+                if self._task is not None and self._task.done():
+                    self._task.result()  # the watcher died: surface its error instead of hanging
+                # wake up now and then to notice a dead watcher
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=1.0)
+                except TimeoutError:
+                    continue

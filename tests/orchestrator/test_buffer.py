@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from grpo.config.orchestrator import BufferConfig
+from grpo.envs import SingleTurnEnv
+from grpo.orchestrator.buffer import Buffer
+from grpo.orchestrator.types import Group, Rollout
+
+
+def _env(name: str, num: int) -> SingleTurnEnv:
+    return SingleTurnEnv(
+        examples=[{"prompt": f"{name} {i}"} for i in range(num)], rewards=[lambda: 0.0], name=name
+    )
+
+
+def _group(example: dict, rewards: list[float]) -> Group:
+    rollouts = [Rollout("a", 0, [], [], [], [], 1.0, 0, 0, reward=r) for r in rewards]
+    return Group("a", example, 0, rollouts)
+
+
+def test_sampling_is_reproducible_from_the_seed() -> None:
+    a, b = Buffer([_env("a", 50)], BufferConfig(seed=3), 0), Buffer([_env("a", 50)], BufferConfig(seed=3), 0)
+    assert [a.sample()[1] for _ in range(20)] == [b.sample()[1] for _ in range(20)]
+
+
+def test_env_ratios_weight_environments() -> None:
+    buffer = Buffer([_env("a", 5), _env("b", 5)], BufferConfig(env_ratios=[0.0, 1.0]), 0)
+    assert {buffer.sample()[0] for _ in range(30)} == {1}
+
+
+def test_duplicate_examples_by_hash_keys_are_sampled_as_one() -> None:
+    env = SingleTurnEnv(examples=[{"prompt": "same"}] * 10 + [{"prompt": "other"}], rewards=[lambda: 0.0])
+    buffer = Buffer([env], BufferConfig(), 0)
+    assert {buffer.sample()[1] for _ in range(50)} == {0, 10}
+
+
+def test_online_difficulty_filtering_drops_uniform_groups() -> None:
+    buffer = Buffer([_env("a", 3)], BufferConfig(online_difficulty_filtering=True), 0)
+    ex = {"prompt": "a 0"}
+    assert not buffer.keep_group(_group(ex, [1.0, 1.0]))
+    assert not buffer.keep_group(_group(ex, [0.0, 0.0]))
+    assert buffer.keep_group(_group(ex, [0.0, 1.0]))
+
+
+def test_easy_examples_leave_the_pool_and_state_round_trips() -> None:
+    env = _env("a", 2)
+    buffer = Buffer([env], BufferConfig(easy_threshold=0.9), 0)
+    buffer.update(0, _group(env.examples[0], [1.0, 1.0]))
+    assert {buffer.sample()[1] for _ in range(20)} == {1}
+    restored = Buffer([env], BufferConfig(easy_threshold=0.9), 0)
+    restored.load_state(buffer.state())
+    assert restored.num_sampled == buffer.num_sampled
+    assert restored.sample() == buffer.sample()
+
+
+def test_easy_fraction_promotes_back_on_load() -> None:
+    env = _env("a", 4)
+    buffer = Buffer([env], BufferConfig(easy_threshold=0.5), 0)
+    for example in env.examples:
+        buffer.update(0, _group(example, [1.0]))
+    promoted = Buffer([env], BufferConfig(easy_threshold=0.5, easy_fraction=0.5), 0)
+    promoted.load_state(buffer.state())
+    assert len(promoted.easy[0]) == 2

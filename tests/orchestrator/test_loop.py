@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokenizer, policies_in
+
+from grpo.config.orchestrator import CheckpointConfig, OrchestratorConfig
+from grpo.envs import SingleTurnEnv
+from grpo.orchestrator.loop import Orchestrator
+from grpo.utils.jsonl import read_jsonl
+
+
+def _env(rewards: list | None = None) -> SingleTurnEnv:
+    examples = [{"prompt": f"question {i}", "answer": "ok"} for i in range(20)]
+
+    def exact(completion: str, answer: str) -> float:
+        return float(completion == answer)
+
+    return SingleTurnEnv(examples=examples, rewards=rewards or [exact], name="toy")
+
+
+def _cfg(**overrides: object) -> OrchestratorConfig:
+    base: dict[str, object] = {
+        "model": {"name": "base-model"},
+        "batch_size": 8,
+        "rollouts_per_example": 2,
+        "seq_len": 64,
+        "max_steps": 5,
+    }
+    return OrchestratorConfig.model_validate({**base, **overrides})
+
+
+def _run(
+    cfg: OrchestratorConfig, run_dir: Path, client: FakeClient, env: SingleTurnEnv, train_seconds: float = 0.0
+):
+    sender = QueueSender(maxsize=1)
+    trainer = FakeTrainer(sender, run_dir, cfg.max_steps or 0, train_seconds)
+    trainer.start()
+    orch = Orchestrator(cfg, client, sender, run_dir, fake_tokenizer(), [env])
+    asyncio.run(asyncio.wait_for(orch.run(), timeout=60))
+    trainer.join(timeout=30)
+    assert trainer.error is None, trainer.error
+    return orch, trainer
+
+
+@pytest.mark.parametrize("max_async_level", [0, 1, 2])
+def test_off_policy_gap_never_exceeds_async_level(tmp_path: Path, max_async_level: int) -> None:
+    cfg = _cfg(max_async_level=max_async_level, max_off_policy_steps=max_async_level, oversampling_factor=2.0)
+    client = FakeClient(delay=0.005)
+    _orch, trainer = _run(cfg, tmp_path, client, _env(), train_seconds=0.02)
+    assert [b.step for b in trainer.received] == list(range(5))  # the trainer got every batch it waited for
+    for batch in trainer.received:
+        for version in policies_in(batch):
+            assert 0 <= batch.step - version <= max_async_level, (batch.step, version)
+    if max_async_level == 0:
+        assert all(policies_in(b) == {b.step} for b in trainer.received)
+
+
+def test_stale_rollouts_are_dropped_and_counted(tmp_path: Path) -> None:
+    # async 0 with oversampling: leftovers of policy n in flight when batch n closes can't enter batch n+1
+    cfg = _cfg(max_async_level=0, oversampling_factor=3.0)
+    client = FakeClient(delay=0.005)
+    orch, _trainer = _run(cfg, tmp_path, client, _env(), train_seconds=0.02)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    dropped = sum(r["off_policy/num_dropped"] for r in records)
+    assert dropped > 0
+    assert orch.counters["num_rollouts_dropped_off_policy"] == dropped
+
+
+def test_servers_switch_to_each_new_policy_adapter(tmp_path: Path) -> None:
+    cfg = _cfg(max_async_level=0)
+    client = FakeClient()
+    _run(cfg, tmp_path, client, _env())
+    assert [path.rsplit("_", 1)[1] for _name, path in client.loaded] == ["1", "2", "3", "4"]
+    assert {name for name, _ in client.loaded} == {"default"}
+    assert client.requests[0].model == "base-model"  # policy 0 is the base model
+    assert client.requests[-1].model == "default"
+
+
+def test_raising_reward_fn_does_not_stop_the_run(tmp_path: Path) -> None:
+    def broken(completion: str) -> float:
+        raise RuntimeError("boom")
+
+    cfg = _cfg(max_steps=2)
+    _orch, trainer = _run(cfg, tmp_path, FakeClient(), _env([broken]))
+    assert len(trainer.received) == 2
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["failed/num_rollouts"] for r in records] == [8, 8]
+    assert all(r["reward/mean"] == 0.0 for r in records)
+
+
+def test_metrics_have_one_record_per_step(tmp_path: Path) -> None:
+    cfg = _cfg(max_steps=3)
+    _run(cfg, tmp_path, FakeClient(reply="ok"), _env())
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    first = records[0]
+    assert first["reward/mean"] == 1.0 and first["reward/toy"] == 1.0
+    assert first["frac_reward_zero_std"] == 1.0
+    assert first["completion_len/max"] == 4
+    assert 0 < first["packing/efficiency"] <= 1
+
+
+def test_resume_restores_step_and_buffer(tmp_path: Path) -> None:
+    cfg = _cfg(max_steps=4, ckpt=CheckpointConfig(interval=2), max_async_level=1)
+    first, _ = _run(cfg, tmp_path, FakeClient(), _env())
+    assert (tmp_path / "checkpoints" / "orchestrator" / "step_4" / "STABLE").exists()
+    sampled_at_4 = first.buffer.num_sampled
+
+    resumed_cfg = _cfg(max_steps=4, ckpt=CheckpointConfig(resume_step=2))
+    sender = QueueSender()
+    orch = Orchestrator(resumed_cfg, FakeClient(), sender, tmp_path, fake_tokenizer(), [_env()])
+    asyncio.run(orch._resume())
+    assert orch.step == 2
+    assert 0 < orch.buffer.num_sampled < sampled_at_4
+    assert orch.policy.version >= 1  # the resumed batch's policy was loaded before sampling
+
+
+def test_stop_event_ends_the_run(tmp_path: Path) -> None:
+    cfg = _cfg(max_steps=None, max_async_level=1)
+    sender = QueueSender(maxsize=100)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        orch = Orchestrator(
+            cfg, FakeClient(delay=0.01), sender, tmp_path, fake_tokenizer(), [_env()], stop=stop
+        )
+        task = asyncio.create_task(orch.run())
+        while sender.batches.qsize() < 2:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+    asyncio.run(main())
+    assert sender.batches.qsize() >= 2

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import numpy as np
+
+from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.types import Rollout
+
+
+def _rollout(
+    prompt_len: int, completion_len: int, base: int, advantage: float = 1.0, masked: bool = False
+) -> Rollout:
+    return Rollout(
+        env_name="e",
+        example_index=0,
+        prompt_ids=list(range(base, base + prompt_len)),
+        completion_ids=list(range(base + prompt_len, base + prompt_len + completion_len)),
+        completion_mask=[True] * completion_len,
+        completion_logprobs=[-0.1] * completion_len,
+        temperature=0.7,
+        start_version=0,
+        end_version=0,
+        advantage=advantage,
+        masked=masked,
+    )
+
+
+def test_every_token_lands_once_with_masks_and_positions() -> None:
+    rollouts = [_rollout(3, 5, 0), _rollout(2, 2, 100), _rollout(4, 6, 200), _rollout(1, 1, 300)]
+    rows, stats = pack_rollouts(rollouts, seq_len=12)
+    all_ids = np.concatenate([r.input_ids for r in rows])
+    expected = np.concatenate([np.array(r.prompt_ids + r.completion_ids) for r in rollouts])
+    assert sorted(all_ids.tolist()) == sorted(expected.tolist())
+    for row in rows:
+        row.validate()
+        assert row.num_tokens <= 12
+        # each sample: positions restart at 0; loss only on its completion tokens
+        start = 0
+        for length in row.sample_lengths():
+            ids = row.input_ids[start : start + length]
+            rollout = next(r for r in rollouts if r.prompt_ids[0] == ids[0])
+            np.testing.assert_array_equal(row.position_ids[start : start + length], np.arange(length))
+            expected_mask = [False] * len(rollout.prompt_ids) + [True] * len(rollout.completion_ids)
+            np.testing.assert_array_equal(row.loss_mask[start : start + length], expected_mask)
+            seg_mask = row.loss_mask[start : start + length]
+            assert np.all(row.temperatures[start : start + length][seg_mask] == np.float32(0.7))
+            assert np.all(row.advantages[start : start + length][~seg_mask] == 0.0)
+            start += length
+    assert stats.num_tokens == 24
+    assert stats.efficiency == 24 / (len(rows) * 12)
+    assert len(rows) == 2  # 10 + 2 and 8 + 4: first-fit decreasing fills both rows exactly
+    assert stats.num_truncated == 0
+
+
+def test_long_samples_are_truncated_on_the_right_and_counted() -> None:
+    rows, stats = pack_rollouts([_rollout(4, 20, 0)], seq_len=10)
+    assert rows[0].num_tokens == 10
+    assert rows[0].input_ids.tolist() == list(range(10))
+    assert stats.num_truncated == 1
+
+
+def test_masked_rollouts_carry_no_loss() -> None:
+    rows, _ = pack_rollouts([_rollout(2, 3, 0, masked=True)], seq_len=10)
+    assert rows[0].num_loss_tokens == 0
+
+
+def test_teacher_logprobs_are_packed_when_present() -> None:
+    with_teacher = _rollout(2, 2, 0)
+    with_teacher.teacher_logprobs = [0.0, -1.0, -2.0, -3.0]
+    rows, _ = pack_rollouts([with_teacher], seq_len=10)
+    assert rows[0].teacher_logprobs is not None
+    assert rows[0].teacher_logprobs.tolist() == [0.0, -1.0, -2.0, -3.0]
