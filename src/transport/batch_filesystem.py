@@ -1,0 +1,165 @@
+"""Batch transport through the run directory (the default; works across machines on a shared FS).
+
+Layout and protocol, for batch n:
+
+- the orchestrator builds `rollouts/.step_{n}.tmp-*/batch.safetensors`, renames the folder to
+  `rollouts/step_{n}/` and writes `STABLE` last (grpo.utils.atomic), so a reader that sees STABLE
+  sees the whole file;
+- the trainer polls for `step_{n}/STABLE` (50 ms, backing off to 0.5 s), decodes the blob, and
+  writes `step_{n}/CONSUMED`;
+- back-pressure: before writing batch n the orchestrator waits while `max_buffered` earlier
+  batches are STABLE but not CONSUMED;
+- pruning: the orchestrator (the only side that deletes) removes consumed folders, keeping the
+  `keep_consumed` newest for inspection. Unconsumed folders are never deleted.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+from grpo.transport.batch import TrainingBatch
+from grpo.transport.wire import decode_batch, encode_batch
+from grpo.utils.atomic import is_stable, publish_dir, staging_dir, write_text_atomic
+from grpo.utils.logging import get_logger
+
+BATCH_FILE = "batch.safetensors"
+CONSUMED = "CONSUMED"
+_STEP_DIR = re.compile(r"step_(\d+)")
+_FIRST_POLL_S = 0.05
+_MAX_POLL_S = 0.5
+_WAIT_LOG_EVERY_S = 60.0
+
+log = get_logger("transport")
+
+
+def rollouts_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "rollouts"
+
+
+def step_dir(run_dir: str | Path, step: int) -> Path:
+    return rollouts_dir(run_dir) / f"step_{step}"
+
+
+def _published_steps(run_dir: Path) -> list[int]:
+    """Steps whose folder is STABLE, ascending."""
+    root = rollouts_dir(run_dir)
+    if not root.is_dir():
+        return []
+    steps = []
+    for child in root.iterdir():
+        match = _STEP_DIR.fullmatch(child.name)
+        if match and is_stable(child):
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+class _Backoff:
+    def __init__(self) -> None:
+        self.interval = _FIRST_POLL_S
+
+    def sleep(self, deadline: float | None) -> None:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        time.sleep(self.interval if remaining is None else min(self.interval, remaining))
+        self.interval = min(self.interval * 1.5, _MAX_POLL_S)
+
+
+class FilesystemBatchSender:
+    """Orchestrator side: one folder per batch under `{run_dir}/rollouts/`."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        max_buffered: int = 2,
+        keep_consumed: int = 2,
+        block_timeout: float | None = None,
+    ) -> None:
+        if max_buffered < 1:
+            raise ValueError(f"max_buffered must be >= 1, got {max_buffered}")
+        self.run_dir = Path(run_dir)
+        self.max_buffered = max_buffered
+        self.keep_consumed = keep_consumed
+        self.block_timeout = block_timeout
+
+    def pending_steps(self, before: int) -> list[int]:
+        """Published earlier batches the trainer has not consumed yet."""
+        return [
+            s
+            for s in _published_steps(self.run_dir)
+            if s < before and not (step_dir(self.run_dir, s) / CONSUMED).exists()
+        ]
+
+    def send(self, batch: TrainingBatch) -> None:
+        self._wait_for_room(batch.step)
+        final = step_dir(self.run_dir, batch.step)
+        staged = staging_dir(final)
+        (staged / BATCH_FILE).write_bytes(encode_batch(batch))
+        publish_dir(staged, final)
+        self._prune_consumed()
+
+    def _wait_for_room(self, step: int) -> None:
+        # Only steps below `step` count: folders from an abandoned earlier run at or above the
+        # resume step will be overwritten and must not block forever.
+        start = time.monotonic()
+        deadline = None if self.block_timeout is None else start + self.block_timeout
+        backoff, next_log = _Backoff(), start + _WAIT_LOG_EVERY_S
+        while len(pending := self.pending_steps(step)) >= self.max_buffered:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(
+                    f"batch {step} not written within {self.block_timeout}s: the trainer has not consumed "
+                    f"steps {pending} in {rollouts_dir(self.run_dir)}; check that grpo-train is running "
+                    "with the same output_dir"
+                )
+            if now >= next_log:
+                log.info("batch %d waits for the trainer to consume steps %s", step, pending)
+                next_log = now + _WAIT_LOG_EVERY_S
+            backoff.sleep(deadline)
+
+    def _prune_consumed(self) -> None:
+        consumed = [
+            s for s in _published_steps(self.run_dir) if (step_dir(self.run_dir, s) / CONSUMED).exists()
+        ]
+        stale = consumed[: max(0, len(consumed) - self.keep_consumed)]
+        for step in stale:
+            shutil.rmtree(step_dir(self.run_dir, step), ignore_errors=True)
+
+    def close(self) -> None:
+        """Nothing to release; the trainer stops after `max_steps` batches."""
+
+
+class FilesystemBatchReceiver:
+    """Trainer side: waits for `rollouts/step_{n}/STABLE`, reads and acknowledges batch n."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch:
+        folder = step_dir(self.run_dir, step)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backoff, next_log = _Backoff(), time.monotonic() + _WAIT_LOG_EVERY_S
+        while not is_stable(folder):
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(
+                    f"batch {step} did not arrive within {timeout}s: {folder / 'STABLE'} does not exist; "
+                    f"check that grpo-orch is running and uses output_dir {self.run_dir}"
+                )
+            if now >= next_log:
+                log.info("waiting for batch %d at %s", step, folder)
+                next_log = now + _WAIT_LOG_EVERY_S
+            backoff.sleep(deadline)
+        batch = decode_batch((folder / BATCH_FILE).read_bytes())
+        if batch.step != step:
+            raise ValueError(
+                f"{folder / BATCH_FILE} holds batch {batch.step}, not {step}: the rollouts folder was "
+                "modified by hand; remove it and restart the orchestrator"
+            )
+        write_text_atomic(folder / CONSUMED, "")
+        return batch
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,87 @@
+"""Pick a batch transport implementation by kind, or straight from a config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from grpo.transport.interfaces import BatchReceiver, BatchSender
+
+if TYPE_CHECKING:
+    from grpo.config.orchestrator import OrchestratorConfig
+    from grpo.config.trainer import TrainerConfig
+    from grpo.transport.batch_memory import MemoryChannel
+
+BatchTransportKind = Literal["filesystem", "zmq", "memory"]
+
+DEFAULT_ZMQ_HWM = 10
+
+
+def make_batch_sender(
+    kind: BatchTransportKind,
+    run_dir: str | Path,
+    *,
+    host: str = "localhost",
+    port: int = 5555,
+    hwm: int = DEFAULT_ZMQ_HWM,
+    max_buffered: int = 2,
+    channel: MemoryChannel | None = None,
+) -> BatchSender:
+    """Orchestrator side. `hwm` bounds zmq's queue and `max_buffered` the filesystem's unconsumed
+    folders; `channel` (memory only) is shared with the receiver in the same process."""
+    if kind == "filesystem":
+        from grpo.transport.batch_filesystem import FilesystemBatchSender
+
+        return FilesystemBatchSender(run_dir, max_buffered=max_buffered)
+    if kind == "zmq":
+        from grpo.transport.batch_zmq import ZmqBatchSender
+
+        return ZmqBatchSender(host, port, hwm=hwm)
+    if kind == "memory":
+        from grpo.transport.batch_memory import MemoryBatchSender
+
+        if channel is None:
+            raise ValueError("the memory transport needs channel=MemoryChannel(...) shared with the receiver")
+        return MemoryBatchSender(channel)
+    raise ValueError(f"unknown batch transport {kind!r}: choose filesystem, zmq or memory")
+
+
+def make_batch_receiver(
+    kind: BatchTransportKind,
+    run_dir: str | Path,
+    *,
+    host: str = "localhost",
+    port: int = 5555,
+    hwm: int = DEFAULT_ZMQ_HWM,
+    channel: MemoryChannel | None = None,
+) -> BatchReceiver:
+    """Trainer side; the zmq receiver binds host:port immediately."""
+    if kind == "filesystem":
+        from grpo.transport.batch_filesystem import FilesystemBatchReceiver
+
+        return FilesystemBatchReceiver(run_dir)
+    if kind == "zmq":
+        from grpo.transport.batch_zmq import ZmqBatchReceiver
+
+        return ZmqBatchReceiver(host, port, hwm=hwm)
+    if kind == "memory":
+        from grpo.transport.batch_memory import MemoryBatchReceiver
+
+        if channel is None:
+            raise ValueError("the memory transport needs channel=MemoryChannel(...) shared with the sender")
+        return MemoryBatchReceiver(channel)
+    raise ValueError(f"unknown batch transport {kind!r}: choose filesystem, zmq or memory")
+
+
+def batch_sender_for(cfg: OrchestratorConfig, run_dir: str | Path) -> BatchSender:
+    """The sender `cfg.rollout_transport` asks for. The filesystem lets the orchestrator run
+    max_async_level + 1 batches ahead of the trainer before it blocks."""
+    transport = cfg.rollout_transport
+    if transport.type == "zmq":
+        return make_batch_sender("zmq", run_dir, host=transport.host, port=transport.port, hwm=transport.hwm)
+    return make_batch_sender("filesystem", run_dir, max_buffered=cfg.max_async_level + 1)
+
+
+def batch_receiver_for(cfg: TrainerConfig, run_dir: str | Path) -> BatchReceiver:
+    """The receiver `cfg.transport_type` asks for (zmq binds zmq_host:zmq_port)."""
+    return make_batch_receiver(cfg.transport_type, run_dir, host=cfg.zmq_host, port=cfg.zmq_port)

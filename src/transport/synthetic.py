@@ -1,0 +1,55 @@
+"""Deterministic made-up training batches for transport tests and benchmarks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpo.transport.batch import PackedRow, TrainingBatch
+
+
+def synthetic_batch(
+    step: int,
+    *,
+    num_rows: int = 2,
+    num_tokens: int = 16,
+    with_teacher: bool = False,
+    metadata: dict[str, float | int | str] | None = None,
+    seed: int = 0,
+) -> TrainingBatch:
+    """A valid batch whose values depend only on (step, seed): two samples packed per row."""
+    rng = np.random.default_rng([seed, step])
+    rows = []
+    for _ in range(num_rows):
+        first_len = num_tokens // 2
+        position_ids = np.concatenate([np.arange(first_len), np.arange(num_tokens - first_len)]).astype(
+            np.int32
+        )
+        loss_mask = rng.random(num_tokens) < 0.5
+        loss_mask[position_ids == 0] = False  # a sample's first token never carries loss
+        rows.append(
+            PackedRow(
+                input_ids=rng.integers(0, 50_000, num_tokens, dtype=np.int32),
+                position_ids=position_ids,
+                loss_mask=loss_mask,
+                advantages=np.where(loss_mask, rng.standard_normal(num_tokens), 0).astype(np.float32),
+                inference_logprobs=np.where(loss_mask, -rng.random(num_tokens), 0).astype(np.float32),
+                temperatures=np.where(loss_mask, 0.7, 1.0).astype(np.float32),
+                teacher_logprobs=-rng.random(num_tokens).astype(np.float32) if with_teacher else None,
+            )
+        )
+    return TrainingBatch(step=step, rows=rows, metadata=dict(metadata or {}))
+
+
+def assert_batches_equal(actual: TrainingBatch, expected: TrainingBatch) -> None:
+    """Exact equality of step, metadata and every row array (dtype included)."""
+    assert actual.step == expected.step, (actual.step, expected.step)
+    assert actual.metadata == expected.metadata
+    assert len(actual.rows) == len(expected.rows)
+    for got, want in zip(actual.rows, expected.rows, strict=True):
+        for name in vars(want):
+            got_array, want_array = getattr(got, name), getattr(want, name)
+            if want_array is None:
+                assert got_array is None, name
+                continue
+            assert got_array.dtype == want_array.dtype, name
+            np.testing.assert_array_equal(got_array, want_array, err_msg=name)

@@ -1,0 +1,132 @@
+"""A TrainingBatch as one safetensors blob, for transports that cross a process boundary.
+
+Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` only when set),
+and in the safetensors header metadata (string -> string): `format`, `version`, `step`,
+`num_rows`, `metadata` (the batch metadata as JSON) and `checksum`. The checksum (sha256 over
+step, row count, metadata and every tensor's name, dtype, shape and bytes) catches corruption
+that still parses, e.g. a flipped byte inside a tensor. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load, save
+
+from grpo.transport.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
+
+WIRE_FORMAT = "grpo.training_batch"
+WIRE_VERSION = "1"
+
+_HEADER_LENGTH_BYTES = 8  # safetensors starts with the header length as little-endian u64
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def _checksum(tensors: Mapping[str, np.ndarray], step: str, num_rows: str, metadata: str) -> str:
+    digest = hashlib.sha256()  # hardware-accelerated on current x86 and ARM CPUs
+    digest.update(json.dumps([step, num_rows, metadata]).encode())
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        # Hash the buffer itself: tobytes() would copy every tensor once more.
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def encode_batch(batch: TrainingBatch) -> bytes:
+    """Serialize `batch` into one self-describing safetensors blob."""
+    batch.validate()
+    tensors: dict[str, np.ndarray] = {}
+    for i, row in enumerate(batch.rows):
+        for name in (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS):
+            array = getattr(row, name)
+            if array is not None:
+                tensors[f"rows.{i}.{name}"] = np.ascontiguousarray(array)
+    step, num_rows, metadata = str(batch.step), str(len(batch.rows)), json.dumps(batch.metadata)
+    header = {
+        "format": WIRE_FORMAT,
+        "version": WIRE_VERSION,
+        "step": step,
+        "num_rows": num_rows,
+        "metadata": metadata,
+        "checksum": _checksum(tensors, step, num_rows, metadata),
+    }
+    return bytes(save(tensors, metadata=header))
+
+
+def peek_step(blob: bytes) -> int | None:
+    """The step recorded in a blob's header, or None when the header is unreadable."""
+    header = _read_header_metadata(blob)
+    if header is None:
+        return None
+    try:
+        return int(header["step"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _read_header_metadata(blob: bytes) -> dict[str, str] | None:
+    if len(blob) < _HEADER_LENGTH_BYTES:
+        return None
+    (header_len,) = struct.unpack("<Q", blob[:_HEADER_LENGTH_BYTES])
+    end = _HEADER_LENGTH_BYTES + header_len
+    if header_len > _MAX_HEADER_BYTES or end > len(blob):
+        return None
+    try:
+        header = json.loads(blob[_HEADER_LENGTH_BYTES:end])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return metadata if isinstance(metadata, dict) else None
+
+
+def decode_batch(blob: bytes) -> TrainingBatch:
+    """Parse a blob from `encode_batch`; raise ValueError naming the step if it is damaged."""
+    header = _read_header_metadata(blob)
+    step = peek_step(blob)
+    where = f"step {step}" if step is not None else "unknown step"
+    if header is None or step is None:
+        raise ValueError(f"training batch ({where}) is corrupt or truncated: unreadable safetensors header")
+    if header.get("format") != WIRE_FORMAT or header.get("version") != WIRE_VERSION:
+        raise ValueError(
+            f"training batch ({where}) has format {header.get('format')!r} version {header.get('version')!r}, "
+            f"expected {WIRE_FORMAT!r} version {WIRE_VERSION!r}: run orchestrator and trainer from the "
+            "same grpo version"
+        )
+    missing = {"num_rows", "metadata", "checksum"} - set(header)
+    if missing:
+        raise ValueError(f"training batch ({where}) header lacks {sorted(missing)}: corrupt blob")
+    try:
+        tensors = load(blob)
+    except SafetensorError as err:
+        raise ValueError(f"training batch ({where}) is corrupt or truncated: {err}") from err
+    if _checksum(tensors, header["step"], header["num_rows"], header["metadata"]) != header["checksum"]:
+        raise ValueError(f"training batch ({where}) is corrupt: checksum mismatch")
+    num_rows = int(header["num_rows"])
+    rows = [_row_from_tensors(tensors, i, where) for i in range(num_rows)]
+    known = {f"rows.{i}.{name}" for i in range(num_rows) for name in (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS)}
+    unexpected = set(tensors) - known
+    if unexpected:
+        raise ValueError(f"training batch ({where}) has unexpected tensors {sorted(unexpected)[:5]}")
+    batch = TrainingBatch(step=step, rows=rows, metadata=json.loads(header["metadata"]))
+    try:
+        batch.validate()
+    except ValueError as err:
+        raise ValueError(f"training batch ({where}) is invalid: {err}") from err
+    return batch
+
+
+def _row_from_tensors(tensors: Mapping[str, np.ndarray], index: int, where: str) -> PackedRow:
+    fields: dict[str, np.ndarray] = {}
+    for name in ROW_FIELDS:
+        key = f"rows.{index}.{name}"
+        if key not in tensors:
+            raise ValueError(f"training batch ({where}) lacks tensor {key}")
+        fields[name] = tensors[key]
+    teacher = tensors.get(f"rows.{index}.teacher_logprobs")
+    return PackedRow(**fields, teacher_logprobs=teacher)

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo.transport.batch_filesystem import (
+    BATCH_FILE,
+    CONSUMED,
+    FilesystemBatchReceiver,
+    FilesystemBatchSender,
+    rollouts_dir,
+    step_dir,
+)
+from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.wire import decode_batch
+from grpo.utils.atomic import STABLE
+
+
+def _start_sender_process(
+    run_dir: Path, num_steps: int, max_buffered: int, num_tokens: int
+) -> subprocess.Popen:
+    script = textwrap.dedent(
+        f"""
+        from grpo.transport.batch_filesystem import FilesystemBatchSender
+        from grpo.transport.synthetic import synthetic_batch
+        sender = FilesystemBatchSender({str(run_dir)!r}, max_buffered={max_buffered}, keep_consumed=100)
+        for step in range({num_steps}):
+            sender.send(synthetic_batch(step, num_rows=4, num_tokens={num_tokens}, metadata={{"step": step}}))
+        sender.close()
+        """
+    )
+    return subprocess.Popen([sys.executable, "-c", script])
+
+
+def test_batches_cross_processes_in_order_and_intact(tmp_path: Path) -> None:
+    sender_process = _start_sender_process(tmp_path, num_steps=4, max_buffered=1, num_tokens=256)
+    try:
+        receiver = FilesystemBatchReceiver(tmp_path)
+        for step in range(4):
+            expected = synthetic_batch(step, num_rows=4, num_tokens=256, metadata={"step": step})
+            assert_batches_equal(receiver.receive(step, timeout=60), expected)
+        assert sender_process.wait(timeout=60) == 0
+    finally:
+        sender_process.kill()
+        sender_process.wait()
+
+
+def test_a_stable_marker_never_precedes_a_complete_file(tmp_path: Path) -> None:
+    num_steps = 6
+    sender_process = _start_sender_process(
+        tmp_path, num_steps=num_steps, max_buffered=num_steps, num_tokens=20_000
+    )
+    try:
+        checked: set[int] = set()
+        while len(checked) < num_steps:
+            for step in range(num_steps):
+                folder = step_dir(tmp_path, step)
+                if step not in checked and (folder / STABLE).exists():
+                    assert decode_batch((folder / BATCH_FILE).read_bytes()).step == step
+                    checked.add(step)
+            assert sender_process.poll() in (None, 0)
+            time.sleep(0.002)
+        assert sender_process.wait(timeout=60) == 0
+        # Staging folders are renamed into place, never left behind.
+        assert sorted(p.name for p in rollouts_dir(tmp_path).iterdir()) == sorted(
+            f"step_{s}" for s in range(num_steps)
+        )
+    finally:
+        sender_process.kill()
+        sender_process.wait()
+
+
+def test_sender_blocks_while_max_buffered_batches_are_unconsumed(tmp_path: Path) -> None:
+    sender = FilesystemBatchSender(tmp_path, max_buffered=2, block_timeout=0.1)
+    receiver = FilesystemBatchReceiver(tmp_path)
+    sender.send(synthetic_batch(0))
+    sender.send(synthetic_batch(1))
+    with pytest.raises(TimeoutError, match=r"batch 2 .*steps \[0, 1\].*grpo-train"):
+        sender.send(synthetic_batch(2))
+    assert not step_dir(tmp_path, 2).exists()
+    receiver.receive(0)
+    sender.send(synthetic_batch(2))
+    assert (step_dir(tmp_path, 2) / STABLE).exists()
+
+
+def test_unconsumed_folders_from_a_later_step_do_not_block_a_resumed_sender(tmp_path: Path) -> None:
+    old_run = FilesystemBatchSender(tmp_path, max_buffered=5)
+    for step in range(3, 6):
+        old_run.send(synthetic_batch(step, seed=1))
+    resumed = FilesystemBatchSender(tmp_path, max_buffered=1, block_timeout=0.1)
+    resumed.send(synthetic_batch(3, seed=2))
+    assert_batches_equal(FilesystemBatchReceiver(tmp_path).receive(3), synthetic_batch(3, seed=2))
+
+
+def test_consumed_folders_are_pruned_to_keep_consumed(tmp_path: Path) -> None:
+    sender = FilesystemBatchSender(tmp_path, max_buffered=1, keep_consumed=1)
+    receiver = FilesystemBatchReceiver(tmp_path)
+    for step in range(5):
+        sender.send(synthetic_batch(step))
+        receiver.receive(step)
+    assert (step_dir(tmp_path, 4) / CONSUMED).exists()
+    # Step 4 was consumed after the last send, so the last prune kept step 3 and 4 survives.
+    assert sorted(p.name for p in rollouts_dir(tmp_path).iterdir()) == ["step_3", "step_4"]
+
+
+def test_receive_timeout_names_step_path_and_what_to_check(tmp_path: Path) -> None:
+    with pytest.raises(TimeoutError, match=r"batch 7 .*step_7.*grpo-orch.*output_dir"):
+        FilesystemBatchReceiver(tmp_path).receive(7, timeout=0.05)
+
+
+def test_corrupt_batch_file_is_rejected_naming_the_step(tmp_path: Path) -> None:
+    FilesystemBatchSender(tmp_path).send(synthetic_batch(0, num_tokens=64))
+    path = step_dir(tmp_path, 0) / BATCH_FILE
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="step 0"):
+        FilesystemBatchReceiver(tmp_path).receive(0)

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.wire import decode_batch, encode_batch, peek_step
+
+
+def test_roundtrip_keeps_every_field_and_metadata() -> None:
+    batch = synthetic_batch(
+        7, num_rows=3, num_tokens=33, metadata={"reward_mean": 0.25, "num_dropped": 3, "env": "x"}
+    )
+    decoded = decode_batch(encode_batch(batch))
+    assert_batches_equal(decoded, batch)
+    assert isinstance(decoded.metadata["num_dropped"], int)
+    assert decoded.rows[0].teacher_logprobs is None
+
+
+def test_roundtrip_keeps_optional_teacher_logprobs() -> None:
+    batch = synthetic_batch(2, with_teacher=True)
+    decoded = decode_batch(encode_batch(batch))
+    assert decoded.rows[1].teacher_logprobs is not None
+    assert_batches_equal(decoded, batch)
+
+
+def test_roundtrip_of_empty_batch_and_empty_metadata() -> None:
+    batch = synthetic_batch(0, num_rows=0)
+    decoded = decode_batch(encode_batch(batch))
+    assert decoded.step == 0 and decoded.rows == [] and decoded.metadata == {}
+
+
+def test_peek_step_reads_the_header_only() -> None:
+    assert peek_step(encode_batch(synthetic_batch(11))) == 11
+    assert peek_step(b"\x00" * 4) is None
+
+
+def _header_end(blob: bytes) -> int:
+    return 8 + int.from_bytes(blob[:8], "little")
+
+
+@pytest.mark.parametrize("cut", ["last_byte", "half_of_the_tensors", "right_after_header"])
+def test_truncated_blob_is_rejected_naming_the_step(cut: str) -> None:
+    blob = encode_batch(synthetic_batch(5, num_tokens=64))
+    keep = {
+        "last_byte": len(blob) - 1,
+        "half_of_the_tensors": (_header_end(blob) + len(blob)) // 2,
+        "right_after_header": _header_end(blob),
+    }[cut]
+    with pytest.raises(ValueError, match="step 5"):
+        decode_batch(blob[:keep])
+
+
+def test_blob_cut_inside_the_header_is_rejected_as_unknown_step() -> None:
+    blob = encode_batch(synthetic_batch(5))
+    with pytest.raises(ValueError, match="unknown step"):
+        decode_batch(blob[: _header_end(blob) - 10])
+
+
+def test_flipped_tensor_byte_is_rejected_by_the_checksum() -> None:
+    blob = bytearray(encode_batch(synthetic_batch(9, num_tokens=64)))
+    blob[-3] ^= 0xFF
+    with pytest.raises(ValueError, match=r"step 9.*checksum"):
+        decode_batch(bytes(blob))
+
+
+def test_garbage_is_rejected_as_unknown_step() -> None:
+    with pytest.raises(ValueError, match="unknown step"):
+        decode_batch(b"definitely not a safetensors blob")
+
+
+def test_rows_with_mismatched_lengths_are_rejected_before_encoding() -> None:
+    batch = synthetic_batch(1)
+    batch.rows[0].advantages = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="advantages"):
+        encode_batch(batch)
+
+
+def test_edited_header_metadata_is_rejected_by_the_checksum() -> None:
+    blob = encode_batch(synthetic_batch(4, metadata={"reward_mean": 0.5}))
+    tampered = blob.replace(b"0.5", b"0.9", 1)  # same length, still valid JSON
+    assert tampered != blob
+    with pytest.raises(ValueError, match=r"step 4.*checksum"):
+        decode_batch(tampered)
