@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.colocate.handles import rebuild_tensor
 from grpo.colocate.model_shape import ModelShape
 from grpo.colocate.name_map import borrowable_linear_weights
 from grpo.colocate.verify import verify_against_checkpoint
+from grpo.inference.weight_handles import rebuild_tensor
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:

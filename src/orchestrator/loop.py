@@ -1,8 +1,9 @@
 """The orchestrator's asyncio main loop.
 
-A launcher task keeps about batch_size * oversampling_factor rollouts in flight at all times (as
-groups of rollouts_per_example), gated only by staleness: it starts new groups once the servers run
-policy >= required_policy(next batch). The main coroutine collects finished groups into batch n
+A launcher task keeps rollouts in flight at all times (as groups of rollouts_per_example): up to
+batch_size * oversampling_factor for each batch the current policy may still serve (the next
+max_async_level + 1 batches), so generation for batch n + 1 overlaps training on batch n, and no
+rollout is started that no batch could accept. The main coroutine collects finished groups into batch n
 (dropping ones that are too stale or carry no signal), computes advantages, applies filters, packs,
 and hands the batch to the sender in a worker thread while generation carries on.
 """
@@ -10,6 +11,7 @@ and hands the batch to the sender in a worker thread while generation carries on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import statistics
 import time
@@ -29,7 +31,7 @@ from grpo.orchestrator.filters import apply_filters
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
-from grpo.orchestrator.scheduler import PolicyTracker, accepted_lag, required_policy
+from grpo.orchestrator.scheduler import PolicyTracker, is_acceptable, required_policy
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batch import TrainingBatch
@@ -37,6 +39,9 @@ from grpo.transport.interfaces import BatchSender
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
+
+# How often a launcher waiting for a newer policy (or the next step) looks again.
+_LAUNCH_POLL_S = 0.02
 
 
 class Orchestrator:
@@ -63,8 +68,6 @@ class Orchestrator:
         self.runner = RolloutRunner(client, tokenizer, self.policy, teacher_client)
         self.vocab_size = tokenizer.vocab_size
         self.step = 0
-        self.required_version = 0
-        self.max_lag = accepted_lag(cfg.max_async_level, cfg.max_off_policy_steps)
         self.num_inflight_target = max(1, math.ceil(cfg.num_groups_per_step * cfg.oversampling_factor))
         self.counters: dict[str, int] = {"num_rollouts_dropped_off_policy": 0, "num_groups_launched": 0}
         self._slots = asyncio.Semaphore(self.num_inflight_target)
@@ -72,6 +75,8 @@ class Orchestrator:
         self._inflight: set[asyncio.Task[None]] = set()
         self._group_seconds: list[float] = []
         self._launch_paused = asyncio.Event()
+        self._num_launched_for: dict[int, int] = {}
+        """Batch -> groups launched to fill it (credited back when a group is rejected)."""
 
     # ---- launching -------------------------------------------------------------------------
 
@@ -105,7 +110,13 @@ class Orchestrator:
             await self._slots.acquire()
             while self._launch_paused.is_set():
                 await asyncio.sleep(0.01)
-            await self.policy.wait_for(self.required_version)
+            target = self._launch_target()
+            while target is None:
+                # wakes on a new policy (and surfaces a dead policy watcher), or when the step moves on
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.policy.wait_for(self.policy.version + 1), _LAUNCH_POLL_S)
+                target = self._launch_target()
+            self._num_launched_for[target] = self._num_launched_for.get(target, 0) + 1
             env_index, example_index, example = self.buffer.sample()
             req = GroupRequest(
                 env_index,
@@ -123,6 +134,16 @@ class Orchestrator:
             task.add_done_callback(self._inflight.discard)
             # a callback, not `finally`: a task cancelled before it first runs still frees its slot
             task.add_done_callback(lambda _task: self._slots.release())
+
+    def _launch_target(self) -> int | None:
+        """The first batch a group started now could fill, or None if none may use this policy."""
+        reach = self.policy.version + self.cfg.max_async_level
+        if self.cfg.max_steps is not None:
+            reach = min(reach, self.cfg.max_steps - 1)
+        for step in range(self.step, reach + 1):
+            if self._num_launched_for.get(step, 0) < self.num_inflight_target:
+                return step
+        return None
 
     async def _cancel_inflight(self) -> None:
         tasks = list(self._inflight)
@@ -155,16 +176,25 @@ class Orchestrator:
             group = await self._next_done()
             if group is None:
                 return None
-            if step - group.start_version > self.max_lag:
+            end_version = max(r.end_version for r in group.rollouts)
+            if not is_acceptable(
+                step, group.start_version, end_version, self.cfg.max_async_level, self.cfg.max_off_policy_steps
+            ):
                 stats["off_policy/num_dropped"] += len(group.rollouts)
+                self._relaunch_for(step)
                 continue
             env_index = next(i for i, e in enumerate(self.envs) if e.name == group.env_name)
             self.buffer.update(env_index, group)
             if not self.buffer.keep_group(group):
                 stats["buffer/num_difficulty_filtered"] += len(group.rollouts)
+                self._relaunch_for(step)
                 continue
             groups.append(group)
         return groups
+
+    def _relaunch_for(self, step: int) -> None:
+        """A rejected group leaves batch `step` short: let the launcher start a replacement."""
+        self._num_launched_for[step] = self._num_launched_for.get(step, 1) - 1
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -267,19 +297,17 @@ class Orchestrator:
             step = self.step
             started = time.monotonic()
             eval_metrics = await self._maybe_eval(step, resumed_at)
-            self.required_version = required_policy(step, self.cfg.max_async_level)
             stats: dict[str, float] = {"off_policy/num_dropped": 0, "buffer/num_difficulty_filtered": 0}
             groups = await self._collect(step, stats)
             if groups is None:
                 return
             collected = time.monotonic()
-            # new rollouts may already target the next batch
-            self.required_version = required_policy(step + 1, self.cfg.max_async_level)
             # advantages, filters and packing are CPU work on finished groups: keep the loop free
             batch, rollouts = await asyncio.to_thread(self._build_batch, step, groups, stats)
             await asyncio.to_thread(self.sender.send, batch)
             sent = time.monotonic()
             self.step = step + 1
+            self._num_launched_for.pop(step, None)
             self.counters["num_rollouts_dropped_off_policy"] += int(stats["off_policy/num_dropped"])
             await self._maybe_checkpoint()
             step_seconds = time.monotonic() - started

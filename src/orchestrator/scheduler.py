@@ -1,12 +1,14 @@
 """Staleness: which policy the inference servers run, and which rollouts a batch may take.
 
 Rules (docs/design.md, "Step semantics"):
-- New rollouts for batch n start only once the servers run policy >= max(0, n - max_async_level);
-  until then the orchestrator waits for `broadcasts/step_k/STABLE` and loads it.
+- Batch n takes only rollouts started from policy >= max(0, n - max_async_level), so the
+  off-policy gap of a batch never exceeds max_async_level (0 = strictly on-policy).
+- New rollouts are launched for a batch only while the servers run a policy that batch may use:
+  at policy v the orchestrator fills batches up to v + max_async_level and then waits for
+  `broadcasts/step_{v+1}/STABLE` (launch_target in the loop).
 - Every rollout records the policy version at its start and end (weights are reloaded in place,
-  so a generation can span an update).
-- Batch n accepts a rollout when n - start_version <= max_off_policy_steps; older ones are dropped
-  and counted. With max_async_level 0 the limit is 0: batch n holds only policy-n rollouts.
+  so a generation can span an update); one whose generation spans more than
+  max_off_policy_steps updates is dropped and counted, as is one too old for the batch.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ def required_policy(step: int, max_async_level: int) -> int:
     return max(0, step - max_async_level)
 
 
-def accepted_lag(max_async_level: int, max_off_policy_steps: int) -> int:
-    """Largest step - start_version a batch accepts."""
-    return 0 if max_async_level == 0 else max_off_policy_steps
+def is_acceptable(step: int, start_version: int, end_version: int, max_async_level: int, max_off_policy_steps: int) -> bool:
+    """Whether a rollout may train in batch `step` (both staleness rules)."""
+    return step - start_version <= max_async_level and end_version - start_version <= max_off_policy_steps
 
 
 def broadcast_dir(run_dir: Path, version: int) -> Path:

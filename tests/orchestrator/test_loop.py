@@ -47,7 +47,7 @@ def _run(
 
 @pytest.mark.parametrize("max_async_level", [0, 1, 2])
 def test_off_policy_gap_never_exceeds_async_level(tmp_path: Path, max_async_level: int) -> None:
-    cfg = _cfg(max_async_level=max_async_level, max_off_policy_steps=max_async_level, oversampling_factor=2.0)
+    cfg = _cfg(max_async_level=max_async_level, max_off_policy_steps=8, oversampling_factor=2.0)
     client = FakeClient(delay=0.005)
     _orch, trainer = _run(cfg, tmp_path, client, _env(), train_seconds=0.02)
     assert [b.step for b in trainer.received] == list(range(5))  # the trainer got every batch it waited for

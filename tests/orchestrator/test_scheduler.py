@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo.orchestrator.scheduler import accepted_lag, newest_stable, required_policy
+from grpo.orchestrator.scheduler import is_acceptable, newest_stable, required_policy
 from grpo.utils.atomic import mark_stable
 
 
@@ -12,8 +12,18 @@ def test_required_policy_lags_by_async_level() -> None:
 
 
 def test_strictly_on_policy_accepts_no_lag() -> None:
-    assert accepted_lag(0, 8) == 0
-    assert accepted_lag(1, 8) == 8
+    assert is_acceptable(3, 3, 3, max_async_level=0, max_off_policy_steps=8)
+    assert not is_acceptable(3, 2, 2, max_async_level=0, max_off_policy_steps=8)
+
+
+def test_a_batch_never_takes_rollouts_older_than_the_async_level() -> None:
+    assert is_acceptable(5, 3, 3, max_async_level=2, max_off_policy_steps=8)
+    assert not is_acceptable(5, 2, 2, max_async_level=2, max_off_policy_steps=8)
+
+
+def test_rollouts_spanning_too_many_updates_are_rejected() -> None:
+    assert is_acceptable(4, 3, 4, max_async_level=2, max_off_policy_steps=1)
+    assert not is_acceptable(4, 3, 5, max_async_level=2, max_off_policy_steps=1)
 
 
 def test_newest_stable_ignores_unfinished_broadcasts(tmp_path: Path) -> None:

@@ -1,0 +1,200 @@
+"""Trainer throughput and peak memory vs a plain PEFT loop with full fp32 logits, same batch.
+
+Each variant runs in its own interpreter; peak memory is the growth of peak RSS (ru_maxrss) over
+the training steps, with a fixed glibc mmap threshold so freed tensors leave RSS (see
+tests/trainer/test_logprobs.py). Variants:
+- trainer: grpo.trainer.Trainer (chunked logprobs, gradient checkpointing, base dtype chosen
+  automatically: bf16 on CPUs with AVX512-BF16/AMX)
+- trainer_fp32: the same with the base forced to fp32 (to document the bf16 choice)
+- plain_peft: PEFT LoRA model, one forward per row with [tokens x vocab] fp32 logits, same loss
+
+Usage: python benchmarks/trainer_bench.py [--model PATH] [--rows 4] [--row-tokens 256] [--steps 2]
+Writes benchmarks/results/trainer_<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def make_batch(step: int, num_rows: int, row_tokens: int, vocab: int):
+    import numpy as np
+
+    from grpo.transport.batch import PackedRow, TrainingBatch
+
+    rng = np.random.default_rng(step)
+    rows = []
+    for _ in range(num_rows):
+        # 4 samples per row, 1/4 prompt and 3/4 completion each
+        sample_len = row_tokens // 4
+        num_prompt = sample_len // 4
+        ids = rng.integers(0, vocab, row_tokens).astype(np.int32)
+        pos = np.tile(np.arange(sample_len), 4).astype(np.int32)
+        mask = np.tile(np.r_[np.zeros(num_prompt, bool), np.ones(sample_len - num_prompt, bool)], 4)
+        adv = np.where(mask, rng.normal(size=row_tokens), 0).astype(np.float32)
+        rows.append(
+            PackedRow(
+                input_ids=ids,
+                position_ids=pos,
+                loss_mask=mask,
+                advantages=adv,
+                inference_logprobs=np.where(mask, -10.0, 0).astype(np.float32),
+                temperatures=np.ones(row_tokens, np.float32),
+            )
+        )
+    return TrainingBatch(step=step, rows=rows)
+
+
+def run_variant(variant: str, model: str, num_rows: int, row_tokens: int, num_steps: int) -> dict[str, float]:
+    import torch
+
+    from grpo.config.trainer import TrainerConfig
+
+    torch.manual_seed(0)
+    loss = {"token_mask_low": 0.0, "geo_mask_low": 0.0}
+    cfg = TrainerConfig(
+        model=model,
+        optimizer="adamw",
+        per_device_train_batch_size=1,
+        lora_rank=16,
+        logprob_chunk_size=256,
+        loss=loss,
+        learning_rate=1e-5,
+    )
+    if variant == "trainer_fp32":
+        import grpo.trainer.model as model_module
+
+        model_module.choose_dtype = lambda device: torch.float32  # type: ignore[assignment]
+    from grpo.trainer.trainer import Trainer
+
+    trainer = Trainer(cfg, tempfile.mkdtemp())
+    vocab = trainer.policy.causal_lm.config.vocab_size
+    batches = [make_batch(s, num_rows, row_tokens, vocab) for s in range(num_steps + 1)]
+    if variant == "plain_peft":
+        step_fn = _plain_step(trainer, cfg)
+    else:
+        step_fn = lambda batch: trainer.train_step(batch)  # noqa: E731
+    step_fn(batches[0])  # warm-up (kernels, allocator)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    for batch in batches[1:]:
+        step_fn(batch)
+    elapsed = time.perf_counter() - started
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "tokens_per_s": num_steps * num_rows * row_tokens / elapsed,
+        "step_s": elapsed / num_steps,
+        "peak_rss_growth_mib": (rss_after - rss_before) / 1024,
+        "peak_rss_mib": rss_after / 1024,
+        "dtype": str(trainer.policy.dtype),
+    }
+
+
+def _plain_step(trainer, cfg):
+    """The textbook loop: full logits per row, no chunking, no gradient checkpointing."""
+    import torch
+
+    from grpo.trainer.loss import grpo_loss
+    from grpo.trainer.packing import build_micro_batch
+
+    trainer.policy.causal_lm.gradient_checkpointing_disable()
+    params = trainer.params
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate)
+
+    def step(batch):
+        optimizer.zero_grad()
+        for row in batch.rows:
+            mb = build_micro_batch([row], trainer.policy.device, varlen_attention=False)
+            logits = (
+                trainer.policy.model(
+                    input_ids=mb.input_ids[None],
+                    position_ids=mb.position_ids[None],
+                    attention_mask=mb.attention_mask,
+                )
+                .logits[0]
+                .float()
+            )
+            log_probs = torch.log_softmax(logits[:-1] / mb.temperatures[1:, None], -1)
+            lp = log_probs.gather(-1, mb.input_ids[1:, None]).squeeze(-1)
+            lp = torch.cat([lp.new_zeros(1), lp])
+            loss, _ = grpo_loss(
+                lp,
+                mb.inference_logprobs,
+                mb.advantages,
+                mb.loss_mask,
+                mb.position_ids,
+                cfg.loss,
+                batch.num_loss_tokens,
+            )
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--row-tokens", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.variant:
+        result = run_variant(args.variant, args.model, args.rows, args.row_tokens, args.steps)
+        print(json.dumps(result))
+        return
+
+    from grpo.models import embedded
+
+    model = args.model or str(embedded.build())
+    results = {}
+    for variant in ("trainer", "trainer_fp32", "plain_peft"):
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--variant",
+                variant,
+                "--model",
+                model,
+                "--rows",
+                str(args.rows),
+                "--row-tokens",
+                str(args.row_tokens),
+                "--steps",
+                str(args.steps),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576", "HF_HUB_OFFLINE": "1"},
+        )
+        results[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(variant, results[variant], flush=True)
+    record = {
+        "model": Path(model).name,
+        "batch": {"rows": args.rows, "row_tokens": args.row_tokens, "timed_steps": args.steps},
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "results": results,
+        "speedup_vs_plain_peft": results["trainer"]["tokens_per_s"] / results["plain_peft"]["tokens_per_s"],
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"trainer_{Path(model).name}.json").write_text(json.dumps(record, indent=2))
+    print(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Start vLLM's OpenAI server from Python: as the whole process (`grpo-infer`) or as a
+background thread of a process that also trains (co-located mode).
+
+Either way the engine runs in its own subprocess(es); the API server's event loop runs here.
+Stopping always ends every engine process this server started, so nothing is orphaned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from grpo.config.inference import InferenceConfig
+from grpo.inference import vllm_compat
+from grpo.inference.server_args import build_server_args, server_env
+from grpo.utils.logging import get_logger
+
+log = get_logger("inference")
+
+CHILD_EXIT_GRACE_S = 5.0
+
+
+def prepare_server(cfg: InferenceConfig, model_path: str) -> argparse.Namespace:
+    """Check vLLM, set the engine's environment, and parse the server argv for `cfg`."""
+    version = vllm_compat.check_vllm_version()
+    os.environ.update(server_env(cfg))
+    log.info("vLLM %s; serving %s from %s", version, cfg.model, model_path)
+    return vllm_compat.parse_server_args(build_server_args(cfg, model_path))
+
+
+def run_server(cfg: InferenceConfig) -> int:
+    """Serve until Ctrl-C/SIGTERM (returns 0) or until the engine dies (returns 1). Blocking."""
+    from grpo.models.resolve import resolve_model
+
+    resolved = resolve_model(cfg.model)
+    log.info(resolved.describe())
+    args = prepare_server(cfg, str(resolved.path))
+
+    def _interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # Until vLLM's server installs its own handlers, SIGTERM interrupts start-up like Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+    def _on_ready(_engine_client: Any, port: int) -> None:
+        log.info("inference server listening on http://%s:%d/v1", cfg.bind_host, port)
+
+    exit_code = 0
+    try:
+        engine_died = asyncio.run(vllm_compat.serve(args, on_ready=_on_ready))
+        if engine_died:
+            log.error("the inference engine process died; see its traceback above")
+            exit_code = 1
+    except KeyboardInterrupt as interrupt:
+        log.info("interrupted (%s) during start-up", interrupt or "SIGINT")
+    finally:
+        num_left = end_processes(_children())
+        log.info(
+            "inference server stopped (exit code %d)%s",
+            exit_code,
+            f"; ended {num_left} leftover engine process(es)" if num_left else "; no engine process left",
+        )
+    return exit_code
+
+
+class ServerThread:
+    """vLLM's API server on a background thread of this process, engine in its subprocess."""
+
+    def __init__(self, cfg: InferenceConfig, model_path: str) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        self.engine_client: Any = None
+        """vLLM's EngineClient (AsyncLLM); use only through `collective_rpc` or on `self.loop`."""
+        self.port: int | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._engine_up = threading.Event()
+        self._error: BaseException | None = None
+        self._signal_handlers: dict[int, Any] = {}
+        self._children_before: set[int] = set()
+        self.engine_died = False
+
+    @property
+    def base_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the server has no port yet; call start() and wait_ready() first")
+        return f"http://{self.cfg.bind_host}:{self.port}/v1"
+
+    def start(self) -> ServerThread:
+        args = prepare_server(self.cfg, self.model_path)
+        self._children_before = {p.pid for p in _children()}
+        self.loop = asyncio.new_event_loop()
+        self._signal_handlers = vllm_compat.allow_server_in_thread(self.loop)
+        self._thread = threading.Thread(target=self._run, args=(args,), name="grpo-vllm-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self, args: argparse.Namespace) -> None:
+        assert self.loop is not None
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.engine_died = self.loop.run_until_complete(vllm_compat.serve(args, on_ready=self._on_ready))
+        except BaseException as error:  # reported to the owner thread by wait_ready/stop
+            self._error = error
+        finally:
+            self.loop.close()
+            self._engine_up.set()
+
+    def _on_ready(self, engine_client: Any, port: int) -> None:
+        self.engine_client = engine_client
+        self.port = port
+        self._engine_up.set()
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Block until the server answers /health; raise if it failed or took longer than `timeout`."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        if not self._engine_up.wait(timeout):
+            raise TimeoutError(f"vLLM engine not up after {timeout:.0f} s")
+        while True:
+            self._raise_if_failed()
+            try:
+                if (
+                    httpx.get(f"http://{self.cfg.bind_host}:{self.port}/health", timeout=2.0).status_code
+                    == 200
+                ):
+                    log.info("inference server (thread) ready at %s", self.base_url)
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"vLLM server on port {self.port} not answering /health after {timeout:.0f} s"
+                )
+            time.sleep(0.2)
+
+    def is_running(self) -> bool:
+        """True while the server thread serves and the engine has not died."""
+        return self._thread is not None and self._thread.is_alive() and not self.engine_died
+
+    def _raise_if_failed(self) -> None:
+        if self._thread is not None and not self._thread.is_alive():
+            raise RuntimeError(
+                f"the vLLM server thread exited (engine died: {self.engine_died})"
+            ) from self._error
+
+    def collective_rpc(
+        self, method: str, args: tuple[Any, ...] = (), timeout: float | None = None
+    ) -> list[Any]:
+        """Call a WorkerExtension method on every worker; one result per worker."""
+        if self.engine_client is None or self.loop is None:
+            raise RuntimeError("the engine is not up; call start() and wait_ready() first")
+        future = asyncio.run_coroutine_threadsafe(
+            self.engine_client.collective_rpc(method, timeout=timeout, args=args), self.loop
+        )
+        return list(future.result(timeout))
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Shut the server and engine down; no engine process survives this call."""
+        thread, loop = self._thread, self.loop
+        if thread is not None and thread.is_alive() and loop is not None:
+            trigger = self._signal_handlers.get(signal.SIGTERM)
+            if trigger is not None:
+                loop.call_soon_threadsafe(trigger)
+            else:  # still starting up: HTTP serving (and its handler) not there yet
+                loop.call_soon_threadsafe(_cancel_all_tasks)
+            thread.join(timeout)
+        leftovers = [p for p in _children() if p.pid not in self._children_before]
+        num_left = end_processes(leftovers)
+        log.info(
+            "inference server thread stopped%s",
+            f"; ended {num_left} leftover process(es)" if num_left else "",
+        )
+
+
+def _cancel_all_tasks() -> None:
+    for task in asyncio.all_tasks():
+        task.cancel()
+
+
+def _children() -> list[Any]:
+    """This process's descendants, except multiprocessing's resource tracker (it ignores SIGTERM
+    and exits with this process; ending it early would break later multiprocessing use)."""
+    from multiprocessing import resource_tracker
+
+    import psutil
+
+    tracker_pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return [p for p in psutil.Process().children(recursive=True) if p.pid != tracker_pid]
+
+
+def end_processes(processes: list[Any], grace_s: float = CHILD_EXIT_GRACE_S) -> int:
+    """SIGTERM, then SIGKILL after `grace_s`, every process still running; returns how many were."""
+    import psutil
+
+    alive = [p for p in processes if p.is_running()]
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _gone, stubborn = psutil.wait_procs(alive, timeout=grace_s)
+    for process in stubborn:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(stubborn, timeout=grace_s)
+    return len(alive)

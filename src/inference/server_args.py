@@ -1,0 +1,90 @@
+"""InferenceConfig -> vLLM OpenAI-server argv and environment.
+
+Pure functions (no vLLM import), so every key's mapping is unit-tested without an engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from grpo.config.inference import InferenceConfig
+from grpo.inference.vllm_compat import KEEP_DENSE_WEIGHTS_ENV, WORKER_EXTENSION_CLS
+
+DEFAULT_CPU_KV_CACHE_GB = 2
+
+
+def build_server_args(cfg: InferenceConfig, model_path: str) -> list[str]:
+    """vLLM server argv for `cfg`, serving the weights at `model_path` under the name `cfg.model`."""
+    if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
+        raise ValueError(
+            "enable_auto_tool_choice needs tool_call_parser; set tool_call_parser (e.g. 'hermes') "
+            "in the inference config, or turn enable_auto_tool_choice off"
+        )
+    argv = [
+        "--model", model_path,
+        "--served-model-name", cfg.model,
+        "--host", cfg.bind_host,
+        "--port", str(cfg.port),
+        "--dtype", cfg.dtype,
+        "--tensor-parallel-size", str(cfg.tp),
+        "--data-parallel-size", str(cfg.dp),
+        "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+        "--seed", str(cfg.seed),
+        "--worker-extension-cls", WORKER_EXTENSION_CLS,
+        # Logprobs after temperature/top-p, i.e. of the distribution tokens were sampled from.
+        "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    if cfg.max_model_len is not None:
+        argv += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.enforce_eager:
+        argv.append("--enforce-eager")
+    if cfg.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if cfg.enable_lora:
+        argv += [
+            "--enable-lora",
+            "--max-lora-rank", str(cfg.served_lora_rank),
+            "--max-loras", str(cfg.max_loras),
+            "--max-cpu-loras", str(max(cfg.max_cpu_loras, cfg.max_loras)),
+        ]  # fmt: skip
+    if cfg.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching")
+    if cfg.reasoning_parser:
+        argv += ["--reasoning-parser", cfg.reasoning_parser]
+    if cfg.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    if cfg.tool_call_parser:
+        argv += ["--tool-call-parser", cfg.tool_call_parser]
+    if cfg.rope_scaling:
+        # vLLM >= 0.32 (transformers 5) reads RoPE settings from `rope_parameters`; dict
+        # overrides merge into the model's own, so rope_theta is kept.
+        argv += ["--hf-overrides", json.dumps({"rope_parameters": cfg.rope_scaling})]
+    if cfg.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    api_key = os.environ.get(cfg.api_key_var, "")
+    if api_key:
+        argv += ["--api-key", api_key]
+    return argv
+
+
+def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, str]:
+    """Environment variables the engine needs for `cfg` (set before the engine starts)."""
+    if on_cpu is None:
+        on_cpu = not _cuda_available()
+    env: dict[str, str] = {}
+    if cfg.enable_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if on_cpu:
+        # vLLM takes whole GiB.
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(math.ceil(cfg.kv_cache_space_gb or DEFAULT_CPU_KV_CACHE_GB))
+        # Full-weight updates and weight borrowing need the dense linear weights.
+        env[KEEP_DENSE_WEIGHTS_ENV] = "1"
+    return env
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

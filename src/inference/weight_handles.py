@@ -1,0 +1,107 @@
+"""Shared-weight records: export a parameter's storage to another process, and rebuild it there.
+
+A record is plain JSON-able data (name, shape, stride, storage_offset, dtype, device, kind and
+the storage handle), so it travels through vLLM's collective_rpc or any JSON channel and is
+never unpickled. The rebuilt tensor is a view of the exporter's memory: reads see its values
+and writes change them. Keep rebuilt tensors referenced while in use, and the exporter alive.
+
+kind "cpu_shm": the storage is in a torch shared-memory file (filename + manager socket).
+kind "cuda_ipc": the storage's CUDA IPC handle, the fields torch.multiprocessing's reductions send.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+def export_record(name: str, param: torch.Tensor) -> dict[str, Any]:
+    """Share `param`'s storage (moving it to shared memory on CPU) and describe it."""
+    record: dict[str, Any] = {
+        "name": name,
+        "shape": list(param.shape),
+        "stride": list(param.stride()),
+        "storage_offset": int(param.storage_offset()),
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "device": str(param.device),
+    }
+    record.update(_cuda_handle(param) if param.is_cuda else _cpu_handle(param))
+    return record
+
+
+def rebuild_tensor(record: dict[str, Any]) -> torch.Tensor:
+    """The exporter's tensor, as a view of its memory, in this process."""
+    import torch
+
+    dtype = getattr(torch, record["dtype"])
+    if record["kind"] == "cpu_shm":
+        storage = torch.UntypedStorage._new_shared_filename_cpu(
+            record["manager"].encode(), record["filename"].encode(), record["storage_bytes"]
+        )
+        tensor = torch.empty(0, dtype=dtype)
+        tensor.set_(storage, record["storage_offset"], record["shape"], record["stride"])
+        return tensor
+    if record["kind"] == "cuda_ipc":
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        # Each co-located trainer rank pairs with the engine on its own GPU, never GPU 0's pointers.
+        if torch.cuda.current_device() != record["cuda_device"]:
+            raise ValueError(
+                f"weight {record['name']} lives on cuda:{record['cuda_device']} but this process runs on "
+                f"cuda:{torch.cuda.current_device()}; pair each trainer rank with the engine on its own GPU"
+            )
+        return rebuild_cuda_tensor(
+            torch.Tensor,
+            tuple(record["shape"]),
+            tuple(record["stride"]),
+            record["storage_offset"],
+            torch.UntypedStorage,
+            dtype,
+            record["cuda_device"],
+            bytes.fromhex(record["handle"]),
+            record["storage_bytes"],
+            record["storage_offset_bytes"],
+            False,
+            bytes.fromhex(record["ref_counter_handle"]),
+            record["ref_counter_offset"],
+            bytes.fromhex(record["event_handle"]) if record["event_handle"] else None,
+            record["event_sync_required"],
+        )
+    raise ValueError(f"unknown weight handle kind {record['kind']!r}; expected 'cpu_shm' or 'cuda_ipc'")
+
+
+def _cpu_handle(param: torch.Tensor) -> dict[str, Any]:
+    param.share_memory_()
+    manager, filename, num_bytes = param.untyped_storage()._share_filename_cpu_()
+    return {
+        "kind": "cpu_shm",
+        "manager": manager.decode(),
+        "filename": filename.decode(),
+        "storage_bytes": int(num_bytes),
+    }
+
+
+def _cuda_handle(param: torch.Tensor) -> dict[str, Any]:
+    (
+        device,
+        handle,
+        storage_bytes,
+        storage_offset_bytes,
+        ref_counter_handle,
+        ref_counter_offset,
+        event_handle,
+        event_sync_required,
+    ) = param.untyped_storage()._share_cuda_()
+    return {
+        "kind": "cuda_ipc",
+        "cuda_device": int(device),
+        "handle": handle.hex(),
+        "storage_bytes": int(storage_bytes),
+        "storage_offset_bytes": int(storage_offset_bytes),
+        "ref_counter_handle": ref_counter_handle.hex(),
+        "ref_counter_offset": int(ref_counter_offset),
+        "event_handle": event_handle.hex() if event_handle else "",
+        "event_sync_required": bool(event_sync_required),
+    }

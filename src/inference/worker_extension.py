@@ -1,0 +1,70 @@
+"""Methods grafted onto vLLM's worker (worker_extension_cls), called through collective_rpc.
+
+vLLM imports this module inside the engine's worker process before the model loads, which is
+where the CPU dense-weight patch has to happen. Results go back through vLLM's RPC, so they
+are plain JSON-able data (no tensors, nothing pickled by us).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo.inference import vllm_compat
+from grpo.inference.weight_handles import export_record
+
+if TYPE_CHECKING:
+    import torch
+
+if os.environ.get(vllm_compat.KEEP_DENSE_WEIGHTS_ENV) == "1":
+    vllm_compat.keep_dense_cpu_weights()
+
+
+class WorkerExtension:
+    """Mixed into vLLM's worker class; `self` is the worker."""
+
+    def _grpo_model(self) -> torch.nn.Module:
+        return vllm_compat.worker_model(self)
+
+    def load_weights_from_path(self, path: str) -> int:
+        """Load a folder of HF-named safetensors into the model; returns the number of tensors."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors files in {path}; publish full weights as safetensors")
+        model = self._grpo_model()
+        num_tensors = 0
+        for file in files:
+            tensors = load_file(str(file))
+            num_tensors += len(tensors)
+            model.load_weights(weights=iter(tensors.items()))
+        vllm_compat.repack_cpu_linear_weights(model)
+        return num_tensors
+
+    def apply_noisy_norms(self, path: str) -> int:
+        """QeRL: copy RMSNorm weights from a safetensors file (HF names) into the model."""
+        from safetensors.torch import load_file
+
+        norms = load_file(path)
+        non_norm = [name for name in norms if "norm" not in name]
+        if non_norm:
+            raise ValueError(
+                f"{path} holds non-norm tensors {non_norm[:3]}; noisy norms hold RMSNorm weights only"
+            )
+        self._grpo_model().load_weights(weights=iter(norms.items()))
+        return len(norms)
+
+    def export_weight_handles(self) -> list[dict[str, Any]]:
+        """Share every parameter with another process: one JSON-able record per parameter.
+
+        See grpo.inference.weight_handles (rebuild_tensor is the receiving side). Keep the
+        engine awake (no sleep mode, no offload) while another process holds these.
+        """
+        return [
+            export_record(name, param)
+            for name, param in self._grpo_model().named_parameters()
+            # An empty parameter is a linear weight the CPU packer dropped (GRPO_KEEP_DENSE_WEIGHTS unset).
+            if param.numel() > 0
+        ]

@@ -1,0 +1,101 @@
+"""The trainer loop: receive batch n, train, publish policy n + 1, checkpoint; and run-dir discovery.
+
+The lead wires `grpo-train` (three-process mode) and the co-located runner to `run`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from grpo.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.weights import BaseWeightSource
+    from grpo.transport.batch import TrainingBatch
+    from grpo.transport.interfaces import BatchReceiver
+
+log = get_logger("trainer")
+
+# How often a stop event is checked while waiting for a batch.
+_STOP_POLL_S = 1.0
+
+
+def _receive(
+    receiver: BatchReceiver, step: int, timeout: float | None, stop: threading.Event | None
+) -> TrainingBatch | None:
+    """Batch `step`, or None when `stop` is set first. TimeoutError after `timeout` seconds."""
+    if stop is None:
+        return receiver.receive(step, timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not stop.is_set():
+        wait = _STOP_POLL_S if deadline is None else min(_STOP_POLL_S, deadline - time.monotonic())
+        try:
+            return receiver.receive(step, max(wait, 0.0))
+        except TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+    return None
+
+
+def run(
+    cfg: TrainerConfig,
+    run_dir: Path,
+    receiver: BatchReceiver,
+    stop: threading.Event | None = None,
+    base_weights: BaseWeightSource | None = None,
+) -> None:
+    """Train until max_steps batches are done (or `stop` is set); resume per cfg.ckpt.resume_step."""
+    from grpo.trainer.trainer import Trainer
+
+    trainer = Trainer(cfg, run_dir, base_weights)
+    try:
+        step = trainer.maybe_resume()
+        if step > 0:
+            # The orchestrator may be waiting for this version's STABLE; a restart must not strand it.
+            trainer.publish(step)
+        while cfg.max_steps < 0 or step < cfg.max_steps:
+            waited_from = time.perf_counter()
+            batch = _receive(receiver, step, cfg.batch_timeout, stop)
+            if batch is None:
+                log.info("stop requested while waiting for batch %d", step)
+                break
+            if batch.step != step:
+                raise ValueError(f"expected batch {step} but the transport delivered batch {batch.step}")
+            trainer.train_step(batch, wait_time=time.perf_counter() - waited_from)
+            step += 1
+            trainer.publish(step)
+            if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
+                trainer.save_checkpoint()
+        log.info("trainer done after %d steps", step)
+    finally:
+        trainer.close()
+
+
+def find_run_dir(output_dir: str | Path, poll_s: float = 2.0, timeout: float | None = None) -> Path:
+    """The run dir for trainer `output_dir`: itself when it holds configs/orch.yaml, else the newest
+    child holding one; waits (logging once) until one appears."""
+    output_dir = Path(output_dir)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    logged = False
+    while True:
+        if (output_dir / "configs" / "orch.yaml").exists():
+            return output_dir
+        candidates = [p for p in output_dir.glob("*/configs/orch.yaml")] if output_dir.exists() else []
+        if candidates:
+            newest = max(candidates, key=lambda p: p.stat().st_mtime)
+            return newest.parent.parent
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"no run directory (a folder with configs/orch.yaml) appeared in {output_dir}; start the "
+                "orchestrator, or set the trainer's output_dir to the orchestrator's output_dir or its parent"
+            )
+        if not logged:
+            log.info(
+                "waiting for the orchestrator to create a run directory (configs/orch.yaml) in %s", output_dir
+            )
+            logged = True
+        time.sleep(poll_s)

@@ -1,0 +1,79 @@
+"""Log-probabilities of the actual next tokens, chunked over tokens.
+
+The float32 logits of a packed row are [tokens x vocab] (2048 x 49152 x 4 bytes = 400 MB for
+SmolLM2), and autograd would keep them, their log_softmax and their gradient alive at once. Here
+the lm_head runs on `chunk_size` tokens at a time inside `torch.utils.checkpoint`: forward keeps
+only each chunk's inputs, and backward recomputes one chunk's logits at a time, so the peak is one
+chunk's logits instead of all of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def _chunk_logprobs(
+    lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [C, H], targets [C], temperatures [C] -> (logprob [C] float32, entropy [C] float32)."""
+    import torch
+
+    logits = lm_head(hidden).float() / temperatures.float().unsqueeze(-1)  # [C, V]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    token_lp = log_probs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return token_lp, entropy
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    lm_head: nn.Module,
+    targets: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [N, H] predicts targets [N] at temperatures [N] -> (logprobs [N], entropy [N]).
+
+    Entropy is a metric (no gradient). Logits are divided by each token's sampling temperature,
+    because inference logprobs are reported after temperature.
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    assert hidden.dim() == 2 and targets.shape == temperatures.shape == hidden.shape[:1]
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
+    )
+    logprob_chunks, entropy_chunks = [], []
+    for start in range(0, hidden.shape[0], chunk_size):
+        end = start + chunk_size
+        args = (lm_head, hidden[start:end], targets[start:end], temperatures[start:end])
+        if needs_grad:
+            lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        logprob_chunks.append(lp)
+        entropy_chunks.append(ent)
+    return torch.cat(logprob_chunks), torch.cat(entropy_chunks)
+
+
+def next_token_logprobs(
+    hidden: torch.Tensor,
+    lm_head: nn.Module,
+    input_ids: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [T, H], input_ids [T], temperatures [T] -> (logprobs [T], entropy [T]) aligned with
+    input_ids: entry t is log p(input_ids[t] | tokens before t); entry 0 has no prediction and is 0.
+    """
+    import torch
+
+    lp, ent = token_logprobs(hidden[:-1], lm_head, input_ids[1:], temperatures[1:], chunk_size)
+    zero = torch.zeros(1, dtype=lp.dtype, device=lp.device)
+    return torch.cat([zero, lp]), torch.cat([zero, ent])

@@ -1,0 +1,172 @@
+"""The GRPO loss on per-token log-probabilities (docs: "GRPO Loss Formula", "On-Policy Distillation").
+
+Per loss token t:
+
+    log_ratio = trainer_lp - inference_lp,  ratio = exp(log_ratio)
+    coeff     = ratio * (adv_tau * A + teacher_tau * (teacher_lp - trainer_lp) - kl_tau * log_ratio)
+    loss      = -(coeff.detach() * trainer_lp)[keep].sum() / loss_scale
+
+so d loss / d trainer_lp[t] = -coeff[t] * keep[t] / loss_scale. `loss_scale` is the number of loss
+tokens of the whole step, so micro-batches can be backpropagated one at a time and their gradients
+simply add up.
+
+Metrics use the k3 estimator (r - 1) - log r, which is unbiased, never negative, and low-variance
+for samples drawn from the denominator policy:
+- kl: r = p_trainer / p_inference over all loss tokens (estimates KL(inference || trainer)).
+- teacher_kl: r = p_teacher / p_trainer (estimates KL(student || teacher), samples from the student).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.config.trainer import LossConfig
+
+
+@dataclass
+class LossSums:
+    """Sums over one micro-batch; the trainer adds these up over a step and divides at the end."""
+
+    loss: float = 0.0
+    """Already divided by loss_scale: the step loss is the plain sum over micro-batches."""
+    num_loss_tokens: int = 0
+    num_masked_tokens: int = 0
+    kl_sum: float = 0.0
+    entropy_sum: float = 0.0
+    teacher_kl_sum: float = 0.0
+    has_teacher: bool = False
+
+    def add(self, other: LossSums) -> None:
+        self.loss += other.loss
+        self.num_loss_tokens += other.num_loss_tokens
+        self.num_masked_tokens += other.num_masked_tokens
+        self.kl_sum += other.kl_sum
+        self.entropy_sum += other.entropy_sum
+        self.teacher_kl_sum += other.teacher_kl_sum
+        self.has_teacher = self.has_teacher or other.has_teacher
+
+    def metrics(self) -> dict[str, float]:
+        denom = max(self.num_loss_tokens, 1)
+        out = {
+            "loss": self.loss,
+            "tokens": float(self.num_loss_tokens),
+            "masked": self.num_masked_tokens / denom,
+            "kl": self.kl_sum / denom,
+            "entropy": self.entropy_sum / denom,
+        }
+        if self.has_teacher:
+            out["teacher_kl"] = self.teacher_kl_sum / denom
+        return out
+
+
+def sample_ids_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """[T] position ids restarting at 0 per sample -> [T] sample index (0, 0, 1, 1, 1, ...)."""
+    import torch
+
+    starts = (position_ids == 0).long()
+    starts[0] = 1  # a row always starts a sample, even if its first position is not 0
+    return torch.cumsum(starts, dim=0) - 1
+
+
+def keep_mask(
+    log_ratio: torch.Tensor, loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossConfig
+) -> torch.Tensor:
+    """[T] bool: loss tokens that survive the token, geometric-mean and min/max sequence masks."""
+    import torch
+
+    ratio = torch.exp(log_ratio)
+    keep = loss_mask & (ratio >= cfg.token_mask_low) & (ratio <= cfg.token_mask_high)
+    num_samples = int(sample_ids.max().item()) + 1
+    masked_lr = torch.where(loss_mask, log_ratio, torch.zeros_like(log_ratio))
+    count = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(
+        0, sample_ids, loss_mask.to(log_ratio.dtype)
+    )
+    mean_lr = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(0, sample_ids, masked_lr)
+    mean_lr = mean_lr / count.clamp(min=1)
+    geo_mean = torch.exp(mean_lr)
+    inf = torch.full((num_samples,), float("inf"), dtype=ratio.dtype)
+    min_ratio = inf.scatter_reduce(0, sample_ids, torch.where(loss_mask, ratio, inf[0]), "amin")
+    max_ratio = (-inf).scatter_reduce(0, sample_ids, torch.where(loss_mask, ratio, -inf[0]), "amax")
+    sample_bad = (
+        (geo_mean < cfg.geo_mask_low)
+        | (geo_mean > cfg.geo_mask_high)
+        | (min_ratio < cfg.sequence_mask_low)
+        | (max_ratio > cfg.sequence_mask_high)
+    ) & (count > 0)
+    return keep & ~sample_bad[sample_ids]
+
+
+def importance_ratio(
+    log_ratio: torch.Tensor, loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossConfig
+) -> torch.Tensor:
+    """[T] ratio used in coeff: per token, or per sample exp(mean log_ratio) clipped (sequence)."""
+    import torch
+
+    if cfg.ratio_type == "token":
+        return torch.exp(log_ratio)
+    num_samples = int(sample_ids.max().item()) + 1
+    weights = loss_mask.to(log_ratio.dtype)
+    count = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(0, sample_ids, weights)
+    total = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(0, sample_ids, log_ratio * weights)
+    seq_ratio = torch.exp(total / count.clamp(min=1)).clamp(max=cfg.sequence_clip_high)
+    return seq_ratio[sample_ids]
+
+
+def grpo_loss(
+    trainer_lp: torch.Tensor,
+    inference_lp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cfg: LossConfig,
+    loss_scale: int,
+    teacher_lp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LossSums]:
+    """Loss of one packed row or micro-batch, all tensors [T] (flattened); returns (loss, sums).
+
+    Only `trainer_lp` may carry a gradient; inference and teacher logprobs are treated as data.
+    """
+    import torch
+
+    if teacher_lp is None and cfg.teacher_tau > 0:
+        raise ValueError(
+            "loss.teacher_tau > 0 but the batch has no teacher logprobs; configure teacher_model in "
+            "orch.yaml or set loss.teacher_tau: 0"
+        )
+    assert loss_scale > 0, "loss_scale must count the loss tokens of the whole step"
+    loss_mask = loss_mask.bool()
+    sample_ids = sample_ids_from_positions(position_ids)
+    inference_lp = inference_lp.detach().to(trainer_lp.dtype)
+    lp = trainer_lp.detach()
+    log_ratio = torch.where(loss_mask, lp - inference_lp, torch.zeros_like(lp))
+    with torch.no_grad():
+        ratio = importance_ratio(log_ratio, loss_mask, sample_ids, cfg)
+        signal = cfg.adv_tau * advantages.to(lp.dtype) - cfg.kl_tau * log_ratio
+        if teacher_lp is not None:
+            teacher_lp = teacher_lp.detach().to(lp.dtype)
+            signal = signal + cfg.teacher_tau * (teacher_lp - lp)
+        coeff = ratio * signal
+        keep = keep_mask(log_ratio, loss_mask, sample_ids, cfg)
+    loss = -(coeff * trainer_lp * keep.to(lp.dtype)).sum() / loss_scale
+
+    with torch.no_grad():
+        token_ratio = torch.exp(log_ratio)
+        k3 = torch.where(loss_mask, token_ratio - 1 - log_ratio, torch.zeros_like(lp))
+        sums = LossSums(
+            loss=float(loss.detach()),
+            num_loss_tokens=int(loss_mask.sum()),
+            num_masked_tokens=int((loss_mask & ~keep).sum()),
+            kl_sum=float(k3.sum()),
+        )
+        if entropy is not None:
+            sums.entropy_sum = float(entropy.detach()[loss_mask].sum())
+        if teacher_lp is not None:
+            teacher_log_r = torch.where(loss_mask, teacher_lp - lp, torch.zeros_like(lp))
+            sums.teacher_kl_sum = float((torch.exp(teacher_log_r) - 1 - teacher_log_r)[loss_mask].sum())
+            sums.has_teacher = True
+    return loss, sums

@@ -1,0 +1,193 @@
+"""Build the policy: an HF causal LM, with LoRA (peft), QLoRA NF4 (bitsandbytes) or full training.
+
+Precision: base weights in bf16 where the hardware runs bf16 matmuls natively (CUDA with bf16,
+or a CPU with AVX512-BF16/AMX that oneDNN uses), else fp32. Trainable parameters are always fp32:
+LoRA adapters are upcast by peft, and full training keeps fp32 weights and runs the forward under
+bf16 autocast. One code path for CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from grpo.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.packing import MicroBatch
+    from grpo.trainer.weights import BaseWeightSource
+
+log = get_logger("trainer")
+
+
+@dataclass
+class Policy:
+    model: nn.Module
+    """What is trained and saved: a PeftModel (LoRA) or the causal LM itself (full)."""
+    causal_lm: nn.Module
+    """The HF causal LM inside `model` (LoRA layers are injected into it in place)."""
+    device: torch.device
+    dtype: torch.dtype
+    """Base weight dtype."""
+    autocast_dtype: torch.dtype | None
+    """Set for full training in bf16: fp32 weights, bf16 compute."""
+    is_lora: bool
+
+    @property
+    def lm_head(self) -> nn.Module:
+        head = self.causal_lm.get_output_embeddings()
+        assert head is not None
+        return head
+
+    @property
+    def uses_varlen_attention(self) -> bool:
+        return str(getattr(self.causal_lm.config, "_attn_implementation", "")).startswith("flash")
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def hidden_states(self, batch: MicroBatch) -> torch.Tensor:
+        """Final (normed) hidden states [T, H] of a packed micro-batch."""
+        import contextlib
+
+        import torch
+
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            out = self.causal_lm.get_decoder()(
+                input_ids=batch.input_ids[None],
+                position_ids=batch.position_ids[None],
+                attention_mask=batch.attention_mask,
+                use_cache=False,
+            )
+        return out.last_hidden_state[0]
+
+
+def resolve_device(cfg: TrainerConfig) -> torch.device:
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer device: cuda but no CUDA device is visible; use device: auto or cpu")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if use_cuda else "cpu")
+
+
+def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
+    """Fail at start (not mid-run) when the recipe or quantization needs hardware that is absent."""
+    import torch
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    needs = []
+    if cfg.qlora_fp8:
+        needs.append(("qlora_fp8", (8, 9)))
+    if cfg.recipe == "fp8_hybrid":
+        needs.append(("recipe fp8_hybrid", (8, 9)))
+    if cfg.qlora_fp4:
+        needs.append(("qlora_fp4", (10, 0)))
+    if cfg.recipe == "nvfp4":
+        needs.append(("recipe nvfp4", (10, 0)))
+    for what, (major, minor) in needs:
+        if capability is None or capability < (major, minor):
+            found = f"SM{capability[0]}{capability[1]}" if capability else device.type.upper()
+            raise ValueError(
+                f"{what} needs a CUDA GPU with compute capability SM{major}{minor}+, found {found}; "
+                "use recipe: bf16 with qlora_bnb: true (NF4) or plain LoRA"
+            )
+        raise ValueError(
+            f"{what} is not implemented by this trainer yet; use recipe: bf16 with qlora_bnb or LoRA"
+        )
+
+
+def choose_dtype(device: torch.device) -> torch.dtype:
+    import torch
+
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
+def _lora_targets(cfg: TrainerConfig) -> str | list[str]:
+    targets = cfg.lora_target_modules
+    if "all-linear" in targets:
+        if len(targets) > 1:
+            raise ValueError('lora_target_modules: "all-linear" cannot be combined with module names')
+        return "all-linear"
+    return list(targets)
+
+
+def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from grpo.trainer.weights import install_borrowed
+
+    device = resolve_device(cfg)
+    check_precision_support(cfg, device)
+    dtype = choose_dtype(device)
+    borrowed = source.borrowed_tensors()
+    if borrowed and not cfg.lora:
+        raise ValueError(
+            "borrowed base weights are frozen; full-parameter training (lora: false) cannot use them"
+        )
+    if borrowed and cfg.qlora_bnb:
+        raise ValueError(
+            "qlora_bnb with borrowed weights is not supported yet; use lora without quantization"
+        )
+
+    # Full training keeps fp32 weights (bf16 Adam updates would round away); compute is autocast.
+    load_dtype = dtype if cfg.lora else torch.float32
+    kwargs: dict[str, object] = {"dtype": load_dtype}
+    if cfg.qlora_bnb:
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_use_double_quant=False,
+        )
+        kwargs["device_map"] = {"": device}
+    causal_lm = AutoModelForCausalLM.from_pretrained(source.model_path, **kwargs)
+    if borrowed:
+        install_borrowed(causal_lm, borrowed)
+        if getattr(causal_lm.config, "tie_word_embeddings", False):
+            causal_lm.get_output_embeddings().weight = causal_lm.get_input_embeddings().weight
+    if not cfg.qlora_bnb:
+        causal_lm.to(device)  # no-op (same tensors) for borrowed weights already on `device`
+    if cfg.gradient_checkpointing:
+        causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    causal_lm.config.use_cache = False
+
+    model: nn.Module = causal_lm
+    if cfg.lora:
+        from peft import LoraConfig, get_peft_model
+
+        lora_cfg = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=_lora_targets(cfg),
+            task_type="CAUSAL_LM",
+        )
+        torch.manual_seed(cfg.seed)  # LoRA A init
+        model = get_peft_model(causal_lm, lora_cfg, autocast_adapter_dtype=True)
+    model.train()
+    autocast_dtype = dtype if (not cfg.lora and dtype != torch.float32) else None
+    policy = Policy(model, causal_lm, device, dtype, autocast_dtype, cfg.lora)
+    num_trainable = sum(p.numel() for p in policy.trainable_parameters())
+    log.info(
+        "policy %s on %s, base %s%s, %d trainable parameters%s",
+        source.model_path.name,
+        device,
+        dtype,
+        " NF4" if cfg.qlora_bnb else "",
+        num_trainable,
+        f", {len(borrowed)} borrowed base tensors" if borrowed else "",
+    )
+    return policy

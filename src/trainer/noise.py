@@ -1,0 +1,58 @@
+"""QeRL noise: Gaussian noise on the inference copy of the RMSNorm weights, decaying over training.
+
+The trainer never trains on noisy weights; it publishes noisy copies of the norms next to each
+adapter, and the inference side applies them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from grpo.config.trainer import NoiseSchedulerConfig
+
+NOISY_NORMS_FILE = "noisy_norms.safetensors"
+
+
+def noise_sigma(cfg: NoiseSchedulerConfig, step: int, max_steps: int) -> float:
+    """Sigma for rollouts of `step`: max_steps is cut into num_stages equal intervals; the first has
+    no noise, the others decay geometrically from sigma_start (second interval) to sigma_end (last)."""
+    if not cfg.enabled:
+        return 0.0
+    if max_steps <= 0:
+        raise ValueError(
+            "noise_scheduler needs max_steps > 0 to lay out its stages; set max_steps in train.yaml"
+        )
+    stage = min(step * cfg.num_stages // max_steps, cfg.num_stages - 1)
+    if stage == 0:
+        return 0.0
+    num_noisy_stages = cfg.num_stages - 1
+    if num_noisy_stages == 1:
+        return cfg.sigma_start
+    fraction = (stage - 1) / (num_noisy_stages - 1)
+    return float(cfg.sigma_start * (cfg.sigma_end / cfg.sigma_start) ** fraction)
+
+
+def rms_norm_weights(causal_lm: nn.Module) -> dict[str, torch.Tensor]:
+    """HF name -> weight of every RMSNorm module (input_layernorm, post_attention_layernorm, norm, ...)."""
+    found = {}
+    for name, module in causal_lm.named_modules():
+        weight = getattr(module, "weight", None)
+        if type(module).__name__.endswith("RMSNorm") and weight is not None:
+            found[f"{name}.weight"] = weight
+    return found
+
+
+def noisy_norms(causal_lm: nn.Module, sigma: float, seed: int) -> dict[str, torch.Tensor]:
+    """Noisy copies (float32, CPU) of the RMSNorm weights: w + N(0, sigma^2)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, weight in sorted(rms_norm_weights(causal_lm).items()):
+        clean = weight.detach().float().cpu()
+        out[name] = (clean + sigma * torch.randn(clean.shape, generator=generator)).contiguous()
+    return out

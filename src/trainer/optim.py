@@ -1,0 +1,83 @@
+"""Optimizer and learning-rate schedule.
+
+grad_norm is reported before clipping: it is the number users compare with max_grad_norm (a value
+above the threshold means this step was clipped). The reference table calls it the norm "after
+clipping"; the clipped norm is min(grad_norm, max_grad_norm) and carries no extra information.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from grpo.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.config.trainer import TrainerConfig
+
+log = get_logger("trainer")
+
+
+def build_optimizer(
+    cfg: TrainerConfig, params: list[torch.nn.Parameter], device: torch.device
+) -> torch.optim.Optimizer:
+    import torch
+
+    if not params:
+        raise ValueError(
+            "no trainable parameters: check lora_target_modules names against the model's modules"
+        )
+    kwargs = dict(
+        lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+        weight_decay=cfg.weight_decay,
+    )
+    if cfg.optimizer == "adamw_8bit":
+        if device.type == "cuda":
+            import bitsandbytes as bnb
+
+            optimizer: torch.optim.Optimizer = bnb.optim.AdamW8bit(params, **kwargs)
+            return optimizer
+        log.warning("optimizer adamw_8bit needs CUDA; training on %s with torch AdamW instead", device)
+    return torch.optim.AdamW(params, **kwargs)
+
+
+def lr_multiplier(cfg: TrainerConfig, step: int) -> float:
+    """Factor on learning_rate for optimizer step `step` (0-based): linear warmup, then the schedule.
+
+    Decay runs over max_steps; with max_steps -1 (open-ended) linear/cosine have no end and stay flat.
+    """
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_scheduler_type == "constant" or cfg.max_steps <= 0:
+        return 1.0
+    decay_steps = max(cfg.max_steps - cfg.warmup_steps, 1)
+    progress = min(max(step - cfg.warmup_steps, 0) / decay_steps, 1.0)
+    if cfg.lr_scheduler_type == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def build_scheduler(
+    cfg: TrainerConfig, optimizer: torch.optim.Optimizer
+) -> torch.optim.lr_scheduler.LambdaLR:
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(cfg, step))
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_grad_norm: float) -> float:
+    """Clip in place when max_grad_norm > 0; return the norm before clipping."""
+    import torch
+
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_grad_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(grads, max_grad_norm))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in grads if p.grad is not None]))

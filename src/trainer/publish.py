@@ -1,0 +1,59 @@
+"""Publish policy v to `{run_dir}/broadcasts/step_{v}/` for the inference side (docs/design.md).
+
+LoRA: a PEFT adapter folder. Full: the HF model folder (safetensors, HF names). Built in a staging
+folder and moved into place with STABLE written last; old versions are pruned so only the ones an
+orchestrator may still sample from (max_async_level + 1 newest) stay on disk.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from grpo.utils.atomic import publish_dir, staging_dir
+
+if TYPE_CHECKING:
+    from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.model import Policy
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def broadcast_dir(run_dir: Path, version: int) -> Path:
+    return run_dir / "broadcasts" / f"step_{version}"
+
+
+def write_weights(policy: Policy, folder: Path) -> None:
+    """The adapter (LoRA) or full HF weights of `policy` into `folder`."""
+    if policy.is_lora:
+        policy.model.save_pretrained(folder)
+    else:
+        policy.causal_lm.save_pretrained(folder, safe_serialization=True)
+
+
+def publish_policy(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int) -> Path:
+    from safetensors.torch import save_file
+
+    from grpo.trainer.noise import NOISY_NORMS_FILE, noise_sigma, noisy_norms
+
+    final = broadcast_dir(run_dir, version)
+    staged = staging_dir(final)
+    write_weights(policy, staged)
+    if cfg.noise_scheduler.enabled:
+        sigma = noise_sigma(cfg.noise_scheduler, version, cfg.max_steps)
+        tensors = noisy_norms(policy.causal_lm, sigma, seed=cfg.seed + version)
+        save_file(tensors, str(staged / NOISY_NORMS_FILE), metadata={"sigma": repr(sigma)})
+    publish_dir(staged, final)
+    prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
+    return final
+
+
+def prune_step_dirs(parent: Path, keep: int) -> None:
+    """Delete all but the `keep` newest `step_{n}` folders of `parent`."""
+    versions = sorted(
+        (int(m.group(1)), p) for p in parent.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+    )
+    for _version, path in versions[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)

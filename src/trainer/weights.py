@@ -1,0 +1,75 @@
+"""Where the trainer's frozen base weights come from (the seam for co-located weight sharing).
+
+A `BaseWeightSource` names the HF model folder (config, tokenizer, and the weights on disk) and may
+hand over existing tensors, by HF state-dict name, to use as frozen base weights as they are:
+the built model's parameter then shares the tensor's storage (no copy). `DiskWeights` hands over
+nothing; the co-located mode supplies tensors borrowed from the inference engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+
+class BaseWeightSource(Protocol):
+    @property
+    def model_path(self) -> Path:
+        """Local HF folder with config.json, tokenizer and safetensors weights."""
+        ...
+
+    def borrowed_tensors(self) -> Mapping[str, torch.Tensor]:
+        """HF state-dict name (e.g. `model.layers.0.self_attn.q_proj.weight`) -> tensor to use as
+        that frozen weight by identity. Tensors must already have the trainer's dtype and device."""
+        ...
+
+
+class DiskWeights:
+    """Everything from the model folder on disk."""
+
+    def __init__(self, model_path: str | Path) -> None:
+        self._model_path = Path(model_path)
+
+    @property
+    def model_path(self) -> Path:
+        return self._model_path
+
+    def borrowed_tensors(self) -> Mapping[str, torch.Tensor]:
+        return {}
+
+
+class BorrowedWeights:
+    """The folder on disk, with some weights replaced by tensors that already live elsewhere."""
+
+    def __init__(self, model_path: str | Path, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._model_path = Path(model_path)
+        self._tensors = dict(tensors)
+
+    @property
+    def model_path(self) -> Path:
+        return self._model_path
+
+    def borrowed_tensors(self) -> Mapping[str, torch.Tensor]:
+        return self._tensors
+
+
+def install_borrowed(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Make each named parameter of `model` a frozen Parameter over the given tensor (same storage)."""
+    import torch
+
+    for name, tensor in tensors.items():
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        current = getattr(module, attr, None)
+        if not isinstance(current, torch.nn.Parameter):
+            raise ValueError(f"borrowed tensor {name} does not name a parameter of the model")
+        if current.shape != tensor.shape or current.dtype != tensor.dtype:
+            raise ValueError(
+                f"borrowed tensor {name} is {tuple(tensor.shape)} {tensor.dtype}, the model expects "
+                f"{tuple(current.shape)} {current.dtype}; hand over tensors in the trainer's dtype"
+            )
+        setattr(module, attr, torch.nn.Parameter(tensor, requires_grad=False))

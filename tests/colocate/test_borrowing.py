@@ -1,0 +1,84 @@
+"""On CPU the trainer's base weights ARE the engine's memory: shared-memory pages, no copy."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo.config.inference import InferenceConfig
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def dense_server(tiny_model_path: Path) -> Iterator[object]:
+    from grpo.inference.server import ServerThread
+
+    os.environ["GRPO_KEEP_DENSE_WEIGHTS"] = "1"
+    cfg = InferenceConfig(model="tiny", port=0, kv_cache_space_gb=0.5, max_model_len=256, max_lora_rank=8, max_num_seqs=8)
+    server = ServerThread(cfg, str(tiny_model_path)).start()
+    try:
+        server.wait_ready(timeout=300)
+        yield server
+    finally:
+        server.stop()
+        os.environ.pop("GRPO_KEEP_DENSE_WEIGHTS", None)
+
+
+def _mapped_files() -> dict[int, str]:
+    """Start address -> path of every file mapping of this process."""
+    maps = {}
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6:
+            maps[int(parts[0].split("-")[0], 16)] = parts[5]
+    return maps
+
+
+def test_trainer_base_weights_are_the_engines_shared_memory(dense_server: object, tiny_model_path: Path) -> None:
+    from grpo.colocate.borrow import borrow_from_records
+    from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.model import build_policy
+    from grpo.trainer.weights import BorrowedWeights
+
+    (records,) = dense_server.collective_rpc("export_weight_handles")  # type: ignore[attr-defined]
+    borrowed = borrow_from_records(records, tiny_model_path)
+    assert len(borrowed.tensors) == 2 * 7 and borrowed.checked
+
+    cfg = TrainerConfig(model=str(tiny_model_path), optimizer="adamw", gradient_checkpointing=False)
+    policy = build_policy(cfg, BorrowedWeights(tiny_model_path, borrowed.tensors))
+    params = dict(policy.causal_lm.named_parameters())
+    maps = _mapped_files()
+    for name, view in borrowed.tensors.items():
+        peft_name = name.replace(".weight", ".base_layer.weight")
+        param = params.get(peft_name, params.get(name))
+        assert param is not None, name
+        assert param.data_ptr() == view.data_ptr(), f"{name} was copied"
+        storage_start = param.untyped_storage().data_ptr()
+        mapped = [path for start, path in maps.items() if start <= storage_start < start + (1 << 40)]
+        assert storage_start in maps and "torch_" in maps[storage_start], f"{name} is not in a shared-memory mapping"
+        assert mapped
+    # The engine's record names the same shared-memory file the trainer maps.
+    engine_files = {r["filename"] for r in records if r["kind"] == "cpu_shm"}
+    trainer_files = {maps[t.untyped_storage().data_ptr()] for t in borrowed.tensors.values()}
+    assert {os.path.basename(f) for f in trainer_files} <= {os.path.basename(f) for f in engine_files}
+
+
+def test_fused_views_keep_the_engines_row_order(dense_server: object, tiny_model_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from grpo.colocate.borrow import borrow_from_records
+
+    (records,) = dense_server.collective_rpc("export_weight_handles")  # type: ignore[attr-defined]
+    borrowed = borrow_from_records(records, tiny_model_path)
+    on_disk = load_file(str(tiny_model_path / "model.safetensors"))
+    for part in ("q_proj", "k_proj", "v_proj"):
+        name = f"model.layers.1.self_attn.{part}.weight"
+        assert torch.equal(borrowed.tensors[name], on_disk[name])
+    for part in ("gate_proj", "up_proj"):
+        name = f"model.layers.0.mlp.{part}.weight"
+        assert torch.equal(borrowed.tensors[name], on_disk[name])

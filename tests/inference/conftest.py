@@ -1,0 +1,71 @@
+"""One vLLM server (tiny model, CPU) shared by every vLLM test of the session, and adapter makers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from grpo.config.inference import InferenceConfig
+from grpo.inference.server import ServerThread
+
+TINY_MODEL_NAME = "tiny"
+
+
+def tiny_inference_config(port: int = 0, **overrides: object) -> InferenceConfig:
+    fields: dict[str, object] = dict(
+        model=TINY_MODEL_NAME,
+        port=port,
+        kv_cache_space_gb=1,
+        max_model_len=512,
+        max_lora_rank=8,
+        max_loras=2,
+        max_num_seqs=32,
+    )
+    fields.update(overrides)
+    return InferenceConfig.model_validate(fields)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_path: Path) -> Iterator[ServerThread]:
+    """ServerThread serving the tiny model under the name "tiny", LoRA enabled."""
+    server = ServerThread(tiny_inference_config(), str(tiny_model_path)).start()
+    try:
+        server.wait_ready(timeout=300)
+        yield server
+    finally:
+        server.stop()
+
+
+def make_peft_adapter(model_path: Path, out_dir: Path, seed: int, rank: int = 8) -> Path:
+    """A PEFT LoRA adapter for `model_path` with random non-zero A and B (so it changes outputs)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    if (out_dir / "adapter_config.json").exists():
+        return out_dir
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        init_lora_weights=False,  # random B: the adapter is not a no-op
+    )
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(20.0)  # large enough to move a random tiny model's logprobs clearly
+    peft_model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return make_peft_adapter(tiny_model_path, root / "a", seed=1), make_peft_adapter(
+        tiny_model_path, root / "b", seed=2
+    )

@@ -1,0 +1,187 @@
+"""InferenceClient against fake servers (httpx.MockTransport): routing, retries, request bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+import grpo.inference.client as client_module
+from grpo.config.orchestrator import ClientConfig
+from grpo.inference.client import InferenceClient, TransientServerError
+from grpo.inference.types import GenerateRequest, SamplingParams
+
+URLS = ["http://a/v1", "http://b/v1"]
+
+
+@pytest.fixture(autouse=True)
+def no_backoff_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "RETRY_BASE_DELAY_S", 0.0)
+
+
+def completion_body(token_ids: list[int]) -> dict[str, object]:
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "text": "hi",
+                "token_ids": token_ids,
+                "logprobs": {"token_logprobs": [-0.5] * len(token_ids)},
+                "finish_reason": "length",
+            }
+        ]
+    }
+
+
+def make_client(handler: Callable[[httpx.Request], httpx.Response], **cfg: object) -> InferenceClient:
+    config = ClientConfig.model_validate({"base_url": URLS, "max_retries": 2, **cfg})
+    return InferenceClient(config, transport=httpx.MockTransport(handler))
+
+
+def request(session_id: str | None = None) -> GenerateRequest:
+    return GenerateRequest(
+        prompt_token_ids=[5, 6, 7],
+        params=SamplingParams(
+            temperature=0.7, max_tokens=4, min_tokens=1, repetition_penalty=1.1, top_p=0.9, seed=11
+        ),
+        n=2,
+        model="policy",
+        cache_salt="step-3",
+        session_id=session_id,
+    )
+
+
+def test_generate_sends_token_ids_and_sampling_params_and_parses_ids_and_logprobs() -> None:
+    bodies: list[dict[str, object]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(req.content))
+        return httpx.Response(200, json=completion_body([9, 8]))
+
+    client = make_client(handler)
+    (completion,) = asyncio.run(client.generate(request()))
+
+    body = bodies[0]
+    assert body["prompt"] == [5, 6, 7]
+    assert body["return_token_ids"] is True and body["logprobs"] == 0
+    assert (body["temperature"], body["top_p"], body["max_tokens"], body["min_tokens"]) == (0.7, 0.9, 4, 1)
+    assert (body["repetition_penalty"], body["seed"], body["n"]) == (1.1, 11, 2)
+    assert (body["cache_salt"], body["model"]) == ("step-3", "policy")
+    assert completion.token_ids == [9, 8] and completion.logprobs == [-0.5, -0.5]
+
+
+def test_transient_errors_are_retried_until_success() -> None:
+    statuses = iter([503, 429])
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        status = next(statuses, 200)
+        return httpx.Response(status, json=completion_body([1]) if status == 200 else {"error": "busy"})
+
+    (completion,) = asyncio.run(make_client(handler).generate(request()))
+    assert completion.token_ids == [1]
+
+
+def test_connection_errors_are_retried_then_reported() -> None:
+    calls = Counter[str]()
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        raise httpx.ConnectError("refused", request=req)
+
+    with pytest.raises(TransientServerError, match="3 attempt"):
+        asyncio.run(make_client(handler).generate(request()))
+    assert calls["n"] == 3  # first try + max_retries
+
+
+def test_client_errors_fail_at_once_without_retry() -> None:
+    calls = Counter[str]()
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        return httpx.Response(400, json={"error": "bad prompt"})
+
+    with pytest.raises(RuntimeError, match="HTTP 400"):
+        asyncio.run(make_client(handler).generate(request()))
+    assert calls["n"] == 1
+
+
+def test_requests_go_to_the_least_loaded_server() -> None:
+    hosts: list[str] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def slow_handler(req: httpx.Request) -> httpx.Response:
+            hosts.append(req.url.host)
+            await release.wait()
+            return httpx.Response(200, json=completion_body([1]))
+
+        client = InferenceClient(
+            ClientConfig(base_url=URLS),
+            transport=httpx.MockTransport(slow_handler),  # type: ignore[arg-type]
+        )
+        tasks = [asyncio.create_task(client.generate(request())) for _ in range(4)]
+        while len(hosts) < 4:
+            await asyncio.sleep(0)
+        assert client.num_in_flight == {"http://a/v1": 2, "http://b/v1": 2}
+        release.set()
+        await asyncio.gather(*tasks)
+        assert client.num_in_flight == {"http://a/v1": 0, "http://b/v1": 0}
+
+    asyncio.run(scenario())
+    assert Counter(hosts) == {"a": 2, "b": 2}
+
+
+def test_a_session_sticks_to_its_first_server() -> None:
+    hosts: list[str] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        hosts.append(req.url.host)
+        return httpx.Response(200, json=completion_body([1]))
+
+    client = make_client(handler)
+    client.num_in_flight["http://a/v1"] = 5  # a is busy: the session starts on b
+    for _ in range(3):
+        asyncio.run(client.generate(request(session_id="s1")))
+    client.num_in_flight["http://a/v1"] = 0
+    client.num_in_flight["http://b/v1"] = 5  # b is now busier, but the session stays
+    asyncio.run(client.generate(request(session_id="s1")))
+    assert hosts == ["b", "b", "b", "b"]
+
+
+def test_adapter_load_goes_to_every_server_in_place_with_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRPO_TEST_KEY", "secret")
+    seen: list[tuple[str, str, dict[str, object], str | None]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append((req.url.host, req.url.path, json.loads(req.content), req.headers.get("authorization")))
+        return httpx.Response(200, text="Success")
+
+    client = make_client(handler, api_key_var="GRPO_TEST_KEY")
+    asyncio.run(client.load_lora_adapter("policy", "/run/broadcasts/step_1"))
+    assert sorted(host for host, *_ in seen) == ["a", "b"]
+    for _host, path, body, auth in seen:
+        assert path == "/v1/load_lora_adapter"
+        assert body == {"lora_name": "policy", "lora_path": "/run/broadcasts/step_1", "load_inplace": True}
+        assert auth == "Bearer secret"
+
+
+def test_prompt_logprobs_pick_each_prompt_tokens_own_logprob() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        entries = [None, {"8": {"logprob": -1.5}, "3": {"logprob": -0.1}}, {"9": {"logprob": -2.0}}]
+        return httpx.Response(200, json={"choices": [{"prompt_logprobs": entries}]})
+
+    assert asyncio.run(make_client(handler).prompt_logprobs([7, 8, 9], "teacher")) == [0.0, -1.5, -2.0]
+
+
+def test_wait_until_ready_times_out_when_the_model_is_not_served() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"data": [{"id": "other"}]})
+
+    with pytest.raises(TimeoutError, match="not 'policy'"):
+        asyncio.run(make_client(handler).wait_until_ready(timeout=0.0, model="policy"))
+    asyncio.run(make_client(handler, skip_model_check=True).wait_until_ready(timeout=0.0, model="policy"))

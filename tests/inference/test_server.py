@@ -1,0 +1,150 @@
+"""The vLLM server on CPU with the tiny model, driven through InferenceClient."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from grpo.config.orchestrator import ClientConfig
+from grpo.inference.client import InferenceClient
+from grpo.inference.server import ServerThread
+from grpo.inference.types import GenerateRequest, SamplingParams
+
+pytestmark = pytest.mark.vllm
+
+T = TypeVar("T")
+MODEL = "tiny"
+PROMPT = [1, 504, 3458, 282, 4195, 314, 260, 3436, 28, 1159]
+
+
+def with_client(server: ServerThread, action: Callable[[InferenceClient], Awaitable[T]]) -> T:
+    async def main() -> T:
+        client = InferenceClient(ClientConfig(base_url=[server.base_url], max_retries=0, timeout=120))
+        try:
+            return await action(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def score(server: ServerThread, model: str, token_ids: list[int] = PROMPT) -> list[float]:
+    return with_client(server, lambda client: client.prompt_logprobs(token_ids, model))
+
+
+def max_abs_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def test_completions_return_decodable_token_ids_and_one_finite_logprob_each(
+    vllm_server: ServerThread, tiny_model_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    request = GenerateRequest(
+        prompt_token_ids=PROMPT, params=SamplingParams(temperature=1.0, max_tokens=12, seed=3), n=3, model=MODEL,
+        cache_salt="v0",
+    )  # fmt: skip
+    completions = with_client(vllm_server, lambda client: client.generate(request))
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    assert len(completions) == 3
+    for completion in completions:
+        assert 0 < len(completion.token_ids) <= 12
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert all(math.isfinite(lp) and lp <= 0.0 for lp in completion.logprobs)
+        assert tokenizer.decode(completion.token_ids, skip_special_tokens=True) == completion.text
+    assert len({tuple(c.token_ids) for c in completions}) > 1, "n=3 samples of a random model should differ"
+
+
+def test_prompt_logprobs_score_every_token_after_the_first(vllm_server: ServerThread) -> None:
+    logprobs = score(vllm_server, MODEL)
+    assert len(logprobs) == len(PROMPT)
+    assert logprobs[0] == 0.0
+    assert all(math.isfinite(lp) and lp < 0.0 for lp in logprobs[1:])
+
+
+def test_hot_loaded_adapter_changes_outputs_and_same_name_reload_takes_effect(
+    vllm_server: ServerThread, adapter_dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    adapter_a, adapter_b = adapter_dirs
+    base = score(vllm_server, MODEL)
+
+    with_client(vllm_server, lambda client: client.load_lora_adapter("policy", str(adapter_a)))
+    with_a = score(vllm_server, "policy")
+    assert max_abs_diff(with_a, base) > 0.05
+
+    # The published folder of a step is loaded, then may be deleted; it must not be re-read.
+    copy_of_b = tmp_path / "step_2"
+    shutil.copytree(adapter_b, copy_of_b)
+    with_client(vllm_server, lambda client: client.load_lora_adapter("policy", str(copy_of_b)))
+    with_b = score(vllm_server, "policy")
+    assert max_abs_diff(with_b, with_a) > 0.05
+    assert max_abs_diff(with_b, base) > 0.05
+
+    shutil.rmtree(copy_of_b)
+    assert score(vllm_server, "policy") == with_b
+    assert score(vllm_server, MODEL) == base
+
+
+def test_full_weight_update_from_a_folder_changes_outputs_and_restores(
+    vllm_server: ServerThread, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    original = score(vllm_server, MODEL)
+    state = {}
+    for file in sorted(tiny_model_path.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    zeroed_dir = tmp_path / "zeroed"
+    zeroed_dir.mkdir()
+    save_file({name: t.clone().zero_() for name, t in state.items()}, str(zeroed_dir / "model.safetensors"))
+
+    with_client(vllm_server, lambda client: client.update_weights(str(zeroed_dir)))
+    degenerate = score(vllm_server, MODEL)
+    # All-zero weights give all-zero logits: every token equally likely.
+    assert max(degenerate[1:]) - min(degenerate[1:]) < 1e-3
+    assert max_abs_diff(degenerate, original) > 0.05
+
+    with_client(vllm_server, lambda client: client.update_weights(str(tiny_model_path)))
+    assert max_abs_diff(score(vllm_server, MODEL), original) < 1e-3
+
+
+def test_worker_exports_shared_memory_handles_another_process_can_read(vllm_server: ServerThread) -> None:
+    from grpo.inference.weight_handles import rebuild_tensor
+
+    (records,) = vllm_server.collective_rpc("export_weight_handles")
+    qkv = next(r for r in records if "layers.0.self_attn.qkv_proj" in r["name"])
+    assert qkv["kind"] == "cpu_shm"
+    tensor = rebuild_tensor(qkv)
+    # tiny model: 2 q heads + 1 k head + 1 v head, head_dim 64, hidden 128 -> [256, 128]
+    assert list(tensor.shape) == [256, 128]
+    assert tensor.abs().sum().item() > 0
+
+
+def test_noisy_norms_change_outputs_until_clean_weights_return(
+    vllm_server: ServerThread, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    original = score(vllm_server, MODEL)
+    state = {}
+    for file in sorted(tiny_model_path.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    noisy = {name: t * 3.0 for name, t in state.items() if "layernorm" in name}
+    assert noisy
+    save_file(noisy, str(tmp_path / "noisy_norms.safetensors"))
+
+    with_client(
+        vllm_server, lambda client: client.apply_noisy_norms(str(tmp_path / "noisy_norms.safetensors"))
+    )
+    assert max_abs_diff(score(vllm_server, MODEL), original) > 0.01
+
+    with_client(vllm_server, lambda client: client.update_weights(str(tiny_model_path)))
+    assert max_abs_diff(score(vllm_server, MODEL), original) < 1e-3

@@ -1,0 +1,124 @@
+"""InferenceConfig -> vLLM server argv and environment, without starting vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo.config.inference import InferenceConfig
+from grpo.inference.server_args import build_server_args, server_env
+from grpo.inference.vllm_compat import WORKER_EXTENSION_CLS, check_vllm_version
+
+
+def option(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KEY", "k-123")
+    cfg = InferenceConfig(
+        model="org/model",
+        host="0.0.0.0",
+        port=8123,
+        dtype="bfloat16",
+        max_model_len=4096,
+        enforce_eager=True,
+        trust_remote_code=True,
+        tp=2,
+        dp=3,
+        max_lora_rank=12,
+        max_loras=4,
+        max_cpu_loras=50,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=0.5,
+        reasoning_parser="qwen3",
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+        rope_scaling={"rope_type": "yarn", "factor": 4.0},
+        seed=7,
+        max_num_seqs=64,
+        api_key_var="MY_KEY",
+    )
+    argv = build_server_args(cfg, "/models/m")
+    assert option(argv, "--model") == "/models/m"
+    assert option(argv, "--served-model-name") == "org/model"
+    assert option(argv, "--host") == "0.0.0.0"
+    assert option(argv, "--port") == "8123"
+    assert option(argv, "--dtype") == "bfloat16"
+    assert option(argv, "--max-model-len") == "4096"
+    assert "--enforce-eager" in argv and "--trust-remote-code" in argv
+    assert option(argv, "--tensor-parallel-size") == "2"
+    assert option(argv, "--data-parallel-size") == "3"
+    assert "--enable-lora" in argv
+    assert option(argv, "--max-lora-rank") == "16"  # 12 rounded up to a rank vLLM accepts
+    assert option(argv, "--max-loras") == "4"
+    assert option(argv, "--max-cpu-loras") == "50"
+    assert "--no-enable-prefix-caching" in argv
+    assert option(argv, "--gpu-memory-utilization") == "0.5"
+    assert option(argv, "--reasoning-parser") == "qwen3"
+    assert "--enable-auto-tool-choice" in argv and option(argv, "--tool-call-parser") == "hermes"
+    assert json.loads(option(argv, "--hf-overrides")) == {
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0}
+    }
+    assert option(argv, "--seed") == "7"
+    assert option(argv, "--max-num-seqs") == "64"
+    assert option(argv, "--worker-extension-cls") == WORKER_EXTENSION_CLS
+    assert option(argv, "--api-key") == "k-123"
+    assert option(argv, "--logprobs-mode") == "processed_logprobs"
+
+
+def test_defaults_bind_loopback_and_leave_optional_settings_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    argv = build_server_args(InferenceConfig(model="m"), "/models/m")
+    assert option(argv, "--host") == "127.0.0.1"
+    assert option(argv, "--max-lora-rank") == "64"
+    for flag in ("--api-key", "--max-model-len", "--max-num-seqs", "--hf-overrides", "--enforce-eager"):
+        assert flag not in argv
+    assert not any("prefix-caching" in arg for arg in argv)
+
+
+def test_lora_flags_are_absent_when_lora_is_off() -> None:
+    argv = build_server_args(InferenceConfig(model="m", enable_lora=False), "/m")
+    assert not any("lora" in arg for arg in argv)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in server_env(InferenceConfig(model="m", enable_lora=False))
+
+
+def test_auto_tool_choice_without_a_parser_is_rejected_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="tool_call_parser"):
+        build_server_args(InferenceConfig(model="m", enable_auto_tool_choice=True), "/m")
+
+
+def test_cpu_env_sizes_the_kv_cache_in_whole_gib_and_keeps_dense_weights() -> None:
+    env = server_env(InferenceConfig(model="m", kv_cache_space_gb=1.5), on_cpu=True)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["GRPO_KEEP_DENSE_WEIGHTS"] == "1"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert server_env(InferenceConfig(model="m"), on_cpu=True)["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    gpu_env = server_env(InferenceConfig(model="m"), on_cpu=False)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu_env and "GRPO_KEEP_DENSE_WEIGHTS" not in gpu_env
+
+
+@pytest.mark.parametrize("version", ["0.24.1", "0.33.0", "1.0.0"])
+def test_vllm_outside_the_tested_range_is_refused(version: str) -> None:
+    with pytest.raises(RuntimeError, match="not supported"):
+        check_vllm_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.25.0", "0.32.0", "0.32.0+cpu"])
+def test_vllm_inside_the_tested_range_is_accepted(version: str) -> None:
+    assert check_vllm_version(version) == version
+
+
+@pytest.mark.vllm
+def test_vllms_own_parser_accepts_the_argv() -> None:
+    from grpo.inference.vllm_compat import parse_server_args
+
+    cfg = InferenceConfig(
+        model="org/model", max_model_len=256, rope_scaling={"rope_type": "linear", "factor": 2.0}
+    )
+    args = parse_server_args(build_server_args(cfg, "/models/m"))
+    assert args.served_model_name == ["org/model"]
+    assert args.enable_lora and args.max_lora_rank == 64
+    assert args.hf_overrides == {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}
+    assert args.worker_extension_cls == WORKER_EXTENSION_CLS

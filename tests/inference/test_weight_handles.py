@@ -1,0 +1,57 @@
+"""Weight records rebuild the exporter's own memory in another process (CPU shared memory, CUDA IPC)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpo.inference.weight_handles import export_record
+
+# The receiver runs in a fresh interpreter: it reads the record as JSON, checks the values it
+# sees, then writes into the tensor so the exporter can check the write landed in its memory.
+RECEIVER = """
+import json, sys, torch
+from grpo.inference.weight_handles import rebuild_tensor
+record = json.loads(sys.stdin.read())
+tensor = rebuild_tensor(record)
+print(json.dumps({"shape": list(tensor.shape), "sum": float(tensor.float().sum()), "device": str(tensor.device)}))
+tensor.fill_(7.0)
+if tensor.is_cuda:
+    torch.cuda.synchronize()
+"""
+
+
+def exchange(param: torch.Tensor) -> dict[str, object]:
+    record = export_record("layer.weight", param)
+    json.dumps(record)  # plain data only
+    result = subprocess.run(
+        [sys.executable, "-c", RECEIVER],
+        input=json.dumps(record),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_cpu_record_gives_another_process_a_view_of_the_same_memory() -> None:
+    weight = torch.arange(12, dtype=torch.bfloat16).reshape(4, 3)
+    view = weight[1:]  # non-zero storage offset
+    seen = exchange(view)
+    assert seen == {"shape": [3, 3], "sum": float(view.float().sum()), "device": "cpu"}
+    assert torch.all(view == 7.0) and torch.all(weight[0] == torch.tensor([0.0, 1.0, 2.0]))
+
+
+@pytest.mark.gpu
+def test_cuda_record_gives_another_process_a_view_of_the_same_memory() -> None:
+    weight = torch.arange(12, dtype=torch.bfloat16, device="cuda").reshape(4, 3)
+    view = weight[1:]
+    seen = exchange(view)
+    assert seen == {"shape": [3, 3], "sum": float(view.float().sum()), "device": "cuda:0"}
+    torch.cuda.synchronize()
+    assert torch.all(view == 7.0) and torch.all(weight[0].float().cpu() == torch.tensor([0.0, 1.0, 2.0]))

@@ -1,0 +1,60 @@
+"""Run-dir discovery and the receive loop's stop handling."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from grpo.trainer.entry import _receive, find_run_dir
+
+
+def _make_run(path, mtime=None):
+    (path / "configs").mkdir(parents=True)
+    orch = path / "configs" / "orch.yaml"
+    orch.write_text("x: 1\n")
+    if mtime is not None:
+        os.utime(orch, (mtime, mtime))
+
+
+def test_output_dir_that_is_the_run_dir_is_used(tmp_path):
+    _make_run(tmp_path)
+    assert find_run_dir(tmp_path, timeout=0) == tmp_path
+
+
+def test_newest_run_folder_of_a_parent_is_picked(tmp_path):
+    _make_run(tmp_path / "run_old", mtime=1000)
+    _make_run(tmp_path / "run_new", mtime=2000)
+    assert find_run_dir(tmp_path, timeout=0) == tmp_path / "run_new"
+
+
+def test_waits_for_a_run_dir_to_appear(tmp_path):
+    threading.Timer(0.3, _make_run, args=(tmp_path / "run_default",)).start()
+    assert find_run_dir(tmp_path, poll_s=0.05, timeout=10) == tmp_path / "run_default"
+
+
+def test_no_run_dir_times_out_with_advice(tmp_path):
+    with pytest.raises(TimeoutError, match=r"orch\.yaml"):
+        find_run_dir(tmp_path, poll_s=0.01, timeout=0.05)
+
+
+class _NeverReceiver:
+    def receive(self, step, timeout=None):
+        time.sleep(min(timeout or 0.05, 0.05))
+        raise TimeoutError(f"no batch {step}")
+
+    def close(self):
+        pass
+
+
+def test_stop_event_ends_the_wait_for_a_batch():
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    assert _receive(_NeverReceiver(), 0, None, stop) is None
+
+
+def test_batch_timeout_still_raises_with_a_stop_event():
+    with pytest.raises(TimeoutError):
+        _receive(_NeverReceiver(), 0, 0.2, threading.Event())

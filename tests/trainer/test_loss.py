@@ -1,0 +1,165 @@
+"""The GRPO loss against hand-computed values: every mask, every tau, the closed-form gradient."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo.config.trainer import LossConfig
+from grpo.trainer.loss import grpo_loss
+
+
+def _row(trainer: list[float], inference: list[float], adv: list[float], mask: list[bool], pos: list[int]):
+    return (
+        torch.tensor(trainer, dtype=torch.float64, requires_grad=True),
+        torch.tensor(inference, dtype=torch.float64),
+        torch.tensor(adv, dtype=torch.float64),
+        torch.tensor(mask),
+        torch.tensor(pos),
+    )
+
+
+def test_on_policy_loss_is_minus_advantage_weighted_logprob_sum_over_step_tokens():
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -1.0, -2.0], [0.0, -1.0, -2.0], [0, 2.0, 2.0], [False, True, True], [0, 1, 2]
+    )
+    loss, sums = grpo_loss(lp, inf, adv, mask, pos, LossConfig(), loss_scale=4)
+    assert loss.item() == pytest.approx(-(2.0 * -1.0 + 2.0 * -2.0) / 4)
+    assert sums.num_loss_tokens == 2 and sums.num_masked_tokens == 0
+    assert sums.kl_sum == pytest.approx(0.0)
+
+
+def test_gradient_equals_minus_coeff_times_keep_over_loss_scale():
+    cfg = LossConfig(kl_tau=0.3, adv_tau=0.7, token_mask_high=2.0)
+    trainer = [0.0, -0.5, -1.0, -0.2, -3.0]
+    inference = [0.0, -0.7, -1.0, -1.2, -3.1]  # token 3 has ratio e^1 > 2: masked
+    adv = [0.0, 1.5, -1.0, 2.0, 0.5]
+    mask = [False, True, True, True, False]
+    lp, inf, a, m, pos = _row(trainer, inference, adv, mask, [0, 1, 2, 3, 4])
+    loss, sums = grpo_loss(lp, inf, a, m, pos, cfg, loss_scale=10)
+    loss.backward()
+    expected = []
+    for t in range(5):
+        log_ratio = trainer[t] - inference[t]
+        ratio = math.exp(log_ratio)
+        keep = mask[t] and 0.125 <= ratio <= 2.0
+        coeff = ratio * (0.7 * adv[t] - 0.3 * log_ratio)
+        expected.append(-coeff * keep / 10)
+    assert lp.grad is not None
+    assert lp.grad.tolist() == pytest.approx(expected)
+    assert sums.num_masked_tokens == 1
+
+
+def test_teacher_term_pulls_toward_teacher_and_reports_teacher_kl():
+    cfg = LossConfig(adv_tau=0.0, teacher_tau=0.5)
+    lp, inf, adv, mask, pos = _row([0.0, -2.0], [0.0, -2.0], [0.0, 0.0], [False, True], [0, 1])
+    teacher = torch.tensor([0.0, -1.0], dtype=torch.float64, requires_grad=True)
+    loss, sums = grpo_loss(lp, inf, adv, mask, pos, cfg, loss_scale=1, teacher_lp=teacher)
+    loss.backward()
+    # coeff = 1 * 0.5 * (-1 - -2) = 0.5; the student's logprob is pushed up.
+    assert lp.grad is not None and lp.grad[1].item() == pytest.approx(-0.5)
+    assert teacher.grad is None
+    r = math.exp(-1.0 - -2.0)
+    assert sums.teacher_kl_sum == pytest.approx(r - 1 - 1.0)
+    assert sums.metrics()["teacher_kl"] == pytest.approx(r - 2.0)
+
+
+def test_teacher_tau_without_teacher_logprobs_is_a_user_error():
+    lp, inf, adv, mask, pos = _row([0.0, -1.0], [0.0, -1.0], [0, 1.0], [False, True], [0, 1])
+    with pytest.raises(ValueError, match="teacher_tau"):
+        grpo_loss(lp, inf, adv, mask, pos, LossConfig(teacher_tau=1.0), loss_scale=1)
+
+
+def test_no_gradient_reaches_inference_logprobs():
+    lp, _, adv, mask, pos = _row([0.0, -1.0], [0.0, -1.2], [0, 1.0], [False, True], [0, 1])
+    inf = torch.tensor([0.0, -1.2], dtype=torch.float64, requires_grad=True)
+    loss, _ = grpo_loss(lp, inf, adv, mask, pos, LossConfig(kl_tau=1.0), loss_scale=1)
+    loss.backward()
+    assert inf.grad is None
+    assert lp.grad is not None and lp.grad[1].item() != 0.0
+
+
+def test_token_ratio_below_low_threshold_is_masked():
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -5.0, -1.0], [0.0, -1.0, -1.0], [0, 1.0, 1.0], [False, True, True], [0, 1, 2]
+    )
+    cfg = LossConfig(geo_mask_low=0.0001)
+    loss, sums = grpo_loss(lp, inf, adv, mask, pos, cfg, loss_scale=2)
+    loss.backward()
+    assert lp.grad is not None and lp.grad[1].item() == 0.0 and lp.grad[2].item() == pytest.approx(-0.5)
+    assert sums.metrics()["masked"] == pytest.approx(0.5)
+
+
+def test_geometric_mean_masks_the_whole_sample_but_not_its_neighbour():
+    # sample 0 (positions 0..2): log ratios 1.5, 1.5 -> geo mean e^1.5 = 4.48 > geo_mask_high 4
+    # sample 1 (positions 0..1): on-policy
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -0.5, -0.5, 0.0, -1.0],
+        [0.0, -2.0, -2.0, 0.0, -1.0],
+        [0, 1, 1, 0, 1],
+        [False, True, True, False, True],
+        [0, 1, 2, 0, 1],
+    )
+    cfg = LossConfig(geo_mask_high=4.0)
+    loss, sums = grpo_loss(lp, inf, adv, mask, pos, cfg, loss_scale=3)
+    loss.backward()
+    assert lp.grad is not None
+    assert lp.grad.tolist() == pytest.approx([0, 0, 0, 0, -1 / 3])
+    assert sums.num_masked_tokens == 2
+
+
+def test_sequence_min_and_max_ratio_masks():
+    # one token ratio e^-1 = 0.37 in sample 0 (< sequence_mask_low 0.5); one e^0.8 = 2.2 in sample 1 (> 2)
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -2.0, -1.0, 0.0, -0.2, -1.0],
+        [0.0, -1.0, -1.0, 0.0, -1.0, -1.0],
+        [0, 1, 1, 0, 1, 1],
+        [False, True, True, False, True, True],
+        [0, 1, 2, 0, 1, 2],
+    )
+    low = LossConfig(sequence_mask_low=0.5)
+    _, sums = grpo_loss(lp, inf, adv, mask, pos, low, loss_scale=4)
+    assert sums.num_masked_tokens == 2
+    high = LossConfig(sequence_mask_high=2.0)
+    _, sums = grpo_loss(lp, inf, adv, mask, pos, high, loss_scale=4)
+    assert sums.num_masked_tokens == 2
+    both = LossConfig(sequence_mask_low=0.5, sequence_mask_high=2.0)
+    _, sums = grpo_loss(lp, inf, adv, mask, pos, both, loss_scale=4)
+    assert sums.num_masked_tokens == 4
+
+
+def test_sequence_ratio_is_clipped_geometric_mean_shared_by_the_sample():
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -1.0, -1.0], [0.0, -1.4, -1.8], [0, 1, 1], [False, True, True], [0, 1, 2]
+    )
+    cfg = LossConfig(ratio_type="sequence", sequence_clip_high=1.5)
+    loss, _ = grpo_loss(lp, inf, adv, mask, pos, cfg, loss_scale=2)
+    loss.backward()
+    seq_ratio = min(math.exp((0.4 + 0.8) / 2), 1.5)  # e^0.6 = 1.82 -> clipped to 1.5
+    assert lp.grad is not None
+    assert lp.grad.tolist() == pytest.approx([0, -seq_ratio / 2, -seq_ratio / 2])
+    unclipped = LossConfig(ratio_type="sequence")
+    lp.grad = None
+    loss, _ = grpo_loss(lp, inf, adv, mask, pos, unclipped, loss_scale=2)
+    loss.backward()
+    assert lp.grad.tolist() == pytest.approx([0, -math.exp(0.6) / 2, -math.exp(0.6) / 2])
+
+
+def test_kl_metric_is_k3_mean_over_loss_tokens():
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -1.0, -1.0], [0.0, -1.5, -0.5], [0, 0, 0], [False, True, True], [0, 1, 2]
+    )
+    _, sums = grpo_loss(lp, inf, adv, mask, pos, LossConfig(), loss_scale=2)
+    k3 = [(math.exp(d) - 1 - d) for d in (0.5, -0.5)]
+    assert sums.metrics()["kl"] == pytest.approx(sum(k3) / 2)
+
+
+def test_entropy_metric_is_mean_over_loss_tokens():
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -1.0, -1.0], [0.0, -1.0, -1.0], [0, 0, 0], [False, True, True], [0, 1, 2]
+    )
+    entropy = torch.tensor([9.0, 1.0, 2.0])
+    _, sums = grpo_loss(lp, inf, adv, mask, pos, LossConfig(), loss_scale=2, entropy=entropy)
+    assert sums.metrics()["entropy"] == pytest.approx(1.5)

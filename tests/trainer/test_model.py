@@ -1,0 +1,70 @@
+"""Building the policy: LoRA, NF4 QLoRA, full; borrowed base weights used by identity; hardware checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo.trainer.model import build_policy
+from grpo.trainer.weights import BorrowedWeights, DiskWeights
+
+
+def test_borrowed_tensor_is_the_models_frozen_base_weight(make_cfg, tiny_model_path):
+    cfg = make_cfg()
+    probe = build_policy(cfg, DiskWeights(tiny_model_path))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    shape, dtype = probe.causal_lm.get_parameter(name).shape, probe.dtype
+    borrowed = torch.full(shape, 0.01, dtype=dtype)
+    policy = build_policy(cfg, BorrowedWeights(tiny_model_path, {name: borrowed}))
+    q_proj = policy.causal_lm.get_submodule("model.layers.0.self_attn.q_proj")
+    base_weight = q_proj.base_layer.weight  # LoRA wraps the HF linear
+    assert base_weight.data_ptr() == borrowed.data_ptr()
+    assert not base_weight.requires_grad
+
+
+def test_borrowed_tensor_of_wrong_dtype_is_rejected(make_cfg, tiny_model_path):
+    name = "model.layers.0.self_attn.q_proj.weight"
+    wrong = torch.zeros(128, 128, dtype=torch.float64)
+    with pytest.raises(ValueError, match="trainer's dtype"):
+        build_policy(make_cfg(), BorrowedWeights(tiny_model_path, {name: wrong}))
+
+
+def test_lora_trains_only_adapters_and_all_linear_covers_mlp(make_cfg, tiny_model_path):
+    policy = build_policy(make_cfg(lora_target_modules=["all-linear"]), DiskWeights(tiny_model_path))
+    names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    assert any("down_proj" in n for n in names) and any("q_proj" in n for n in names)
+    assert all(p.dtype == torch.float32 for p in policy.trainable_parameters())
+
+
+def test_full_training_trains_every_parameter_in_fp32(make_cfg, tiny_model_path):
+    policy = build_policy(make_cfg(lora=False), DiskWeights(tiny_model_path))
+    params = list(policy.model.parameters())
+    assert all(p.requires_grad and p.dtype == torch.float32 for p in params)
+
+
+def test_qlora_bnb_builds_nf4_base_with_lora_on_cpu(make_cfg, tiny_model_path):
+    import bitsandbytes as bnb
+
+    policy = build_policy(make_cfg(qlora_bnb=True), DiskWeights(tiny_model_path))
+    q_proj = policy.causal_lm.get_submodule("model.layers.0.self_attn.q_proj")
+    assert isinstance(q_proj.base_layer, bnb.nn.Linear4bit)
+    assert q_proj.base_layer.weight.quant_state.quant_type == "nf4"
+
+
+@pytest.mark.parametrize(
+    "overrides, needed",
+    [
+        ({"qlora_fp8": True}, "SM89"),
+        ({"recipe": "fp8-hybrid"}, "SM89"),
+        ({"qlora_fp4": True}, "SM100"),
+        ({"recipe": "nvfp4"}, "SM100"),
+    ],
+)
+def test_low_precision_formats_fail_at_start_without_a_capable_gpu(
+    make_cfg, tiny_model_path, overrides, needed
+):
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only failure message")
+    with pytest.raises(ValueError, match=needed):
+        build_policy(make_cfg(**overrides), DiskWeights(tiny_model_path))

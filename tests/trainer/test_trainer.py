@@ -1,0 +1,139 @@
+"""Trainer steps on the tiny model: on-policy sanity, learning, frozen base, metrics, publishing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from trainer_batches import default_rows, make_row, on_policy_batch
+
+from grpo.trainer.trainer import Trainer
+from grpo.transport.batch import TrainingBatch
+from grpo.utils.atomic import is_stable
+from grpo.utils.jsonl import read_jsonl
+
+
+def _snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_on_policy_batch_has_zero_kl_and_nothing_masked(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(), tmp_path)
+    metrics = trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["masked"] == 0.0
+    assert metrics["tokens"] == 6 + 7 + 5 + 4 + 4
+    assert metrics["entropy"] > 0.0
+    assert metrics["grad_norm"] > 0.0
+    trainer.close()
+
+
+def test_every_lora_parameter_learns_and_the_base_stays_frozen(make_cfg, tmp_path):
+    # LoRA B starts at zero, so step 1 only moves B (A's gradient is B^T-weighted = 0); once B is
+    # non-zero, step 2 moves A too. Hence: B after step 1, everything after step 2.
+    trainer = Trainer(make_cfg(), tmp_path)
+    before = _snapshot(trainer.policy.model)
+    trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
+    after_one = _snapshot(trainer.policy.model)
+    trainer.train_step(on_policy_batch(trainer, 1, default_rows(seed=5)))
+    after_two = _snapshot(trainer.policy.model)
+    trainable = {n for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
+    lora_b = {n for n in trainable if "lora_B" in n}
+    assert lora_b and all(not torch.equal(before[n], after_one[n]) for n in lora_b)
+    assert all(not torch.equal(before[n], after_two[n]) for n in trainable)
+    frozen = set(before) - trainable
+    assert frozen and all(torch.equal(before[n], after_two[n]) for n in frozen)
+    trainer.close()
+
+
+def test_positive_advantage_raises_the_logprob_of_its_tokens(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(learning_rate=5e-3), tmp_path)
+    rows = [make_row([(4, 8)], [1.0], seed=11)]
+    batch = on_policy_batch(trainer, 0, rows)
+    before = batch.rows[0].inference_logprobs[batch.rows[0].loss_mask].sum()
+    for step in range(3):
+        trainer.train_step(TrainingBatch(step=step, rows=batch.rows))
+    after = trainer.score(batch.rows)[0][batch.rows[0].loss_mask].sum()
+    assert after > before + 0.1
+    trainer.close()
+
+
+def test_metrics_are_written_per_step(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(warmup_steps=2), tmp_path)
+    for step in range(2):
+        trainer.train_step(on_policy_batch(trainer, step, default_rows(seed=step)), wait_time=0.25)
+    trainer.close()
+    records = read_jsonl(tmp_path / "trainer_metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    keys = {
+        "kl",
+        "masked",
+        "tokens",
+        "loss",
+        "grad_norm",
+        "entropy",
+        "lr",
+        "step_time",
+        "wait_time",
+        "tokens_per_s",
+    }
+    assert keys <= set(records[0])
+    assert records[0]["lr"] == pytest.approx(0.5e-2) and records[1]["lr"] == pytest.approx(1e-2)
+    assert records[0]["wait_time"] == 0.25
+
+
+def test_teacher_kl_is_reported_when_teacher_logprobs_arrive(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(loss={"teacher_tau": 0.5}), tmp_path)
+    batch = on_policy_batch(trainer, 0, default_rows())
+    for row in batch.rows:
+        row.teacher_logprobs = np.where(row.loss_mask, row.inference_logprobs + 0.3, 0).astype(np.float32)
+    metrics = trainer.train_step(batch)
+    assert metrics["teacher_kl"] == pytest.approx(np.exp(0.3) - 1 - 0.3, rel=1e-3)
+    trainer.close()
+
+
+def test_published_adapter_loads_with_peft_and_matches_the_trainer(make_cfg, tmp_path, tiny_model_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    trainer = Trainer(make_cfg(), tmp_path)
+    trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
+    trainer.train_step(on_policy_batch(trainer, 1, default_rows(seed=2)))
+    for version in (1, 2, 3):
+        folder = trainer.publish(version)
+    assert is_stable(folder) and (folder / "adapter_config.json").exists()
+    # max_async_level 1 keeps two versions
+    assert sorted(p.name for p in (tmp_path / "broadcasts").iterdir()) == ["step_2", "step_3"]
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=trainer.policy.dtype)
+    loaded = PeftModel.from_pretrained(base, folder)
+    saved = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    live = {n: p for n, p in trainer.policy.model.named_parameters() if "lora_" in n}
+    assert set(saved) == set(live)
+    assert all(torch.allclose(saved[n].float(), live[n].float()) for n in saved)
+    trainer.close()
+
+
+def test_full_training_publishes_hf_safetensors(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(lora=False, learning_rate=1e-4), tmp_path)
+    before = _snapshot(trainer.policy.model)
+    trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert not torch.equal(before[name], trainer.policy.causal_lm.get_parameter(name))
+    folder = trainer.publish(1)
+    weights = load_file(str(folder / "model.safetensors"))
+    assert torch.equal(weights[name], trainer.policy.causal_lm.get_parameter(name).detach())
+    trainer.close()
+
+
+def test_qerl_publishes_noisy_norms_and_trains_on_clean_ones(make_cfg, tmp_path):
+    noise = {"enabled": True, "num_stages": 2, "sigma_start": 0.1, "sigma_end": 0.01}
+    trainer = Trainer(make_cfg(max_steps=4, noise_scheduler=noise), tmp_path)
+    clean = trainer.policy.causal_lm.get_parameter("model.norm.weight").detach().clone()
+    first = load_file(str(trainer.publish(1) / "noisy_norms.safetensors"))
+    late = load_file(str(trainer.publish(3) / "noisy_norms.safetensors"))
+    assert "model.layers.0.input_layernorm.weight" in late
+    assert torch.equal(first["model.norm.weight"], clean.float())  # first stage: no noise
+    assert (late["model.norm.weight"] - clean.float()).std().item() == pytest.approx(0.1, rel=0.3)
+    assert torch.equal(trainer.policy.causal_lm.get_parameter("model.norm.weight"), clean)
+    trainer.close()

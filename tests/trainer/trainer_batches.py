@@ -1,0 +1,51 @@
+"""Packed batches for trainer tests (imported by the test modules of this folder)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from grpo.transport.batch import PackedRow, TrainingBatch
+
+
+def make_row(
+    sample_shapes: list[tuple[int, int]],
+    advantages: list[float],
+    seed: int = 0,
+    temperature: float = 1.0,
+    vocab: int = 1000,
+) -> PackedRow:
+    """One row packing samples of (prompt_len, completion_len); inference_logprobs zero (fill later)."""
+    rng = np.random.default_rng(seed)
+    ids, pos, mask, adv, temps = [], [], [], [], []
+    for (num_prompt, num_completion), advantage in zip(sample_shapes, advantages, strict=True):
+        length = num_prompt + num_completion
+        ids.append(rng.integers(0, vocab, length))
+        pos.append(np.arange(length))
+        mask.append(np.r_[np.zeros(num_prompt, bool), np.ones(num_completion, bool)])
+        adv.append(np.r_[np.zeros(num_prompt), np.full(num_completion, advantage)])
+        temps.append(np.r_[np.ones(num_prompt), np.full(num_completion, temperature)])
+    n = sum(len(a) for a in ids)
+    return PackedRow(
+        input_ids=np.concatenate(ids).astype(np.int32),
+        position_ids=np.concatenate(pos).astype(np.int32),
+        loss_mask=np.concatenate(mask),
+        advantages=np.concatenate(adv).astype(np.float32),
+        inference_logprobs=np.zeros(n, np.float32),
+        temperatures=np.concatenate(temps).astype(np.float32),
+    )
+
+
+def on_policy_batch(trainer: Any, step: int, rows: list[PackedRow]) -> TrainingBatch:
+    """Batch whose inference logprobs are the trainer's own current logprobs (masked to the loss)."""
+    for row, lp in zip(rows, trainer.score(rows), strict=True):
+        row.inference_logprobs = np.where(row.loss_mask, lp, 0.0).astype(np.float32)
+    return TrainingBatch(step=step, rows=rows)
+
+
+def default_rows(seed: int = 0) -> list[PackedRow]:
+    return [
+        make_row([(5, 6), (4, 7)], [1.0, -1.0], seed=seed, temperature=0.8),
+        make_row([(6, 5), (3, 4), (4, 4)], [0.5, -0.5, 1.5], seed=seed + 1),
+    ]
