@@ -122,21 +122,42 @@ def print_resolved(configs: dict[str, BaseModel]) -> None:
         print(dump_yaml(config), end="")
 
 
-def run_app(app: Any, prog: str) -> None:
-    """Invoke a typer app so that its usage errors are one line and exit 2 too."""
+def run_app(app: Any, prog: str) -> NoReturn:
+    """Invoke a typer app so that its usage errors are one line and exit 2 too.
+
+    The process ends with os._exit once the command has returned and output is flushed: vLLM and
+    triton objects otherwise print pages of shutdown noise ("leaked instances", __del__ errors) after
+    the run's real last line.
+    """
+    import logging
+    import os
+
     import typer
     from typer.exceptions import TyperException
 
+    code: int = 0
     try:
         app(prog_name=prog, standalone_mode=False)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except typer.Exit as exc:
-        raise SystemExit(exc.exit_code) from None
+        code = exc.exit_code
     except typer.Abort:
         print(f"{prog}: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+        code = 130
     except TyperException as exc:
         first = exc.format_message().strip().splitlines()[0]
-        fail(prog, f"{first} (see {prog} --help)")
+        print(f"{prog}: error: {first} (see {prog} --help)", file=sys.stderr)
+        code = USAGE_ERROR
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def log_model(resolved: Any) -> None:
