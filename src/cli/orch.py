@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -11,7 +13,14 @@ from grpo.cli.single import run_single
 from grpo.config.errors import ConfigError
 from grpo.config.orchestrator import OrchestratorConfig
 
+if TYPE_CHECKING:
+    from grpo.inference.client import InferenceClient
+    from grpo.transport.interfaces import BatchSender
+
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+# A peer that never shows up is reported with this exit code (not 2: the config may be right).
+PEER_MISSING_EXIT = 1
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -23,17 +32,17 @@ def orch(
 ) -> None:
     """Generate rollouts on the inference servers, score them, and send training batches.
 
-    Waits for the inference servers to come up. Override any key with --key.subkey VALUE,
-    e.g. --sampling.temperature 0.7 --batch_size 64.
+    Waits up to client.timeout seconds for the inference servers to come up. Override any key with
+    --key.subkey VALUE, e.g. --sampling.temperature 0.7 --batch_size 64.
     """
 
     def start(cfg: OrchestratorConfig) -> int:
         import asyncio
 
         from grpo.cli.common import write_resolved_configs
+        from grpo.cli.orch_process import wrap_for_resume
         from grpo.inference.client import InferenceClient
         from grpo.models.resolve import resolve_model
-        from grpo.orchestrator.entry import run
         from grpo.transport.factory import batch_sender_for
 
         if cfg.model.name is None:
@@ -42,15 +51,51 @@ def orch(
         log_model(resolved)
         run_dir = Path(cfg.output_dir)
         write_resolved_configs(run_dir, {"orch": cfg})
-        sender = batch_sender_for(cfg, run_dir)
-        client = InferenceClient(cfg.client)
+        sender = wrap_for_resume(cfg, batch_sender_for(cfg, run_dir), run_dir)
+        client = InferenceClient(cfg.client, weight_broadcast=cfg.weight_broadcast)
         try:
-            asyncio.run(run(cfg, client, sender, run_dir, str(resolved.path)))
+            asyncio.run(_wait_then_run(cfg, client, sender, run_dir, str(resolved.path)))
+        except TimeoutError as missing_peer:
+            if verbose:
+                raise
+            print(f"grpo-orch: error: {missing_peer}", file=sys.stderr)
+            return PEER_MISSING_EXIT
         finally:
             sender.close()
         return 0
 
-    run_single("grpo-orch", "orch", OrchestratorConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model.name)
+    run_single(
+        "grpo-orch",
+        "orch",
+        OrchestratorConfig,
+        config,
+        ctx.args,
+        dry_run,
+        verbose,
+        start,
+        lambda c: c.model.name,
+    )
+
+
+async def _wait_then_run(
+    cfg: OrchestratorConfig, client: InferenceClient, sender: BatchSender, run_dir: Path, model_path: str
+) -> None:
+    """Wait for the inference servers (up to client.timeout s), run, and with a collective weight
+    broadcast hand over the last policy a batch may use before leaving (docs/multi_node.md)."""
+    from grpo.cli.orch_process import deliver_last_collective_policy
+    from grpo.orchestrator.entry import run
+    from grpo.utils.logging import get_logger
+
+    log = get_logger("orchestrator")
+    try:
+        log.info(
+            "waiting up to %.0f s for inference server(s) %s", cfg.client.timeout, ", ".join(client.base_urls)
+        )
+        await client.wait_until_ready(cfg.client.timeout, cfg.model.name)
+        await run(cfg, client, sender, run_dir, model_path)
+        await deliver_last_collective_policy(cfg, client, run_dir)
+    finally:
+        await client.close()
 
 
 def main() -> None:

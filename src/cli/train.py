@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -9,6 +10,9 @@ import typer
 from grpo.cli.common import EXTRA_ARGS, log_model, run_app
 from grpo.cli.single import run_single
 from grpo.config.trainer import TrainerConfig
+
+# A peer that never shows up is reported with this exit code (not 2: the config may be right).
+PEER_MISSING_EXIT = 1
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -35,16 +39,25 @@ def train(
 
         resolved = resolve_model(cfg.model)
         log_model(resolved)
-        run_dir = find_run_dir(Path(cfg.output_dir))
-        write_resolved_configs(run_dir, {"train": cfg})
-        receiver = batch_receiver_for(cfg, run_dir)
         try:
-            run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path))
-        finally:
-            receiver.close()
+            # batch_timeout also bounds the wait for the orchestrator's run directory.
+            run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
+            write_resolved_configs(run_dir, {"train": cfg})
+            receiver = batch_receiver_for(cfg, run_dir)
+            try:
+                run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path))
+            finally:
+                receiver.close()
+        except TimeoutError as missing_peer:
+            if verbose:
+                raise
+            print(f"grpo-train: error: {missing_peer}", file=sys.stderr)
+            return PEER_MISSING_EXIT
         return 0
 
-    run_single("grpo-train", "train", TrainerConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model)
+    run_single(
+        "grpo-train", "train", TrainerConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model
+    )
 
 
 def main() -> None:

@@ -14,9 +14,10 @@ from typing import Any
 
 import httpx
 
-from grpo.config.orchestrator import ClientConfig
+from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.types import Completion, GenerateRequest
-from grpo.inference.vllm_compat import APPLY_NOISY_NORMS_ROUTE, UPDATE_WEIGHTS_ROUTE
+from grpo.inference.vllm_compat import APPLY_NOISY_NORMS_ROUTE, RECEIVE_WEIGHTS_ROUTE, UPDATE_WEIGHTS_ROUTE
+from grpo.transport.weights_announce import read_collective_manifest
 
 RETRY_BASE_DELAY_S = 0.5
 RETRY_MAX_DELAY_S = 8.0
@@ -29,12 +30,19 @@ class TransientServerError(RuntimeError):
 class InferenceClient:
     """grpo.inference.types.RolloutClient over vLLM's OpenAI-compatible HTTP API."""
 
-    def __init__(self, cfg: ClientConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ClientConfig,
+        transport: httpx.AsyncBaseTransport | None = None,
+        weight_broadcast: WeightBroadcastConfig | None = None,
+    ) -> None:
         if not cfg.base_url:
             raise ValueError(
                 "client.base_url is empty; list at least one server, e.g. http://localhost:8000/v1"
             )
         self.cfg = cfg
+        self.weight_broadcast = weight_broadcast or FilesystemWeightBroadcast()
+        """The orchestrator's weight_broadcast: where servers meet the trainer for full weights."""
         self.base_urls = [url.rstrip("/") for url in cfg.base_url]
         self.num_in_flight = {url: 0 for url in self.base_urls}
         self._session_server: dict[str, str] = {}
@@ -62,12 +70,16 @@ class InferenceClient:
         """Forget a finished session's server."""
         self._session_server.pop(session_id, None)
 
-    async def _post(self, url: str, path: str, body: dict[str, Any]) -> Any:
+    async def _post(self, url: str, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
         """POST with retries on transient errors; returns the decoded JSON, or the text if not JSON."""
         for attempt in range(self.cfg.max_retries + 1):
             self.num_in_flight[url] += 1
             try:
-                response = await self._http.post(url + path, json=body)
+                response = await self._http.post(
+                    url + path,
+                    json=body,
+                    timeout=httpx.Timeout(timeout) if timeout else httpx.USE_CLIENT_DEFAULT,
+                )
                 if response.status_code == 429 or response.status_code >= 500:
                     raise TransientServerError(
                         f"{url}{path}: HTTP {response.status_code}: {response.text[:500]}"
@@ -87,8 +99,8 @@ class InferenceClient:
             await asyncio.sleep(min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S))
         raise AssertionError("unreachable: the loop returns or raises")
 
-    async def _post_all(self, path: str, body: dict[str, Any]) -> list[Any]:
-        return list(await asyncio.gather(*(self._post(url, path, body) for url in self.base_urls)))
+    async def _post_all(self, path: str, body: dict[str, Any], timeout: float | None = None) -> list[Any]:
+        return list(await asyncio.gather(*(self._post(url, path, body, timeout) for url in self.base_urls)))
 
     # -- RolloutClient ------------------------------------------------------------------------
 
@@ -146,7 +158,28 @@ class InferenceClient:
         )
 
     async def update_weights(self, path: str) -> None:
-        await self._post_all(UPDATE_WEIGHTS_ROUTE.removeprefix("/v1"), {"path": path})
+        """Load the full weights published in broadcast folder `path`: from its safetensors, or, when
+        it holds a collective announcement, over the collective from the trainer."""
+        manifest = await asyncio.to_thread(read_collective_manifest, path)
+        if manifest is None:
+            await self._post_all(UPDATE_WEIGHTS_ROUTE.removeprefix("/v1"), {"path": path})
+            return
+        wb = self.weight_broadcast
+        if wb.type != "nccl":
+            raise ValueError(
+                f"{path} announces policy {manifest['version']} over the collective (trainer weight_broadcast "
+                "type nccl) but the orchestrator's weight_broadcast.type is filesystem; set weight_broadcast "
+                "{type: nccl, host, port} in orch.yaml to the trainer's address "
+                f"({manifest.get('trainer_address')})"
+            )
+        if len(self.base_urls) > 1:
+            raise ValueError(
+                "weight_broadcast nccl sends to one inference server (a two-rank group); list one server in "
+                "client.base_url or use weight_broadcast type filesystem"
+            )
+        body = {"host": wb.host, "port": wb.port, "timeout": wb.timeout, "version": manifest["version"]}
+        # The route answers once the weights are in: allow the collective's own timeout plus slack.
+        await self._post_all(RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1"), body, timeout=wb.timeout + 60.0)
 
     async def apply_noisy_norms(self, path: str) -> None:
         """QeRL: apply noisy RMSNorm weights from a safetensors file on every server."""

@@ -27,6 +27,11 @@ WORKER_EXTENSION_CLS = "grpo.inference.worker_extension.WorkerExtension"
 UPDATE_WEIGHTS_ROUTE = "/v1/grpo/update_weights"
 """POST {"path": folder of safetensors}: load full weights on every worker, then reset the prefix cache."""
 
+RECEIVE_WEIGHTS_ROUTE = "/v1/grpo/receive_weights"
+"""POST {"host", "port", "timeout", "version"}: every worker receives full weights from the trainer
+over the collective (docs/multi_node.md), then the prefix cache is reset. 424 with the reason
+when the transfer fails (a missing trainer times out after `timeout` s)."""
+
 APPLY_NOISY_NORMS_ROUTE = "/v1/grpo/apply_noisy_norms"
 """POST {"path": safetensors file}: copy QeRL noisy RMSNorm weights into the model."""
 
@@ -125,7 +130,30 @@ def _add_grpo_routes(app: Any) -> None:
 
         return handle
 
+    async def receive_weights(request: Request) -> JSONResponse:
+        body = await request.json()
+        fields: dict[str, type | tuple[type, ...]] = {
+            "host": str,
+            "port": int,
+            "timeout": (int, float),
+            "version": int,
+        }
+        if not isinstance(body, dict) or not all(isinstance(body.get(k), t) for k, t in fields.items()):
+            return JSONResponse(
+                {"error": 'body must be {"host": str, "port": int, "timeout": seconds, "version": int}'},
+                status_code=400,
+            )
+        engine = request.app.state.engine_client
+        args = (body["host"], body["port"], float(body["timeout"]), body["version"])
+        try:
+            results = await engine.collective_rpc("receive_weights_collective", args=args)
+        except Exception as error:  # the reason goes back to the orchestrator instead of a bare 500
+            return JSONResponse({"error": f"{type(error).__name__}: {error}"}, status_code=424)
+        await engine.reset_prefix_cache()
+        return JSONResponse({"results": results})
+
     app.add_route(UPDATE_WEIGHTS_ROUTE, _route("load_weights_from_path"), methods=["POST"])
+    app.add_route(RECEIVE_WEIGHTS_ROUTE, receive_weights, methods=["POST"])
     app.add_route(APPLY_NOISY_NORMS_ROUTE, _route("apply_noisy_norms"), methods=["POST"])
 
 

@@ -43,6 +43,33 @@ class WorkerExtension:
         vllm_compat.repack_cpu_linear_weights(model)
         return num_tensors
 
+    def receive_weights_collective(self, host: str, port: int, timeout: float, version: int) -> int:
+        """Receive policy `version`'s full weights from the trainer at host:port and load them.
+
+        Returns the number of tensors loaded, 0 when this worker already runs `version` or newer
+        (a restarted orchestrator asks again for the version it last saw). One collective session
+        per version (docs/multi_node.md); TimeoutError after `timeout` s without a sender.
+        """
+        from grpo.transport.weights_collective import CollectiveWeightReceiver
+
+        if version <= getattr(self, "_grpo_collective_version", 0):
+            return 0
+        receiver = CollectiveWeightReceiver(host, port, timeout)
+        try:
+            step, tensors = receiver.receive()
+        finally:
+            receiver.close()
+        if step != version:
+            raise ValueError(
+                f"the trainer at {host}:{port} sent policy {step}, but policy {version} was announced; "
+                "is another trainer using the same weight_broadcast port?"
+            )
+        model = self._grpo_model()
+        model.load_weights(weights=iter(tensors))
+        vllm_compat.repack_cpu_linear_weights(model)
+        self._grpo_collective_version = version
+        return len(tensors)
+
     def apply_noisy_norms(self, path: str) -> int:
         """QeRL: copy RMSNorm weights from a safetensors file (HF names) into the model."""
         from safetensors.torch import load_file

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo.trainer.publish import publish_over_collective
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -51,11 +52,13 @@ def run(
     """Train until max_steps batches are done (or `stop` is set); resume per cfg.ckpt.resume_step."""
     from grpo.trainer.trainer import Trainer
 
+    over_collective = uses_collective(cfg)
     trainer = Trainer(cfg, run_dir, base_weights)
     try:
         step = trainer.maybe_resume()
         if step > 0:
             # The orchestrator may be waiting for this version's STABLE; a restart must not strand it.
+            # On disk even with a collective: a resumed trainer cannot know who still needs it.
             trainer.publish(step)
         while cfg.max_steps < 0 or step < cfg.max_steps:
             waited_from = time.perf_counter()
@@ -67,12 +70,31 @@ def run(
                 raise ValueError(f"expected batch {step} but the transport delivered batch {batch.step}")
             trainer.train_step(batch, wait_time=time.perf_counter() - waited_from)
             step += 1
-            trainer.publish(step)
+            # The final policy goes to disk: no batch is sampled from it, so no receiver may come.
+            if over_collective and step != cfg.max_steps:
+                publish_over_collective(trainer.policy, cfg, run_dir, step)
+            else:
+                trainer.publish(step)
             if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
                 trainer.save_checkpoint()
         log.info("trainer done after %d steps", step)
     finally:
         trainer.close()
+
+
+def uses_collective(cfg: TrainerConfig) -> bool:
+    """Whether new policies go to inference over the collective (full weights only)."""
+    if cfg.weight_broadcast.type != "nccl":
+        return False
+    if cfg.lora:
+        log.info("weight_broadcast nccl carries full weights only; LoRA adapters go through broadcasts/")
+        return False
+    if cfg.max_steps < 0:
+        raise ValueError(
+            "weight_broadcast type nccl needs max_steps >= 1 in train.yaml: the trainer must know which "
+            "policy is the last one (it is written to disk, no inference server waits for it)"
+        )
+    return True
 
 
 def find_run_dir(output_dir: str | Path, poll_s: float = 2.0, timeout: float | None = None) -> Path:

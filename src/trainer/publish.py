@@ -3,6 +3,12 @@
 LoRA: a PEFT adapter folder. Full: the HF model folder (safetensors, HF names). Built in a staging
 folder and moved into place with STABLE written last; old versions are pruned so only the ones an
 orchestrator may still sample from (max_async_level + 1 newest) stay on disk.
+
+Full weights over a collective (`weight_broadcast.type: nccl`, see docs/multi_node.md): the
+folder holds only an announcement (grpo.transport.weights_announce), then the trainer opens a
+fresh two-rank session on weight_broadcast.host:port, waits up to weight_broadcast.timeout for
+the inference worker the orchestrator sends there, broadcasts the state dict and closes the
+session. One session per version: a restarted trainer or server never meets stale state.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import TYPE_CHECKING
 from grpo.utils.atomic import publish_dir, staging_dir
 
 if TYPE_CHECKING:
+    import torch
+
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.model import Policy
 
@@ -31,6 +39,42 @@ def write_weights(policy: Policy, folder: Path) -> None:
         policy.model.save_pretrained(folder)
     else:
         policy.causal_lm.save_pretrained(folder, safe_serialization=True)
+
+
+def full_state_dict(policy: Policy) -> list[tuple[str, torch.Tensor]]:
+    """HF-named tensors of the full model; a tied tensor (lm_head = embeddings) is sent once."""
+    seen: set[int] = set()
+    named = []
+    for name, tensor in policy.causal_lm.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        named.append((name, tensor))
+    return named
+
+
+def publish_over_collective(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int) -> Path:
+    """Announce `version` in broadcasts/step_{version}/ (STABLE last), then send it to the inference
+    worker over a fresh collective session. Blocks until it is received; TimeoutError after
+    weight_broadcast.timeout if no worker joins."""
+    from grpo.transport.weights_announce import write_collective_manifest
+    from grpo.transport.weights_collective import CollectiveWeightSender
+
+    wb = cfg.weight_broadcast
+    assert wb.type == "nccl" and not policy.is_lora, "the collective path carries full weights only"
+    tensors = full_state_dict(policy)
+    final = broadcast_dir(run_dir, version)
+    staged = staging_dir(final)
+    num_bytes = sum(t.numel() * t.element_size() for _, t in tensors)
+    write_collective_manifest(staged, version, wb.host, wb.port, len(tensors), num_bytes)
+    publish_dir(staged, final)
+    prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
+    sender = CollectiveWeightSender(wb.host, wb.port, wb.timeout)
+    try:
+        sender.send(version, tensors)
+    finally:
+        sender.close()
+    return final
 
 
 def publish_policy(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int) -> Path:

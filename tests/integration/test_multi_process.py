@@ -1,0 +1,129 @@
+"""grpo-infer, grpo-orch and grpo-train as three processes on the tiny model (docs/multi_node.md).
+
+One LoRA inference server (grpo-infer) is shared by the filesystem tests; the full-weight
+collective test starts its own server last, after the trainer and the orchestrator.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mp_harness import (
+    Launcher,
+    assert_no_survivors,
+    free_port,
+    infer_config,
+    orch_config,
+    train_config,
+    trainer_steps,
+    wait_for_path,
+    wait_for_server,
+    write_yaml,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+RUN_TIMEOUT_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def lora_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A grpo-infer process serving the tiny model with LoRA; yields its base URL."""
+    folder = tmp_path_factory.mktemp("lora_server")
+    port = free_port()
+    launcher = Launcher(folder)
+    launcher.start(
+        "infer",
+        "grpo-infer",
+        write_yaml(folder / "infer.yaml", infer_config(tiny_model_path, port, lora=True)),
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_for_server(url, launcher.processes["infer"], folder / "infer.log")
+        yield url
+        assert launcher.stop("infer") == 0
+        assert_no_survivors(launcher.tag)
+    finally:
+        launcher.kill_everything()
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[Launcher]:
+    launcher = Launcher(tmp_path)
+    try:
+        yield launcher
+        for name in launcher.processes:
+            launcher.stop(name)
+        assert_no_survivors(launcher.tag)
+    finally:
+        launcher.kill_everything()
+
+
+def test_filesystem_transports_train_three_steps_with_lora(
+    lora_server: str, launcher: Launcher, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    orch = write_yaml(tmp_path / "orch.yaml", orch_config(tiny_model_path, run_dir, lora_server, lora=True))
+    train = write_yaml(tmp_path / "train.yaml", train_config(tiny_model_path, run_dir, lora=True))
+    launcher.start("orch", "grpo-orch", orch)
+    launcher.start("train", "grpo-train", train)
+    launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S)
+    assert trainer_steps(run_dir) == [0, 1, 2]
+    assert (run_dir / "broadcasts" / "step_3" / "adapter_model.safetensors").exists()
+
+
+def test_zmq_and_collective_full_weights_with_trainer_first_and_inference_last(
+    launcher: Launcher, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    infer_port, zmq_port, weights_port = free_port(), free_port(), free_port()
+    url = f"http://127.0.0.1:{infer_port}/v1"
+    collective = {"type": "nccl", "host": "localhost", "port": weights_port, "timeout": 180}
+    orch = orch_config(
+        tiny_model_path,
+        run_dir,
+        url,
+        lora=False,
+        rollout_transport={"type": "zmq", "port": zmq_port},
+        weight_broadcast=collective,
+    )
+    train = train_config(
+        tiny_model_path,
+        run_dir,
+        lora=False,
+        transport_type="zmq",
+        zmq_port=zmq_port,
+        weight_broadcast=collective,
+    )
+    launcher.start("train", "grpo-train", write_yaml(tmp_path / "train.yaml", train))
+    launcher.start("orch", "grpo-orch", write_yaml(tmp_path / "orch.yaml", orch))
+    infer = write_yaml(tmp_path / "infer.yaml", infer_config(tiny_model_path, infer_port, lora=False))
+    launcher.start("infer", "grpo-infer", infer)
+    launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S + 120)
+    assert trainer_steps(run_dir) == [0, 1, 2]
+    # Policies 1 and 2 went over the collective (the trainer blocks until a worker received each);
+    # the final policy 3 is on disk.
+    assert (run_dir / "broadcasts" / "step_2" / "collective.json").exists()
+    assert (run_dir / "broadcasts" / "step_3" / "model.safetensors").exists()
+    assert launcher.stop("infer") == 0
+
+
+def test_orchestrator_killed_mid_run_resumes_without_losing_or_repeating_a_step(
+    lora_server: str, launcher: Launcher, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    cfg = orch_config(tiny_model_path, run_dir, lora_server, lora=True, ckpt={"interval": 1})
+    orch = write_yaml(tmp_path / "orch.yaml", cfg)
+    train = write_yaml(tmp_path / "train.yaml", train_config(tiny_model_path, run_dir, lora=True))
+    launcher.start("train", "grpo-train", train)
+    launcher.start("orch", "grpo-orch", orch)
+    wait_for_path(run_dir / "checkpoints" / "orchestrator" / "step_1" / "STABLE", RUN_TIMEOUT_S, launcher)
+    launcher.processes["orch"].send_signal(signal.SIGKILL)
+    launcher.wait("orch", 10)
+    launcher.start("orch", "grpo-orch", orch, "--ckpt.resume_step", "-1")
+    launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S)
+    assert trainer_steps(run_dir) == [0, 1, 2]
+    assert "resumed from orchestrator checkpoint" in launcher.log("orch")
