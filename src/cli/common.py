@@ -36,6 +36,12 @@ def guard(prog: str, verbose: bool, body: Callable[[], int | None]) -> NoReturn:
             raise
         hint = "" if isinstance(exc, ConfigError) else " (--verbose shows the traceback)"
         fail(prog, f"{exc}{hint}")
+    except TimeoutError as exc:
+        # A peer that never showed up: the message says which and where; no traceback needed.
+        if verbose:
+            raise
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
@@ -84,7 +90,9 @@ def _reject_mistyped_options(args: list[str], prefixes: tuple[str, ...] | None, 
             raise ConfigError(f"unknown option {name}; did you mean {close[0]}?")
 
 
-def check_option_typos(overrides: list[tuple[str, Any]], model_cls: type[BaseModel], options: list[str]) -> None:
+def check_option_typos(
+    overrides: list[tuple[str, Any]], model_cls: type[BaseModel], options: list[str]
+) -> None:
     """`--dryrun x` parses as an override of key 'dryrun'; say it looks like an option instead."""
     for key, _ in overrides:
         head = key.split(".")[0]

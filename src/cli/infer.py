@@ -30,7 +30,9 @@ def infer(
 
         return run_server(cfg)
 
-    run_single("grpo-infer", "infer", InferenceConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model)
+    run_single(
+        "grpo-infer", "infer", InferenceConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model
+    )
 
 
 def main() -> None:

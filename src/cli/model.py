@@ -6,7 +6,9 @@ import typer
 
 from grpo.cli.common import guard, run_app
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None, no_args_is_help=True)
+app = typer.Typer(
+    add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None, no_args_is_help=True
+)
 
 
 @app.command()

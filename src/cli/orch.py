@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,6 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 # A peer that never shows up is reported with this exit code (not 2: the config may be right).
-PEER_MISSING_EXIT = 1
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -55,11 +53,6 @@ def orch(
         client = InferenceClient(cfg.client, weight_broadcast=cfg.weight_broadcast)
         try:
             asyncio.run(_wait_then_run(cfg, client, sender, run_dir, str(resolved.path)))
-        except TimeoutError as missing_peer:
-            if verbose:
-                raise
-            print(f"grpo-orch: error: {missing_peer}", file=sys.stderr)
-            return PEER_MISSING_EXIT
         finally:
             sender.close()
         return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
@@ -12,7 +11,6 @@ from grpo.cli.single import run_single
 from grpo.config.trainer import TrainerConfig
 
 # A peer that never shows up is reported with this exit code (not 2: the config may be right).
-PEER_MISSING_EXIT = 1
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -39,20 +37,14 @@ def train(
 
         resolved = resolve_model(cfg.model)
         log_model(resolved)
+        # batch_timeout also bounds the wait for the orchestrator's run directory.
+        run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
+        write_resolved_configs(run_dir, {"train": cfg})
+        receiver = batch_receiver_for(cfg, run_dir)
         try:
-            # batch_timeout also bounds the wait for the orchestrator's run directory.
-            run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
-            write_resolved_configs(run_dir, {"train": cfg})
-            receiver = batch_receiver_for(cfg, run_dir)
-            try:
-                run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path))
-            finally:
-                receiver.close()
-        except TimeoutError as missing_peer:
-            if verbose:
-                raise
-            print(f"grpo-train: error: {missing_peer}", file=sys.stderr)
-            return PEER_MISSING_EXIT
+            run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path))
+        finally:
+            receiver.close()
         return 0
 
     run_single(

@@ -74,12 +74,16 @@ class FP8BlockWeight:
     block: int = 128
 
 
-def dequantize_fp8_block(weight: FP8BlockWeight, out: torch.Tensor | None = None, dtype: Any = None) -> torch.Tensor:
+def dequantize_fp8_block(
+    weight: FP8BlockWeight, out: torch.Tensor | None = None, dtype: Any = None
+) -> torch.Tensor:
     import torch
 
     dtype = dtype or torch.bfloat16
     rows, cols = weight.weight.shape
-    scale = weight.scale.repeat_interleave(weight.block, 0)[:rows].repeat_interleave(weight.block, 1)[:, :cols]
+    scale = weight.scale.repeat_interleave(weight.block, 0)[:rows].repeat_interleave(weight.block, 1)[
+        :, :cols
+    ]
     result = weight.weight.float() * scale
     if out is None:
         return result.to(dtype)
@@ -101,14 +105,18 @@ class DequantBuffers:
         return self._buffers[key]
 
 
-def dequant_linear(x: torch.Tensor, quantized: NF4Weight | FP8BlockWeight, buffers: DequantBuffers) -> torch.Tensor:
+def dequant_linear(
+    x: torch.Tensor, quantized: NF4Weight | FP8BlockWeight, buffers: DequantBuffers
+) -> torch.Tensor:
     """y = x @ W^T with W dequantized into a shared buffer in forward and again in backward."""
     return _DequantLinearFn.apply(x, quantized, buffers)
 
 
-def _dequantize_into(quantized: NF4Weight | FP8BlockWeight, buffers: DequantBuffers, like: torch.Tensor) -> torch.Tensor:
+def _dequantize_into(
+    quantized: NF4Weight | FP8BlockWeight, buffers: DequantBuffers, like: torch.Tensor
+) -> torch.Tensor:
     shape = quantized.shape if isinstance(quantized, NF4Weight) else tuple(quantized.weight.shape)
-    buf = buffers.get(shape, like.dtype, like.device)  # type: ignore[arg-type]
+    buf = buffers.get(shape, like.dtype, like.device)
     if isinstance(quantized, NF4Weight):
         return dequantize_nf4(quantized, out=buf)
     return dequantize_fp8_block(quantized, out=buf)

@@ -21,4 +21,6 @@ def check_borrowing_safe(server_args: list[str]) -> None:
                 f"mode; unset it (or remove expandable_segments:True)"
             )
     if "--enable-sleep-mode" in server_args:
-        raise ValueError("vLLM sleep mode frees the weights the trainer borrows; co-located mode cannot use it")
+        raise ValueError(
+            "vLLM sleep mode frees the weights the trainer borrows; co-located mode cannot use it"
+        )

@@ -90,23 +90,49 @@ def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[
     if train.lora:
         num = shape.num_lora_params(train.lora_rank, train.lora_target_modules)
         per = LORA_BYTES[train.optimizer]
-        rows.append(("LoRA parameters", num * per, f"{num / 1e6:.2f}M params x {per} B (weight, grad, {train.optimizer})"))
+        rows.append(
+            (
+                "LoRA parameters",
+                num * per,
+                f"{num / 1e6:.2f}M params x {per} B (weight, grad, {train.optimizer})",
+            )
+        )
     else:
         num = shape.num_linear_params() + (1 if shape.tied_embeddings else 2) * vocab * h
         per = FULL_BYTES[train.optimizer]
-        rows.append(("full parameters", num * per, f"{num / 1e6:.1f}M params x {per} B (master, grad, {train.optimizer})"))
+        rows.append(
+            (
+                "full parameters",
+                num * per,
+                f"{num / 1e6:.1f}M params x {per} B (master, grad, {train.optimizer})",
+            )
+        )
     working = 6 * tokens * max(h, shape.intermediate_size) * 2
     checkpoints = shape.num_layers * tokens * h * 2 if train.gradient_checkpointing else 0
     logits = min(tokens, train.logprob_chunk_size) * vocab * 4 * 3
     rows.append(
-        ("activations", working + checkpoints + logits, f"{tokens} tokens: 6 bf16 tensors/layer, residual checkpoints, logits chunk")
+        (
+            "activations",
+            working + checkpoints + logits,
+            f"{tokens} tokens: 6 bf16 tensors/layer, residual checkpoints, logits chunk",
+        )
     )
     if train.quantization != "none":
-        rows.append(("dequant buffers", 3 * shape.max_linear_numel() * 2, "3 bf16 buffers of the largest linear weight"))
+        rows.append(
+            (
+                "dequant buffers",
+                3 * shape.max_linear_numel() * 2,
+                "3 bf16 buffers of the largest linear weight",
+            )
+        )
     num_embed = 1 if shape.tied_embeddings else 2
     rows.append(("embeddings + lm_head", num_embed * vocab * h * 2, "bf16, loaded from disk"))
     rows.append(
-        ("fixed overhead", int(GPU_FIXED_OVERHEAD if on_gpu else CPU_FIXED_OVERHEAD), "runtime, workspaces, fragmentation")
+        (
+            "fixed overhead",
+            int(GPU_FIXED_OVERHEAD if on_gpu else CPU_FIXED_OVERHEAD),
+            "runtime, workspaces, fragmentation",
+        )
     )
     return rows
 
@@ -131,12 +157,18 @@ def plan_memory(
         return plan
 
     # CPU: vLLM's own weights are counted as part of "usable" (they live in this machine's RAM too).
-    weight_bytes = (shape.num_linear_params() + (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.hidden_size) * 2
+    weight_bytes = (
+        shape.num_linear_params() + (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.hidden_size
+    ) * 2
     max_len = infer.max_model_len or orch.seq_len
     num_seqs = int(orch.batch_size * orch.oversampling_factor)
     needed_gb = num_seqs * max_len * shape.kv_bytes_per_token() / GIB
     room_gb = (usable - 2 * weight_bytes) / GIB  # the engine keeps dense and packed copies on CPU
-    cap = infer.kv_cache_space_gb if infer.kv_cache_space_gb is not None else max(needed_gb, MIN_CPU_KV_CACHE_GB)
+    cap = (
+        infer.kv_cache_space_gb
+        if infer.kv_cache_space_gb is not None
+        else max(needed_gb, MIN_CPU_KV_CACHE_GB)
+    )
     kv_gb = min(cap, room_gb)
     if kv_gb < MIN_CPU_KV_CACHE_GB:
         raise ValueError(

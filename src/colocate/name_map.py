@@ -61,6 +61,14 @@ def borrowable_linear_weights(
         if ".layers." not in vllm_name or not vllm_name.endswith(".weight") or "norm" in vllm_name:
             continue
         for name, view in split_to_hf(vllm_name, tensor, shape):
-            if name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+            if name.rsplit(".", 2)[-2] in (
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ):
                 out[name] = view
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,10 @@ if TYPE_CHECKING:
     from grpo.config.inference import InferenceConfig
     from grpo.config.orchestrator import OrchestratorConfig
     from grpo.config.trainer import TrainerConfig
+    from grpo.inference.client import InferenceClient
+    from grpo.inference.server import ServerThread
     from grpo.models.resolve import ResolvedModel
+    from grpo.transport.interfaces import BatchSender
 
 log = get_logger("colocate")
 
@@ -34,16 +38,14 @@ SERVER_READY_TIMEOUT_S = 600.0
 class TrainerThread(threading.Thread):
     """Runs the trainer loop; records its error for the watchdog instead of dying silently."""
 
-    def __init__(self, target_kwargs: dict[str, object]) -> None:
+    def __init__(self, body: Callable[[], None]) -> None:
         super().__init__(name="grpo-trainer", daemon=True)
-        self.kwargs = target_kwargs
+        self.body = body
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from grpo.trainer.entry import run as run_trainer
-
         try:
-            run_trainer(**self.kwargs)  # type: ignore[arg-type]
+            self.body()
         except BaseException as error:  # handed to the main thread by the watchdog
             self.error = error
 
@@ -80,14 +82,15 @@ def run_colocated(
 
 
 def _train_with_server(
-    train: TrainerConfig, orch: OrchestratorConfig, run_dir: Path, model_path: str, server: object
+    train: TrainerConfig, orch: OrchestratorConfig, run_dir: Path, model_path: str, server: ServerThread
 ) -> int:
     from grpo.colocate.borrow import borrow_from_records
     from grpo.inference.client import InferenceClient
+    from grpo.trainer.entry import run as run_trainer
     from grpo.trainer.weights import BorrowedWeights
     from grpo.transport.batch_memory import memory_transport_pair
 
-    records_per_worker = server.collective_rpc("export_weight_handles")  # type: ignore[attr-defined]
+    records_per_worker = server.collective_rpc("export_weight_handles")
     if len(records_per_worker) != 1:
         raise ValueError(
             f"co-located mode borrows from one engine worker per trainer, got {len(records_per_worker)} workers; "
@@ -97,16 +100,9 @@ def _train_with_server(
 
     sender, receiver = memory_transport_pair(capacity=orch.max_async_level + 1)
     stop_trainer = threading.Event()
-    trainer = TrainerThread(
-        {
-            "cfg": train,
-            "run_dir": run_dir,
-            "receiver": receiver,
-            "stop": stop_trainer,
-            "base_weights": BorrowedWeights(model_path, borrowed.tensors),
-        }
-    )
-    client_cfg = orch.client.model_copy(update={"base_url": [server.base_url]})  # type: ignore[attr-defined]
+    base_weights = BorrowedWeights(model_path, borrowed.tensors)
+    trainer = TrainerThread(lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights))
+    client_cfg = orch.client.model_copy(update={"base_url": [server.base_url]})
     client = InferenceClient(client_cfg)
     trainer.start()
     try:
@@ -115,7 +111,7 @@ def _train_with_server(
             log.info("orchestrator done; waiting for the trainer to finish its last step")
             while trainer.is_alive():
                 trainer.join(WATCHDOG_INTERVAL_S)
-                if getattr(server, "engine_died", False):
+                if not server.is_running():
                     failure = "the inference engine died"
                     break
             if trainer.error is not None:
@@ -136,12 +132,12 @@ def _train_with_server(
 
 async def _orchestrate(
     orch: OrchestratorConfig,
-    client: object,
-    sender: object,
+    client: InferenceClient,
+    sender: BatchSender,
     run_dir: Path,
     model_path: str,
     trainer: TrainerThread,
-    server: object,
+    server: ServerThread,
 ) -> str | None:
     """Run the orchestrator with a watchdog; returns why it was stopped early, or None."""
     from grpo.orchestrator.entry import run as run_orchestrator
@@ -154,7 +150,7 @@ async def _orchestrate(
             # A trainer that ends without error has trained every batch: not a failure.
             if trainer.error is not None:
                 failure.append(f"the trainer failed: {trainer.error!r}")
-            elif not server.is_running():  # type: ignore[attr-defined]
+            elif not server.is_running():
                 failure.append("the inference server stopped")
             if failure:
                 stop.set()
@@ -163,9 +159,9 @@ async def _orchestrate(
 
     watch = asyncio.create_task(watchdog())
     try:
-        await run_orchestrator(orch, client, sender, run_dir, model_path, stop=stop)  # type: ignore[arg-type]
+        await run_orchestrator(orch, client, sender, run_dir, model_path, stop=stop)
     finally:
         stop.set()
         watch.cancel()
-        await client.close()  # type: ignore[attr-defined]
+        await client.close()
     return failure[0] if failure else None

@@ -30,7 +30,9 @@ def verify_against_checkpoint(borrowed: dict[str, torch.Tensor], model_path: str
             on_disk.update({name: file for name in f.keys()})  # noqa: SIM118 (safe_open has no __iter__)
     names = sorted(n for n in borrowed if n in on_disk)
     if not names:
-        raise ValueError("none of the borrowed weights has a counterpart in the checkpoint; name mapping is wrong")
+        raise ValueError(
+            "none of the borrowed weights has a counterpart in the checkpoint; name mapping is wrong"
+        )
     step = max(1, len(names) // NUM_CHECKED)
     checked = names[::step][:NUM_CHECKED]
     if names[-1] not in checked:
@@ -40,7 +42,11 @@ def verify_against_checkpoint(borrowed: dict[str, torch.Tensor], model_path: str
             expected = f.get_tensor(name)
         got = borrowed[name].detach().to("cpu", expected.dtype)
         if got.shape != expected.shape or not torch.equal(got, expected):
-            diff = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else "shape"
+            diff = (
+                (got.float() - expected.float()).abs().max().item()
+                if got.shape == expected.shape
+                else "shape"
+            )
             raise ValueError(
                 f"borrowed weight {name} does not match the checkpoint (max diff {diff}); the engine's weight "
                 "layout is not what this version of grpo expects: check the supported vLLM range"

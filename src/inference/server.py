@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import contextlib
 import os
 import signal
@@ -165,6 +166,9 @@ class ServerThread:
     def stop(self, timeout: float = 60.0) -> None:
         """Shut the server and engine down; no engine process survives this call."""
         thread, loop = self._thread, self.loop
+        # Stopping the engine makes vLLM's output handler log an "EngineDeadError" traceback; after a
+        # deliberate stop that is noise, not news.
+        logging.getLogger("vllm").setLevel(logging.CRITICAL)
         if thread is not None and thread.is_alive() and loop is not None:
             trigger = self._signal_handlers.get(signal.SIGTERM)
             if trigger is not None:

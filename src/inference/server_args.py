@@ -81,6 +81,10 @@ def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, st
         env["VLLM_CPU_KVCACHE_SPACE"] = str(math.ceil(cfg.kv_cache_space_gb or DEFAULT_CPU_KV_CACHE_GB))
         # Full-weight updates and weight borrowing need the dense linear weights.
         env[KEEP_DENSE_WEIGHTS_ENV] = "1"
+        # vLLM pins its OpenMP threads to cores by default; beside a trainer or a second engine on the
+        # same few cores that starves one of them for minutes. A user's own setting wins.
+        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     return env
 
 

@@ -22,13 +22,26 @@ async def run(
     stop: asyncio.Event | None = None,
     teacher_client: RolloutClient | None = None,
 ) -> None:
-    """Run until cfg.max_steps batches are sent or `stop` is set. The caller owns client and sender."""
+    """Run until cfg.max_steps batches are sent or `stop` is set. The caller owns client and sender;
+    a teacher client is built here from teacher_model.client unless one is given."""
     tokenizer = await asyncio.to_thread(ChatTokenizer.from_path, tokenizer_path)
     envs = await asyncio.to_thread(lambda: [load_environment(e) for e in cfg.env])
     eval_envs = (
         await asyncio.to_thread(lambda: [load_environment(e) for e in cfg.eval.env]) if cfg.eval else []
     )
+    own_teacher = (
+        teacher_client is None and cfg.teacher_model is not None and cfg.teacher_model.client is not None
+    )
+    if own_teacher:
+        from grpo.inference.client import InferenceClient
+
+        assert cfg.teacher_model is not None and cfg.teacher_model.client is not None
+        teacher_client = InferenceClient(cfg.teacher_model.client)
     orchestrator = Orchestrator(
         cfg, client, sender, Path(run_dir), tokenizer, envs, eval_envs, stop, teacher_client
     )
-    await orchestrator.run()
+    try:
+        await orchestrator.run()
+    finally:
+        if own_teacher and teacher_client is not None:
+            await teacher_client.close()

@@ -178,7 +178,11 @@ class Orchestrator:
                 return None
             end_version = max(r.end_version for r in group.rollouts)
             if not is_acceptable(
-                step, group.start_version, end_version, self.cfg.max_async_level, self.cfg.max_off_policy_steps
+                step,
+                group.start_version,
+                end_version,
+                self.cfg.max_async_level,
+                self.cfg.max_off_policy_steps,
             ):
                 stats["off_policy/num_dropped"] += len(group.rollouts)
                 self._relaunch_for(step)

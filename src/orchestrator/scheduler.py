@@ -29,7 +29,9 @@ def required_policy(step: int, max_async_level: int) -> int:
     return max(0, step - max_async_level)
 
 
-def is_acceptable(step: int, start_version: int, end_version: int, max_async_level: int, max_off_policy_steps: int) -> bool:
+def is_acceptable(
+    step: int, start_version: int, end_version: int, max_async_level: int, max_off_policy_steps: int
+) -> bool:
     """Whether a rollout may train in batch `step` (both staleness rules)."""
     return step - start_version <= max_async_level and end_version - start_version <= max_off_policy_steps
 
