@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 log = get_logger("colocate")
 
+DENSE_DTYPES = {"torch.bfloat16", "torch.float16", "torch.float32"}
+
 
 @dataclass
 class BorrowedBase:
@@ -43,6 +45,13 @@ def borrow_from_records(records: list[dict[str, Any]], model_path: str | Path) -
     shape = ModelShape.from_folder(model_path)
     engine_tensors = {r["name"]: rebuild_tensor(r) for r in records}
     tensors = borrowable_linear_weights(engine_tensors, shape)
+    quantized = sorted({str(t.dtype) for t in tensors.values()} - DENSE_DTYPES)
+    if quantized:
+        raise ValueError(
+            f"the engine holds its base weights as {', '.join(quantized)}; co-located borrowing of quantized "
+            "engine weights is not wired up yet (grpo.colocate.dequant has the NF4/FP8 kernels): serve the "
+            "model unquantized, or use the multi-process mode with qlora_bnb in the trainer"
+        )
     expected = 7 * shape.num_layers
     if len(tensors) != expected:
         raise ValueError(

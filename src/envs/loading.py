@@ -15,6 +15,10 @@ def _builtin(env_id: str) -> Callable[..., Any] | None:
         from grpo.envs import reverse_text
 
         return reverse_text.load_environment
+    if env_id == "short-answer":
+        from grpo.envs import short_answer
+
+        return short_answer.load_environment
     if env_id in ("math", "gsm8k-synthetic"):
         from grpo.envs import math_env
 
@@ -40,7 +44,7 @@ def _verifiers_loader(env_id: str) -> Callable[..., Any]:
         import verifiers
     except ImportError as exc:
         raise ValueError(
-            f"env id {env_id!r} is neither built-in (reverse-text, math, reasoning-gym:<task>) nor an import "
+            f"env id {env_id!r} is neither built-in (reverse-text, short-answer, math, reasoning-gym:<task>) nor an import "
             "path 'pkg.module:load_environment'; verifiers environments need the optional extra: "
             "pip install 'grpo[verifiers]'"
         ) from exc

@@ -19,7 +19,9 @@ def dense_server(tiny_model_path: Path) -> Iterator[object]:
     from grpo.inference.server import ServerThread
 
     os.environ["GRPO_KEEP_DENSE_WEIGHTS"] = "1"
-    cfg = InferenceConfig(model="tiny", port=0, kv_cache_space_gb=0.5, max_model_len=256, max_lora_rank=8, max_num_seqs=8)
+    cfg = InferenceConfig(
+        model="tiny", port=0, kv_cache_space_gb=0.5, max_model_len=256, max_lora_rank=8, max_num_seqs=8
+    )
     server = ServerThread(cfg, str(tiny_model_path)).start()
     try:
         server.wait_ready(timeout=300)
@@ -39,7 +41,9 @@ def _mapping_of(address: int) -> str | None:
     return None
 
 
-def test_trainer_base_weights_are_the_engines_shared_memory(dense_server: object, tiny_model_path: Path) -> None:
+def test_trainer_base_weights_are_the_engines_shared_memory(
+    dense_server: object, tiny_model_path: Path
+) -> None:
     from grpo.colocate.borrow import borrow_from_records
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.model import build_policy
@@ -60,7 +64,10 @@ def test_trainer_base_weights_are_the_engines_shared_memory(dense_server: object
         assert param.data_ptr() == view.data_ptr(), f"{name} was copied"
         # The parameter's bytes live in a mapping of the very shared-memory file the engine exported.
         mapping = _mapping_of(param.data_ptr())
-        assert mapping is not None and os.path.basename(mapping.split(" (deleted)")[0]) in engine_files, (name, mapping)
+        assert mapping is not None and os.path.basename(mapping.split(" (deleted)")[0]) in engine_files, (
+            name,
+            mapping,
+        )
 
 
 def test_fused_views_keep_the_engines_row_order(dense_server: object, tiny_model_path: Path) -> None:

@@ -50,7 +50,9 @@ def _processes_with_marker(marker: str) -> list[psutil.Process]:
     return found
 
 
-def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(tmp_path: Path, tiny_model_path: Path) -> None:
+def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=0)
     marker = uuid.uuid4().hex
@@ -77,7 +79,9 @@ def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(tmp_path: Path,
 
 def test_one_shot_dry_run_prints_the_memory_plan(tmp_path: Path, tiny_model_path: Path) -> None:
     args = _write_configs(tmp_path, tiny_model_path, tmp_path / "run", max_async_level=1)
-    result = subprocess.run([str(BIN / "grpo"), *args, "--dry-run"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(BIN / "grpo"), *args, "--dry-run"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "memory plan (cpu" in result.stdout and "kv_cache_space_gb" in result.stdout
     assert not (tmp_path / "run").exists(), "a dry run must not create the run directory"

@@ -18,7 +18,9 @@ bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
 
 def _nf4(weight: torch.Tensor, double_quant: bool) -> tuple[NF4Weight, torch.Tensor]:
-    packed, state = bnb_functional.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=double_quant)
+    packed, state = bnb_functional.quantize_4bit(
+        weight, blocksize=64, quant_type="nf4", compress_statistics=double_quant
+    )
     expected = bnb_functional.dequantize_4bit(packed, state)
     nested = state.state2 if double_quant else None
     ours = NF4Weight(

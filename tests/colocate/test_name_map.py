@@ -37,7 +37,10 @@ def test_gate_up_splits_gate_first() -> None:
 
 
 def test_lora_wrapper_is_dropped_from_names() -> None:
-    assert hf_name("model.layers.3.self_attn.o_proj.base_layer.weight") == "model.layers.3.self_attn.o_proj.weight"
+    assert (
+        hf_name("model.layers.3.self_attn.o_proj.base_layer.weight")
+        == "model.layers.3.self_attn.o_proj.weight"
+    )
 
 
 def test_fused_weight_with_unexpected_rows_is_refused() -> None:

@@ -122,3 +122,8 @@ def test_vllms_own_parser_accepts_the_argv() -> None:
     assert args.enable_lora and args.max_lora_rank == 64
     assert args.hf_overrides == {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}
     assert args.worker_extension_cls == WORKER_EXTENSION_CLS
+
+
+def test_installed_vllm_is_in_the_supported_range() -> None:
+    """Weight borrowing reads vLLM internals: an untested release must fail here, not mid-run."""
+    check_vllm_version()
