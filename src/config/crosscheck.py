@@ -47,7 +47,9 @@ def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig, c
                 f"orch model.lora_alpha ({orch.model.lora_alpha}) differs from train lora_alpha ({train.lora_alpha})"
             )
     elif orch.model.lora_adapter is not None:
-        problems.append("train lora is false (full fine-tuning) but orch model.lora_adapter is set; set it to null")
+        problems.append(
+            "train lora is false (full fine-tuning) but orch model.lora_adapter is set; set it to null"
+        )
     if train.max_async_level != orch.max_async_level:
         problems.append(
             f"max_async_level differs: train {train.max_async_level}, orch {orch.max_async_level}; set the same value"
@@ -65,7 +67,9 @@ def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig, c
             "the trainer would wait for batches in the wrong folder"
         )
     if train.loss.teacher_tau > 0 and orch.teacher_model is None:
-        problems.append("train loss.teacher_tau > 0 needs orch teacher_model (the teacher's logprobs come from it)")
+        problems.append(
+            "train loss.teacher_tau > 0 needs orch teacher_model (the teacher's logprobs come from it)"
+        )
     if not colocated:
         if train.transport_type != orch.rollout_transport.type:
             problems.append(
@@ -80,7 +84,9 @@ def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig, c
     return problems
 
 
-def check_inference(infer: InferenceConfig, train: TrainerConfig | None, orch: OrchestratorConfig) -> list[str]:
+def check_inference(
+    infer: InferenceConfig, train: TrainerConfig | None, orch: OrchestratorConfig
+) -> list[str]:
     problems = []
     model = orch.model.name
     if model is not None and infer.model != model:
@@ -106,12 +112,16 @@ def check_inference(infer: InferenceConfig, train: TrainerConfig | None, orch: O
     return problems
 
 
-def check_colocated(train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig) -> OrchestratorConfig:
+def check_colocated(
+    train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig
+) -> OrchestratorConfig:
     """Validate the three files of a one-shot run; returns orch with defaults filled from train."""
     orch = fill_orchestrator_model(orch, train.model)
     problems = []
     if train.model != infer.model:
-        problems.append(f"train model '{train.model}' differs from infer model '{infer.model}'; use the same model")
+        problems.append(
+            f"train model '{train.model}' differs from infer model '{infer.model}'; use the same model"
+        )
     problems += check_trainer_orchestrator(train, orch, colocated=True)
     problems += check_inference(infer, train, orch)
     if problems:

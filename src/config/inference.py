@@ -17,7 +17,9 @@ def round_up_lora_rank(rank: int) -> int:
     for valid in VALID_VLLM_LORA_RANKS:
         if valid >= rank:
             return valid
-    raise ValueError(f"max_lora_rank {rank} exceeds the largest rank vLLM supports ({VALID_VLLM_LORA_RANKS[-1]})")
+    raise ValueError(
+        f"max_lora_rank {rank} exceeds the largest rank vLLM supports ({VALID_VLLM_LORA_RANKS[-1]})"
+    )
 
 
 class InferenceConfig(StrictModel):

@@ -42,7 +42,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if data is None:
         raise ConfigError(f"{path}: the file is empty; it needs at least a `model:` key")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys to values at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: expected a mapping of keys to values at the top level, got {type(data).__name__}"
+        )
     return data
 
 
@@ -53,11 +55,15 @@ def parse_overrides(args: list[str], source: str = "command line") -> list[tuple
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--") or len(arg) == 2:
-            raise ConfigError(f"{source}: unexpected argument '{arg}'; overrides look like --key.subkey VALUE")
+            raise ConfigError(
+                f"{source}: unexpected argument '{arg}'; overrides look like --key.subkey VALUE"
+            )
         key, eq, raw = arg[2:].partition("=")
         if not eq:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise ConfigError(f"{source}: override --{key} needs a value (--{key} VALUE or --{key}=VALUE)")
+                raise ConfigError(
+                    f"{source}: override --{key} needs a value (--{key} VALUE or --{key}=VALUE)"
+                )
             raw = args[i + 1]
             i += 1
         i += 1
@@ -134,7 +140,11 @@ def _explain(model_cls: type[BaseModel], data: dict[str, Any], err: Any, source:
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     got = ""
-    if "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(err["input"], dict):
+    if (
+        "input" in err
+        and kind not in ("value_error", "assertion_error")
+        and not isinstance(err["input"], dict)
+    ):
         got = f" (got {err['input']!r})"
     where = f"'{key}': " if key else ""
     return f"{source}: {where}{message}{got}"
@@ -150,7 +160,9 @@ def _user_path(loc: tuple[Any, ...], data: Any) -> list[str | int]:
                 path.append(part)
                 node = node[part]
                 continue
-            if isinstance(part, str) and (node.get("type") == part or "[" in part or part.startswith("function")):
+            if isinstance(part, str) and (
+                node.get("type") == part or "[" in part or part.startswith("function")
+            ):
                 continue
             path.append(part)
             node = None

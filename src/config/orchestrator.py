@@ -157,9 +157,9 @@ class BufferConfig(StrictModel):
 
     @model_validator(mode="after")
     def _ratios_positive(self) -> BufferConfig:
-        if self.env_ratios is not None:
-            if any(r < 0 for r in self.env_ratios) or sum(self.env_ratios) <= 0:
-                raise ValueError("buffer.env_ratios must be non-negative and sum to > 0")
+        ratios = self.env_ratios
+        if ratios is not None and (any(r < 0 for r in ratios) or sum(ratios) <= 0):
+            raise ValueError("buffer.env_ratios must be non-negative and sum to > 0")
         return self
 
 
@@ -296,7 +296,9 @@ class ZmqRolloutTransport(StrictModel):
     """High-water mark: batches queued before the sender blocks (back-pressure)."""
 
 
-RolloutTransportConfig = Annotated[FilesystemRolloutTransport | ZmqRolloutTransport, Field(discriminator="type")]
+RolloutTransportConfig = Annotated[
+    FilesystemRolloutTransport | ZmqRolloutTransport, Field(discriminator="type")
+]
 
 
 class FilesystemWeightBroadcast(StrictModel):
@@ -315,7 +317,9 @@ class NcclWeightBroadcast(StrictModel):
     """Seconds before a missing peer is reported."""
 
 
-WeightBroadcastConfig = Annotated[FilesystemWeightBroadcast | NcclWeightBroadcast, Field(discriminator="type")]
+WeightBroadcastConfig = Annotated[
+    FilesystemWeightBroadcast | NcclWeightBroadcast, Field(discriminator="type")
+]
 
 
 class TeacherModelConfig(StrictModel):

@@ -123,8 +123,11 @@ class TrainerConfig(StrictModel):
     """Print metrics every N steps (metrics.jsonl gets every step)."""
 
     gradient_accumulation_steps: int = Field(4, ge=1)
-    """Packed micro-batches per forward/backward group; a step trains on all rows the
-    orchestrator sent, this many at a time between clears of the activation memory."""
+    """Micro-batches backpropagated together: a step always trains on every row the orchestrator
+    sent (per_device_train_batch_size rows per micro-batch); their losses are summed and
+    backpropagated in groups of this many, so this is the most micro-batches whose activations are
+    kept at once (1 = least memory). The loss stays normalised by the step's total loss tokens, so
+    the step's gradient does not depend on this value."""
 
     per_device_train_batch_size: int = Field(2, ge=1)
     """Packed rows per micro-batch (typically 1 for packed RL sequences)."""

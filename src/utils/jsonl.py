@@ -23,7 +23,7 @@ class JsonlWriter:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1)
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 (open for the writer's lifetime)
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")

@@ -14,34 +14,203 @@ BIN = Path(sys.executable).parent
 
 # (name, command, files {name: content}, text the error line must contain)
 CASES = [
-    ("unknown top-level key", ["grpo-train", "t.yaml"], {"t.yaml": "model: m\nlearning_rat: 1e-5\n"}, "did you mean 'learning_rate'"),
-    ("unknown nested key", ["grpo-train", "t.yaml"], {"t.yaml": "model: m\nloss:\n  kl_ta: 1\n"}, "'loss.kl_ta'; did you mean 'loss.kl_tau'"),
-    ("wrong type", ["grpo-train", "t.yaml"], {"t.yaml": "model: m\nlearning_rate: fast\n"}, "'learning_rate'"),
+    (
+        "unknown top-level key",
+        ["grpo-train", "t.yaml"],
+        {"t.yaml": "model: m\nlearning_rat: 1e-5\n"},
+        "did you mean 'learning_rate'",
+    ),
+    (
+        "unknown nested key",
+        ["grpo-train", "t.yaml"],
+        {"t.yaml": "model: m\nloss:\n  kl_ta: 1\n"},
+        "'loss.kl_ta'; did you mean 'loss.kl_tau'",
+    ),
+    (
+        "wrong type",
+        ["grpo-train", "t.yaml"],
+        {"t.yaml": "model: m\nlearning_rate: fast\n"},
+        "'learning_rate'",
+    ),
     ("out of range", ["grpo-infer", "i.yaml"], {"i.yaml": "model: m\nport: 99999\n"}, "'port'"),
     ("bad enum", ["grpo-train", "t.yaml"], {"t.yaml": "model: m\nrecipe: fp16\n"}, "'recipe'"),
     ("invalid YAML", ["grpo-train", "t.yaml"], {"t.yaml": "model: m\n  bad: [\n"}, "invalid YAML"),
     ("empty file", ["grpo-train", "t.yaml"], {"t.yaml": ""}, "empty"),
     ("missing file", ["grpo-train", "missing.yaml"], {}, "no such file"),
     ("top level is a list", ["grpo-infer", "i.yaml"], {"i.yaml": "- a\n- b\n"}, "expected a mapping"),
-    ("missing required key", ["grpo-infer", "i.yaml"], {"i.yaml": "port: 8000\n"}, "missing required key 'model'"),
-    ("unknown key in tagged union", ["grpo-orch", "o.yaml"], {"o.yaml": "rollout_transport:\n  type: zmq\n  prt: 5\n"}, "did you mean 'rollout_transport.port'"),
-    ("unknown key in list item", ["grpo-orch", "o.yaml"], {"o.yaml": "filters:\n  - type: gibberish\n    windw: 3\n"}, "filters[0].windw"),
-    ("unknown discriminator", ["grpo-orch", "o.yaml"], {"o.yaml": "rollout_transport:\n  type: pigeon\n"}, "rollout_transport"),
-    ("batch not divisible by group", ["grpo-orch", "o.yaml"], {"o.yaml": "batch_size: 10\nrollouts_per_example: 3\n"}, "divisible"),
-    ("temperature and scheduler both", ["grpo-orch", "o.yaml"], {"o.yaml": "sampling:\n  temperature: 1\n  temp_scheduler: {type: linear, start_temperature: 1, end_temperature: 0.5}\n"}, "not both"),
-    ("lora rank too large", ["grpo-infer", "i.yaml"], {"i.yaml": "model: m\nmax_lora_rank: 1000\n"}, "max_lora_rank"),
+    (
+        "missing required key",
+        ["grpo-infer", "i.yaml"],
+        {"i.yaml": "port: 8000\n"},
+        "missing required key 'model'",
+    ),
+    (
+        "unknown key in tagged union",
+        ["grpo-orch", "o.yaml"],
+        {"o.yaml": "rollout_transport:\n  type: zmq\n  prt: 5\n"},
+        "did you mean 'rollout_transport.port'",
+    ),
+    (
+        "unknown key in list item",
+        ["grpo-orch", "o.yaml"],
+        {"o.yaml": "filters:\n  - type: gibberish\n    windw: 3\n"},
+        "filters[0].windw",
+    ),
+    (
+        "unknown discriminator",
+        ["grpo-orch", "o.yaml"],
+        {"o.yaml": "rollout_transport:\n  type: pigeon\n"},
+        "rollout_transport",
+    ),
+    (
+        "batch not divisible by group",
+        ["grpo-orch", "o.yaml"],
+        {"o.yaml": "batch_size: 10\nrollouts_per_example: 3\n"},
+        "divisible",
+    ),
+    (
+        "temperature and scheduler both",
+        ["grpo-orch", "o.yaml"],
+        {
+            "o.yaml": "sampling:\n  temperature: 1\n  temp_scheduler: {type: linear, start_temperature: 1, end_temperature: 0.5}\n"
+        },
+        "not both",
+    ),
+    (
+        "lora rank too large",
+        ["grpo-infer", "i.yaml"],
+        {"i.yaml": "model: m\nmax_lora_rank: 1000\n"},
+        "max_lora_rank",
+    ),
     ("mistyped flag", ["grpo-orch", "o.yaml", "--dryrun"], {"o.yaml": "seed: 1\n"}, "did you mean --dry-run"),
-    ("override of unknown key", ["grpo-orch", "o.yaml", "--sampling.temprature", "3"], {"o.yaml": "seed: 1\n"}, "did you mean 'sampling.temperature'"),
-    ("override without value", ["grpo-orch", "o.yaml", "--sampling.temperature"], {"o.yaml": "seed: 1\n"}, "needs a value"),
-    ("override of wrong type", ["grpo-train", "t.yaml", "--learning_rate", "abc"], {"t.yaml": "model: m\n"}, "'learning_rate'"),
-    ("missing --infer", ["grpo", "--train", "t.yaml", "--orch", "o.yaml"], {"t.yaml": "model: m\n", "o.yaml": "seed: 1\n"}, "--infer"),
-    ("one-shot override prefix typo", ["grpo", "--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml"), "--orch", str(DEMO / "orch.yaml"), "--orc.seed", "3"], {}, "did you mean --orch.seed"),
-    ("cross-file: max_tokens exceeds context", ["grpo", "--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml"), "--orch", str(DEMO / "orch.yaml"), "--orch.sampling.max_tokens", "600"], {}, "max_tokens"),
-    ("cross-file: async levels differ", ["grpo", "--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml"), "--orch", str(DEMO / "orch.yaml"), "--train.max_async_level", "2"], {}, "max_async_level differs"),
-    ("cross-file: server rank too small", ["grpo", "--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml"), "--orch", str(DEMO / "orch.yaml"), "--train.lora_rank", "32", "--orch.model.lora_rank", "32"], {}, "max_lora_rank"),
-    ("cross-file: output dirs disagree", ["grpo", "--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml"), "--orch", str(DEMO / "orch.yaml"), "--train.output_dir", "elsewhere"], {}, "output_dir"),
-    ("cross-file: different models", ["grpo", "--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml"), "--orch", str(DEMO / "orch.yaml"), "--infer.model", "other/model"], {}, "differs"),
-    ("unknown model path", ["grpo-train", "t.yaml"], {"t.yaml": "model: ./no/such/model\n"}, "does not exist"),
+    (
+        "override of unknown key",
+        ["grpo-orch", "o.yaml", "--sampling.temprature", "3"],
+        {"o.yaml": "seed: 1\n"},
+        "did you mean 'sampling.temperature'",
+    ),
+    (
+        "override without value",
+        ["grpo-orch", "o.yaml", "--sampling.temperature"],
+        {"o.yaml": "seed: 1\n"},
+        "needs a value",
+    ),
+    (
+        "override of wrong type",
+        ["grpo-train", "t.yaml", "--learning_rate", "abc"],
+        {"t.yaml": "model: m\n"},
+        "'learning_rate'",
+    ),
+    (
+        "missing --infer",
+        ["grpo", "--train", "t.yaml", "--orch", "o.yaml"],
+        {"t.yaml": "model: m\n", "o.yaml": "seed: 1\n"},
+        "--infer",
+    ),
+    (
+        "one-shot override prefix typo",
+        [
+            "grpo",
+            "--train",
+            str(DEMO / "train.yaml"),
+            "--infer",
+            str(DEMO / "infer.yaml"),
+            "--orch",
+            str(DEMO / "orch.yaml"),
+            "--orc.seed",
+            "3",
+        ],
+        {},
+        "did you mean --orch.seed",
+    ),
+    (
+        "cross-file: max_tokens exceeds context",
+        [
+            "grpo",
+            "--train",
+            str(DEMO / "train.yaml"),
+            "--infer",
+            str(DEMO / "infer.yaml"),
+            "--orch",
+            str(DEMO / "orch.yaml"),
+            "--orch.sampling.max_tokens",
+            "600",
+        ],
+        {},
+        "max_tokens",
+    ),
+    (
+        "cross-file: async levels differ",
+        [
+            "grpo",
+            "--train",
+            str(DEMO / "train.yaml"),
+            "--infer",
+            str(DEMO / "infer.yaml"),
+            "--orch",
+            str(DEMO / "orch.yaml"),
+            "--train.max_async_level",
+            "2",
+        ],
+        {},
+        "max_async_level differs",
+    ),
+    (
+        "cross-file: server rank too small",
+        [
+            "grpo",
+            "--train",
+            str(DEMO / "train.yaml"),
+            "--infer",
+            str(DEMO / "infer.yaml"),
+            "--orch",
+            str(DEMO / "orch.yaml"),
+            "--train.lora_rank",
+            "32",
+            "--orch.model.lora_rank",
+            "32",
+        ],
+        {},
+        "max_lora_rank",
+    ),
+    (
+        "cross-file: output dirs disagree",
+        [
+            "grpo",
+            "--train",
+            str(DEMO / "train.yaml"),
+            "--infer",
+            str(DEMO / "infer.yaml"),
+            "--orch",
+            str(DEMO / "orch.yaml"),
+            "--train.output_dir",
+            "elsewhere",
+        ],
+        {},
+        "output_dir",
+    ),
+    (
+        "cross-file: different models",
+        [
+            "grpo",
+            "--train",
+            str(DEMO / "train.yaml"),
+            "--infer",
+            str(DEMO / "infer.yaml"),
+            "--orch",
+            str(DEMO / "orch.yaml"),
+            "--infer.model",
+            "other/model",
+        ],
+        {},
+        "differs",
+    ),
+    (
+        "unknown model path",
+        ["grpo-train", "t.yaml"],
+        {"t.yaml": "model: ./no/such/model\n"},
+        "does not exist",
+    ),
 ]
 
 
@@ -58,13 +227,18 @@ def test_bad_input_gives_one_line_and_exit_2(
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     assert expected in result.stderr, result.stderr
-    assert all(line.startswith(f"{command[0]}: error: ") for line in result.stderr.strip().splitlines()), result.stderr
+    assert all(line.startswith(f"{command[0]}: error: ") for line in result.stderr.strip().splitlines()), (
+        result.stderr
+    )
 
 
 def test_verbose_shows_the_traceback(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text("model: m\nlearning_rat: 1\n")
     result = subprocess.run(
-        [str(BIN / "grpo-train"), "t.yaml", "--dry-run", "--verbose"], cwd=tmp_path, capture_output=True, text=True
+        [str(BIN / "grpo-train"), "t.yaml", "--dry-run", "--verbose"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode != 0
     assert "Traceback" in result.stderr

@@ -22,7 +22,7 @@ def test_missing_local_path_says_so() -> None:
 
 
 def test_folder_without_config_is_rejected(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="config.json"):
+    with pytest.raises(ValueError, match=r"config\.json"):
         resolve_model(str(tmp_path))
 
 
@@ -35,7 +35,9 @@ def test_embedded_model_id_resolves_offline_and_says_it_is_dequantized(embedded_
     assert "quantization_config" not in config and config["num_hidden_layers"] == 30
 
 
-def test_hf_cache_is_used_before_the_embedded_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_path: Path) -> None:
+def test_hf_cache_is_used_before_the_embedded_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_path: Path
+) -> None:
     snapshot = tmp_path / "hub" / "models--org--cached" / "snapshots" / "abc"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text((tiny_model_path / "config.json").read_text())
@@ -50,7 +52,9 @@ def test_hf_cache_is_used_before_the_embedded_store(tmp_path: Path, monkeypatch:
 
 
 def test_unknown_id_offline_explains_where_it_looked() -> None:
-    with pytest.raises(ValueError, match="not found as a local path, in the HF cache or in the embedded store"):
+    with pytest.raises(
+        ValueError, match="not found as a local path, in the HF cache or in the embedded store"
+    ):
         resolve_model("nobody/nothing", allow_download=False)
 
 
@@ -61,7 +65,9 @@ def test_embedded_model_generates_sensible_text(embedded_model_path: Path) -> No
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path)
     model = AutoModelForCausalLM.from_pretrained(embedded_model_path, dtype=torch.float32)
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_tensors="pt"
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
     )
     ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
