@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +15,16 @@ COMMANDS = ["grpo", "grpo-infer", "grpo-orch", "grpo-train", "grpo-model"]
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_answers_within_a_second(command: str) -> None:
+    # CPU seconds of the child, not wall clock: other work on a shared machine cannot make this flaky,
+    # while importing torch (several CPU seconds) would still fail it.
     subprocess.run([str(BIN / command), "--help"], capture_output=True)  # warm the file cache
-    started = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert result.returncode == 0, result.stderr
     assert "Usage" in result.stdout
-    assert elapsed < 1.0, f"{command} --help took {elapsed:.2f}s"
+    assert cpu_seconds < 1.0, f"{command} --help used {cpu_seconds:.2f} CPU seconds"
 
 
 @pytest.mark.parametrize("module", ["grpo.cli.grpo", "grpo.cli.infer", "grpo.cli.orch", "grpo.cli.train"])
