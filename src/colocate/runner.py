@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,10 @@ class TrainerThread(threading.Thread):
             self.error = error
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def run_colocated(
     train: TrainerConfig,
     infer: InferenceConfig,
@@ -70,6 +75,9 @@ def run_colocated(
 
     model_path = str(resolved.path)
     check_borrowing_safe(build_server_args(infer, model_path))
+    # SIGTERM must unwind like Ctrl-C: Python's default kills the process without running the
+    # `finally` below, which would orphan the engine subprocess.
+    signal.signal(signal.SIGTERM, _interrupt)
     # The engine subprocess inherits this: on CPU it keeps the dense linear weights the trainer borrows.
     os.environ["GRPO_KEEP_DENSE_WEIGHTS"] = "1"
     server = ServerThread(infer, model_path)
@@ -105,6 +113,7 @@ def _train_with_server(
     client_cfg = orch.client.model_copy(update={"base_url": [server.base_url]})
     client = InferenceClient(client_cfg)
     trainer.start()
+    failure: str | None = "interrupted"
     try:
         failure = asyncio.run(_orchestrate(orch, client, sender, run_dir, model_path, trainer, server))
         if failure is None:
@@ -120,7 +129,9 @@ def _train_with_server(
         stop_trainer.set()
         sender.close()
         receiver.close()
-        trainer.join(timeout=60)
+        # After a failure or an interrupt nobody waits for a trainer mid-step: the thread is a
+        # daemon and the process is leaving.
+        trainer.join(timeout=60 if failure is None else 5)
     if failure is not None:
         if trainer.error is not None:
             raise trainer.error

@@ -85,3 +85,32 @@ def test_one_shot_dry_run_prints_the_memory_plan(tmp_path: Path, tiny_model_path
     assert result.returncode == 0, result.stderr
     assert "memory plan (cpu" in result.stdout and "kv_cache_space_gb" in result.stdout
     assert not (tmp_path / "run").exists(), "a dry run must not create the run directory"
+
+
+def test_sigterm_mid_run_ends_every_process(tmp_path: Path, tiny_model_path: Path) -> None:
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=1)
+    args += ["--orch.max_steps", "1000", "--train.max_steps", "1000"]
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "GRPO_TEST_MARKER": marker}
+    proc = subprocess.Popen(
+        [str(BIN / "grpo"), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 480
+        metrics = run_dir / "trainer_metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert proc.poll() is None, "grpo exited before training started"
+            assert time.monotonic() < deadline, "no training step within the time limit"
+            time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    time.sleep(1)
+    assert not _processes_with_marker(marker), "SIGTERM left a process behind"
