@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import contextlib
+import logging
 import os
 import signal
 import threading
