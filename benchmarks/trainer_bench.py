@@ -1,15 +1,19 @@
 """Trainer throughput and peak memory vs a plain PEFT loop with full fp32 logits, same batch.
 
-Each variant runs in its own interpreter; peak memory is the growth of peak RSS (ru_maxrss) over
-the training steps, with a fixed glibc mmap threshold so freed tensors leave RSS (see
-tests/trainer/test_logprobs.py). Variants:
+Each variant runs in its own interpreter; peak memory is peak RSS (ru_maxrss) and its growth over
+the timed steps. No MALLOC_MMAP_THRESHOLD_ is set: a 1 MiB threshold made every activation of a
+1024-token micro-batch a fresh mmap (5.6x the page faults, +35% CPU time per step); tensors big
+enough to matter for peak memory (logits: tens to hundreds of MiB) are above glibc's largest dynamic
+threshold (32 MiB) and are mmapped, so RSS still sees them come and go. Variants:
 - trainer: grpo.trainer.Trainer (chunked logprobs, gradient checkpointing, base dtype chosen
   automatically: bf16 on CPUs with AVX512-BF16/AMX)
 - trainer_fp32: the same with the base forced to fp32 (to document the bf16 choice)
 - plain_peft: PEFT LoRA model, one forward per row with [tokens x vocab] fp32 logits, same loss
+- logprobs_chunked / logprobs_naive: peak memory of lm_head + log-softmax forward and backward
+  over `rows x row-tokens` tokens, chunked (grpo.trainer.logprobs) vs full fp32 logits
 
 Usage: python benchmarks/trainer_bench.py [--model PATH] [--rows 4] [--row-tokens 256] [--steps 2]
-Writes benchmarks/results/trainer_<model>.json.
+Writes benchmarks/results/trainer_<machine>.json (machine, versions, config, command, load average).
 """
 
 from __future__ import annotations
@@ -56,17 +60,22 @@ def make_batch(step: int, num_rows: int, row_tokens: int, vocab: int):
     return TrainingBatch(step=step, rows=rows)
 
 
-def run_variant(variant: str, model: str, num_rows: int, row_tokens: int, num_steps: int) -> dict[str, float]:
+def run_variant(
+    variant: str, model: str, num_rows: int, row_tokens: int, num_steps: int
+) -> dict[str, object]:
     import torch
 
     from grpo.config.trainer import TrainerConfig
 
+    if variant.startswith("logprobs_"):
+        return _logprob_memory(variant, model, num_rows * row_tokens)
     torch.manual_seed(0)
     loss = {"token_mask_low": 0.0, "geo_mask_low": 0.0}
     cfg = TrainerConfig(
         model=model,
         optimizer="adamw",
-        per_device_train_batch_size=1,
+        per_device_train_batch_size=num_rows,
+        gradient_accumulation_steps=1,
         lora_rank=16,
         logprob_chunk_size=256,
         loss=loss,
@@ -85,7 +94,9 @@ def run_variant(variant: str, model: str, num_rows: int, row_tokens: int, num_st
         step_fn = _plain_step(trainer, cfg)
     else:
         step_fn = lambda batch: trainer.train_step(batch)  # noqa: E731
+    warm_started = time.perf_counter()
     step_fn(batches[0])  # warm-up (kernels, allocator)
+    warmup_s = time.perf_counter() - warm_started
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     for batch in batches[1:]:
@@ -95,9 +106,44 @@ def run_variant(variant: str, model: str, num_rows: int, row_tokens: int, num_st
     return {
         "tokens_per_s": num_steps * num_rows * row_tokens / elapsed,
         "step_s": elapsed / num_steps,
+        "warmup_step_s": warmup_s,
         "peak_rss_growth_mib": (rss_after - rss_before) / 1024,
         "peak_rss_mib": rss_after / 1024,
         "dtype": str(trainer.policy.dtype),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _logprob_memory(variant: str, model: str, num_tokens: int) -> dict[str, object]:
+    """Peak RSS growth of forward + backward through lm_head and log-softmax for num_tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo.trainer.logprobs import token_logprobs
+
+    causal_lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
+    lm_head = causal_lm.get_output_embeddings()
+    lm_head.weight.requires_grad_(False)
+    vocab = lm_head.weight.shape[0]
+    hidden = torch.randn(num_tokens, lm_head.weight.shape[1], dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, vocab, (num_tokens,))
+    temperatures = torch.ones(num_tokens)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    if variant == "logprobs_chunked":
+        lp, _ = token_logprobs(hidden, lm_head, targets, temperatures, chunk_size=256)
+    else:
+        logits = lm_head(hidden).float() / temperatures[:, None]
+        lp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    lp.sum().backward()
+    elapsed = time.perf_counter() - started
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "num_tokens": num_tokens,
+        "chunk_size": 256 if variant == "logprobs_chunked" else None,
+        "fp32_logits_mib": num_tokens * vocab * 4 / 2**20,
+        "peak_rss_growth_mib": (rss_after - rss_before) / 1024,
+        "seconds": elapsed,
     }
 
 
@@ -120,7 +166,7 @@ def _plain_step(trainer, cfg):
                 trainer.policy.model(
                     input_ids=mb.input_ids[None],
                     position_ids=mb.position_ids[None],
-                    attention_mask=mb.attention_mask,
+                    attention_mask=mb.attention_masks[0],
                 )
                 .logits[0]
                 .float()
@@ -150,9 +196,21 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--row-tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per variant (default: torch's). On a shared CPU, 1 avoids OpenMP threads "
+        "spin-waiting for a descheduled peer (measured: 9x the CPU time per step at load 5 on 2 cores)",
+    )
+    parser.add_argument("--skip", nargs="*", default=[], help="variants to leave out (e.g. trainer_fp32)")
     parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
+        if args.threads is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
         result = run_variant(args.variant, args.model, args.rows, args.row_tokens, args.steps)
         print(json.dumps(result))
         return
@@ -161,38 +219,54 @@ def main() -> None:
 
     model = args.model or str(embedded.build())
     results = {}
-    for variant in ("trainer", "trainer_fp32", "plain_peft"):
+    loads = [os.getloadavg()[0]]
+    variants = ("trainer", "trainer_fp32", "plain_peft", "logprobs_chunked", "logprobs_naive")
+    threads = {} if args.threads is None else {"OMP_NUM_THREADS": str(args.threads)}
+    for variant in [v for v in variants if v not in args.skip]:
+        forwarded = ["--model", model, "--rows", str(args.rows), "--row-tokens", str(args.row_tokens)]
         out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--variant",
-                variant,
-                "--model",
-                model,
-                "--rows",
-                str(args.rows),
-                "--row-tokens",
-                str(args.row_tokens),
-                "--steps",
-                str(args.steps),
-            ],
+            [sys.executable, __file__, "--variant", variant, *forwarded, "--steps", str(args.steps)],
             capture_output=True,
             text=True,
             check=True,
-            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576", "HF_HUB_OFFLINE": "1"},
+            env={**os.environ, "HF_HUB_OFFLINE": "1", **threads},
         )
         results[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+        loads.append(os.getloadavg()[0])
         print(variant, results[variant], flush=True)
+    import peft
+    import torch
+    import transformers
+
+    machine = f"cpu-{os.cpu_count()}core" if not torch.cuda.is_available() else "cuda"
     record = {
+        "machine": f"{machine}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "peft": peft.__version__,
+        },
         "model": Path(model).name,
-        "batch": {"rows": args.rows, "row_tokens": args.row_tokens, "timed_steps": args.steps},
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "config": {
+            "rows": args.rows,
+            "row_tokens": args.row_tokens,
+            "timed_steps": args.steps,
+            "lora_rank": 16,
+            "per_device_train_batch_size": args.rows,
+            "logprob_chunk_size": 256,
+            "threads": args.threads,
+            "skipped": args.skip,
+        },
+        "command": " ".join(["python", "benchmarks/trainer_bench.py", *sys.argv[1:]]),
+        "load_average_1min": {"start": loads[0], "max": max(loads), "end": loads[-1]},
         "results": results,
         "speedup_vs_plain_peft": results["trainer"]["tokens_per_s"] / results["plain_peft"]["tokens_per_s"],
+        "logprob_peak_memory_ratio_naive_over_chunked": results["logprobs_naive"]["peak_rss_growth_mib"]
+        / max(results["logprobs_chunked"]["peak_rss_growth_mib"], 1.0),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"trainer_{Path(model).name}.json").write_text(json.dumps(record, indent=2))
+    (RESULTS / f"trainer_{machine}.json").write_text(json.dumps(record, indent=2))
     print(json.dumps(record, indent=2))
 
 

@@ -6,6 +6,7 @@ thread on base weights borrowed from the engine, and the orchestrator runs on th
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -71,4 +72,7 @@ def grpo(
 
 
 def main() -> None:
+    # Trainer and engine share the cores in this mode: OpenMP threads that spin while waiting for a
+    # descheduled peer slow both several-fold. Must be set before torch loads; a user's value wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     run_app(app, "grpo")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -39,12 +40,16 @@ def train(
         log_model(resolved)
         # batch_timeout also bounds the wait for the orchestrator's run directory.
         run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
-        write_resolved_configs(run_dir, {"train": cfg})
-        receiver = batch_receiver_for(cfg, run_dir)
+        # Under torchrun only rank 0 talks to the orchestrator; the other ranks get their rows from it.
+        is_rank_zero = int(os.environ.get("RANK", "0")) == 0
+        if is_rank_zero:
+            write_resolved_configs(run_dir, {"train": cfg})
+        receiver = batch_receiver_for(cfg, run_dir) if is_rank_zero else None
         try:
             run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path))
         finally:
-            receiver.close()
+            if receiver is not None:
+                receiver.close()
         return 0
 
     run_single(

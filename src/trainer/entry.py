@@ -15,6 +15,7 @@ from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.trainer import Trainer
     from grpo.trainer.weights import BaseWeightSource
     from grpo.transport.batch import TrainingBatch
     from grpo.transport.interfaces import BatchReceiver
@@ -45,16 +46,25 @@ def _receive(
 def run(
     cfg: TrainerConfig,
     run_dir: Path,
-    receiver: BatchReceiver,
+    receiver: BatchReceiver | None,
     stop: threading.Event | None = None,
     base_weights: BaseWeightSource | None = None,
 ) -> None:
-    """Train until max_steps batches are done (or `stop` is set); resume per cfg.ckpt.resume_step."""
+    """Train until max_steps batches are done (or `stop` is set); resume per cfg.ckpt.resume_step.
+
+    Under torchrun only rank 0 receives batches (others pass receiver=None) and shares each one.
+    """
     from grpo.trainer.trainer import Trainer
 
     over_collective = uses_collective(cfg)
     trainer = Trainer(cfg, run_dir, base_weights)
     try:
+        if not trainer.is_main:
+            _follow_rank_zero(trainer)
+            return
+        if trainer.dist is not None and cfg.ckpt.resume_step is not None:
+            raise ValueError("resuming a multi-rank trainer is not supported yet; resume with one rank")
+        assert receiver is not None, "rank 0 needs a batch receiver"
         step = trainer.maybe_resume()
         if step > 0:
             # The orchestrator may be waiting for this version's STABLE; a restart must not strand it.
@@ -62,7 +72,7 @@ def run(
             trainer.publish(step)
         while cfg.max_steps < 0 or step < cfg.max_steps:
             waited_from = time.perf_counter()
-            batch = _receive(receiver, step, cfg.batch_timeout, stop)
+            batch = trainer.share_batch(_receive(receiver, step, cfg.batch_timeout, stop))
             if batch is None:
                 log.info("stop requested while waiting for batch %d", step)
                 break
@@ -78,8 +88,16 @@ def run(
             if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
                 trainer.save_checkpoint()
         log.info("trainer done after %d steps", step)
+        if trainer.dist is not None:
+            trainer.share_batch(None)  # releases the other ranks
     finally:
         trainer.close()
+
+
+def _follow_rank_zero(trainer: Trainer) -> None:
+    """Ranks > 0: train on the share of each batch rank 0 hands out until it says stop (None)."""
+    while (batch := trainer.share_batch(None)) is not None:
+        trainer.train_step(batch)
 
 
 def uses_collective(cfg: TrainerConfig) -> bool:

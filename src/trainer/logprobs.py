@@ -59,6 +59,9 @@ def token_logprobs(
             lp, ent = _chunk_logprobs(*args)
         logprob_chunks.append(lp)
         entropy_chunks.append(ent)
+    if not logprob_chunks:  # a one-token row predicts nothing
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
     return torch.cat(logprob_chunks), torch.cat(entropy_chunks)
 
 

@@ -8,6 +8,7 @@ bf16 autocast. One code path for CPU and CUDA.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,14 +62,26 @@ class Policy:
             if self.autocast_dtype is not None
             else contextlib.nullcontext()
         )
+        decoder = self.causal_lm.get_decoder()
         with autocast:
-            out = self.causal_lm.get_decoder()(
-                input_ids=batch.input_ids[None],
-                position_ids=batch.position_ids[None],
-                attention_mask=batch.attention_mask,
-                use_cache=False,
-            )
-        return out.last_hidden_state[0]
+            if batch.attention_masks is None:
+                out = decoder(
+                    input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False
+                )
+                return out.last_hidden_state[0]
+            hidden_per_row = []
+            start = 0
+            for num_tokens, mask in zip(batch.row_lengths, batch.attention_masks, strict=True):
+                end = start + num_tokens
+                out = decoder(
+                    input_ids=batch.input_ids[None, start:end],
+                    position_ids=batch.position_ids[None, start:end],
+                    attention_mask=mask,
+                    use_cache=False,
+                )
+                hidden_per_row.append(out.last_hidden_state[0])
+                start = end
+        return torch.cat(hidden_per_row)
 
 
 def resolve_device(cfg: TrainerConfig) -> torch.device:
@@ -114,6 +127,19 @@ def choose_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
+def _borrowed_dtype(borrowed: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """Borrowed base weights are used as they are, so the trainer computes in the engine's dtype."""
+    import torch
+
+    dtypes = {t.dtype for t in borrowed.values()}
+    if len(dtypes) != 1 or not dtypes <= {torch.bfloat16, torch.float16, torch.float32}:
+        raise ValueError(
+            f"borrowed base weights have dtypes {sorted(map(str, dtypes))}; the trainer's dtype must be one of "
+            "bfloat16, float16 or float32, the same for every weight"
+        )
+    return dtypes.pop()
+
+
 def _lora_targets(cfg: TrainerConfig) -> str | list[str]:
     targets = cfg.lora_target_modules
     if "all-linear" in targets:
@@ -131,8 +157,8 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
 
     device = resolve_device(cfg)
     check_precision_support(cfg, device)
-    dtype = choose_dtype(device)
     borrowed = source.borrowed_tensors()
+    dtype = _borrowed_dtype(borrowed) if borrowed else choose_dtype(device)
     if borrowed and not cfg.lora:
         raise ValueError(
             "borrowed base weights are frozen; full-parameter training (lora: false) cannot use them"

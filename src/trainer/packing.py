@@ -1,16 +1,18 @@
 """Trainer-side packing: PackedRows -> model inputs with attention kept inside each sample.
 
-Several rows of one micro-batch are concatenated into a single [1, T] sequence: samples restart
-their position_ids at 0 (see grpo.transport.batch), so a block-diagonal causal mask keeps every
-sample alone whether it came from the same row or not, and no padding is ever computed.
+The rows of one micro-batch are concatenated into a single [T] token stream: samples restart
+their position_ids at 0 (see grpo.transport.batch), so attention must stay inside each sample.
 With flash-attention (CUDA) transformers derives the varlen boundaries from position_ids itself,
-so no mask is built; sdpa/eager (CPU) get an explicit [1, 1, T, T] boolean mask.
+so the whole micro-batch is one [1, T] forward and no mask is built. Without a varlen kernel
+(sdpa/eager, CPU) each row is its own forward with a [1, 1, T_row, T_row] block-diagonal causal mask:
+one dense mask over the concatenation would cost O(T^2) attention for the whole micro-batch
+(16x the work of one row at 4 rows) while the rows never attend to each other anyway.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -19,6 +21,8 @@ from grpo.transport.batch import PackedRow
 if TYPE_CHECKING:
     import torch
 
+T = TypeVar("T")
+
 
 @dataclass
 class MicroBatch:
@@ -26,8 +30,11 @@ class MicroBatch:
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor | None
-    """[1, 1, T, T] bool, True = may attend; None when the attention kernel uses position_ids."""
+    row_lengths: list[int]
+    """Tokens of each row, in order; they sum to T."""
+    attention_masks: list[torch.Tensor] | None
+    """Per row a [1, 1, T_row, T_row] bool mask, True = may attend; None when the attention kernel
+    separates samples by position_ids (one forward for the whole micro-batch)."""
     loss_mask: torch.Tensor
     advantages: torch.Tensor
     inference_logprobs: torch.Tensor
@@ -73,7 +80,13 @@ def build_micro_batch(rows: list[PackedRow], device: torch.device, varlen_attent
     return MicroBatch(
         input_ids=cat("input_ids", torch.long),
         position_ids=position_ids,
-        attention_mask=None if varlen_attention else block_causal_mask(position_ids),
+        row_lengths=[r.num_tokens for r in rows],
+        attention_masks=None
+        if varlen_attention
+        else [
+            block_causal_mask(torch.from_numpy(r.position_ids).to(device=device, dtype=torch.long))
+            for r in rows
+        ],
         loss_mask=cat("loss_mask", torch.bool),
         advantages=cat("advantages", torch.float32),
         inference_logprobs=cat("inference_logprobs", torch.float32),
@@ -82,5 +95,21 @@ def build_micro_batch(rows: list[PackedRow], device: torch.device, varlen_attent
     )
 
 
-def split_micro_batches(rows: list[PackedRow], rows_per_micro_batch: int) -> list[list[PackedRow]]:
-    return [rows[i : i + rows_per_micro_batch] for i in range(0, len(rows), rows_per_micro_batch)]
+def split_micro_batches(items: list[T], group_size: int) -> list[list[T]]:
+    """Consecutive groups of `group_size` (the last may be shorter): rows into micro-batches, or
+    micro-batches into backward groups."""
+    return [items[i : i + group_size] for i in range(0, len(items), group_size)]
+
+
+def empty_row() -> PackedRow:
+    """A two-token row with no loss: fills a rank that has fewer rows than the others. Two tokens so
+    it still predicts one token: its zero loss keeps a graph, and every rank runs backward (FSDP
+    needs all ranks in every gradient reduction)."""
+    return PackedRow(
+        input_ids=np.zeros(2, np.int32),
+        position_ids=np.arange(2, dtype=np.int32),
+        loss_mask=np.zeros(2, np.bool_),
+        advantages=np.zeros(2, np.float32),
+        inference_logprobs=np.zeros(2, np.float32),
+        temperatures=np.ones(2, np.float32),
+    )

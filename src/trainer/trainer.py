@@ -1,8 +1,14 @@
 """The Trainer: one optimizer step per TrainingBatch, with metrics.
 
-A step backpropagates every row of the batch, `per_device_train_batch_size` rows per micro-batch,
-each micro-batch's loss already divided by the loss tokens of the whole step, so the accumulated
-gradient is that of the step loss; then one clipped optimizer step.
+A step trains on every row of the batch, `per_device_train_batch_size` rows per micro-batch. Each
+micro-batch's loss is already divided by the loss tokens of the whole step, so gradients simply add
+up to that of the step loss. Micro-batches are backpropagated in groups of
+`gradient_accumulation_steps` (the most whose activations are alive at once); then one clipped
+optimizer step.
+
+Data parallel (torchrun, see grpo.trainer.distributed): rank 0 receives the batch and shares it;
+every rank trains on its balanced share of the rows; gradients are summed over ranks (the loss is
+normalised over all ranks' tokens); metrics are summed over ranks and written by rank 0 only.
 
 Metrics (one JSON object per step in trainer_metrics.jsonl): kl, masked, tokens, loss, entropy,
 teacher_kl (see grpo.trainer.loss), grad_norm (before clipping, see grpo.trainer.optim), lr (used by
@@ -19,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grpo.trainer.loss import LossSums, grpo_loss
+from grpo.trainer.packing import split_micro_batches
 from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.logging import get_logger
 
@@ -39,12 +46,15 @@ class Trainer:
         import torch
 
         from grpo.models.resolve import resolve_model
-        from grpo.trainer.model import build_policy
+        from grpo.trainer.distributed import init_distributed
+        from grpo.trainer.model import build_policy, resolve_device
         from grpo.trainer.optim import build_optimizer, build_scheduler
         from grpo.trainer.weights import DiskWeights
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.dist = init_distributed(resolve_device(cfg).type)
+        """None for a single process; else this rank's place in the data-parallel group."""
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         if base_weights is None:
@@ -52,14 +62,20 @@ class Trainer:
             log.info(resolved.describe())
             base_weights = DiskWeights(resolved.path)
         self.policy = build_policy(cfg, base_weights)
+        self._sharded = self.dist is not None and not cfg.lora
+        """Full-weight data parallel: FSDP2 shards the decoder layers and sums their gradients."""
+        if self._sharded:
+            from grpo.trainer.distributed import shard_full_model
+
+            shard_full_model(self.policy.causal_lm)
         self.params = self.policy.trainable_parameters()
         self.optimizer = build_optimizer(cfg, self.params, self.policy.device)
         self.scheduler = build_scheduler(cfg, self.optimizer)
         self.num_steps_done = 0
         """Optimizer steps taken = the version of the current policy."""
-        self._metrics = JsonlWriter(self.run_dir / METRICS_FILE)
+        self._metrics = JsonlWriter(self.run_dir / METRICS_FILE) if self.is_main else None
         self._wandb: Any = None
-        if cfg.report_to is not None:
+        if cfg.report_to is not None and self.is_main:
             import wandb
 
             self._wandb = wandb.init(
@@ -70,8 +86,29 @@ class Trainer:
                 job_type="trainer",
             )
 
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 (or the only process): receives batches, writes metrics, publishes."""
+        return self.dist is None or self.dist.is_main
+
+    def share_batch(self, batch: TrainingBatch | None) -> TrainingBatch | None:
+        """Rank 0 passes the batch it received (None = stop), other ranks pass None; every rank gets
+        rank 0's batch back (None = stop). The identity for a single process."""
+        if self.dist is None:
+            return batch
+        from grpo.trainer.distributed import share_batch
+
+        return share_batch(batch, self.dist)
+
+    def _local_rows(self, rows: list[PackedRow]) -> list[PackedRow]:
+        if self.dist is None:
+            return rows
+        from grpo.trainer.distributed import balance_rows
+
+        return balance_rows(rows, self.dist.world_size)[self.dist.rank]
+
     def _micro_batches(self, rows: list[PackedRow]) -> list[Any]:
-        from grpo.trainer.packing import build_micro_batch, split_micro_batches
+        from grpo.trainer.packing import build_micro_batch
 
         varlen = self.policy.uses_varlen_attention
         return [
@@ -109,27 +146,41 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         totals = LossSums()
         num_tokens = 0
-        for mb in self._micro_batches(batch.rows):
-            hidden = self.policy.hidden_states(mb)
-            lp, entropy = next_token_logprobs(
-                hidden, self.policy.lm_head, mb.input_ids, mb.temperatures, self.cfg.logprob_chunk_size
-            )
-            loss, sums = grpo_loss(
-                lp,
-                mb.inference_logprobs,
-                mb.advantages,
-                mb.loss_mask,
-                mb.position_ids,
-                self.cfg.loss,
-                max(loss_scale, 1),
-                teacher_lp=mb.teacher_logprobs,
-                entropy=entropy,
-            )
-            if sums.num_loss_tokens > 0:
-                loss.backward()
-            totals.add(sums)
-            num_tokens += mb.num_tokens
-        grad_norm = clip_gradients(self.params, self.cfg.max_grad_norm)
+        micro_batches = self._micro_batches(self._local_rows(batch.rows))
+        for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
+            group_loss = None
+            for mb in group:
+                hidden = self.policy.hidden_states(mb)
+                lp, entropy = next_token_logprobs(
+                    hidden, self.policy.lm_head, mb.input_ids, mb.temperatures, self.cfg.logprob_chunk_size
+                )
+                loss, sums = grpo_loss(
+                    lp,
+                    mb.inference_logprobs,
+                    mb.advantages,
+                    mb.loss_mask,
+                    mb.position_ids,
+                    self.cfg.loss,
+                    max(loss_scale, 1),
+                    teacher_lp=mb.teacher_logprobs,
+                    entropy=entropy,
+                )
+                # Under FSDP every rank must join every backward, even with no loss tokens (zero loss).
+                if sums.num_loss_tokens > 0 or self._sharded:
+                    group_loss = loss if group_loss is None else group_loss + loss
+                totals.add(sums)
+                num_tokens += mb.num_tokens
+            if group_loss is not None:
+                group_loss.backward()
+        if self.dist is not None:
+            totals, num_tokens = self._sum_over_ranks(totals, num_tokens)
+        if self._sharded:
+            from grpo.trainer.distributed import clip_mixed_gradients
+
+            assert self.dist is not None
+            grad_norm = clip_mixed_gradients(self.params, self.cfg.max_grad_norm, self.dist)
+        else:
+            grad_norm = clip_gradients(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.num_steps_done += 1
@@ -142,6 +193,8 @@ class Trainer:
             "wait_time": wait_time,
             "tokens_per_s": num_tokens / max(step_time, 1e-9),
         }
+        if self._metrics is None:
+            return metrics
         self._metrics.write({"step": batch.step, **metrics})
         if self._wandb is not None:
             self._wandb.log(metrics, step=batch.step)
@@ -157,6 +210,33 @@ class Trainer:
                 step_time,
             )
         return metrics
+
+    def _sum_over_ranks(self, totals: LossSums, num_tokens: int) -> tuple[LossSums, int]:
+        from grpo.trainer.distributed import sum_floats, sum_gradients
+
+        assert self.dist is not None
+        sum_gradients(self.params, self.dist)
+        values = [
+            totals.loss,
+            totals.num_loss_tokens,
+            totals.num_masked_tokens,
+            totals.kl_sum,
+            totals.entropy_sum,
+            totals.teacher_kl_sum,
+            float(totals.has_teacher),
+            num_tokens,
+        ]
+        summed = sum_floats(values, self.dist)
+        merged = LossSums(
+            loss=summed[0],
+            num_loss_tokens=round(summed[1]),
+            num_masked_tokens=round(summed[2]),
+            kl_sum=summed[3],
+            entropy_sum=summed[4],
+            teacher_kl_sum=summed[5],
+            has_teacher=summed[6] > 0,
+        )
+        return merged, round(summed[7])
 
     def publish(self, version: int) -> Path:
         from grpo.trainer.publish import publish_policy
@@ -189,6 +269,7 @@ class Trainer:
         return step
 
     def close(self) -> None:
-        self._metrics.close()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._wandb is not None:
             self._wandb.finish()

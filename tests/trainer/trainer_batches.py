@@ -49,3 +49,40 @@ def default_rows(seed: int = 0) -> list[PackedRow]:
         make_row([(5, 6), (4, 7)], [1.0, -1.0], seed=seed, temperature=0.8),
         make_row([(6, 5), (3, 4), (4, 4)], [0.5, -0.5, 1.5], seed=seed + 1),
     ]
+
+
+def distributed_test_cfg(model_path: str, lora: bool = True) -> Any:
+    """Tiny-model LoRA config shared by the 1-rank and 2-rank runs of test_distributed.py: no
+    clipping (so gradients compare as they are) and masks wide open (ratios vs zero logprobs)."""
+    from grpo.config.trainer import TrainerConfig
+
+    return TrainerConfig(
+        model=model_path,
+        lora=lora,
+        optimizer="adamw",
+        learning_rate=1e-2 if lora else 1e-4,
+        lora_rank=4,
+        lora_alpha=8,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        logprob_chunk_size=16,
+        max_grad_norm=0.0,
+        loss={
+            "token_mask_low": 0.0,
+            "geo_mask_low": 0.0,
+            "sequence_mask_high": 1e30,
+            "token_mask_high": 1e30,
+        },
+    )
+
+
+def distributed_test_batch() -> TrainingBatch:
+    """Three rows of unequal length: two ranks get one real row and one real-or-empty row each."""
+    rows = [
+        make_row([(5, 6), (4, 7)], [1.0, -1.0], seed=0, temperature=0.8),
+        make_row([(6, 5), (3, 4), (4, 4)], [0.5, -0.5, 1.5], seed=1),
+        make_row([(3, 9)], [-2.0], seed=2),
+    ]
+    for row in rows:
+        row.inference_logprobs = np.where(row.loss_mask, -6.5, 0.0).astype(np.float32)
+    return TrainingBatch(step=0, rows=rows)

@@ -1,0 +1,227 @@
+"""Data-parallel training over several processes (torchrun): init, batch sharing, balancing, reduction.
+
+Only rank 0 talks to the orchestrator: it receives each batch and sends it to the other ranks as
+plain tensors (an int64 header, then the per-token arrays), never pickled objects. Every rank then
+holds the whole batch, computes the same balanced split of its rows and trains on its share.
+
+The loss of every rank is already divided by the loss tokens of the whole step (all ranks), so the
+step gradient is the SUM of the ranks' gradients, never their mean.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grpo.transport.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
+
+if TYPE_CHECKING:
+    import torch
+
+# Header layout: [step, num_rows, has_teacher, row_len_0, row_len_1, ...]; num_rows -1 means stop.
+_HEADER_FIXED = 3
+_STOP = -1
+_INT_FIELDS = [name for name, dtype in ROW_FIELDS.items() if np.dtype(dtype).kind in "iub"]
+_FLOAT_FIELDS = [name for name, dtype in ROW_FIELDS.items() if np.dtype(dtype).kind == "f"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    """The device this rank trains on (cuda:LOCAL_RANK, or cpu)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_type: str) -> DistContext | None:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT);
+    None for a single process. nccl on CUDA, gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world_size)
+    return DistContext(rank, world_size, local_rank, device)
+
+
+def balance_rows(rows: list[PackedRow], world_size: int) -> list[list[PackedRow]]:
+    """Split rows over ranks: every rank gets the same number of rows (padding with `empty_row`s
+    that carry no loss), and greedily about the same number of tokens (largest rows first, each to
+    the rank with the fewest tokens that still has room). Deterministic: every rank computes it."""
+    from grpo.trainer.packing import empty_row
+
+    num_per_rank = max(1, -(-len(rows) // world_size))
+    padded = rows + [empty_row() for _ in range(num_per_rank * world_size - len(rows))]
+    order = sorted(range(len(padded)), key=lambda i: (-padded[i].num_tokens, i))
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    tokens = [0] * world_size
+    for index in order:
+        open_ranks = [r for r in range(world_size) if len(shares[r]) < num_per_rank]
+        target = min(open_ranks, key=lambda r: (tokens[r], r))
+        shares[target].append(index)
+        tokens[target] += padded[index].num_tokens
+    # Keep the batch order inside each share so a 1-rank run and rank-local work look alike.
+    return [[padded[i] for i in sorted(share)] for share in shares]
+
+
+def _send_or_receive(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    import torch.distributed as dist
+
+    on_device = tensor.to(ctx.device)
+    dist.broadcast(on_device, src=0)
+    return on_device.cpu()
+
+
+def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch | None:
+    """Rank 0 passes its batch (None = stop), the others pass None; all get rank 0's batch back
+    (metadata stays on rank 0: it is only logged there)."""
+    import torch
+
+    if ctx.is_main:
+        header = _header(batch)
+        size = torch.tensor([len(header)], dtype=torch.int64)
+    else:
+        size = torch.zeros(1, dtype=torch.int64)
+    size = _send_or_receive(size, ctx)
+    header_t = (
+        torch.tensor(header, dtype=torch.int64) if ctx.is_main else torch.zeros(int(size), dtype=torch.int64)
+    )
+    header = _send_or_receive(header_t, ctx).tolist()
+    step, num_rows, has_teacher = header[:_HEADER_FIXED]
+    if num_rows == _STOP:
+        return None
+    row_lengths = header[_HEADER_FIXED:]
+    float_fields = _FLOAT_FIELDS + (list(OPTIONAL_ROW_FIELDS) if has_teacher else [])
+    num_tokens = sum(row_lengths)
+    if ctx.is_main:
+        assert batch is not None
+        ints = torch.from_numpy(np.stack([_cat(batch, f).astype(np.int64) for f in _INT_FIELDS]))
+        floats = torch.from_numpy(np.stack([_cat(batch, f).astype(np.float32) for f in float_fields]))
+    else:
+        ints = torch.zeros(len(_INT_FIELDS), num_tokens, dtype=torch.int64)
+        floats = torch.zeros(len(float_fields), num_tokens, dtype=torch.float32)
+    ints = _send_or_receive(ints, ctx)
+    floats = _send_or_receive(floats, ctx)
+    if ctx.is_main:
+        return batch
+    columns = {name: ints[i].numpy().astype(ROW_FIELDS[name]) for i, name in enumerate(_INT_FIELDS)}
+    columns.update({name: floats[i].numpy() for i, name in enumerate(float_fields)})
+    bounds = np.cumsum([0, *row_lengths])
+    rows = [
+        PackedRow(**{name: column[bounds[i] : bounds[i + 1]].copy() for name, column in columns.items()})
+        for i in range(len(row_lengths))
+    ]
+    return TrainingBatch(step=step, rows=rows)
+
+
+def _header(batch: TrainingBatch | None) -> list[int]:
+    if batch is None:
+        return [0, _STOP, 0]
+    has_teacher = bool(batch.rows) and batch.rows[0].teacher_logprobs is not None
+    return [batch.step, len(batch.rows), int(has_teacher), *(r.num_tokens for r in batch.rows)]
+
+
+def _cat(batch: TrainingBatch, name: str) -> np.ndarray:
+    dtype = {**ROW_FIELDS, **OPTIONAL_ROW_FIELDS}[name]
+    return np.concatenate([getattr(r, name) for r in batch.rows]) if batch.rows else np.zeros(0, dtype)
+
+
+def shard_full_model(causal_lm: torch.nn.Module) -> None:
+    """FSDP2 for full-weight training: every decoder layer becomes a sharded unit. Embeddings, final
+    norm and (tied) lm_head stay whole on every rank: the trainer calls the decoder and the lm_head
+    separately, outside one root forward that could gather them; `sum_gradients` reduces theirs.
+
+    FSDP reduce-scatters the MEAN over ranks; `sum_gradients` multiplies it back into a sum (the
+    divide-factor hook for that needs PREMUL_SUM, which gloo lacks)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(causal_lm.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"{type(causal_lm).__name__} has no decoder .layers to shard; train it with lora: true"
+        )
+    for layer in layers:
+        fully_shard(layer)
+
+
+def is_sharded(param: torch.nn.Parameter) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(param, DTensor)
+
+
+def sum_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> None:
+    """Make every gradient the sum over ranks. Replicated parameters: all-reduce in one flat buffer,
+    a missing grad counting as zero (a rank whose rows carry no loss skips backward). FSDP-sharded
+    parameters already hold the mean over ranks: scale it back."""
+    import torch
+    import torch.distributed as dist
+
+    for param in params:
+        if is_sharded(param) and param.grad is not None:
+            param.grad.mul_(ctx.world_size)
+    replicated = [p for p in params if not is_sharded(p)]
+    if not replicated:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in replicated]
+    flat = torch.cat([g.reshape(-1).float() for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for param, grad in zip(replicated, grads, strict=True):
+        numel = grad.numel()
+        param.grad = flat[offset : offset + numel].view_as(param).to(param.dtype)
+        offset += numel
+
+
+def clip_mixed_gradients(params: list[torch.nn.Parameter], max_grad_norm: float, ctx: DistContext) -> float:
+    """grpo.trainer.optim.clip_gradients for a mix of FSDP-sharded and replicated parameters (torch's
+    clip_grad_norm_ refuses the mix): the norm before clipping, over the whole model."""
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        sharded_sq = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        replicated_sq = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        for param in params:
+            if param.grad is None:
+                continue
+            if is_sharded(param):
+                sharded_sq += param.grad.to_local().double().pow(2).sum()
+            else:
+                replicated_sq += param.grad.double().pow(2).sum()
+        dist.all_reduce(sharded_sq, op=dist.ReduceOp.SUM)
+        total_norm = float((sharded_sq + replicated_sq).sqrt())
+        if max_grad_norm > 0 and total_norm > max_grad_norm:
+            scale = max_grad_norm / (total_norm + 1e-6)
+            for param in params:
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+    return total_norm
+
+
+def sum_floats(values: list[float], ctx: DistContext) -> list[float]:
+    """Element-wise sum of `values` over ranks (metrics: loss sums, token counts)."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return [float(v) for v in tensor.cpu().tolist()]

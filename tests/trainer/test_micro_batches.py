@@ -1,0 +1,41 @@
+"""How a step's rows are grouped (micro-batches, backward groups) never changes its gradient."""
+
+from __future__ import annotations
+
+import torch
+from trainer_batches import distributed_test_batch
+
+from grpo.trainer.packing import split_micro_batches
+from grpo.trainer.trainer import Trainer
+
+
+def _step_gradients(make_cfg, tmp_path, **overrides) -> dict[str, torch.Tensor]:
+    trainer = Trainer(
+        make_cfg(max_grad_norm=0.0, loss={"token_mask_low": 0.0, "geo_mask_low": 0.0}, **overrides), tmp_path
+    )
+    trainer.train_step(distributed_test_batch())
+    grads = {n: p.grad.float().clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
+    trainer.close()
+    return grads
+
+
+def test_groups_are_consecutive_and_keep_the_remainder():
+    assert split_micro_batches([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
+
+
+def test_gradient_does_not_depend_on_accumulation_or_micro_batch_size(make_cfg, tmp_path):
+    reference = _step_gradients(
+        make_cfg, tmp_path / "a", per_device_train_batch_size=1, gradient_accumulation_steps=1
+    )
+    grouped = _step_gradients(
+        make_cfg, tmp_path / "b", per_device_train_batch_size=1, gradient_accumulation_steps=3
+    )
+    # Two rows in one micro-batch: each row is still its own forward (see grpo.trainer.packing).
+    wide = _step_gradients(
+        make_cfg, tmp_path / "c", per_device_train_batch_size=2, gradient_accumulation_steps=2
+    )
+    assert any(float(g.abs().max()) > 0 for g in reference.values())
+    for name, grad in reference.items():
+        scale = float(grad.abs().max()) + 1e-12
+        assert torch.allclose(grouped[name], grad, atol=1e-3 * scale), name
+        assert torch.allclose(wide[name], grad, atol=1e-3 * scale), name
