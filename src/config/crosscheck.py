@@ -98,6 +98,11 @@ def check_inference(
         problems.append(
             f"infer max_lora_rank ({infer.max_lora_rank}) is below the LoRA rank ({rank}); set max_lora_rank >= {rank}"
         )
+    if infer.weight_broadcast_type != orch.weight_broadcast.type:
+        problems.append(
+            f"infer weight_broadcast_type '{infer.weight_broadcast_type}' differs from orch weight_broadcast.type "
+            f"'{orch.weight_broadcast.type}'"
+        )
     max_tokens = orch.sampling.max_tokens
     if infer.max_model_len is not None and max_tokens is not None and max_tokens >= infer.max_model_len:
         problems.append(

@@ -96,7 +96,8 @@ class TrainerConfig(StrictModel):
     """Run directory shared with the orchestrator, or its parent holding one run_* folder."""
 
     gpus: int = Field(1, ge=1)
-    """GPUs to train on (data parallel; launch with torchrun for more than one)."""
+    """GPUs to train on (data parallel). More than 1 needs a launch through torchrun with as many
+    processes; the trainer refuses to start as a single process otherwise."""
 
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """Where to train: auto = CUDA when present, else CPU."""
@@ -175,7 +176,9 @@ class TrainerConfig(StrictModel):
     never exist at once."""
 
     zero_level: int = Field(1, ge=0, le=3)
-    """Sharding for multi-GPU: 1 shards optimizer states, 3 shards everything (FSDP2)."""
+    """Kept for configs written for the SFT trainer. Multi-rank full-weight training always shards
+    parameters, gradients and optimizer states with FSDP2; LoRA training replicates the (small)
+    adapters on every rank and all-reduces their gradients. The value does not change that."""
 
     seed: int = 42
     """Random seed."""

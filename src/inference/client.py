@@ -36,6 +36,11 @@ class InferenceClient:
         transport: httpx.AsyncBaseTransport | None = None,
         weight_broadcast: WeightBroadcastConfig | None = None,
     ) -> None:
+        if cfg.elastic is not None:
+            raise ValueError(
+                "client.elastic (DNS discovery of inference servers) is not supported yet; "
+                "list the servers in client.base_url instead"
+            )
         if not cfg.base_url:
             raise ValueError(
                 "client.base_url is empty; list at least one server, e.g. http://localhost:8000/v1"

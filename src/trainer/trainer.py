@@ -55,6 +55,11 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.dist = init_distributed(resolve_device(cfg).type)
         """None for a single process; else this rank's place in the data-parallel group."""
+        if cfg.gpus > 1 and self.dist is None:
+            raise ValueError(
+                f"train gpus is {cfg.gpus} but this trainer is a single process; launch it with "
+                f"torchrun --nproc_per_node {cfg.gpus} $(which grpo-train) train.yaml (or set gpus: 1)"
+            )
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         if base_weights is None:

@@ -185,3 +185,11 @@ def test_wait_until_ready_times_out_when_the_model_is_not_served() -> None:
     with pytest.raises(TimeoutError, match="not 'policy'"):
         asyncio.run(make_client(handler).wait_until_ready(timeout=0.0, model="policy"))
     asyncio.run(make_client(handler, skip_model_check=True).wait_until_ready(timeout=0.0, model="policy"))
+
+
+def test_elastic_discovery_is_refused_rather_than_ignored() -> None:
+    from grpo.config.orchestrator import ClientConfig, ElasticConfig
+    from grpo.inference.client import InferenceClient
+
+    with pytest.raises(ValueError, match="client.elastic"):
+        InferenceClient(ClientConfig(elastic=ElasticConfig(hostname="pool.internal")))
