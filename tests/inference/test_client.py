@@ -191,5 +191,5 @@ def test_elastic_discovery_is_refused_rather_than_ignored() -> None:
     from grpo.config.orchestrator import ClientConfig, ElasticConfig
     from grpo.inference.client import InferenceClient
 
-    with pytest.raises(ValueError, match="client.elastic"):
+    with pytest.raises(ValueError, match=r"client\.elastic"):
         InferenceClient(ClientConfig(elastic=ElasticConfig(hostname="pool.internal")))
