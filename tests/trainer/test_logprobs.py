@@ -63,13 +63,15 @@ def test_next_token_logprobs_are_aligned_with_the_token_they_score():
     assert lp[3].item() == pytest.approx(torch.log_softmax(logits, -1)[ids[3]].item(), abs=1e-5)
 
 
-# Peak memory is measured as the growth of the process's peak resident set size (ru_maxrss) around
-# one forward+backward in a fresh interpreter. tracemalloc would not see torch allocations at all.
+# Peak memory is measured as the growth of the process's peak resident set size around one
+# forward+backward in a fresh interpreter: the kernel's high-water mark (VmHWM) is reset to the
+# current RSS first (clear_refs 5), so start-up peaks cannot hide the measured one. tracemalloc
+# would not see torch allocations at all.
 # A fixed glibc mmap threshold makes every tensor above 1 MB its own mapping, returned to the OS when
 # freed, so RSS follows the tensors alive (glibc's default threshold adapts upward and then serves
 # big tensors from a heap that never shrinks, which would measure fragmentation instead).
 _MEMORY_PROBE = """
-import json, resource, sys, torch
+import json, sys, torch
 from torch import nn
 from grpo.trainer.logprobs import token_logprobs
 mode = sys.argv[1]
@@ -82,7 +84,13 @@ temps = torch.ones(tokens)
 # Warm up on a few tokens: the first matmul/backward maps oneDNN/MKL code and workspaces into RSS.
 token_logprobs(hidden[:8], lm_head, targets[:8], temps[:8], chunk_size=8)[0].sum().backward()
 lm_head.weight.grad = hidden.grad = None
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status_kib(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status_kib("VmRSS")
 if mode == "chunked":
     lp, _ = token_logprobs(hidden, lm_head, targets, temps, chunk_size=64)
 else:
@@ -90,7 +98,7 @@ else:
     log_probs = torch.log_softmax(logits, -1)
     lp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 lp.sum().backward()
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = status_kib("VmHWM")
 print(json.dumps({"peak_growth_kib": after - before}))
 """
 
