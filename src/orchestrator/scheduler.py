@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from grpo.inference.types import RolloutClient
+from grpo.transport.weights_filesystem import broadcast_dir
 from grpo.utils.atomic import STABLE
 from grpo.utils.logging import get_logger
 
@@ -34,10 +35,6 @@ def is_acceptable(
 ) -> bool:
     """Whether a rollout may train in batch `step` (both staleness rules)."""
     return step - start_version <= max_async_level and end_version - start_version <= max_off_policy_steps
-
-
-def broadcast_dir(run_dir: Path, version: int) -> Path:
-    return run_dir / "broadcasts" / f"step_{version}"
 
 
 def newest_stable(run_dir: Path, after: int) -> int:

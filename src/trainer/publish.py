@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo.transport.weights_filesystem import broadcast_dir
 from grpo.utils.atomic import publish_dir, staging_dir
 
 if TYPE_CHECKING:
@@ -27,10 +28,6 @@ if TYPE_CHECKING:
     from grpo.trainer.model import Policy
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-def broadcast_dir(run_dir: Path, version: int) -> Path:
-    return run_dir / "broadcasts" / f"step_{version}"
 
 
 def write_weights(policy: Policy, folder: Path) -> None:
