@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from grpo.config.trainer import DEFAULT_LORA_TARGETS
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -35,7 +37,7 @@ def _make_adapter(model_path: Path, out_dir: Path, seed: int, rank: int) -> Path
     config = LoraConfig(
         r=rank,
         lora_alpha=2 * rank,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        target_modules=list(DEFAULT_LORA_TARGETS),
         init_lora_weights=False,
     )
     get_peft_model(model, config).save_pretrained(out_dir)

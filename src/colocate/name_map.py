@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grpo.colocate.model_shape import ModelShape
+from grpo.colocate.model_shape import LINEAR_MODULES, ModelShape
 
 if TYPE_CHECKING:
     import torch
@@ -61,14 +61,6 @@ def borrowable_linear_weights(
         if ".layers." not in vllm_name or not vllm_name.endswith(".weight") or "norm" in vllm_name:
             continue
         for name, view in split_to_hf(vllm_name, tensor, shape):
-            if name.rsplit(".", 2)[-2] in (
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ):
+            if name.rsplit(".", 2)[-2] in LINEAR_MODULES:
                 out[name] = view
     return out

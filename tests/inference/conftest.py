@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from grpo.config.inference import InferenceConfig
+from grpo.config.trainer import DEFAULT_LORA_TARGETS
 from grpo.inference.server import ServerThread
 
 TINY_MODEL_NAME = "tiny"
@@ -51,7 +52,7 @@ def make_peft_adapter(model_path: Path, out_dir: Path, seed: int, rank: int = 8)
     config = LoraConfig(
         r=rank,
         lora_alpha=2 * rank,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        target_modules=list(DEFAULT_LORA_TARGETS),
         init_lora_weights=False,  # random B: the adapter is not a no-op
     )
     peft_model = get_peft_model(model, config)
