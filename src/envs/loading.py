@@ -1,4 +1,5 @@
-"""`load_environment(env_cfg)`: a built-in id or a user loader "pkg.module:function"."""
+"""`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", or a `grpo-env`
+server at env_cfg.address."""
 
 from __future__ import annotations
 
@@ -33,7 +34,16 @@ def _builtin(env_id: str) -> Callable[..., Any] | None:
 
 def _import_loader(path: str) -> Callable[..., Any]:
     module_name, _, attr = path.partition(":")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # only the named module itself being absent is a typo; a missing dependency inside it surfaces as is
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise
+        raise ValueError(
+            f"env id {path!r}: no module named {exc.name!r}; check the import path 'pkg.module:function' "
+            "and that the package is installed (or on PYTHONPATH)"
+        ) from exc
     if not hasattr(module, attr):
         raise ValueError(f"env id {path!r}: module {module_name} has no attribute {attr!r}")
     return getattr(module, attr)
@@ -51,13 +61,23 @@ def _verifiers_loader(env_id: str) -> Callable[..., Any]:
     return lambda **args: verifiers.load_environment(env_id, **args)
 
 
-def load_environment(env_cfg: EnvConfig) -> Environment:
-    """Build the environment `env_cfg` names; its metric name is env_cfg.display_name."""
-    if env_cfg.address is not None:
+def _connect(env_cfg: EnvConfig, address: str) -> Environment:
+    """The environment a `grpo-env` server at env_cfg.address serves."""
+    from grpo.envs.remote import RemoteEnv
+
+    if env_cfg.args:
         raise ValueError(
-            f"env {env_cfg.display_name}: external environment servers (address: {env_cfg.address}) "
-            "are not supported yet; remove `address` to run the environment in-process"
+            f"env {env_cfg.display_name}: args go to the server (grpo-env {env_cfg.id} --args JSON), "
+            f"not to a client of {address}; remove env[].args or env[].address"
         )
+    return RemoteEnv.connect(address, env_cfg.id, env_cfg.display_name)
+
+
+def load_environment(env_cfg: EnvConfig) -> Environment:
+    """Build the environment `env_cfg` names (or connect to the server at env_cfg.address); its metric
+    name is env_cfg.display_name."""
+    if env_cfg.address is not None:
+        return _connect(env_cfg, env_cfg.address)
     loader = _builtin(env_cfg.id)
     if loader is None:
         loader = _import_loader(env_cfg.id) if ":" in env_cfg.id else _verifiers_loader(env_cfg.id)

@@ -23,7 +23,9 @@ def should_evaluate(cfg: EvalConfig | None, step: int, resumed_at: int | None) -
 async def evaluate(
     cfg: EvalConfig, envs: list[Environment], runner: RolloutRunner, params: SamplingParams
 ) -> dict[str, float]:
-    """Mean reward per eval env as `eval/<env>/reward`, plus `eval/policy_version`."""
+    """Per eval env: mean reward `eval/<env>/reward`, `eval/<env>/num_rollouts` and
+    `eval/<env>/num_failed` (scoring failed: reward 0.0); plus `eval/policy_version`, the policy the
+    servers ran when evaluation started."""
     metrics: dict[str, float] = {"eval/policy_version": float(runner.policy.version)}
     for env_index, env in enumerate(envs):
         num = len(env.examples) if cfg.num_examples == -1 else min(cfg.num_examples, len(env.examples))
@@ -32,7 +34,8 @@ async def evaluate(
             for i in range(num)
         ]
         groups = await asyncio.gather(*(runner.run_group(r) for r in requests))
-        rewards = [r.reward for g in groups for r in g.rollouts]
-        metrics[f"eval/{env.name}/reward"] = sum(rewards) / len(rewards)
-        metrics[f"eval/{env.name}/num_rollouts"] = float(len(rewards))
+        rollouts = [r for g in groups for r in g.rollouts]
+        metrics[f"eval/{env.name}/reward"] = sum(r.reward for r in rollouts) / len(rollouts)
+        metrics[f"eval/{env.name}/num_rollouts"] = float(len(rollouts))
+        metrics[f"eval/{env.name}/num_failed"] = float(sum(r.failure is not None for r in rollouts))
     return metrics

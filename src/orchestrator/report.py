@@ -1,5 +1,8 @@
 """Where step metrics go: metrics.jsonl always, W&B when configured, and the terminal.
 
+With W&B, every `interval` steps also log a table of sample completions and histograms of rewards,
+advantages and completion lengths (report_to.samples / distributions: false turns them off).
+
 The terminal shows a rich live line (step, reward, tokens/s, ETA) when stdout is a TTY and plain
 log lines otherwise (CI logs, redirected output).
 """
@@ -18,6 +21,10 @@ from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
+
+SAMPLE_COLUMNS = ["step", "env", "example_index", "completion", "reward", "advantage", "failure"]
+NUM_SAMPLES = 16
+"""Rollouts per samples table (the first ones of the step)."""
 
 
 class TerminalProgress:
@@ -92,15 +99,19 @@ class Reporter:
 
         assert self.cfg is not None
         payload: dict[str, Any] = dict(metrics)
-        if step % self.cfg.interval == 0:
-            if self.cfg.samples:
-                table = wandb.Table(columns=["step", "env", "completion", "reward", "advantage"])
-                for r in rollouts[:16]:
-                    table.add_data(step, r.env_name, r.completion_text, r.reward, r.advantage)
+        if step % self.cfg.interval == 0 and rollouts:
+            # null (the default) means on: asking for W&B is asking for what it shows best
+            if self.cfg.samples is not False:
+                table = wandb.Table(columns=SAMPLE_COLUMNS)
+                for r in rollouts[:NUM_SAMPLES]:
+                    table.add_data(
+                        step, r.env_name, r.example_index, r.completion_text, r.reward, r.advantage, r.failure
+                    )
                 payload["samples"] = table
-            if self.cfg.distributions:
+            if self.cfg.distributions is not False:
                 payload["dist/reward"] = wandb.Histogram([r.reward for r in rollouts])
                 payload["dist/advantage"] = wandb.Histogram([r.advantage for r in rollouts])
+                payload["dist/completion_len"] = wandb.Histogram([r.num_model_tokens for r in rollouts])
         self._wandb.log(payload, step=step)
 
     def close(self) -> None:

@@ -62,7 +62,13 @@ class RolloutRunner:
             )
         if req.teacher_model is not None:
             ids = rollout.prompt_ids + rollout.completion_ids
-            rollout.teacher_logprobs = await self.teacher_client.prompt_logprobs(ids, req.teacher_model)
+            teacher = await self.teacher_client.prompt_logprobs(ids, req.teacher_model)
+            if len(teacher) != len(ids):
+                raise RuntimeError(
+                    f"teacher server returned {len(teacher)} prompt logprobs for {len(ids)} tokens "
+                    f"(model {req.teacher_model}); it must score every token it is given"
+                )
+            rollout.teacher_logprobs = teacher
         return rollout
 
     def _rollout(self, req: GroupRequest, prompt_ids: list[int], c: Completion, start: int) -> Rollout:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
-COMMANDS = ["grpo", "grpo-infer", "grpo-orch", "grpo-train", "grpo-model"]
+COMMANDS = ["grpo", "grpo-infer", "grpo-orch", "grpo-train", "grpo-model", "grpo-env"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -27,7 +27,9 @@ def test_help_answers_within_a_second(command: str) -> None:
     assert cpu_seconds < 1.0, f"{command} --help used {cpu_seconds:.2f} CPU seconds"
 
 
-@pytest.mark.parametrize("module", ["grpo.cli.grpo", "grpo.cli.infer", "grpo.cli.orch", "grpo.cli.train"])
+@pytest.mark.parametrize(
+    "module", ["grpo.cli.grpo", "grpo.cli.infer", "grpo.cli.orch", "grpo.cli.train", "grpo.cli.env"]
+)
 def test_cli_modules_do_not_import_torch_or_vllm(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

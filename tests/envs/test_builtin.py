@@ -47,8 +47,10 @@ def test_import_path_loader_gets_args_and_display_name() -> None:
     assert len(env.examples) == 3 and env.name == "mine"
 
 
-def test_unsupported_sources_are_value_errors() -> None:
-    with pytest.raises(ValueError, match="not supported yet"):
-        load_environment(EnvConfig(id="reverse-text", address="localhost:9000"))
+def test_unknown_ids_are_value_errors() -> None:
     with pytest.raises(ValueError, match="verifiers"):
         load_environment(EnvConfig(id="some-registry-env"))
+    with pytest.raises(ValueError, match="no module named 'no_such_pkg'"):
+        load_environment(EnvConfig(id="no_such_pkg.envs:load"))
+    with pytest.raises(ValueError, match="has no attribute 'nope'"):
+        load_environment(EnvConfig(id=f"{__name__}:nope"))

@@ -1,0 +1,84 @@
+"""`grpo-env ENV_ID`: serve one environment over HTTP for orchestrators whose env[].address points here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from grpo.cli.common import guard, run_app
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+def parse_args_json(text: str) -> dict[str, Any]:
+    """--args: a JSON object of keyword arguments for the environment's loader."""
+    try:
+        args = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"--args is not valid JSON ({exc}); write it like '{{\"num_examples\": 100}}'"
+        ) from exc
+    if not isinstance(args, dict):
+        raise ValueError(f"--args must be a JSON object of keyword arguments, got {type(args).__name__}")
+    return args
+
+
+@app.command()
+def env(
+    env_id: str = typer.Argument(..., help="Environment id, as env[].id in orch.yaml."),
+    args: str = typer.Option("{}", "--args", help="JSON object of keyword arguments for the loader."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (0.0.0.0 serves every interface)."),
+    port: int = typer.Option(8100, "--port", help="Port (0 picks a free one; the log line says which)."),
+    max_sessions: int = typer.Option(10_000, "--max-sessions", help="Open rollouts kept before evicting."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
+) -> None:
+    """Load an environment exactly like the orchestrator does in-process and serve it over HTTP (JSON).
+
+    Point an orchestrator at it with env: [{id: ENV_ID, address: "HOST:PORT"}] in orch.yaml.
+    """
+
+    def body() -> int:
+        import socket
+
+        from grpo.config.orchestrator import EnvConfig
+        from grpo.envs.loading import load_environment
+        from grpo.envs.server import build_app
+
+        environment = load_environment(EnvConfig(id=env_id, args=parse_args_json(args)))
+        app = build_app(environment, env_id, max_sessions)
+        try:
+            sock = socket.create_server((host, port))
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port") from exc
+        return _serve(app, sock, env_id)
+
+    guard("grpo-env", verbose, body)
+
+
+def _serve(app: Any, sock: Any, env_id: str) -> int:
+    import signal
+
+    import uvicorn
+
+    from grpo.utils.logging import get_logger
+
+    bound_host, bound_port = sock.getsockname()[:2]
+    get_logger("envs").info("serving env %s on %s:%d", env_id, bound_host, bound_port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    # uvicorn stops gracefully on SIGINT/SIGTERM (in-flight requests finish), then re-raises the
+    # signal to the handler it found installed. Shutdown is done by then: exit 0 like grpo-infer.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    with sock:
+        server.run(sockets=[sock])
+    return 0
+
+
+def main() -> None:
+    run_app(app, "grpo-env")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""`RemoteEnv`: an environment served by `grpo-env` on another process or machine, over HTTP.
+
+The examples, max_turns and every example's prompt messages are fetched once at load. Per-rollout
+state lives on the server; the local state dict only carries its session id. A server that stops
+answering mid-run fails the rollouts it was serving (their scores carry the reason) instead of
+stopping training, exactly like a raising reward function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+
+from grpo.envs.base import EnvReply, Example, Message, Score
+from grpo.envs.rewards import FailureLog
+
+CONNECT_RETRY_S = 10.0
+"""How long loading waits for a server that does not answer yet (it may still be starting)."""
+
+REQUEST_TIMEOUT_S = 600.0
+"""Per-request limit; scoring runs user reward functions, which may be slow."""
+
+_RETRY_INTERVAL_S = 0.2
+
+
+def base_url(address: str) -> str:
+    """'host:port' (or a full http(s):// URL) -> the server's base URL."""
+    if address.startswith(("http://", "https://")):
+        return address.rstrip("/")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"env address {address!r} is not host:port; write it like 127.0.0.1:8100")
+    return f"http://{address}"
+
+
+def example_key(example: Example) -> str:
+    """Examples arrive as JSON, so their canonical JSON identifies them."""
+    return json.dumps(example, sort_keys=True)
+
+
+def fetch_info(address: str, env_id: str, retry_s: float) -> dict[str, Any]:
+    """GET /info, retrying connection errors for `retry_s` seconds."""
+    url = f"{base_url(address)}/info"
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            response = httpx.get(url, timeout=REQUEST_TIMEOUT_S)
+            break
+        except httpx.TransportError as exc:
+            if time.monotonic() >= deadline:
+                raise ValueError(
+                    f"env {env_id}: no environment server answers at {address} ({type(exc).__name__} "
+                    f"after {retry_s:g} s); start it with `grpo-env {env_id} --port {address.rsplit(':', 1)[-1]}` "
+                    "(add --args JSON for the loader's arguments), or remove env[].address to run it in-process"
+                ) from exc
+            time.sleep(_RETRY_INTERVAL_S)
+    info = _info_or_none(response)
+    if info is None:
+        raise ValueError(
+            f"env {env_id}: {url} answered HTTP {response.status_code} but not like a grpo-env server; "
+            f"is env[].address ({address}) the port `grpo-env {env_id}` listens on?"
+        )
+    if info["id"] != env_id:
+        raise ValueError(
+            f"env {env_id}: the server at {address} serves {info['id']!r}; set env[].id to "
+            f"{info['id']!r} or start `grpo-env {env_id}` there"
+        )
+    return info
+
+
+def _info_or_none(response: httpx.Response) -> dict[str, Any] | None:
+    """The /info body, or None when another kind of server answered."""
+    if response.status_code != 200:
+        return None
+    try:
+        info = response.json()
+    except json.JSONDecodeError:
+        return None
+    fields = ("id", "name", "max_turns", "examples", "prompts")
+    return info if isinstance(info, dict) and all(f in info for f in fields) else None
+
+
+class RemoteEnv:
+    """The `Environment` protocol over HTTP; build it with `RemoteEnv.connect`."""
+
+    def __init__(self, address: str, name: str, info: dict[str, Any]) -> None:
+        self.address = address
+        self.base_url = base_url(address)
+        self.name = name
+        self.max_turns: int = int(info["max_turns"])
+        self.examples: list[Example] = info["examples"]
+        self._prompts = {
+            example_key(example): prompt
+            for example, prompt in zip(self.examples, info["prompts"], strict=True)
+        }
+        self.failures = FailureLog()
+        # httpx.AsyncClient belongs to the event loop it first ran on; each new loop gets its own.
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def connect(cls, address: str, env_id: str, name: str, retry_s: float | None = None) -> RemoteEnv:
+        """Fetch the server's info (waiting up to `retry_s`, default CONNECT_RETRY_S, for it to come up)."""
+        info = fetch_info(address, env_id, CONNECT_RETRY_S if retry_s is None else retry_s)
+        return cls(address, name, info)
+
+    def prompt_messages(self, example: Example) -> list[Message]:
+        prompt = self._prompts.get(example_key(example))
+        if prompt is None:
+            raise ValueError(
+                f"env {self.name}: the example is not one the server at {self.address} listed; "
+                "remote environments roll out their own examples only"
+            )
+        return [dict(m) for m in prompt]
+
+    async def reset(self, example: Example) -> dict[str, Any]:
+        try:
+            reply = await self._post("/reset", {"example": example})
+        except httpx.HTTPError as exc:
+            return {"session_id": None, "failure": self._failure("/reset", exc)}
+        return {"session_id": reply["session_id"]}
+
+    async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
+        if state.get("failure") is not None:
+            return EnvReply(messages=[], done=True)
+        try:
+            reply = await self._post("/step", {"session_id": state["session_id"], "messages": messages})
+        except httpx.HTTPError as exc:
+            state["failure"] = self._failure("/step", exc)
+            return EnvReply(messages=[], done=True)
+        return EnvReply(messages=reply["messages"], done=bool(reply["done"]))
+
+    async def score(self, example: Example, completion: list[Message], state: dict[str, Any]) -> Score:
+        failure = state.get("failure")
+        if failure is not None:
+            return Score(reward=0.0, failure=failure)
+        body = {"session_id": state["session_id"], "example": example, "completion": completion}
+        try:
+            reply = await self._post("/score", body)
+        except httpx.HTTPError as exc:
+            return Score(reward=0.0, failure=self._failure("/score", exc))
+        return Score(reward=float(reply["reward"]), metrics=reply["metrics"], failure=reply["failure"])
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self._http().post(path, json=body)
+        response.raise_for_status()
+        reply: dict[str, Any] = response.json()
+        return reply
+
+    def _http(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=REQUEST_TIMEOUT_S)
+            self._client_loop = loop
+        return self._client
+
+    def _failure(self, path: str, exc: httpx.HTTPError) -> str:
+        """The rollout's failure reason (deduplicated in the log): what went wrong, not which rollout."""
+        if isinstance(exc, httpx.HTTPStatusError):
+            reason = f"env server {self.address} answered HTTP {exc.response.status_code} on {path}"
+            detail = f"{reason}: {exc.response.text[:300]}"
+        else:
+            reason = f"env server {self.address} unreachable on {path} ({type(exc).__name__})"
+            detail = f"{reason}: {exc}"
+        self.failures.record(self.name, reason, detail)
+        return reason

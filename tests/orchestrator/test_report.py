@@ -1,0 +1,147 @@
+"""Reporter: metrics.jsonl always; W&B metrics, sample tables and histograms when configured."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpo.config.orchestrator import ReportConfig
+from grpo.orchestrator.report import SAMPLE_COLUMNS, Reporter
+from grpo.orchestrator.types import Rollout
+from grpo.utils.jsonl import read_jsonl
+
+
+def _rollouts(step: int) -> list[Rollout]:
+    return [
+        Rollout(
+            env_name="toy",
+            example_index=i,
+            prompt_ids=[1, 2],
+            completion_ids=[3] * (i + 1),
+            completion_mask=[True] * (i + 1),
+            completion_logprobs=[-0.1] * (i + 1),
+            temperature=1.0,
+            start_version=step,
+            end_version=step,
+            completion_text=f"answer {i}",
+            reward=float(i % 2),
+            advantage=float(i % 2) - 0.5,
+        )
+        for i in range(4)
+    ]
+
+
+class FakeWandb:
+    """The part of the wandb module the reporter uses; records what a run logged."""
+
+    def __init__(self) -> None:
+        self.init_kwargs: dict[str, Any] = {}
+        self.logged: list[tuple[int, dict[str, Any]]] = []
+        self.finished = False
+        outer = self
+
+        class Table:
+            def __init__(self, columns: list[str]) -> None:
+                self.columns = columns
+                self.rows: list[list[Any]] = []
+
+            def add_data(self, *values: Any) -> None:
+                assert len(values) == len(self.columns)
+                self.rows.append(list(values))
+
+        class Histogram:
+            def __init__(self, values: list[float]) -> None:
+                self.values = list(values)
+
+        class Run:
+            def log(self, payload: dict[str, Any], step: int) -> None:
+                outer.logged.append((step, payload))
+
+            def finish(self) -> None:
+                outer.finished = True
+
+        def init(**kwargs: Any) -> Run:
+            outer.init_kwargs = kwargs
+            return Run()
+
+        self.module = types.ModuleType("wandb")
+        self.module.Table = Table  # type: ignore[attr-defined]
+        self.module.Histogram = Histogram  # type: ignore[attr-defined]
+        self.module.init = init  # type: ignore[attr-defined]
+
+
+def _report(run_dir: Path, cfg: ReportConfig | None, steps: list[int]) -> None:
+    async def main() -> None:
+        reporter = Reporter(run_dir, cfg, {"batch_size": 4}, max_steps=len(steps), first_step=steps[0])
+        for step in steps:
+            await reporter.log_step(step, {"reward/mean": 0.5, "step_seconds": 1.0 + step}, _rollouts(step))
+        reporter.close()
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> FakeWandb:
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake.module)
+    return fake
+
+
+def test_wandb_gets_metrics_every_step_and_tables_and_histograms_every_interval(
+    tmp_path: Path, fake_wandb: FakeWandb
+) -> None:
+    _report(tmp_path, ReportConfig(project="proj", name="run-a", offline=True, interval=2), [0, 1, 2])
+
+    assert fake_wandb.init_kwargs["project"] == "proj" and fake_wandb.init_kwargs["mode"] == "offline"
+    assert fake_wandb.init_kwargs["config"] == {"batch_size": 4}
+    assert [step for step, _ in fake_wandb.logged] == [0, 1, 2]
+    assert [p["reward/mean"] for _, p in fake_wandb.logged] == [0.5, 0.5, 0.5]
+    with_extras = [step for step, p in fake_wandb.logged if "samples" in p]
+    assert with_extras == [0, 2]
+    assert "dist/reward" not in fake_wandb.logged[1][1]
+
+    _, payload = fake_wandb.logged[2]
+    table = payload["samples"]
+    assert table.columns == SAMPLE_COLUMNS
+    assert table.rows[1] == [2, "toy", 1, "answer 1", 1.0, 0.5, None]
+    assert payload["dist/reward"].values == [0.0, 1.0, 0.0, 1.0]
+    assert payload["dist/advantage"].values == [-0.5, 0.5, -0.5, 0.5]
+    assert payload["dist/completion_len"].values == [1, 2, 3, 4]
+    assert fake_wandb.finished
+
+
+def test_samples_and_distributions_can_be_turned_off(tmp_path: Path, fake_wandb: FakeWandb) -> None:
+    _report(tmp_path, ReportConfig(samples=False, distributions=False, interval=1), [0, 1])
+    assert [sorted(p) for _, p in fake_wandb.logged] == [["reward/mean", "step_seconds"]] * 2
+
+
+def test_without_report_to_only_metrics_jsonl_is_written(tmp_path: Path, fake_wandb: FakeWandb) -> None:
+    _report(tmp_path, None, [0, 1])
+    assert fake_wandb.logged == [] and fake_wandb.init_kwargs == {}
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1]
+
+
+def test_real_offline_wandb_run_stores_the_samples_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    try:
+        _report(tmp_path, ReportConfig(offline=True, interval=1), [0, 1])
+    finally:
+        wandb.teardown()  # stop the wandb service process this test started
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert len(list(run_dir.glob("run-*.wandb"))) == 1
+    tables = sorted((run_dir / "files" / "media" / "table").glob("samples_*.table.json"))
+    assert len(tables) == 2  # one per step
+    first = json.loads(tables[0].read_text())
+    assert first["columns"] == SAMPLE_COLUMNS
+    assert [row[3] for row in first["data"]] == ["answer 0", "answer 1", "answer 2", "answer 3"]
