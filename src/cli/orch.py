@@ -81,14 +81,20 @@ async def _wait_then_run(
 
     log = get_logger("orchestrator")
     try:
-        log.info(
-            "waiting up to %.0f s for inference server(s) %s", cfg.client.timeout, ", ".join(client.base_urls)
-        )
+        log.info("waiting up to %.0f s for inference server(s) %s", cfg.client.timeout, _servers_named(cfg))
         await client.wait_until_ready(cfg.client.timeout, cfg.model.name)
         await run(cfg, client, sender, run_dir, model_path)
         await deliver_last_collective_policy(cfg, client, run_dir)
     finally:
         await client.close()
+
+
+def _servers_named(cfg: OrchestratorConfig) -> str:
+    """The servers as configured: an elastic pool has no admitted server yet while waiting."""
+    elastic = cfg.client.elastic
+    if elastic is not None:
+        return f"{elastic.hostname}:{elastic.port} (client.elastic: every address the name resolves to)"
+    return ", ".join(cfg.client.base_url)
 
 
 def main() -> None:

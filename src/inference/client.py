@@ -4,6 +4,11 @@ Requests go to the least-loaded server (fewest requests in flight from this clie
 of one multi-turn session stick to the server that served its first turn, so its prefix stays
 cached there. Transient failures (connection errors, 5xx, 429) are retried with exponential
 backoff; anything else fails at once.
+
+Elastic pools (`client.elastic`): the servers are the DNS name's addresses, re-resolved in the
+background (grpo.inference.elastic_pool). A server that joins is first sent the current policy
+(the last adapter or full weights this client loaded) and only then takes requests; one that
+leaves takes no new request, and a request that fails on it is retried on another server.
 """
 
 from __future__ import annotations
@@ -15,16 +20,29 @@ from typing import Any
 import httpx
 
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
+from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.inference.vllm_compat import APPLY_NOISY_NORMS_ROUTE, RECEIVE_WEIGHTS_ROUTE, UPDATE_WEIGHTS_ROUTE
 from grpo.transport.weights_announce import read_collective_manifest
+from grpo.utils.logging import get_logger
 
 RETRY_BASE_DELAY_S = 0.5
 RETRY_MAX_DELAY_S = 8.0
+ADMIT_POLL_S = 1.0
+"""Seconds between readiness probes of a server that joined an elastic pool."""
+NO_SERVER_POLL_S = 0.05
+
+LOAD_LORA_ROUTE = "/load_lora_adapter"
+
+log = get_logger("inference")
 
 
 class TransientServerError(RuntimeError):
     """A failure worth retrying (the server was unreachable, overloaded or crashed mid-request)."""
+
+
+class ServerLeftError(TransientServerError):
+    """A request addressed to one server failed after that server left the elastic pool."""
 
 
 class InferenceClient:
@@ -35,22 +53,35 @@ class InferenceClient:
         cfg: ClientConfig,
         transport: httpx.AsyncBaseTransport | None = None,
         weight_broadcast: WeightBroadcastConfig | None = None,
+        resolver: Resolver = resolve_dns,
     ) -> None:
-        if cfg.elastic is not None:
+        if cfg.elastic is not None and "base_url" in cfg.model_fields_set:
             raise ValueError(
-                "client.elastic (DNS discovery of inference servers) is not supported yet; "
-                "list the servers in client.base_url instead"
+                "client.base_url and client.elastic are both set; keep one: a fixed list of servers "
+                "(base_url) or DNS discovery (elastic)"
             )
-        if not cfg.base_url:
+        if cfg.elastic is None and not cfg.base_url:
             raise ValueError(
                 "client.base_url is empty; list at least one server, e.g. http://localhost:8000/v1"
             )
         self.cfg = cfg
         self.weight_broadcast = weight_broadcast or FilesystemWeightBroadcast()
         """The orchestrator's weight_broadcast: where servers meet the trainer for full weights."""
-        self.base_urls = [url.rstrip("/") for url in cfg.base_url]
+        self.base_urls = [] if cfg.elastic is not None else [url.rstrip("/") for url in cfg.base_url]
+        """Servers that take requests now (for an elastic pool: those admitted, in join order)."""
         self.num_in_flight = {url: 0 for url in self.base_urls}
         self._session_server: dict[str, str] = {}
+        self._pool = (
+            None if cfg.elastic is None else ElasticPool(cfg.elastic, self._on_join, self._on_leave, resolver)
+        )
+        self._admissions: dict[str, asyncio.Task[None]] = {}
+        self._model: str | None = None
+        # The current policy, replayed to servers that join: served adapter name -> folder, or the
+        # full-weights folder; plus QeRL's noisy norms. The generation counts changes to it.
+        self._adapters: dict[str, str] = {}
+        self._full_weights_path: str | None = None
+        self._noisy_norms_path: str | None = None
+        self._policy_generation = 0
         api_key = os.environ.get(cfg.api_key_var, "")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
@@ -62,11 +93,16 @@ class InferenceClient:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def pick_server(self, session_id: str | None = None) -> str:
-        """The server for a request: the session's server if it has one, else the least loaded."""
-        if session_id is not None and session_id in self._session_server:
-            return self._session_server[session_id]
-        url = min(self.base_urls, key=lambda u: self.num_in_flight[u])
+    def pick_server(self, session_id: str | None = None, avoid: str | None = None) -> str:
+        """The server for a request: the session's server if it has one, else the least loaded
+        (other than `avoid` when another exists)."""
+        sticky = self._session_server.get(session_id) if session_id is not None else None
+        if sticky is not None and sticky in self.base_urls and sticky != avoid:
+            return sticky
+        if not self.base_urls:
+            raise TimeoutError(f"no inference server takes requests now in {self._pool_description()}")
+        candidates = [u for u in self.base_urls if u != avoid] or self.base_urls
+        url = min(candidates, key=lambda u: self.num_in_flight[u])
         if session_id is not None:
             self._session_server[session_id] = url
         return url
@@ -75,10 +111,62 @@ class InferenceClient:
         """Forget a finished session's server."""
         self._session_server.pop(session_id, None)
 
-    async def _post(self, url: str, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
-        """POST with retries on transient errors; returns the decoded JSON, or the text if not JSON."""
+    def pool_metrics(self) -> dict[str, int]:
+        """Server counts worth logging: taking requests, joining (elastic), joins and leaves so far."""
+        metrics = {"pool/num_servers": len(self.base_urls)}
+        if self._pool is not None:
+            metrics["pool/num_joining"] = len(self._admissions)
+            metrics["pool/num_joins"] = self._pool.num_joins
+            metrics["pool/num_leaves"] = self._pool.num_leaves
+        return metrics
+
+    def _pool_description(self) -> str:
+        if self._pool is None:
+            return "client.base_url " + ", ".join(self.base_urls)
+        return f"the elastic pool {self._pool.description} (client.elastic.hostname)"
+
+    async def _wait_for_server(self, timeout: float) -> None:
+        """Start the elastic pool if needed and wait until some server takes requests."""
+        if self._pool is None:
+            return
+        self._pool.start()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.base_urls:
+            self._pool.raise_if_failed()
+            if asyncio.get_running_loop().time() >= deadline:
+                resolved = ", ".join(sorted(self._pool.urls)) or "no address"
+                raise TimeoutError(
+                    f"no inference server of the elastic pool {self._pool.description} became ready within "
+                    f"{timeout:.0f} s (the name resolves to {resolved}); check the DNS name "
+                    f"client.elastic.hostname and that its servers answer /models"
+                    + (f" and serve {self._model!r}" if self._model and not self.cfg.skip_model_check else "")
+                )
+            await asyncio.sleep(NO_SERVER_POLL_S)
+
+    async def _post_routed(self, path: str, body: dict[str, Any], session_id: str | None = None) -> Any:
+        """POST to the server `pick_server` chooses; a retry after a failure in an elastic pool goes
+        to another server where there is one (the failing one is likely leaving)."""
+        await self._wait_for_server(self.cfg.timeout)
+        return await self._post(self.pick_server(session_id), path, body, session_id=session_id, routed=True)
+
+    async def _post(
+        self,
+        url: str,
+        path: str,
+        body: dict[str, Any],
+        timeout: float | None = None,
+        *,
+        session_id: str | None = None,
+        routed: bool = False,
+    ) -> Any:
+        """POST with retries on transient errors; returns the decoded JSON, or the text if not JSON.
+
+        `routed`: the request may move to another server on retry (elastic pools only)."""
         for attempt in range(self.cfg.max_retries + 1):
-            self.num_in_flight[url] += 1
+            if attempt > 0 and routed and self._pool is not None:
+                await self._wait_for_server(self.cfg.timeout)
+                url = self.pick_server(session_id, avoid=url)
+            self.num_in_flight[url] = self.num_in_flight.get(url, 0) + 1
             try:
                 response = await self._http.post(
                     url + path,
@@ -95,6 +183,8 @@ class InferenceClient:
                     return response.json()
                 return response.text
             except (httpx.TransportError, TransientServerError) as error:
+                if not routed and self._pool is not None and url not in self._pool.urls:
+                    raise ServerLeftError(f"{url}{path} failed after {url} left the pool: {error}") from error
                 if attempt == self.cfg.max_retries:
                     raise TransientServerError(
                         f"{url}{path} failed after {attempt + 1} attempt(s): {error}"
@@ -105,12 +195,83 @@ class InferenceClient:
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def _post_all(self, path: str, body: dict[str, Any], timeout: float | None = None) -> list[Any]:
-        return list(await asyncio.gather(*(self._post(url, path, body, timeout) for url in self.base_urls)))
+        """POST to every server taking requests; a server that leaves the pool meanwhile is skipped."""
+        return list(
+            await asyncio.gather(
+                *(self._post_unless_left(url, path, body, timeout) for url in self.base_urls)
+            )
+        )
+
+    async def _post_unless_left(
+        self, url: str, path: str, body: dict[str, Any], timeout: float | None
+    ) -> Any:
+        try:
+            return await self._post(url, path, body, timeout)
+        except ServerLeftError as error:
+            log.info("skipped %s: %s", path, error)
+            return None
+
+    # -- elastic pool membership --------------------------------------------------------------
+
+    def _on_join(self, url: str) -> None:
+        self._admissions[url] = asyncio.create_task(self._admit(url))
+
+    def _on_leave(self, url: str) -> None:
+        admission = self._admissions.pop(url, None)
+        if admission is not None:
+            admission.cancel()
+        if url in self.base_urls:
+            self.base_urls.remove(url)
+        for session_id in [s for s, server in self._session_server.items() if server == url]:
+            del self._session_server[session_id]
+
+    def _policy_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """(route, body) requests that bring a fresh server to the current policy, in order."""
+        requests: list[tuple[str, dict[str, Any]]] = []
+        if self._full_weights_path is not None:
+            requests.append((UPDATE_WEIGHTS_ROUTE.removeprefix("/v1"), {"path": self._full_weights_path}))
+        for name, path in self._adapters.items():
+            requests.append((LOAD_LORA_ROUTE, {"lora_name": name, "lora_path": path, "load_inplace": True}))
+        if self._noisy_norms_path is not None:
+            requests.append((APPLY_NOISY_NORMS_ROUTE.removeprefix("/v1"), {"path": self._noisy_norms_path}))
+        return requests
+
+    async def _admit(self, url: str) -> None:
+        """Wait until a joined server answers /models, give it the current policy, then route to it.
+
+        If the policy changes while it is being sent, send the new one: routing must never reach a
+        server that holds an older policy than the rest of the pool."""
+        while True:
+            served = await self._served_models(url)
+            if served is None or not (
+                self.cfg.skip_model_check or self._model is None or self._model in served
+            ):
+                await asyncio.sleep(ADMIT_POLL_S)
+                continue
+            generation = self._policy_generation
+            try:
+                for path, body in self._policy_requests():
+                    await self._post(url, path, body)
+            except (TransientServerError, RuntimeError) as error:
+                log.warning("server %s joined but did not take the current policy (%s); retrying", url, error)
+                await asyncio.sleep(ADMIT_POLL_S)
+                continue
+            if generation == self._policy_generation:
+                break
+        del self._admissions[url]
+        self.num_in_flight.setdefault(url, 0)
+        self.base_urls.append(url)
+        log.info("inference server %s takes requests (%d in the pool)", url, len(self.base_urls))
 
     # -- RolloutClient ------------------------------------------------------------------------
 
     async def wait_until_ready(self, timeout: float, model: str | None = None) -> None:
-        """Wait until every server answers /models (and lists `model`, unless skip_model_check)."""
+        """Wait until every server answers /models (and lists `model`, unless skip_model_check);
+        for an elastic pool, until at least one server has joined and takes requests."""
+        self._model = model
+        if self._pool is not None:
+            await self._wait_for_server(timeout)
+            return
         deadline = asyncio.get_running_loop().time() + timeout
         for url in self.base_urls:
             while True:
@@ -150,25 +311,32 @@ class InferenceClient:
         }
         if request.cache_salt is not None:
             body["cache_salt"] = request.cache_salt
-        url = self.pick_server(request.session_id)
-        response = await self._post(url, "/completions", body)
+        response = await self._post_routed("/completions", body, request.session_id)
         return [
             _completion_from_choice(choice)
             for choice in sorted(response["choices"], key=lambda c: c["index"])
         ]
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
-        await self._post_all(
-            "/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": True}
-        )
+        self._adapters[name] = path
+        self._policy_generation += 1
+        await self._post_all(LOAD_LORA_ROUTE, {"lora_name": name, "lora_path": path, "load_inplace": True})
 
     async def update_weights(self, path: str) -> None:
         """Load the full weights published in broadcast folder `path`: from its safetensors, or, when
         it holds a collective announcement, over the collective from the trainer."""
         manifest = await asyncio.to_thread(read_collective_manifest, path)
         if manifest is None:
+            self._full_weights_path = path
+            self._policy_generation += 1
             await self._post_all(UPDATE_WEIGHTS_ROUTE.removeprefix("/v1"), {"path": path})
             return
+        if self._pool is not None:
+            raise ValueError(
+                f"{path} announces policy {manifest['version']} over the collective, which has a fixed set of "
+                "servers, but client.elastic makes the pool change; use weight_broadcast type filesystem "
+                "(in orch.yaml and train.yaml) with an elastic pool"
+            )
         wb = self.weight_broadcast
         if wb.type != "nccl":
             raise ValueError(
@@ -177,17 +345,38 @@ class InferenceClient:
                 "{type: nccl, host, port} in orch.yaml to the trainer's address "
                 f"({manifest.get('trainer_address')})"
             )
-        if len(self.base_urls) > 1:
-            raise ValueError(
-                "weight_broadcast nccl sends to one inference server (a two-rank group); list one server in "
-                "client.base_url or use weight_broadcast type filesystem"
-            )
-        body = {"host": wb.host, "port": wb.port, "timeout": wb.timeout, "version": manifest["version"]}
-        # The route answers once the weights are in: allow the collective's own timeout plus slack.
-        await self._post_all(RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1"), body, timeout=wb.timeout + 60.0)
+        # The trainer is rank 0; the i-th server is rank i. Each server passes the world size on to
+        # the trainer through the rendezvous store, so the trainer needs no list of servers.
+        world_size = len(self.base_urls) + 1
+        route = RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1")
+        common = {"host": wb.host, "port": wb.port, "timeout": wb.timeout, "version": manifest["version"]}
+
+        async def receive(rank: int, url: str) -> None:
+            body = {**common, "rank": rank, "world_size": world_size}
+            try:
+                # The route answers once the weights are in: the collective's own timeout plus slack.
+                await self._post(url, route, body, timeout=wb.timeout + 60.0)
+            except RuntimeError as error:  # TransientServerError included
+                raise RuntimeError(
+                    f"inference server {url} (rank {rank} of {world_size}) did not receive policy "
+                    f"{manifest['version']} over the collective: {error}"
+                ) from error
+
+        # Fail as soon as one server fails (a server that is down fails at once): the trainer and the
+        # other servers then time out naming its rank instead of waiting for it.
+        receives = [asyncio.create_task(receive(rank, url)) for rank, url in enumerate(self.base_urls, 1)]
+        try:
+            for finished in asyncio.as_completed(receives):
+                await finished
+        finally:
+            for task in receives:
+                task.cancel()
+            await asyncio.gather(*receives, return_exceptions=True)
 
     async def apply_noisy_norms(self, path: str) -> None:
         """QeRL: apply noisy RMSNorm weights from a safetensors file on every server."""
+        self._noisy_norms_path = path
+        self._policy_generation += 1
         await self._post_all(APPLY_NOISY_NORMS_ROUTE.removeprefix("/v1"), {"path": path})
 
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
@@ -198,7 +387,7 @@ class InferenceClient:
             "temperature": 1.0,
             "prompt_logprobs": 0,
         }
-        response = await self._post(self.pick_server(), "/completions", body)
+        response = await self._post_routed("/completions", body)
         entries = response["choices"][0]["prompt_logprobs"]
         # Entry i maps token id -> {logprob, ...}; it always includes the prompt's own token.
         return [
@@ -207,6 +396,12 @@ class InferenceClient:
         ]
 
     async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+        admissions = list(self._admissions.values())
+        for admission in admissions:
+            admission.cancel()
+        await asyncio.gather(*admissions, return_exceptions=True)
         await self._http.aclose()
 
 

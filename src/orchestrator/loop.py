@@ -64,6 +64,7 @@ class Orchestrator:
         self.eval_envs = eval_envs or []
         self.stop = stop or asyncio.Event()
         self.buffer = Buffer(envs, cfg.buffer, cfg.seed)
+        self.client = client
         self.policy = PolicyTracker(run_dir, client, cfg.model.lora_adapter, cfg.model.name or "")
         self.runner = RolloutRunner(client, tokenizer, self.policy, teacher_client)
         self.vocab_size = tokenizer.vocab_size
@@ -329,6 +330,10 @@ class Orchestrator:
                 "perf/tokens_per_second": num_tokens / step_seconds if step_seconds > 0 else 0.0,
                 "perf/num_inflight_groups": len(self._inflight),
             }
+            # Only the HTTP client knows a server pool (elastic discovery); fakes and in-process clients do not.
+            pool_metrics = getattr(self.client, "pool_metrics", None)
+            if pool_metrics is not None:
+                metrics.update(pool_metrics())
             await reporter.log_step(step, metrics, rollouts)
 
     async def _maybe_checkpoint(self) -> None:

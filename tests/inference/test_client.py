@@ -187,9 +187,8 @@ def test_wait_until_ready_times_out_when_the_model_is_not_served() -> None:
     asyncio.run(make_client(handler, skip_model_check=True).wait_until_ready(timeout=0.0, model="policy"))
 
 
-def test_elastic_discovery_is_refused_rather_than_ignored() -> None:
-    from grpo.config.orchestrator import ClientConfig, ElasticConfig
-    from grpo.inference.client import InferenceClient
+def test_elastic_pool_and_a_fixed_server_list_are_not_mixed() -> None:
+    from grpo.config.orchestrator import ElasticConfig
 
-    with pytest.raises(ValueError, match=r"client\.elastic"):
-        InferenceClient(ClientConfig(elastic=ElasticConfig(hostname="pool.internal")))
+    with pytest.raises(ValueError, match=r"base_url and client\.elastic are both set"):
+        InferenceClient(ClientConfig(base_url=URLS, elastic=ElasticConfig(hostname="pool.internal")))
