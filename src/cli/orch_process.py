@@ -1,6 +1,8 @@
 """What the stand-alone orchestrator process (`grpo-orch`) adds around the loop: a restart that
 never repeats a delivered batch, and the hand-over of the last collective weight update.
 
+(The zmq batch transport keeps that promise itself, see `wrap_for_resume`.)
+
 Restart (ckpt.resume_step set) with the filesystem batch transport: the killed orchestrator may
 have published `rollouts/step_n/` (STABLE) for n >= the resumed step before its checkpoint for
 n + 1 was written. That batch is complete and valid (sampled from policy >= n - max_async_level)
@@ -56,9 +58,9 @@ class ResumeSafeSender:
 def wrap_for_resume(cfg: OrchestratorConfig, sender: BatchSender, run_dir: Path) -> BatchSender:
     """`sender`, made restart-safe when resuming with the filesystem transport.
 
-    zmq keeps no record of delivered batches: batches queued in a killed orchestrator are lost,
-    and the trainer then waits for a batch the resumed orchestrator may already have passed. Use
-    the filesystem transport where orchestrator restarts matter (docs/multi_node.md).
+    zmq needs no wrapper: its sender keeps every batch the trainer has not committed (taken or
+    not) in `rollouts/zmq_unacked/`, re-sends them when resumed, and drops its fresh copy of a
+    step spooled or taken already (grpo.transport.batch_zmq, docs/multi_node.md).
     """
     if not is_resuming(cfg) or cfg.rollout_transport.type != "filesystem":
         return sender

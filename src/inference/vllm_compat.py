@@ -28,8 +28,9 @@ UPDATE_WEIGHTS_ROUTE = "/v1/grpo/update_weights"
 """POST {"path": folder of safetensors}: load full weights on every worker, then reset the prefix cache."""
 
 RECEIVE_WEIGHTS_ROUTE = "/v1/grpo/receive_weights"
-"""POST {"host", "port", "timeout", "version"}: every worker receives full weights from the trainer
-over the collective (docs/multi_node.md), then the prefix cache is reset. 424 with the reason
+"""POST {"host", "port", "timeout", "version", "rank", "world_size"}: the server's worker joins the
+trainer's collective as `rank` of `world_size` (trainer = rank 0; optional, default 1 of 2) and
+receives full weights (docs/multi_node.md), then the prefix cache is reset. 424 with the reason
 when the transfer fails (a missing trainer times out after `timeout` s)."""
 
 APPLY_NOISY_NORMS_ROUTE = "/v1/grpo/apply_noisy_norms"
@@ -138,13 +139,28 @@ def _add_grpo_routes(app: Any) -> None:
             "timeout": (int, float),
             "version": int,
         }
-        if not isinstance(body, dict) or not all(isinstance(body.get(k), t) for k, t in fields.items()):
+        optional = {"rank": 1, "world_size": 2}
+        if (
+            not isinstance(body, dict)
+            or not all(isinstance(body.get(k), t) for k, t in fields.items())
+            or not all(isinstance(body.get(k, d), int) for k, d in optional.items())
+        ):
             return JSONResponse(
-                {"error": 'body must be {"host": str, "port": int, "timeout": seconds, "version": int}'},
+                {
+                    "error": 'body must be {"host": str, "port": int, "timeout": seconds, "version": int, '
+                    '"rank": int, "world_size": int} (rank and world_size optional)'
+                },
                 status_code=400,
             )
         engine = request.app.state.engine_client
-        args = (body["host"], body["port"], float(body["timeout"]), body["version"])
+        args = (
+            body["host"],
+            body["port"],
+            float(body["timeout"]),
+            body["version"],
+            body.get("rank", 1),
+            body.get("world_size", 2),
+        )
         try:
             results = await engine.collective_rpc("receive_weights_collective", args=args)
         except Exception as error:  # the reason goes back to the orchestrator instead of a bare 500
@@ -334,6 +350,30 @@ def keep_dense_cpu_weights() -> None:
     dispatch_keeping_weight._grpo_keeps_weights = True  # type: ignore[attr-defined]
     dispatch_keeping_weight._grpo_original = original  # type: ignore[attr-defined]
     utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+
+
+def keep_row_major_cpu_fp8_weights() -> None:
+    """On CPU, keep FP8 block-quantized linear weights in their [out, in] layout (borrowable).
+
+    vLLM's AMX FP8 kernel (CPUFp8BlockScaledMMKernel) VNNI-packs each weight after loading, a
+    layout only that kernel reads. A layer flagged `_cpu_skip_gemm_dispatch` (vLLM's own flag,
+    set for MLA's kv_b_proj) keeps the checkpoint layout and the kernel packs on the fly, so the
+    trainer can borrow the FP8 codes and scales. Idempotent; a no-op where the kernel is absent.
+    """
+    try:
+        from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
+    except ImportError:  # not a vLLM build with the CPU FP8 kernel: nothing to keep
+        return
+    original = CPUFp8BlockScaledMMKernel.process_weights_after_loading
+    if getattr(original, "_grpo_keeps_layout", False):
+        return
+
+    def process_keeping_layout(kernel: Any, layer: torch.nn.Module) -> None:
+        layer._cpu_skip_gemm_dispatch = True
+        original(kernel, layer)
+
+    process_keeping_layout._grpo_keeps_layout = True  # type: ignore[attr-defined]
+    CPUFp8BlockScaledMMKernel.process_weights_after_loading = process_keeping_layout
 
 
 def repack_cpu_linear_weights(model: torch.nn.Module) -> int:

@@ -17,8 +17,10 @@ from grpo.inference.weight_handles import export_record
 if TYPE_CHECKING:
     import torch
 
+
 if os.environ.get(vllm_compat.KEEP_DENSE_WEIGHTS_ENV) == "1":
     vllm_compat.keep_dense_cpu_weights()
+    vllm_compat.keep_row_major_cpu_fp8_weights()
 
 
 class WorkerExtension:
@@ -43,18 +45,22 @@ class WorkerExtension:
         vllm_compat.repack_cpu_linear_weights(model)
         return num_tensors
 
-    def receive_weights_collective(self, host: str, port: int, timeout: float, version: int) -> int:
+    def receive_weights_collective(
+        self, host: str, port: int, timeout: float, version: int, rank: int = 1, world_size: int = 2
+    ) -> int:
         """Receive policy `version`'s full weights from the trainer at host:port and load them.
 
-        Returns the number of tensors loaded, 0 when this worker already runs `version` or newer
-        (a restarted orchestrator asks again for the version it last saw). One collective session
-        per version (docs/multi_node.md); TimeoutError after `timeout` s without a sender.
+        This worker is `rank` of `world_size` (the trainer is rank 0, each inference server one
+        rank; the orchestrator assigns them). Returns the number of tensors loaded, 0 when this
+        worker already runs `version` or newer (a restarted orchestrator asks again for the version
+        it last saw). One collective session per version (docs/multi_node.md); TimeoutError naming
+        the missing ranks after `timeout` s.
         """
         from grpo.transport.weights_collective import CollectiveWeightReceiver
 
         if version <= getattr(self, "_grpo_collective_version", 0):
             return 0
-        receiver = CollectiveWeightReceiver(host, port, timeout)
+        receiver = CollectiveWeightReceiver(host, port, timeout, rank=rank, world_size=world_size)
         try:
             step, tensors = receiver.receive()
         finally:

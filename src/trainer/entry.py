@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo.trainer.publish import publish_over_collective
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -59,45 +58,54 @@ def run(
     over_collective = uses_collective(cfg)
     trainer = Trainer(cfg, run_dir, base_weights)
     try:
+        step = trainer.maybe_resume()
         if not trainer.is_main:
             _follow_rank_zero(trainer)
             return
-        if trainer.dist is not None and cfg.ckpt.resume_step is not None:
-            raise ValueError("resuming a multi-rank trainer is not supported yet; resume with one rank")
         assert receiver is not None, "rank 0 needs a batch receiver"
-        step = trainer.maybe_resume()
         if step > 0:
             # The orchestrator may be waiting for this version's STABLE; a restart must not strand it.
             # On disk even with a collective: a resumed trainer cannot know who still needs it.
             trainer.publish(step)
         while cfg.max_steps < 0 or step < cfg.max_steps:
             waited_from = time.perf_counter()
+            # A stop (None) reaches the other ranks through this share: they end with rank 0.
             batch = trainer.share_batch(_receive(receiver, step, cfg.batch_timeout, stop))
             if batch is None:
                 log.info("stop requested while waiting for batch %d", step)
-                break
+                return
             if batch.step != step:
                 raise ValueError(f"expected batch {step} but the transport delivered batch {batch.step}")
             trainer.train_step(batch, wait_time=time.perf_counter() - waited_from)
             step += 1
             # The final policy goes to disk: no batch is sampled from it, so no receiver may come.
-            if over_collective and step != cfg.max_steps:
-                publish_over_collective(trainer.policy, cfg, run_dir, step)
-            else:
-                trainer.publish(step)
-            if cfg.ckpt.interval is not None and step % cfg.ckpt.interval == 0:
+            trainer.publish(step, over_collective=over_collective and step != cfg.max_steps)
+            if _checkpoint_due(cfg, step):
                 trainer.save_checkpoint()
+                receiver.commit(step)  # every batch below `step` is in that checkpoint
+            elif cfg.ckpt.interval is None:
+                receiver.commit(step)  # no checkpoints: a restart begins at step 0 anyway
         log.info("trainer done after %d steps", step)
-        if trainer.dist is not None:
-            trainer.share_batch(None)  # releases the other ranks
+        trainer.share_batch(None)  # releases the other ranks (a no-op for one process)
     finally:
         trainer.close()
 
 
 def _follow_rank_zero(trainer: Trainer) -> None:
-    """Ranks > 0: train on the share of each batch rank 0 hands out until it says stop (None)."""
+    """Ranks > 0: train on the share of each batch rank 0 hands out until it says stop (None), and
+    join rank 0 in everything collective: publishing (FSDP2) and checkpoints. The republish of a
+    resumed step comes first, like on rank 0."""
+    if trainer.num_steps_done > 0:
+        trainer.publish(trainer.num_steps_done)
     while (batch := trainer.share_batch(None)) is not None:
         trainer.train_step(batch)
+        trainer.publish(trainer.num_steps_done)
+        if _checkpoint_due(trainer.cfg, trainer.num_steps_done):
+            trainer.save_checkpoint()
+
+
+def _checkpoint_due(cfg: TrainerConfig, num_steps_done: int) -> bool:
+    return cfg.ckpt.interval is not None and num_steps_done % cfg.ckpt.interval == 0
 
 
 def uses_collective(cfg: TrainerConfig) -> bool:

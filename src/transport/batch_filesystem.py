@@ -9,8 +9,11 @@ Layout and protocol, for batch n:
   writes `step_{n}/CONSUMED`;
 - back-pressure: before writing batch n the orchestrator waits while `max_buffered` earlier
   batches are STABLE but not CONSUMED;
-- pruning: the orchestrator (the only side that deletes) removes consumed folders, keeping the
-  `keep_consumed` newest for inspection. Unconsumed folders are never deleted.
+- commit: after a checkpoint (or after each batch when it keeps none) the trainer writes
+  `rollouts/COMMITTED` holding step c: batches below c are safe in its checkpoint;
+- pruning: the orchestrator (the only side that deletes) removes consumed folders below the
+  committed step, keeping the `keep_consumed` newest for inspection. Unconsumed folders and those a
+  restarted trainer may read again (at or above the committed step) are never deleted.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from grpo.utils.logging import get_logger
 
 BATCH_FILE = "batch.safetensors"
 CONSUMED = "CONSUMED"
+COMMITTED = "COMMITTED"
 _STEP_DIR = re.compile(r"step_(\d+)")
 _FIRST_POLL_S = 0.05
 _MAX_POLL_S = 0.5
@@ -41,6 +45,12 @@ def rollouts_dir(run_dir: str | Path) -> Path:
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
     return rollouts_dir(run_dir) / f"step_{step}"
+
+
+def committed_step(run_dir: str | Path) -> int:
+    """The trainer's last committed step (0 before its first commit)."""
+    path = rollouts_dir(run_dir) / COMMITTED
+    return int(path.read_text()) if path.exists() else 0
 
 
 def _published_steps(run_dir: Path) -> list[int]:
@@ -120,8 +130,12 @@ class FilesystemBatchSender:
             backoff.sleep(deadline)
 
     def _prune_consumed(self) -> None:
+        # A trainer restarting from its last checkpoint reads the batches from the committed step on.
+        committed = committed_step(self.run_dir)
         consumed = [
-            s for s in _published_steps(self.run_dir) if (step_dir(self.run_dir, s) / CONSUMED).exists()
+            s
+            for s in _published_steps(self.run_dir)
+            if s < committed and (step_dir(self.run_dir, s) / CONSUMED).exists()
         ]
         stale = consumed[: max(0, len(consumed) - self.keep_consumed)]
         for step in stale:
@@ -144,6 +158,13 @@ class FilesystemBatchReceiver:
         while not is_stable(folder):
             now = time.monotonic()
             if deadline is not None and now >= deadline:
+                committed = committed_step(self.run_dir)
+                if step < committed:
+                    raise TimeoutError(
+                        f"batch {step} is gone: the trainer committed step {committed} (a later checkpoint) "
+                        f"and the orchestrator pruned older batches; resume from the latest checkpoint "
+                        "(ckpt.resume_step -1)"
+                    )
                 raise TimeoutError(
                     f"batch {step} did not arrive within {timeout}s: {folder / 'STABLE'} does not exist; "
                     f"check that grpo-orch is running and uses output_dir {self.run_dir}"
@@ -160,6 +181,10 @@ class FilesystemBatchReceiver:
             )
         write_text_atomic(folder / CONSUMED, "")
         return batch
+
+    def commit(self, step: int) -> None:
+        """Batches below `step` are safe in a checkpoint: the orchestrator may prune them."""
+        write_text_atomic(rollouts_dir(self.run_dir) / COMMITTED, str(step))
 
     def close(self) -> None:
         """Nothing to release."""

@@ -91,6 +91,9 @@ class MemoryBatchReceiver:
     def receive(self, step: int, timeout: float | None = None) -> TrainingBatch:
         return self.channel.get(step, timeout)
 
+    def commit(self, step: int) -> None:
+        """Nothing to release: a batch leaves the channel when it is received."""
+
     def close(self) -> None:
         self.channel.close(by="trainer (stopped)")
 

@@ -1,29 +1,58 @@
-"""Batch transport over ZeroMQ PUSH/PULL (lower latency than the filesystem, one host or LAN).
+"""Batch transport over ZeroMQ (lower latency than the filesystem, one host or LAN), with
+acknowledgements and commits so that restarts of either side neither lose nor repeat a step.
 
-The trainer binds a PULL socket (it is the long-lived service, and a restarted orchestrator
-reconnects to it); the orchestrator connects a PUSH socket. A connecting PUSH socket creates its
-outgoing queue at `connect()` time, before any peer exists, so batches sent before the trainer
-binds wait in that queue and are delivered once it does: no slow-joiner loss at step 0.
+The trainer binds a ROUTER socket (it is the long-lived service); the orchestrator connects a
+DEALER. Protocol:
 
-Each message has two frames: a JSON header (`{"kind": "batch", "step": n}` or
-`{"kind": "end"}` when the orchestrator finishes) and the safetensors blob from
-`grpo.transport.wire`. SNDHWM = RCVHWM = `hwm` bound the queued batches; past that the
-sender blocks (back-pressure). Note that the kernel's socket buffers may hold a little more.
+- sender -> receiver: `[{"kind": "batch", "step": n, "for": id}, blob]` (blob from
+  `grpo.transport.wire`), and `[{"kind": "end", "next": n}, b""]` when the orchestrator finishes.
+  `for` names the receiver the sender knew when it sent (null before it knew one).
+  `[{"kind": "missing", "step": n, "committed": c, "for": id}, b""]` answers a receiver asking
+  for a step below what was committed (deleted, see below).
+- receiver -> sender: `[{"kind": "want", "step": n, "committed": c, "receiver": id}]`: "I need
+  batch n next" (every step below n is *taken*) and "every step below c is in a trainer
+  checkpoint" (*committed*: no resumed trainer asks for it again). Sent when the trainer asks for
+  batch n, right after it takes batch n - 1, when it commits, and in answer to the sender's hello
+  (an empty message the sender sends on every (re)connection, seen through a socket monitor), so
+  a restarted peer learns at once where the other stands. The first step a receiver asks for is
+  its resume point, so it counts as committed too.
+- The sender keeps every batch at or above the committed step in its spool
+  (grpo.transport.batch_zmq_spool; on disk under the run dir, so a resumed orchestrator has
+  them) and a memory copy of those not taken yet (at most `hwm`: back-pressure). On a want from
+  a receiver it did not know (a restarted trainer, resuming from its last checkpoint), or one
+  going back, it re-sends from step n in order, reading taken batches back from the spool. A
+  resumed orchestrator's fresh copy of a spooled or already taken step is dropped (the first
+  delivery wins).
+- The receiver takes exactly the step it expects: lower steps are duplicates and dropped; a higher
+  step sent before the sender knew this receiver is dropped too (it comes again, in order); a
+  higher step sent for this receiver means the sender no longer holds the expected one: an error.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from grpo.transport.batch import TrainingBatch
+from grpo.transport.batch_zmq_spool import BatchSpool, DiskSpool, MemorySpool
 from grpo.transport.errors import TransportClosed
 from grpo.transport.wire import decode_batch, encode_batch
 from grpo.utils.logging import get_logger
 
 _WAIT_LOG_EVERY_S = 60.0
+_IO_TICK_MS = 20
+"""How often the sender's I/O thread looks for new batches to send while no message arrives."""
+_END_LINGER_MS = 2000
+_RECEIVER_LINGER_MS = 1000
+"""A trainer that commits and then exits still gets its commit out (if the orchestrator is there)."""
 
 log = get_logger("transport")
 
@@ -55,7 +84,10 @@ def _wait_for(socket: zmq.Socket, event: int, timeout: float | None, on_slow: st
 
 
 class ZmqBatchSender:
-    """Orchestrator side: PUSH, connects to the trainer at host:port."""
+    """Orchestrator side: DEALER, connects to the trainer at host:port. A background thread owns
+    the socket: it sends queued batches and handles the trainer's acknowledgements, also while
+    the orchestrator is busy elsewhere (a restarted trainer must get its batch without waiting
+    for the orchestrator's next send)."""
 
     def __init__(
         self,
@@ -64,49 +96,235 @@ class ZmqBatchSender:
         *,
         hwm: int = 10,
         send_timeout: float | None = None,
-        close_linger: float = 30.0,
+        close_linger: float = 600.0,
+        spool_dir: Path | None = None,
+        resume: bool = False,
     ) -> None:
+        """`close_linger`: how long close() waits for the trainer to take the batches sent.
+        `spool_dir`: keep uncommitted batches on disk there (else in memory); `resume` re-sends
+        those a previous run left (else they are deleted)."""
         if hwm < 1:
             raise ValueError(f"rollout_transport.hwm must be >= 1, got {hwm}")
-        self.host, self.port, self.send_timeout = host, port, send_timeout
+        self.host, self.port, self.send_timeout, self.close_linger = host, port, send_timeout, close_linger
+        self.hwm = hwm
         self.endpoint = f"tcp://{_ip(host)}:{port}"
+        self.num_skipped = 0
+        """Batches not sent because the trainer already took that step or the spool holds it."""
+        self._spool: BatchSpool = MemorySpool() if spool_dir is None else DiskSpool(spool_dir, resume=resume)
+        self._changed = threading.Condition()
+        # Guarded by _changed.
+        self._untaken_blobs: dict[int, bytes] = {}
+        """Memory copies of the batches send() queued that are not taken yet (a disk spool only)."""
+        self._to_send: deque[int] = deque()
+        self._notices: deque[list[bytes]] = deque()
+        self._wanted = 0
+        """The receiver's next step: every step below is taken."""
+        self._committed = 0
+        """Every step below is in a trainer checkpoint and gone from the spool."""
+        self._receiver_id: str | None = None
+        self._last_step = max(self._spool.steps(), default=-1)
+        self._end_requested = False
+        self._error: BaseException | None = None
+        if self._spool.steps():
+            # Sent once the trainer says which step it needs: it may have taken some of them.
+            log.info("spooled batches %s kept from before the restart", self._spool.steps())
+
         self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PUSH)
+        self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.SNDHWM, hwm)
-        # close() keeps delivering queued batches this long, then drops them.
-        self._socket.setsockopt(zmq.LINGER, int(close_linger * 1000))
+        self._socket.setsockopt(zmq.LINGER, _END_LINGER_MS)
+        # ZMQ_PROBE_ROUTER greets only the first connection, so (re)connections are watched here.
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED)
         self._socket.connect(self.endpoint)
+        self._thread = threading.Thread(target=self._serve, name="zmq-batch-sender", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_blobs_in_memory(self) -> int:
+        """Batches whose blob this process holds (a disk spool keeps taken ones on disk only)."""
+        with self._changed:
+            return len(self._spool.steps()) if self._spool.in_memory else len(self._untaken_blobs)
+
+    def _untaken_steps(self) -> list[int]:
+        return [step for step in self._spool.steps() if step >= self._wanted]
 
     def send(self, batch: TrainingBatch) -> None:
+        """Queue batch n; blocks while `hwm` sent batches are not taken (TimeoutError after send_timeout)."""
         blob = encode_batch(batch)
-        slow = f"batch {batch.step} waits: the trainer at {self.endpoint} is not receiving"
-        if not _wait_for(self._socket, zmq.POLLOUT, self.send_timeout, slow):
-            raise TimeoutError(
-                f"batch {batch.step} not accepted within {self.send_timeout}s: the queue to {self.endpoint} "
-                f"is full; {_check_hint(self.host, self.port)}"
-            )
-        header = json.dumps({"kind": "batch", "step": batch.step}).encode()
-        self._socket.send_multipart([header, blob], copy=False)
+        step = batch.step
+        deadline = None if self.send_timeout is None else time.monotonic() + self.send_timeout
+        with self._changed:
+            self._raise_if_failed()
+            if self._drop_if_delivered(step):
+                return
+            while len(self._untaken_steps()) >= self.hwm:
+                remaining = _WAIT_LOG_EVERY_S if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"batch {step} not accepted within {self.send_timeout}s: the queue to {self.endpoint} "
+                        f"is full ({self.hwm} batches not taken); {_check_hint(self.host, self.port)}"
+                    )
+                if not self._changed.wait(min(remaining, _WAIT_LOG_EVERY_S)):
+                    log.info("batch %d waits: the trainer at %s is not taking batches", step, self.endpoint)
+                self._raise_if_failed()
+            if self._drop_if_delivered(step):
+                return
+            self._spool.add(step, blob)
+            if not self._spool.in_memory:
+                self._untaken_blobs[step] = blob
+            self._to_send.append(step)
+            self._last_step = max(self._last_step, step)
+
+    def _drop_if_delivered(self, step: int) -> bool:
+        if step < self._committed:
+            reason = "the trainer took it and checkpointed it"
+        elif step in self._spool:
+            reason = "a copy from before the restart is spooled"
+        elif step < self._wanted:
+            reason = "the trainer took it already"
+        else:
+            return False
+        self.num_skipped += 1
+        log.info("batch %d not sent: %s (the first delivery wins)", step, reason)
+        return True
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(
+                f"the zmq batch sender to {self.endpoint} failed: {self._error}"
+            ) from self._error
+
+    # -- the I/O thread -----------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            poller = zmq.Poller()
+            poller.register(self._socket, zmq.POLLIN)
+            poller.register(self._monitor, zmq.POLLIN)
+            hello_pending = False
+            while True:
+                ready = dict(poller.poll(_IO_TICK_MS))
+                if self._monitor in ready:
+                    recv_monitor_message(self._monitor)
+                    hello_pending = True
+                if hello_pending:
+                    # Hello: a (re)started trainer answers with the step it wants. A full queue
+                    # delays it; the batches queued ahead of it tell the trainer about us anyway.
+                    hello_pending = not self._try_send([b""])
+                if self._socket in ready:
+                    self._read_acknowledgements()
+                with self._changed:
+                    self._send_queued()
+                    if self._end_requested:
+                        end = {"kind": "end", "next": self._last_step + 1}
+                        self._socket.send_multipart([json.dumps(end).encode(), b""])
+                        return
+        except BaseException as error:  # surfaces in the caller's next send() or close()
+            with self._changed:
+                self._error = error
+                self._changed.notify_all()
+
+    def _read_acknowledgements(self) -> None:
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            want = _parse_want(frames)
+            with self._changed:
+                self._acknowledge(want["step"], want["committed"], want["receiver"])
+                self._changed.notify_all()
+
+    def _acknowledge(self, wanted: int, committed: int, receiver_id: str) -> None:
+        if committed > self._committed:
+            self._committed = committed
+            self._spool.remove_below(committed)
+        for step in [s for s in self._untaken_blobs if s < wanted]:
+            del self._untaken_blobs[step]
+        # A receiver we did not know (a restarted trainer), or one going back, lost what we sent.
+        if receiver_id != self._receiver_id or wanted < self._wanted:
+            self._receiver_id = receiver_id
+            self._to_send = deque(s for s in self._spool.steps() if s >= wanted)
+            if wanted < self._committed:
+                log.error(
+                    "the trainer asks for batch %d, but it committed every step below %d: that batch is gone",
+                    wanted,
+                    self._committed,
+                )
+                missing = {
+                    "kind": "missing",
+                    "step": wanted,
+                    "committed": self._committed,
+                    "for": receiver_id,
+                }
+                self._notices.append([json.dumps(missing).encode(), b""])
+        self._wanted = wanted
+
+    def _send_queued(self) -> None:
+        while self._notices:
+            if not self._try_send(self._notices[0]):
+                return
+            self._notices.popleft()
+        while self._to_send:
+            step = self._to_send[0]
+            if step >= self._wanted and step in self._spool:
+                blob = self._untaken_blobs.get(step)
+                if blob is None:
+                    blob = self._spool.read(step)  # taken before a trainer restart: back from disk
+                header = json.dumps({"kind": "batch", "step": step, "for": self._receiver_id}).encode()
+                if not self._try_send([header, blob]):
+                    return  # the socket's queue is full: try again on the next tick
+            self._to_send.popleft()
+
+    def _try_send(self, frames: list[bytes]) -> bool:
+        try:
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        return True
 
     def close(self) -> None:
-        """Tell the trainer no more batches come, deliver what is queued (up to close_linger s)."""
+        """Wait (up to close_linger s) until the trainer took every batch, then tell it no more come.
+
+        Batches not committed stay in the spool for a resumed orchestrator."""
         if self._socket.closed:
             return
-        if self._socket.poll(0, zmq.POLLOUT):
-            self._socket.send_multipart([json.dumps({"kind": "end"}).encode(), b""])
+        deadline = time.monotonic() + self.close_linger
+        with self._changed:
+            while (untaken := self._untaken_steps()) and self._error is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    log.warning(
+                        "closing with batches %s not taken by the trainer at %s after %.0f s",
+                        untaken,
+                        self.endpoint,
+                        self.close_linger,
+                    )
+                    break
+                if not self._changed.wait(min(remaining, _WAIT_LOG_EVERY_S)):
+                    log.info("waiting for the trainer to take batches %s", untaken)
+            self._end_requested = True
+        self._thread.join()
+        self._socket.disable_monitor()
+        self._monitor.close()
         self._socket.close()
         self._context.term()
 
 
 class ZmqBatchReceiver:
-    """Trainer side: PULL, bound on host:port (port 0 picks a free port, see `.port`)."""
+    """Trainer side: ROUTER, bound on host:port (port 0 picks a free port, see `.port`)."""
 
     def __init__(self, host: str, port: int, *, hwm: int = 10) -> None:
         self.host = host
+        self.receiver_id = uuid.uuid4().hex
+        """This receiver's identity in the protocol: a restarted trainer is a new receiver."""
+        self._peers: dict[bytes, None] = {}
+        self._wanted: int | None = None
+        self._committed = 0
         self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PULL)
+        self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.RCVHWM, hwm)
-        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.LINGER, _RECEIVER_LINGER_MS)
         try:
             self._socket.bind(f"tcp://{_ip(host)}:{port if port else '*'}")
         except zmq.ZMQError as err:
@@ -118,27 +336,84 @@ class ZmqBatchReceiver:
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(self.endpoint.rsplit(":", 1)[1])
 
-    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch:
-        slow = f"waiting for batch {step} on {self.endpoint}"
-        if not _wait_for(self._socket, zmq.POLLIN, timeout, slow):
-            raise TimeoutError(
-                f"batch {step} did not arrive within {timeout}s on {self.endpoint}: "
-                f"{_check_hint(self.host, self.port)}"
-            )
-        frames = self._socket.recv_multipart()
-        header = _parse_header(frames)
-        if header.get("kind") == "end":
-            raise TransportClosed(f"no batch {step}: the orchestrator finished sending")
-        sent_step = header["step"]
-        batch = decode_batch(frames[1])
-        if batch.step != sent_step:
-            raise ValueError(f"zmq message for step {sent_step} carries batch {batch.step}: corrupt message")
-        if batch.step != step:
+    def _want(self, step: int, peers: list[bytes] | None = None) -> None:
+        """Tell senders (all known, or `peers`) that `step` is needed next (everything below is
+        taken) and what is committed."""
+        self._wanted = step
+        message = {"kind": "want", "step": step, "committed": self._committed, "receiver": self.receiver_id}
+        encoded = json.dumps(message).encode()
+        for peer in self._peers if peers is None else peers:
+            self._socket.send_multipart([peer, encoded])
+
+    def commit(self, step: int) -> None:
+        """Every batch below `step` is safe in a trainer checkpoint (or, with checkpoints off, was
+        trained on): the orchestrator may delete them. Until then it keeps them for a restart."""
+        if self._wanted is None or step > self._wanted:
             raise ValueError(
-                f"received batch {batch.step} while expecting batch {step}: orchestrator and trainer disagree "
-                "on the step; resume both from the same checkpoint step"
+                f"cannot commit step {step}: only steps up to the next one to receive ({self._wanted}) "
+                "can be committed; commit after saving the checkpoint for the steps already trained"
             )
-        return batch
+        if step > self._committed:
+            self._committed = step
+            self._want(self._wanted)
+
+    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch:
+        if self._wanted is None:
+            # The first step asked for is the resume point: every step below is in the checkpoint
+            # resumed from (or there is none).
+            self._committed = max(self._committed, step)
+        if step != self._wanted:
+            self._want(step)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slow = f"waiting for batch {step} on {self.endpoint}"
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not _wait_for(self._socket, zmq.POLLIN, remaining, slow):
+                raise TimeoutError(
+                    f"batch {step} did not arrive within {timeout}s on {self.endpoint}: "
+                    f"{_check_hint(self.host, self.port)}"
+                )
+            peer, *frames = self._socket.recv_multipart()
+            if frames == [b""] or peer not in self._peers:  # a sender (re)connected: tell it where we stand
+                self._peers[peer] = None
+                self._want(step, [peer])
+            if frames == [b""]:
+                continue
+            header = _parse_header(frames)
+            if header["kind"] == "end":
+                if step >= header["next"]:
+                    raise TransportClosed(f"no batch {step}: the orchestrator finished sending")
+                log.warning(
+                    "the orchestrator finished before batch %d was taken; waiting for a resumed one", step
+                )
+                continue
+            if header["kind"] == "missing":
+                if header.get("for") == self.receiver_id and header["step"] == step:
+                    raise ValueError(
+                        f"batch {step} is gone: a trainer of this run committed (checkpointed) every step "
+                        f"below {header['committed']} and the orchestrator deleted those batches; resume the "
+                        "trainer from its latest checkpoint (ckpt.resume_step -1), or start orchestrator and "
+                        "trainer afresh"
+                    )
+                continue  # an answer to an earlier receiver or an earlier want
+            sent_step = header["step"]
+            if sent_step < step:
+                continue  # a re-sent copy of a batch already taken
+            if sent_step > step:
+                if header.get("for") == self.receiver_id:
+                    raise ValueError(
+                        f"received batch {sent_step} while expecting batch {step}: the orchestrator no longer "
+                        f"holds batch {step}, so orchestrator and trainer disagree on the step; resume both "
+                        "from the same checkpoint step"
+                    )
+                continue  # sent before the orchestrator knew this receiver; it comes again in order
+            batch = decode_batch(frames[1])
+            if batch.step != sent_step:
+                raise ValueError(
+                    f"zmq message for step {sent_step} carries batch {batch.step}: corrupt message"
+                )
+            self._want(step + 1)
+            return batch
 
     def close(self) -> None:
         if not self._socket.closed:
@@ -146,13 +421,33 @@ class ZmqBatchReceiver:
         self._context.term()
 
 
-def _parse_header(frames: list[bytes]) -> dict:
+def _parse_want(frames: list[bytes]) -> dict[str, Any]:
+    try:
+        want = json.loads(frames[0]) if len(frames) == 1 else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        want = None
+    if (
+        not isinstance(want, dict)
+        or want.get("kind") != "want"
+        or not isinstance(want.get("step"), int)
+        or not isinstance(want.get("committed"), int)
+        or not isinstance(want.get("receiver"), str)
+    ):
+        raise ValueError(f"corrupt message from the trainer: {frames[0][:200]!r}")
+    return want
+
+
+def _parse_header(frames: list[bytes]) -> dict[str, Any]:
     try:
         header = json.loads(frames[0]) if len(frames) == 2 else None
     except (UnicodeDecodeError, json.JSONDecodeError):
         header = None
-    if not isinstance(header, dict) or header.get("kind") not in ("batch", "end"):
+    if not isinstance(header, dict) or header.get("kind") not in ("batch", "end", "missing"):
         raise ValueError(f"corrupt zmq batch message (unknown step): {len(frames)} frames, bad header")
-    if header["kind"] == "batch" and not isinstance(header.get("step"), int):
+    if header["kind"] in ("batch", "missing") and not isinstance(header.get("step"), int):
         raise ValueError("corrupt zmq batch message (unknown step): header has no integer step")
+    if header["kind"] == "missing" and not isinstance(header.get("committed"), int):
+        raise ValueError("corrupt zmq missing-batch message: header has no integer committed step")
+    if header["kind"] == "end" and not isinstance(header.get("next"), int):
+        raise ValueError("corrupt zmq end message: header has no integer next step")
     return header

@@ -26,9 +26,13 @@ def make_batch_sender(
     hwm: int = DEFAULT_ZMQ_HWM,
     max_buffered: int = 2,
     channel: MemoryChannel | None = None,
+    resume: bool = False,
 ) -> BatchSender:
-    """Orchestrator side. `hwm` bounds zmq's queue and `max_buffered` the filesystem's unconsumed
-    folders; `channel` (memory only) is shared with the receiver in the same process."""
+    """Orchestrator side. `hwm` bounds zmq's batches not yet taken and `max_buffered` the
+    filesystem's unconsumed folders; `channel` (memory only) is shared with the receiver in the
+    same process. zmq spools every batch the trainer has not committed (taken or not) under
+    `rollouts/zmq_unacked/`; `resume` re-sends those an earlier orchestrator of this run left
+    (else they are deleted)."""
     if kind == "filesystem":
         from grpo.transport.batch_filesystem import FilesystemBatchSender
 
@@ -36,7 +40,7 @@ def make_batch_sender(
     if kind == "zmq":
         from grpo.transport.batch_zmq import ZmqBatchSender
 
-        return ZmqBatchSender(host, port, hwm=hwm)
+        return ZmqBatchSender(host, port, hwm=hwm, spool_dir=zmq_spool_dir(run_dir), resume=resume)
     if kind == "memory":
         from grpo.transport.batch_memory import MemoryBatchSender
 
@@ -44,6 +48,11 @@ def make_batch_sender(
             raise ValueError("the memory transport needs channel=MemoryChannel(...) shared with the receiver")
         return MemoryBatchSender(channel)
     raise ValueError(f"unknown batch transport {kind!r}: choose filesystem, zmq or memory")
+
+
+def zmq_spool_dir(run_dir: str | Path) -> Path:
+    """Where the zmq sender keeps the batches the trainer has not committed (checkpointed) yet."""
+    return Path(run_dir) / "rollouts" / "zmq_unacked"
 
 
 def make_batch_receiver(
@@ -78,7 +87,14 @@ def batch_sender_for(cfg: OrchestratorConfig, run_dir: str | Path) -> BatchSende
     max_async_level + 1 batches ahead of the trainer before it blocks."""
     transport = cfg.rollout_transport
     if transport.type == "zmq":
-        return make_batch_sender("zmq", run_dir, host=transport.host, port=transport.port, hwm=transport.hwm)
+        return make_batch_sender(
+            "zmq",
+            run_dir,
+            host=transport.host,
+            port=transport.port,
+            hwm=transport.hwm,
+            resume=cfg.ckpt.resume_step is not None,
+        )
     return make_batch_sender("filesystem", run_dir, max_buffered=cfg.max_async_level + 1)
 
 

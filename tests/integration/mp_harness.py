@@ -195,5 +195,26 @@ def wait_for_path(path: Path, timeout: float, launcher: Launcher) -> None:
 
 
 def trainer_steps(run_dir: Path) -> list[int]:
-    lines = (run_dir / "trainer_metrics.jsonl").read_text().splitlines()
+    path = run_dir / "trainer_metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
     return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+def wait_for_trainer_step(run_dir: Path, step: int, timeout: float, launcher: Launcher) -> None:
+    """Until trainer_metrics.jsonl has a line for `step` (the trainer finished that step)."""
+    deadline = time.monotonic() + timeout
+    while step not in trainer_steps(run_dir):
+        for name, process in launcher.processes.items():
+            assert process.poll() is None, (
+                f"{name} exited {process.returncode}:\n{launcher.log(name)[-3000:]}"
+            )
+        assert time.monotonic() < deadline, f"the trainer did not finish step {step} within {timeout}s"
+        time.sleep(0.1)
+
+
+def batch_transport(kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(orch.yaml, train.yaml) keys for batch transport `kind` ("filesystem" or "zmq" on a free port)."""
+    if kind == "filesystem":
+        return {}, {}
+    port = free_port()
+    return {"rollout_transport": {"type": "zmq", "port": port}}, {"transport_type": "zmq", "zmq_port": port}

@@ -14,6 +14,7 @@ import pytest
 from mp_harness import (
     Launcher,
     assert_no_survivors,
+    batch_transport,
     free_port,
     infer_config,
     orch_config,
@@ -21,6 +22,7 @@ from mp_harness import (
     trainer_steps,
     wait_for_path,
     wait_for_server,
+    wait_for_trainer_step,
     write_yaml,
 )
 
@@ -111,13 +113,18 @@ def test_zmq_and_collective_full_weights_with_trainer_first_and_inference_last(
     assert launcher.stop("infer") == 0
 
 
+@pytest.mark.parametrize("transport", ["filesystem", "zmq"])
 def test_orchestrator_killed_mid_run_resumes_without_losing_or_repeating_a_step(
-    lora_server: str, launcher: Launcher, tiny_model_path: Path, tmp_path: Path
+    lora_server: str, launcher: Launcher, tiny_model_path: Path, tmp_path: Path, transport: str
 ) -> None:
     run_dir = tmp_path / "run"
-    cfg = orch_config(tiny_model_path, run_dir, lora_server, lora=True, ckpt={"interval": 1})
+    orch_transport, train_transport = batch_transport(transport)
+    cfg = orch_config(
+        tiny_model_path, run_dir, lora_server, lora=True, ckpt={"interval": 1}, **orch_transport
+    )
     orch = write_yaml(tmp_path / "orch.yaml", cfg)
-    train = write_yaml(tmp_path / "train.yaml", train_config(tiny_model_path, run_dir, lora=True))
+    train_cfg = train_config(tiny_model_path, run_dir, lora=True, **train_transport)
+    train = write_yaml(tmp_path / "train.yaml", train_cfg)
     launcher.start("train", "grpo-train", train)
     launcher.start("orch", "grpo-orch", orch)
     wait_for_path(run_dir / "checkpoints" / "orchestrator" / "step_1" / "STABLE", RUN_TIMEOUT_S, launcher)
@@ -127,3 +134,30 @@ def test_orchestrator_killed_mid_run_resumes_without_losing_or_repeating_a_step(
     launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S)
     assert trainer_steps(run_dir) == [0, 1, 2]
     assert "resumed from orchestrator checkpoint" in launcher.log("orch")
+
+
+def test_zmq_trainer_killed_after_its_checkpoint_resumes_from_it_without_skipping_or_repeating_a_step(
+    lora_server: str, launcher: Launcher, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    orch_transport, train_transport = batch_transport("zmq")
+    # Strictly on-policy: batch 3 waits for policy 3, so the trainer is killed after training
+    # batch 2 (its checkpoint holds steps 0 and 1 only) and before it gets batch 3.
+    orch_cfg = orch_config(
+        tiny_model_path, run_dir, lora_server, lora=True, max_steps=4, max_async_level=0, **orch_transport
+    )
+    train_cfg = train_config(
+        tiny_model_path, run_dir, lora=True, max_steps=4, ckpt={"interval": 2}, **train_transport
+    )
+    train = write_yaml(tmp_path / "train.yaml", train_cfg)
+    launcher.start("train", "grpo-train", train)
+    launcher.start("orch", "grpo-orch", write_yaml(tmp_path / "orch.yaml", orch_cfg))
+    wait_for_trainer_step(run_dir, 2, RUN_TIMEOUT_S, launcher)
+    launcher.processes["train"].send_signal(signal.SIGKILL)
+    launcher.wait("train", 10)
+    assert trainer_steps(run_dir) == [0, 1, 2]
+    launcher.start("train", "grpo-train", train, "--ckpt.resume_step", "-1")
+    launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S)
+    # Batch 2, taken before the kill but in no checkpoint, came again from the orchestrator's spool.
+    assert trainer_steps(run_dir) == [0, 1, 2, 2, 3]
+    assert "next batch is step 2" in launcher.log("train")

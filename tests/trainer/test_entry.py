@@ -7,8 +7,10 @@ import threading
 import time
 
 import pytest
+from trainer_batches import default_rows
 
-from grpo.trainer.entry import _receive, find_run_dir
+from grpo.trainer.entry import _receive, find_run_dir, run
+from grpo.transport.batch import TrainingBatch
 
 
 def _make_run(path, mtime=None):
@@ -45,6 +47,9 @@ class _NeverReceiver:
         time.sleep(min(timeout or 0.05, 0.05))
         raise TimeoutError(f"no batch {step}")
 
+    def commit(self, step):
+        raise AssertionError("nothing was received, so nothing can be committed")
+
     def close(self):
         pass
 
@@ -58,3 +63,26 @@ def test_stop_event_ends_the_wait_for_a_batch():
 def test_batch_timeout_still_raises_with_a_stop_event():
     with pytest.raises(TimeoutError):
         _receive(_NeverReceiver(), 0, 0.2, threading.Event())
+
+
+class _RecordingReceiver:
+    def __init__(self):
+        self.commits = []
+
+    def receive(self, step, timeout=None):
+        return TrainingBatch(step=step, rows=default_rows(seed=step))
+
+    def commit(self, step):
+        self.commits.append(step)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(("interval", "expected"), [(2, [2, 4]), (None, [1, 2, 3, 4])])
+def test_trainer_commits_batches_once_they_are_safe_in_a_checkpoint(make_cfg, tmp_path, interval, expected):
+    """The transport may forget batch n only when a restart can no longer ask for it again."""
+    cfg = make_cfg(output_dir=str(tmp_path), max_steps=4, ckpt={"interval": interval})
+    receiver = _RecordingReceiver()
+    run(cfg, tmp_path, receiver)
+    assert receiver.commits == expected

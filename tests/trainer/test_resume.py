@@ -37,6 +37,8 @@ class FakeReceiver:
         row = make_row([(4, 6), (3, 5)], [1.0, -1.0], seed=step)
         row.inference_logprobs[row.loss_mask] = -10.8
         return TrainingBatch(step=step, rows=[row])
+    def commit(self, step):
+        pass
     def close(self):
         pass
 

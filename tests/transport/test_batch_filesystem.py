@@ -103,9 +103,34 @@ def test_consumed_folders_are_pruned_to_keep_consumed(tmp_path: Path) -> None:
     for step in range(5):
         sender.send(synthetic_batch(step))
         receiver.receive(step)
+        receiver.commit(step + 1)
     assert (step_dir(tmp_path, 4) / CONSUMED).exists()
     # Step 4 was consumed after the last send, so the last prune kept step 3 and 4 survives.
-    assert sorted(p.name for p in rollouts_dir(tmp_path).iterdir()) == ["step_3", "step_4"]
+    assert sorted(p.name for p in rollouts_dir(tmp_path).glob("step_*")) == ["step_3", "step_4"]
+
+
+def test_batches_after_the_last_commit_survive_for_a_restarted_trainer(tmp_path: Path) -> None:
+    sender = FilesystemBatchSender(tmp_path, max_buffered=1, keep_consumed=0)
+    receiver = FilesystemBatchReceiver(tmp_path)
+    for step in range(6):
+        sender.send(synthetic_batch(step))
+        receiver.receive(step)
+        if step == 1:
+            receiver.commit(2)  # a checkpoint after two steps
+    sender.send(synthetic_batch(6))
+    # The trainer dies and resumes from its step-2 checkpoint: batches 2.. are still there, in order.
+    restarted = FilesystemBatchReceiver(tmp_path)
+    for step in range(2, 7):
+        assert_batches_equal(restarted.receive(step, timeout=1.0), synthetic_batch(step))
+    assert not step_dir(tmp_path, 1).exists()
+
+
+def test_asking_for_a_batch_below_the_commit_says_to_resume_from_the_latest(tmp_path: Path) -> None:
+    receiver = FilesystemBatchReceiver(tmp_path)
+    rollouts_dir(tmp_path).mkdir(parents=True)
+    receiver.commit(5)
+    with pytest.raises(TimeoutError, match=r"batch 2 is gone.*committed step 5.*resume_step -1"):
+        receiver.receive(2, timeout=0.05)
 
 
 def test_receive_timeout_names_step_path_and_what_to_check(tmp_path: Path) -> None:

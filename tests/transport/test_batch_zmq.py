@@ -2,11 +2,17 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
 
+from grpo.transport.batch import TrainingBatch
 from grpo.transport.batch_zmq import ZmqBatchReceiver, ZmqBatchSender
 from grpo.transport.errors import TransportClosed
 from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
@@ -69,18 +75,23 @@ def test_sender_blocks_once_hwm_batches_are_queued() -> None:
         late_receiver.close()
 
 
-def test_close_tells_the_trainer_the_orchestrator_finished(receiver: ZmqBatchReceiver) -> None:
-    sender = ZmqBatchSender("localhost", receiver.port, close_linger=5)
+def test_close_waits_for_the_trainer_to_take_the_last_batch_then_says_finished(
+    receiver: ZmqBatchReceiver,
+) -> None:
+    sender = ZmqBatchSender("localhost", receiver.port, close_linger=30)
     sender.send(synthetic_batch(0))
-    sender.close()
+    closing = threading.Thread(target=sender.close)
+    closing.start()
     assert receiver.receive(0, timeout=10).step == 0
     with pytest.raises(TransportClosed, match="orchestrator finished"):
         receiver.receive(1, timeout=10)
+    closing.join(timeout=10)
+    assert not closing.is_alive()
 
 
 def _push_raw(port: int, frames: list[bytes]) -> None:
     context = zmq.Context()
-    push = context.socket(zmq.PUSH)
+    push = context.socket(zmq.DEALER)
     push.setsockopt(zmq.LINGER, 5000)
     push.connect(f"tcp://127.0.0.1:{port}")
     push.send_multipart(frames)
@@ -102,7 +113,7 @@ def test_message_without_a_header_is_rejected_as_unknown_step(receiver: ZmqBatch
 
 
 def test_batch_for_another_step_is_rejected(receiver: ZmqBatchReceiver) -> None:
-    sender = ZmqBatchSender("localhost", receiver.port, close_linger=1)
+    sender = ZmqBatchSender("localhost", receiver.port, close_linger=0.1)
     sender.send(synthetic_batch(3))
     with pytest.raises(ValueError, match="received batch 3 while expecting batch 2"):
         receiver.receive(2, timeout=10)
@@ -117,3 +128,214 @@ def test_receive_timeout_names_step_and_endpoint(receiver: ZmqBatchReceiver) -> 
 def test_binding_a_busy_port_explains_the_fix(receiver: ZmqBatchReceiver) -> None:
     with pytest.raises(ValueError, match="choose a free zmq_port"):
         ZmqBatchReceiver("localhost", receiver.port)
+
+
+def _receive_all(receiver: ZmqBatchReceiver, steps: range) -> list[TrainingBatch]:
+    return [receiver.receive(step, timeout=10) for step in steps]
+
+
+def _spooled_steps(spool_dir: Path) -> list[int]:
+    return sorted(int(path.name.removeprefix("step_").split(".")[0]) for path in spool_dir.glob("step_*"))
+
+
+def _wait_for_spool(spool_dir: Path, steps: list[int]) -> None:
+    """The sender's I/O thread (or process) handles a commit shortly after the trainer sends it."""
+    deadline = time.monotonic() + 10
+    while _spooled_steps(spool_dir) != steps:
+        assert time.monotonic() < deadline, f"spool holds {_spooled_steps(spool_dir)}, expected {steps}"
+        time.sleep(0.02)
+
+
+def test_a_restarted_trainer_gets_every_step_it_had_not_taken_once_and_in_order(tmp_path: Path) -> None:
+    first = ZmqBatchReceiver("localhost", 0)
+    port = first.port
+    sender = ZmqBatchSender("localhost", port, hwm=8, send_timeout=10, close_linger=10, spool_dir=tmp_path)
+    for step in range(5):
+        sender.send(synthetic_batch(step, metadata={"n": step}))
+    assert [b.step for b in _receive_all(first, range(2))] == [0, 1]
+    first.close()  # the trainer dies with batches 2.. queued in its socket or still in flight
+
+    restarted = ZmqBatchReceiver("localhost", port)
+    try:
+        batches = _receive_all(restarted, range(2, 5))
+        sender.send(synthetic_batch(5, metadata={"n": 5}))
+        batches.append(restarted.receive(5, timeout=10))
+        assert [(b.step, b.metadata["n"]) for b in batches] == [(n, n) for n in range(2, 6)]
+        restarted.commit(6)
+        _wait_for_spool(tmp_path, [])  # every batch committed: nothing left to re-send
+        sender.close()
+        with pytest.raises(TransportClosed):
+            restarted.receive(6, timeout=10)
+    finally:
+        sender.close()
+        restarted.close()
+
+
+def test_a_trainer_resumed_from_its_last_commit_gets_the_steps_taken_after_it_again_once_and_in_order(
+    tmp_path: Path,
+) -> None:
+    first = ZmqBatchReceiver("localhost", 0)
+    port = first.port
+    sender = ZmqBatchSender("localhost", port, hwm=3, send_timeout=10, close_linger=10, spool_dir=tmp_path)
+    try:
+        for step in range(5):
+            sender.send(synthetic_batch(step, metadata={"n": step}))
+            assert first.receive(step, timeout=10).step == step
+            if step == 1:
+                first.commit(2)  # the trainer's checkpoint after two steps
+        # Taken but not committed: on disk only, no memory copy.
+        _wait_for_spool(tmp_path, [2, 3, 4])
+        assert sender.num_blobs_in_memory == 0
+        first.close()  # killed: steps 2..4 were trained but are in no checkpoint
+
+        resumed = ZmqBatchReceiver("localhost", port)
+        try:
+            batches = _receive_all(resumed, range(2, 5))
+            for step in range(5, 7):
+                sender.send(synthetic_batch(step, metadata={"n": step}))
+                batches.append(resumed.receive(step, timeout=10))
+            assert [(b.step, b.metadata["n"]) for b in batches] == [(n, n) for n in range(2, 7)]
+            assert sender.num_skipped == 0
+            resumed.commit(7)
+            _wait_for_spool(tmp_path, [])
+            sender.close()
+            with pytest.raises(TransportClosed):  # nothing was left to deliver a second time
+                resumed.receive(7, timeout=10)
+        finally:
+            resumed.close()
+    finally:
+        sender.close()
+
+
+def test_a_trainer_resuming_below_its_committed_step_gets_a_clear_error(tmp_path: Path) -> None:
+    first = ZmqBatchReceiver("localhost", 0)
+    port = first.port
+    sender = ZmqBatchSender("localhost", port, close_linger=0.1, spool_dir=tmp_path)
+    for step in range(3):
+        sender.send(synthetic_batch(step))
+    _receive_all(first, range(3))
+    first.commit(3)
+    _wait_for_spool(tmp_path, [])
+    first.close()
+    sender.send(synthetic_batch(3))
+    restarted = ZmqBatchReceiver("localhost", port)
+    try:
+        # It resumes from a checkpoint older than the step it committed: batch 1 is gone.
+        with pytest.raises(ValueError, match=r"batch 1 is gone: .* below 3 .*ckpt.resume_step -1"):
+            restarted.receive(1, timeout=10)
+    finally:
+        sender.close()
+        restarted.close()
+
+
+def test_committing_a_step_not_received_yet_is_refused(receiver: ZmqBatchReceiver) -> None:
+    with pytest.raises(ValueError, match="cannot commit step 1"):
+        receiver.commit(1)
+
+
+_KILLED_SENDER = """
+import sys, time
+from pathlib import Path
+from grpo.transport.batch_zmq import ZmqBatchSender
+from grpo.transport.synthetic import synthetic_batch
+sender = ZmqBatchSender("localhost", int(sys.argv[1]), hwm=8, spool_dir=Path(sys.argv[2]))
+for step in range(int(sys.argv[3])):
+    sender.send(synthetic_batch(step, metadata={"sender": "first"}))
+print("sent", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_and_resumed_orchestrator_delivers_every_step_once_keeping_the_first_copy(
+    receiver: ZmqBatchReceiver, tmp_path: Path
+) -> None:
+    first = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SENDER, str(receiver.port), str(tmp_path), "4"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "sent"
+        assert [b.step for b in _receive_all(receiver, range(2))] == [0, 1]
+    finally:
+        first.kill()  # no close(): batches 2 and 3 were sent but never taken
+        first.wait(timeout=30)
+
+    # The orchestrator resumes from its checkpoint for step 2 and samples 2 and 3 again.
+    resumed = ZmqBatchSender(
+        "localhost", receiver.port, hwm=8, close_linger=10, spool_dir=tmp_path, resume=True
+    )
+    try:
+        for step in range(2, 6):
+            resumed.send(synthetic_batch(step, metadata={"sender": "resumed"}))
+        batches = _receive_all(receiver, range(2, 6))
+        assert [(b.step, b.metadata["sender"]) for b in batches] == [
+            (2, "first"),
+            (3, "first"),
+            (4, "resumed"),
+            (5, "resumed"),
+        ]
+        assert resumed.num_skipped == 2
+        resumed.close()
+        with pytest.raises(TransportClosed):
+            receiver.receive(6, timeout=10)
+    finally:
+        resumed.close()
+
+
+def test_trainer_and_orchestrator_both_killed_and_resumed_deliver_every_step_once_in_order(
+    tmp_path: Path,
+) -> None:
+    first_trainer = ZmqBatchReceiver("localhost", 0)
+    port = first_trainer.port
+    first_orch = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SENDER, str(port), str(tmp_path), "5"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first_orch.stdout is not None and first_orch.stdout.readline().strip() == "sent"
+        for step in range(5):
+            assert first_trainer.receive(step, timeout=10).step == step
+            if step == 1:
+                first_trainer.commit(2)
+        _wait_for_spool(tmp_path, [2, 3, 4])  # the orchestrator handled the commit before dying
+    finally:
+        first_trainer.close()
+        first_orch.kill()
+        first_orch.wait(timeout=30)
+
+    # The trainer resumes from its checkpoint at step 2 and waits; the orchestrator resumes from
+    # its own checkpoint at step 2 and samples 2.. again.
+    resumed_trainer = ZmqBatchReceiver("localhost", port)
+    resumed_orch = ZmqBatchSender("localhost", port, hwm=8, close_linger=10, spool_dir=tmp_path, resume=True)
+    try:
+        for step in range(2, 7):
+            resumed_orch.send(synthetic_batch(step, metadata={"sender": "resumed"}))
+        batches = _receive_all(resumed_trainer, range(2, 7))
+        assert [(b.step, b.metadata["sender"]) for b in batches] == [
+            (2, "first"),
+            (3, "first"),
+            (4, "first"),
+            (5, "resumed"),
+            (6, "resumed"),
+        ]
+        assert resumed_orch.num_skipped == 3
+        resumed_orch.close()
+        with pytest.raises(TransportClosed):
+            resumed_trainer.receive(7, timeout=10)
+    finally:
+        resumed_orch.close()
+        resumed_trainer.close()
+
+
+def test_a_fresh_run_ignores_batches_spooled_by_an_earlier_run(
+    receiver: ZmqBatchReceiver, tmp_path: Path
+) -> None:
+    (tmp_path / "step_0.safetensors").write_bytes(encode_batch(synthetic_batch(0, metadata={"run": "old"})))
+    sender = ZmqBatchSender("localhost", receiver.port, close_linger=5, spool_dir=tmp_path, resume=False)
+    try:
+        sender.send(synthetic_batch(0, metadata={"run": "new"}))
+        assert receiver.receive(0, timeout=10).metadata["run"] == "new"
+    finally:
+        sender.close()
