@@ -100,7 +100,13 @@ def run_configs(args: argparse.Namespace, run_dir: Path, async_level: int) -> di
     train = yaml.safe_load((DEMO / "train.yaml").read_text())
     infer = yaml.safe_load((DEMO / "infer.yaml").read_text())
     orch = yaml.safe_load((DEMO / "orch.yaml").read_text())
-    train.update(model=args.model, output_dir=str(run_dir), max_steps=args.steps, learning_rate=args.lr)
+    train.update(
+        model=args.model,
+        output_dir=str(run_dir),
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        max_async_level=async_level,
+    )
     infer.update(model=args.model)
     orch["model"]["name"] = args.model
     orch.update(

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl]
         [--modes colocated,multiprocess] [--async-levels 0,1,2] [--steps 8]
 
-Default: inference (embedded model), orchestrator, transport and trainer benches; co-located e2e
-at max_async_level 1; TRL GRPOTrainer with the same settings (8 steps, 4 prompts x 8 completions,
+Default: inference (embedded model), orchestrator, transport and trainer benches; e2e runs
+co-located and multi-process at max_async_level 0, 1 and 2; TRL GRPOTrainer with the same settings (8 steps, 4 prompts x 8 completions,
 16 new tokens, lr 5e-4, LoRA r16); plots. --quick shrinks everything to a smoke run (2 steps,
 small component sizes) and writes its files under the label `<machine>-quick` / tag `quick`, so
 the recorded numbers are never overwritten; the trainer bench is skipped in quick mode (its
@@ -143,14 +143,38 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(" | ".join(str(row.get(c)).ljust(widths[c]) for c in columns))
 
 
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """The summary as Markdown, pasted into the README as it is so its numbers are this run's."""
+    machine = summary["machine"]
+    versions_line = ", ".join(f"{k} {v}" for k, v in summary["versions"].items())
+    load = summary["load_average"]
+    parts = [
+        f"`{summary['command']}` on {machine['cpu_model']} ({machine['cpu_count']} cores); {versions_line}; "
+        f"1-minute load {load['before'][0]:.1f} before, {load['after'][0]:.1f} after.\n",
+        markdown_table(summary["components"]),
+        markdown_table(summary["runs"]),
+        *(f"Note: {note}\n" for note in summary["notes"]),
+    ]
+    return "\n".join(part for part in parts if part)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="2-step smoke sizes; separate result files")
     parser.add_argument("--skip", default="", help="comma list of: components, e2e, trl")
-    parser.add_argument("--modes", default="colocated", help="e2e modes: colocated,multiprocess")
-    parser.add_argument("--async-levels", default="1", help="e2e max_async_level values, e.g. 0,1,2")
+    parser.add_argument("--modes", default="colocated,multiprocess", help="e2e modes: colocated,multiprocess")
+    parser.add_argument("--async-levels", default="0,1,2", help="e2e max_async_level values, e.g. 0,1,2")
     parser.add_argument("--steps", type=int, default=None, help="e2e and TRL steps (default 8; quick 2)")
     args = parser.parse_args()
 
@@ -198,6 +222,7 @@ def main() -> None:
     }
     out = RESULTS / f"summary_{label}.json"
     out.write_text(json.dumps(summary, indent=2) + "\n")
+    out.with_suffix(".md").write_text(summary_markdown(summary))
     print(f"\nsummary ({machine_info()['cpu_model']}, {machine}) -> {out.relative_to(ROOT)}\n")
     print_table(components)
     print()

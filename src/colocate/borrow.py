@@ -3,7 +3,9 @@
 After vLLM has loaded the model, every worker exports a record per parameter (shared-memory
 filename on CPU, CUDA IPC handle on GPU). This process rebuilds tensors over that memory, splits
 vLLM's fused weights into HF-named views, checks a few against the checkpoint, and hands them to
-the trainer as its frozen base weights.
+the trainer as its frozen base weights. FP8 engine weights (vLLM `fp8_per_block`, or per-tensor)
+travel as FP8 data + scales, and the trainer dequantizes them per matmul
+(grpo.trainer.quantized_base).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.colocate.model_shape import ModelShape
 from grpo.colocate.name_map import borrowable_linear_weights
-from grpo.colocate.verify import verify_against_checkpoint
+from grpo.colocate.quantized_views import borrowable_fp8_linears, is_fp8
+from grpo.colocate.verify import verify_against_checkpoint, verify_fp8_against_checkpoint
 from grpo.inference.weight_handles import rebuild_tensor
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     import torch
+
+    from grpo.colocate.dequant import FP8BlockWeight
 
 log = get_logger("colocate")
 
@@ -29,7 +34,9 @@ DENSE_DTYPES = {"torch.bfloat16", "torch.float16", "torch.float32"}
 @dataclass
 class BorrowedBase:
     tensors: dict[str, torch.Tensor]
-    """HF name -> view over the engine's memory (decoder-layer linear weights)."""
+    """HF name -> view over the engine's memory (dense decoder-layer linear weights)."""
+    quantized: dict[str, FP8BlockWeight]
+    """HF module name (`...q_proj`) -> FP8 data + scales, views over the engine's memory."""
     engine_tensors: dict[str, torch.Tensor]
     """Every rebuilt engine parameter (kept referenced: the views above depend on them)."""
     checked: list[str]
@@ -37,33 +44,40 @@ class BorrowedBase:
 
     @property
     def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        tensors = [*self.tensors.values(), *(t for q in self.quantized.values() for t in (q.weight, q.scale))]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def borrow_from_records(records: list[dict[str, Any]], model_path: str | Path) -> BorrowedBase:
     """Rebuild one worker's exported parameters and map them to HF names."""
     shape = ModelShape.from_folder(model_path)
     engine_tensors = {r["name"]: rebuild_tensor(r) for r in records}
-    tensors = borrowable_linear_weights(engine_tensors, shape)
-    quantized = sorted({str(t.dtype) for t in tensors.values()} - DENSE_DTYPES)
-    if quantized:
+    dense_engine_tensors = {name: t for name, t in engine_tensors.items() if not is_fp8(t)}
+    tensors = borrowable_linear_weights(dense_engine_tensors, shape)
+    quantized = borrowable_fp8_linears(engine_tensors, shape)
+    unsupported = sorted({str(t.dtype) for t in tensors.values()} - DENSE_DTYPES)
+    if unsupported:
         raise ValueError(
-            f"the engine holds its base weights as {', '.join(quantized)}; co-located borrowing of quantized "
-            "engine weights is not wired up yet (grpo.colocate.dequant has the NF4/FP8 kernels): serve the "
-            "model unquantized, or use the multi-process mode with qlora_bnb in the trainer"
+            f"the engine holds its base weights as {', '.join(unsupported)}; co-located borrowing supports dense "
+            "(bf16/fp16/fp32) and FP8 engine weights: serve the model unquantized or with quantization "
+            "fp8_per_block, or use the multi-process mode with qlora_bnb in the trainer"
         )
     expected = 7 * shape.num_layers
-    if len(tensors) != expected:
+    if len(tensors) + len(quantized) != expected:
         raise ValueError(
-            f"borrowed {len(tensors)} linear weights from the engine, expected {expected} "
+            f"borrowed {len(tensors) + len(quantized)} linear weights from the engine, expected {expected} "
             f"({shape.num_layers} layers x 7); the engine dropped or renamed weights (on CPU, is the dense-weight "
             "patch active?)"
         )
-    checked = verify_against_checkpoint(tensors, model_path)
-    borrowed = BorrowedBase(tensors, engine_tensors, checked)
+    checked = verify_against_checkpoint(tensors, model_path) if tensors else []
+    if quantized:
+        checked += verify_fp8_against_checkpoint(quantized, model_path)
+    borrowed = BorrowedBase(tensors, quantized, engine_tensors, checked)
     log.info(
-        "borrowed %d base weights (%.1f MiB) from the engine without copying; checked %d against the checkpoint",
-        len(tensors),
+        "borrowed %d base weights (%d FP8) (%.1f MiB) from the engine without copying; checked %d against the "
+        "checkpoint",
+        len(tensors) + len(quantized),
+        len(quantized),
         borrowed.num_bytes / 2**20,
         len(checked),
     )

@@ -70,8 +70,11 @@ class FP8BlockWeight:
     weight: torch.Tensor
     """float8_e4m3fn [out, in]."""
     scale: torch.Tensor
-    """fp32 [ceil(out/block), ceil(in/block)]."""
+    """fp32 [ceil((row_offset + out)/block), ceil(in/block)]."""
     block: int = 128
+    row_offset: int = 0
+    """Rows of the first scale tile above `weight` (0 <= row_offset < block): a q/k/v part of a fused
+    weight can start mid-tile, and then shares that tile's scale with the part before it."""
 
 
 def dequantize_fp8_block(
@@ -81,7 +84,8 @@ def dequantize_fp8_block(
 
     dtype = dtype or torch.bfloat16
     rows, cols = weight.weight.shape
-    scale = weight.scale.repeat_interleave(weight.block, 0)[:rows].repeat_interleave(weight.block, 1)[
+    first, block = weight.row_offset, weight.block
+    scale = weight.scale.repeat_interleave(block, 0)[first : first + rows].repeat_interleave(block, 1)[
         :, :cols
     ]
     result = weight.weight.float() * scale

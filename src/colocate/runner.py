@@ -94,6 +94,7 @@ def _train_with_server(
 ) -> int:
     from grpo.colocate.borrow import borrow_from_records
     from grpo.inference.client import InferenceClient
+    from grpo.inference.weight_handles import release_shared_names
     from grpo.trainer.entry import run as run_trainer
     from grpo.trainer.weights import BorrowedWeights
     from grpo.transport.batch_memory import memory_transport_pair
@@ -105,10 +106,12 @@ def _train_with_server(
             "use tp: 1 (and dp: N with one trainer per GPU)"
         )
     borrowed = borrow_from_records(records_per_worker[0], model_path)
+    # Both sides have mapped the weights now; the file names would only outlive a crash.
+    release_shared_names(records_per_worker[0])
 
     sender, receiver = memory_transport_pair(capacity=orch.max_async_level + 1)
     stop_trainer = threading.Event()
-    base_weights = BorrowedWeights(model_path, borrowed.tensors)
+    base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
     trainer = TrainerThread(lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights))
     client_cfg = orch.client.model_copy(update={"base_url": [server.base_url]})
     client = InferenceClient(client_cfg)

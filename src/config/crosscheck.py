@@ -117,6 +117,10 @@ def check_inference(
     return problems
 
 
+BORROWABLE_QUANTIZATIONS = frozenset({"fp8", "fp8_per_block"})
+"""vLLM quantization methods whose weight layout grpo.colocate knows (FP8 data + scales)."""
+
+
 def check_colocated(
     train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig
 ) -> OrchestratorConfig:
@@ -129,6 +133,16 @@ def check_colocated(
         )
     problems += check_trainer_orchestrator(train, orch, colocated=True)
     problems += check_inference(infer, train, orch)
+    if infer.quantization is not None and infer.quantization not in BORROWABLE_QUANTIZATIONS:
+        problems.append(
+            f"infer quantization '{infer.quantization}': the co-located trainer can borrow unquantized or "
+            f"FP8 weights only; use one of {sorted(BORROWABLE_QUANTIZATIONS)} or null"
+        )
+    if infer.quantization is not None and (train.qlora_bnb or train.qlora_fp8):
+        problems.append(
+            f"infer quantization '{infer.quantization}' with train qlora_bnb/qlora_fp8: the trainer borrows "
+            "the engine's quantized weights as they are; set qlora_bnb and qlora_fp8 to false"
+        )
     if problems:
         raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
     return orch

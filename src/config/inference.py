@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from grpo.config.base import StrictModel
 
@@ -34,6 +34,11 @@ class InferenceConfig(StrictModel):
 
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     """Weight and activation dtype of the engine."""
+
+    quantization: str | None = None
+    """vLLM quantization method for the base weights (vLLM's --quantization), e.g. "fp8" on a GPU or
+    "fp8_per_block" (FP8 E4M3, 128x128 block scales; also runs on CPU). null = as the checkpoint is.
+    Co-located runs borrow unquantized and FP8 weights; other methods are refused at start."""
 
     max_model_len: int | None = Field(None, gt=0)
     """Maximum context length (prompt + completion); null takes the model's."""
@@ -103,6 +108,24 @@ class InferenceConfig(StrictModel):
         if rank is not None:
             round_up_lora_rank(rank)
         return rank
+
+    @model_validator(mode="after")
+    def _fp8_computes_in_16_bits(self) -> InferenceConfig:
+        if self.quantization is not None and self.quantization.startswith("fp8") and self.dtype == "float32":
+            raise ValueError(
+                f"quantization {self.quantization} computes in 16 bits: set dtype to bfloat16 (or float16)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _collective_needs_one_worker(self) -> InferenceConfig:
+        if self.weight_broadcast_type == "nccl" and (self.tp > 1 or self.dp > 1):
+            raise ValueError(
+                f"weight_broadcast_type nccl joins one worker per server to the trainer's collective, but "
+                f"tp {self.tp} x dp {self.dp} runs several: set tp: 1 and dp: 1 (start more servers and list "
+                "them in the orchestrator's client.base_url) or use weight_broadcast_type filesystem"
+            )
+        return self
 
     @property
     def served_lora_rank(self) -> int:

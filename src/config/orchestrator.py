@@ -271,10 +271,10 @@ class ReportConfig(StrictModel):
     """Run W&B offline (no network needed)."""
 
     samples: bool | None = None
-    """Log a table of prompt/completion samples."""
+    """Log a table of prompt/completion samples every `interval` steps (null = on; false = off)."""
 
     distributions: bool | None = None
-    """Log reward and advantage distributions."""
+    """Log reward, advantage and completion-length histograms every `interval` steps (null = on)."""
 
     interval: int = Field(10, gt=0)
     """Steps between sample/distribution logs."""
@@ -328,6 +328,15 @@ class TeacherModelConfig(StrictModel):
 
     client: ClientConfig | None = None
     """An already running teacher server; null = the policy's servers serve the teacher model."""
+
+    @model_validator(mode="after")
+    def _needs_name(self) -> TeacherModelConfig:
+        if not self.model.name:
+            raise ValueError(
+                "teacher_model.model.name is required: the model id the teacher server serves "
+                "(e.g. teacher_model: {model: {name: Qwen/Qwen3-8B}})"
+            )
+        return self
 
 
 class OrchestratorConfig(StrictModel):

@@ -163,7 +163,8 @@ class TrainerConfig(StrictModel):
     """Base weights in bitsandbytes NF4 (QLoRA)."""
 
     qlora_fp8: bool = False
-    """Base weights in FP8 E4M3 with block scales (SM89+)."""
+    """Base weights in FP8 E4M3 with 128x128 block scales, dequantized per matmul. Weight-only:
+    matmuls run in bf16/fp32, never as native FP8 matmuls, so any CPU or CUDA GPU works (no SM89+)."""
 
     qlora_fp4: bool = False
     """Base weights in NVFP4 (SM100+)."""

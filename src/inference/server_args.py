@@ -38,6 +38,8 @@ def build_server_args(cfg: InferenceConfig, model_path: str) -> list[str]:
     ]  # fmt: skip
     if cfg.max_model_len is not None:
         argv += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.quantization is not None:
+        argv += ["--quantization", cfg.quantization]
     if cfg.enforce_eager:
         argv.append("--enforce-eager")
     if cfg.trust_remote_code:

@@ -11,10 +11,32 @@ kind "cuda_ipc": the storage's CUDA IPC handle, the fields torch.multiprocessing
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def release_shared_names(records: list[dict[str, Any]]) -> int:
+    """Remove the /dev/shm names of exported CPU storages; returns how many were removed.
+
+    Mappings already made (the engine's own, the trainer's rebuilt views) stay valid, and the memory
+    is freed with the last of them. Left in place, the files outlive both processes: torch's
+    shared-memory manager does not remove them when the processes end by a signal or a killed
+    process group, and /dev/shm is RAM. Call once every process that needs them has rebuilt its
+    tensors; records exported afterwards name files that no longer exist.
+    """
+    removed = 0
+    for filename in {r["filename"] for r in records if r["kind"] == "cpu_shm"}:
+        path = SHM_DIR / filename.lstrip("/")
+        if path.exists():
+            path.unlink()
+            removed += 1
+    return removed
 
 
 def export_record(name: str, param: torch.Tensor) -> dict[str, Any]:

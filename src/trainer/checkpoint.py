@@ -1,10 +1,22 @@
 """Trainer checkpoints: `{run_dir}/checkpoints/trainer/step_{n}/` holds the state after n optimizer
-steps (trainable weights, optimizer, scheduler, RNG), STABLE last. Resuming from step_n continues
-with batch n.
+steps, STABLE last. Resuming from step_n continues with batch n.
 
-Files: `trainable.safetensors` (trainable parameters by name), `optimizer.pt` / `scheduler.pt`
-(torch.save of state dicts, loaded with weights_only=True; only this trainer writes them),
-`rng.pt` (torch RNG tensors) and `trainer_state.json` (step, python/numpy RNG as JSON).
+Files (the same for one rank and for torchrun ranks, so a checkpoint is independent of the rank count):
+- `trainable.safetensors`: every trainable parameter by name, whole (FSDP2 shards gathered).
+- `optimizer.pt`: torch.save of the optimizer state keyed by parameter NAME, the "full state dict"
+  of torch.distributed.checkpoint (get/set_optimizer_state_dict re-shard it for any rank count);
+  loaded with weights_only=True, only this trainer writes it.
+- `scheduler.pt`: torch.save of the LR scheduler state.
+- `rng_rank{r}.json`: rank r's torch (and CUDA), python and numpy RNG states.
+- `trainer_state.json`: step, world_size (ranks that wrote it).
+
+Whole tensors rather than a DCP sharded save keep the folder readable by plain safetensors/torch
+tools and resumable on another number of ranks; the price is that rank 0 holds the whole model and
+optimizer state in CPU memory while it writes, fine for the models this trainer shards.
+
+Under torchrun every rank calls save/load (gathering shards is collective). Rank 0 alone writes the
+folder (the other ranks send it their RNG states); the checkpoint is published (STABLE) before any
+rank returns. On load every rank reads the folder: the run dir must be visible to all of them.
 """
 
 from __future__ import annotations
@@ -13,23 +25,39 @@ import json
 import random
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from grpo.trainer.publish import prune_step_dirs
 from grpo.utils.atomic import is_stable, publish_dir, staging_dir
+from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     import torch
 
+    from grpo.trainer.distributed import DistContext
     from grpo.trainer.model import Policy
 
+log = get_logger("trainer")
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+TRAINABLE_FILE = "trainable.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+STATE_FILE = "trainer_state.json"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng_rank{rank}.json"
 
 
 def checkpoint_root(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "trainer"
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return checkpoint_root(run_dir) / f"step_{step}"
 
 
 def complete_checkpoints(run_dir: Path) -> dict[int, Path]:
@@ -44,6 +72,55 @@ def complete_checkpoints(run_dir: Path) -> dict[int, Path]:
     return found
 
 
+def _whole_state_options(**overrides: bool) -> Any:
+    """torch.distributed.checkpoint options for whole (unsharded) tensors, the format on disk."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **overrides)
+
+
+def _whole_trainable(policy: Policy) -> dict[str, torch.Tensor]:
+    """Trainable parameters by name, whole and on CPU. Collective under FSDP2 (every rank, same order)."""
+    from grpo.trainer.distributed import is_sharded
+
+    whole = {}
+    for name, param in policy.model.named_parameters():
+        if param.requires_grad:
+            tensor = param.detach().full_tensor() if is_sharded(param) else param.detach()
+            whole[name] = tensor.cpu().contiguous()
+    return whole
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch (+CUDA), python and numpy RNG states as JSON-able values."""
+    import torch
+
+    py_version, py_internal, py_gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    np_state["state"] = {**np_state["state"], "key": np_state["state"]["key"].tolist()}
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state().tolist(),
+        "python": [py_version, list(py_internal), py_gauss],
+        "numpy": np_state,
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    np_state["state"]["key"] = np.array(np_state["state"]["key"], dtype=np.uint32)
+    np.random.set_state(np_state)
+
+
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -51,34 +128,37 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     keep_last: int | None,
+    dist_ctx: DistContext | None = None,
 ) -> Path:
+    """Write checkpoint step_{step}; under torchrun every rank calls this and all return once it is STABLE."""
     import torch
     from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    final = checkpoint_root(run_dir) / f"step_{step}"
-    staged = staging_dir(final)
-    trainable = {
-        n: p.detach().cpu().contiguous() for n, p in policy.model.named_parameters() if p.requires_grad
-    }
-    save_file(trainable, str(staged / "trainable.safetensors"))
-    torch.save(optimizer.state_dict(), staged / "optimizer.pt")
-    torch.save(scheduler.state_dict(), staged / "scheduler.pt")
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
-    torch.save(rng, staged / "rng.pt")
-    py_state = random.getstate()
-    np_state = np.random.get_state(legacy=False)
-    np_state["state"] = {**np_state["state"], "key": np_state["state"]["key"].tolist()}
-    state = {
-        "step": step,
-        "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
-        "numpy_rng": np_state,
-    }
-    (staged / "trainer_state.json").write_text(json.dumps(state))
-    publish_dir(staged, final)
-    if keep_last is not None:
-        prune_step_dirs(final.parent, keep=keep_last)
+    from grpo.trainer.distributed import barrier, gather_bytes
+
+    final = checkpoint_dir(run_dir, step)
+    trainable = _whole_trainable(policy)
+    # cpu_offload: under torchrun only rank 0 receives the whole state (the others get {}).
+    optimizer_state = get_optimizer_state_dict(
+        policy.model, optimizer, options=_whole_state_options(cpu_offload=True)
+    )
+    own_rng = json.dumps(rng_state()).encode()
+    rng_per_rank = [own_rng] if dist_ctx is None else gather_bytes(own_rng, dist_ctx)
+    if dist_ctx is None or dist_ctx.is_main:
+        staged = staging_dir(final)
+        save_file(trainable, str(staged / TRAINABLE_FILE))
+        torch.save(optimizer_state, staged / OPTIMIZER_FILE)
+        torch.save(scheduler.state_dict(), staged / SCHEDULER_FILE)
+        for rank, data in enumerate(rng_per_rank):
+            (staged / rng_file(rank)).write_bytes(data)
+        state = {"step": step, "world_size": len(rng_per_rank)}
+        (staged / STATE_FILE).write_text(json.dumps(state))
+        publish_dir(staged, final)
+        if keep_last is not None:
+            prune_step_dirs(final.parent, keep=keep_last)
+    if dist_ctx is not None:
+        barrier(dist_ctx)  # no rank goes on (or may be stopped) before the checkpoint is complete
     return final
 
 
@@ -107,30 +187,38 @@ def load_checkpoint(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    dist_ctx: DistContext | None = None,
 ) -> int:
-    """Restore state in place; return the step (optimizer steps done)."""
+    """Restore state in place; return the step (optimizer steps done). Under torchrun every rank
+    calls this with the same folder (re-sharding is collective)."""
     import torch
     from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    trainable = load_file(str(folder / "trainable.safetensors"))
-    params = {n: p for n, p in policy.model.named_parameters() if p.requires_grad}
-    if set(trainable) != set(params):
+    state = json.loads((folder / STATE_FILE).read_text())
+    trainable = load_file(str(folder / TRAINABLE_FILE))
+    expected = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    if set(trainable) != expected:
         raise ValueError(
-            f"checkpoint {folder} was written for different trainable parameters (another LoRA config?)"
+            f"checkpoint {folder} was written for different trainable parameters (another lora/LoRA config?); "
+            "resume with the train.yaml it was written with, or start a new run dir"
         )
-    with torch.no_grad():
-        for name, tensor in trainable.items():
-            params[name].copy_(tensor)
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
-    rng = torch.load(folder / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(list(rng["cuda"]))
-    state = json.loads((folder / "trainer_state.json").read_text())
-    version, internal, gauss = state["python_rng"]
-    random.setstate((version, tuple(internal), gauss))
-    np_state = state["numpy_rng"]
-    np_state["state"]["key"] = np.array(np_state["state"]["key"], dtype=np.uint32)
-    np.random.set_state(np_state)
+    # strict=False: the checkpoint holds the trainable parameters only (frozen base weights come from the model).
+    set_model_state_dict(policy.model, trainable, options=_whole_state_options(strict=False))
+    optimizer_state = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
+    set_optimizer_state_dict(policy.model, optimizer, optimizer_state, options=_whole_state_options())
+    scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
+    rank = 0 if dist_ctx is None else dist_ctx.rank
+    world_size = 1 if dist_ctx is None else dist_ctx.world_size
+    if world_size != state["world_size"]:
+        log.info(
+            "checkpoint %s was written by %d rank(s); resuming on %d", folder, state["world_size"], world_size
+        )
+    own_rng = folder / rng_file(rank)
+    if own_rng.exists():
+        set_rng_state(json.loads(own_rng.read_text()))
+    else:
+        log.warning(
+            "checkpoint %s has no RNG state for rank %d; that rank keeps its seeded RNG", folder, rank
+        )
     return int(state["step"])

@@ -64,22 +64,33 @@ def init_distributed(device_type: str) -> DistContext | None:
 
 def balance_rows(rows: list[PackedRow], world_size: int) -> list[list[PackedRow]]:
     """Split rows over ranks: every rank gets the same number of rows (padding with `empty_row`s
-    that carry no loss), and greedily about the same number of tokens (largest rows first, each to
-    the rank with the fewest tokens that still has room). Deterministic: every rank computes it."""
+    that carry no loss), and greedily about the same number of tokens. Deterministic: every rank
+    computes it (see `balance_row_indices`)."""
     from grpo.trainer.packing import empty_row
 
-    num_per_rank = max(1, -(-len(rows) // world_size))
-    padded = rows + [empty_row() for _ in range(num_per_rank * world_size - len(rows))]
-    order = sorted(range(len(padded)), key=lambda i: (-padded[i].num_tokens, i))
+    shares = balance_row_indices([r.num_tokens for r in rows], world_size)
+    return [[rows[i] if i < len(rows) else empty_row() for i in share] for share in shares]
+
+
+def balance_row_indices(row_lengths: list[int], world_size: int) -> list[list[int]]:
+    """Row indices per rank, the same count on every rank; an index >= len(row_lengths) is a padding
+    row (`empty_row`). Largest rows first, each to the rank with the fewest tokens
+    that still has room; batch order kept inside each share (a 1-rank run and rank-local work
+    look alike)."""
+    from grpo.trainer.packing import empty_row
+
+    num_per_rank = max(1, -(-len(row_lengths) // world_size))
+    num_padding = num_per_rank * world_size - len(row_lengths)
+    lengths = row_lengths + [empty_row().num_tokens] * num_padding
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     shares: list[list[int]] = [[] for _ in range(world_size)]
     tokens = [0] * world_size
     for index in order:
         open_ranks = [r for r in range(world_size) if len(shares[r]) < num_per_rank]
         target = min(open_ranks, key=lambda r: (tokens[r], r))
         shares[target].append(index)
-        tokens[target] += padded[index].num_tokens
-    # Keep the batch order inside each share so a 1-rank run and rank-local work look alike.
-    return [[padded[i] for i in sorted(share)] for share in shares]
+        tokens[target] += lengths[index]
+    return [sorted(share) for share in shares]
 
 
 def _send_or_receive(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
@@ -225,3 +236,76 @@ def sum_floats(values: list[float], ctx: DistContext) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return [float(v) for v in tensor.cpu().tolist()]
+
+
+def broadcast_int(value: int, ctx: DistContext) -> int:
+    """Rank 0's `value` on every rank (the others pass anything)."""
+    import torch
+
+    return int(_send_or_receive(torch.tensor([value], dtype=torch.int64), ctx).item())
+
+
+def barrier(ctx: DistContext) -> None:
+    import torch.distributed as dist
+
+    dist.barrier(device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+
+
+def gather_bytes(data: bytes, ctx: DistContext) -> list[bytes]:
+    """Every rank's `data`, by rank, on every rank (raw bytes over the collective: nothing unpickled)."""
+    import torch
+    import torch.distributed as dist
+
+    size = torch.tensor([len(data)], dtype=torch.int64, device=ctx.device)
+    sizes = [torch.zeros_like(size) for _ in range(ctx.world_size)]
+    dist.all_gather(sizes, size)
+    max_size = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(max_size, dtype=torch.uint8)
+    padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = [torch.zeros(max_size, dtype=torch.uint8, device=ctx.device) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, padded.to(ctx.device))
+    return [bytes(g.cpu()[: int(s.item())].numpy()) for g, s in zip(gathered, sizes, strict=True)]
+
+
+def sum_tensor(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Element-wise sum over ranks, returned on CPU."""
+    import torch.distributed as dist
+
+    on_device = tensor.to(ctx.device)
+    dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+    return on_device.cpu()
+
+
+def same_on_every_rank(values: list[int], ctx: DistContext) -> bool:
+    """Whether every rank passed the same `values` (of the same length on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    low = torch.tensor(values, dtype=torch.int64, device=ctx.device)
+    high = low.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(low, high))
+
+
+def whole_model_copy(causal_lm: torch.nn.Module, ctx: DistContext) -> torch.nn.Module | None:
+    """On rank 0, an unsharded copy of an FSDP2-sharded HF causal LM (same config, the whole
+    weights, on CPU) for writing or sending; None on the other ranks. Collective: every rank calls it.
+
+    A copy because the sharded model's own state_dict/save_pretrained yield its DTensor shards. Its
+    non-persistent buffers (rotary frequencies) stay on the meta device: it is for saving, not forward."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    whole = get_model_state_dict(causal_lm, options=options)  # {} on ranks > 0
+    if not ctx.is_main:
+        return None
+    dtypes = {t.dtype for t in whole.values()}
+    assert len(dtypes) == 1, f"mixed weight dtypes {dtypes}"
+    with torch.device("meta"):
+        copy = AutoModelForCausalLM.from_config(causal_lm.config, dtype=dtypes.pop())
+    copy.load_state_dict(whole, assign=True)
+    copy.tie_weights()  # assign=True replaced the tied tensors one by one
+    return copy

@@ -1,9 +1,13 @@
-"""Build the policy: an HF causal LM, with LoRA (peft), QLoRA NF4 (bitsandbytes) or full training.
+"""Build the policy: an HF causal LM, with LoRA (peft), QLoRA NF4 (bitsandbytes) or FP8, or full training.
 
 Precision: base weights in bf16 where the hardware runs bf16 matmuls natively (CUDA with bf16,
 or a CPU with AVX512-BF16/AMX that oneDNN uses), else fp32. Trainable parameters are always fp32:
 LoRA adapters are upcast by peft, and full training keeps fp32 weights and runs the forward under
 bf16 autocast. One code path for CPU and CUDA.
+
+qlora_fp8 (and FP8 weights borrowed from the engine) keep the decoder linears as FP8 codes +
+128x128 block scales and dequantize them per matmul (grpo.trainer.quantized_base): weight-only,
+so it needs no FP8-capable GPU.
 """
 
 from __future__ import annotations
@@ -94,13 +98,14 @@ def resolve_device(cfg: TrainerConfig) -> torch.device:
 
 
 def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
-    """Fail at start (not mid-run) when the recipe or quantization needs hardware that is absent."""
+    """Fail at start (not mid-run) when the recipe or quantization needs hardware that is absent.
+
+    qlora_fp8 is weight-only (FP8 storage, matmuls in bf16/fp32), so it runs on any device.
+    """
     import torch
 
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     needs = []
-    if cfg.qlora_fp8:
-        needs.append(("qlora_fp8", (8, 9)))
     if cfg.recipe == "fp8_hybrid":
         needs.append(("recipe fp8_hybrid", (8, 9)))
     if cfg.qlora_fp4:
@@ -112,10 +117,10 @@ def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
             found = f"SM{capability[0]}{capability[1]}" if capability else device.type.upper()
             raise ValueError(
                 f"{what} needs a CUDA GPU with compute capability SM{major}{minor}+, found {found}; "
-                "use recipe: bf16 with qlora_bnb: true (NF4) or plain LoRA"
+                "use recipe: bf16 with qlora_fp8 (weight-only FP8, any device), qlora_bnb (NF4) or plain LoRA"
             )
         raise ValueError(
-            f"{what} is not implemented by this trainer yet; use recipe: bf16 with qlora_bnb or LoRA"
+            f"{what} is not implemented by this trainer yet; use recipe: bf16 with qlora_fp8, qlora_bnb or LoRA"
         )
 
 
@@ -158,14 +163,16 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     device = resolve_device(cfg)
     check_precision_support(cfg, device)
     borrowed = source.borrowed_tensors()
+    borrowed_quantized = source.borrowed_quantized()
     dtype = _borrowed_dtype(borrowed) if borrowed else choose_dtype(device)
-    if borrowed and not cfg.lora:
+    if (borrowed or borrowed_quantized) and not cfg.lora:
         raise ValueError(
             "borrowed base weights are frozen; full-parameter training (lora: false) cannot use them"
         )
-    if borrowed and cfg.qlora_bnb:
+    if (borrowed or borrowed_quantized) and (cfg.qlora_bnb or cfg.qlora_fp8):
         raise ValueError(
-            "qlora_bnb with borrowed weights is not supported yet; use lora without quantization"
+            "qlora_bnb / qlora_fp8 quantize the base from disk, but this run borrows the engine's base weights; "
+            "turn the trainer's quantization off (the borrowed weights are used as the engine holds them)"
         )
 
     # Full training keeps fp32 weights (bf16 Adam updates would round away); compute is autocast.
@@ -180,6 +187,21 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         )
         kwargs["device_map"] = {"": device}
     causal_lm = AutoModelForCausalLM.from_pretrained(source.model_path, **kwargs)
+    if cfg.qlora_fp8:
+        from grpo.trainer.quantized_base import quantize_base_linears_fp8
+
+        # On CPU before `.to(device)`: the GPU never holds the dense linears.
+        num_quantized = quantize_base_linears_fp8(causal_lm, compute_dtype=dtype)
+        log.info(
+            "qlora_fp8: %d base linears stored as float8_e4m3fn with 128x128 block scales, dequantized to %s "
+            "for each matmul (weight-only: no FP8 matmuls, so no SM89+ GPU is needed)",
+            num_quantized,
+            dtype,
+        )
+    if borrowed_quantized:
+        from grpo.trainer.quantized_base import replace_linears
+
+        replace_linears(causal_lm, dict(borrowed_quantized), compute_dtype=dtype)
     if borrowed:
         install_borrowed(causal_lm, borrowed)
         if getattr(causal_lm.config, "tie_word_embeddings", False):
@@ -212,8 +234,11 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         source.model_path.name,
         device,
         dtype,
-        " NF4" if cfg.qlora_bnb else "",
+        " NF4" if cfg.qlora_bnb else " FP8 (weight-only)" if cfg.qlora_fp8 else "",
         num_trainable,
-        f", {len(borrowed)} borrowed base tensors" if borrowed else "",
+        f", {len(borrowed) + len(borrowed_quantized)} borrowed base tensors "
+        f"({len(borrowed_quantized)} dequantized per matmul)"
+        if borrowed or borrowed_quantized
+        else "",
     )
     return policy

@@ -9,6 +9,8 @@ optimizer step.
 Data parallel (torchrun, see grpo.trainer.distributed): rank 0 receives the batch and shares it;
 every rank trains on its balanced share of the rows; gradients are summed over ranks (the loss is
 normalised over all ranks' tokens); metrics are summed over ranks and written by rank 0 only.
+Everything that touches the weights of every rank is collective, so every rank calls it in the same
+order: train_step, score, publish (rank 0 writes), save_checkpoint (rank 0 writes), maybe_resume.
 
 Metrics (one JSON object per step in trainer_metrics.jsonl): kl, masked, tokens, loss, entropy,
 teacher_kl (see grpo.trainer.loss), grad_norm (before clipping, see grpo.trainer.optim), lr (used by
@@ -26,13 +28,15 @@ import numpy as np
 
 from grpo.trainer.loss import LossSums, grpo_loss
 from grpo.trainer.packing import split_micro_batches
+from grpo.transport.batch import TrainingBatch
 from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.model import Policy
     from grpo.trainer.weights import BaseWeightSource
-    from grpo.transport.batch import PackedRow, TrainingBatch
+    from grpo.transport.batch import PackedRow
 
 log = get_logger("trainer")
 
@@ -121,8 +125,48 @@ class Trainer:
             for group in split_micro_batches(rows, self.cfg.per_device_train_batch_size)
         ]
 
-    def score(self, rows: list[PackedRow]) -> list[np.ndarray]:
-        """Current-policy logprobs [num_tokens] (float32) of each row, aligned like inference_logprobs."""
+    def score(self, rows: list[PackedRow] | None, share_rows: bool = False) -> list[np.ndarray]:
+        """Current-policy logprobs [num_tokens] (float32) of each row, aligned like inference_logprobs.
+
+        Under torchrun it is collective: every rank calls it and gets every row's logprobs. Either
+        every rank passes the same rows, or `share_rows=True` on every rank and rank 0's rows are
+        used (the others may pass None). The ranks score balanced shares of the rows (the same
+        number of forwards on each, as FSDP needs) and sum their results."""
+        if share_rows and self.dist is not None:
+            shared = self.share_batch(TrainingBatch(step=0, rows=rows or []) if self.is_main else None)
+            assert shared is not None
+            rows = shared.rows
+        if rows is None:
+            raise ValueError("score() needs rows (or share_rows=True on every rank, with rows on rank 0)")
+        if self.dist is None:
+            return self._score_rows(rows)
+        return self._score_on_all_ranks(rows)
+
+    def _score_on_all_ranks(self, rows: list[PackedRow]) -> list[np.ndarray]:
+        import torch
+
+        from grpo.trainer.distributed import balance_row_indices, same_on_every_rank, sum_tensor
+        from grpo.trainer.packing import empty_row
+
+        assert self.dist is not None
+        lengths = [r.num_tokens for r in rows]
+        if not same_on_every_rank([len(rows)], self.dist) or not same_on_every_rank(lengths, self.dist):
+            raise ValueError(
+                "score() got different rows on different ranks; pass the same rows on every rank, or "
+                "share_rows=True to score rank 0's rows"
+            )
+        share = balance_row_indices(lengths, self.dist.world_size)[self.dist.rank]
+        local = self._score_rows([rows[i] if i < len(rows) else empty_row() for i in share])
+        starts = np.cumsum([0, *lengths])
+        flat = torch.zeros(int(starts[-1]), dtype=torch.float32)  # [all rows' tokens]
+        for index, logprobs in zip(share, local, strict=True):
+            if index < len(rows):
+                flat[starts[index] : starts[index + 1]] = torch.from_numpy(logprobs)
+        # Each token is scored by exactly one rank (zeros elsewhere), so the sum is that rank's value.
+        summed = sum_tensor(flat, self.dist).numpy()
+        return [summed[starts[i] : starts[i + 1]].copy() for i in range(len(rows))]
+
+    def _score_rows(self, rows: list[PackedRow]) -> list[np.ndarray]:
         import torch
 
         from grpo.trainer.logprobs import next_token_logprobs
@@ -243,12 +287,31 @@ class Trainer:
         )
         return merged, round(summed[7])
 
-    def publish(self, version: int) -> Path:
-        from grpo.trainer.publish import publish_policy
+    def publish(self, version: int, over_collective: bool = False) -> Path | None:
+        """Publish policy `version` to broadcasts/step_{version}/ (or, `over_collective`, announce it
+        there and send it to inference over weight_broadcast). Under torchrun every rank calls it
+        (FSDP2 shards are gathered collectively) and rank 0 writes; the others get None."""
+        import dataclasses
 
-        return publish_policy(self.policy, self.cfg, self.run_dir, version)
+        from grpo.trainer.publish import publish_over_collective, publish_policy
+
+        policy: Policy | None = self.policy
+        if self._sharded:
+            from grpo.trainer.distributed import whole_model_copy
+
+            assert self.dist is not None
+            whole = whole_model_copy(self.policy.causal_lm, self.dist)
+            policy = None if whole is None else dataclasses.replace(self.policy, model=whole, causal_lm=whole)
+        elif not self.is_main:
+            policy = None
+        if policy is None:
+            return None
+        if over_collective:
+            return publish_over_collective(policy, self.cfg, self.run_dir, version)
+        return publish_policy(policy, self.cfg, self.run_dir, version)
 
     def save_checkpoint(self) -> Path:
+        """Checkpoint the state after num_steps_done steps. Collective under torchrun (every rank)."""
         from grpo.trainer.checkpoint import save_checkpoint
 
         return save_checkpoint(
@@ -258,17 +321,25 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             self.cfg.ckpt.keep_last,
+            self.dist,
         )
 
     def maybe_resume(self) -> int:
-        """Load the checkpoint ckpt.resume_step asks for (if any); return the next batch step."""
-        from grpo.trainer.checkpoint import find_resume_checkpoint, load_checkpoint
+        """Load the checkpoint ckpt.resume_step asks for (if any); return the next batch step.
+        Collective under torchrun: rank 0 picks the step, every rank loads that checkpoint."""
+        from grpo.trainer.checkpoint import checkpoint_dir, find_resume_checkpoint, load_checkpoint
+        from grpo.trainer.distributed import broadcast_int
 
-        found = find_resume_checkpoint(self.run_dir, self.cfg.ckpt.resume_step)
-        if found is None:
+        step = 0
+        if self.is_main:
+            found = find_resume_checkpoint(self.run_dir, self.cfg.ckpt.resume_step)
+            step = 0 if found is None else found[0]
+        if self.dist is not None:
+            step = broadcast_int(step, self.dist)
+        if step == 0:
             return 0
-        step, folder = found
-        self.num_steps_done = load_checkpoint(folder, self.policy, self.optimizer, self.scheduler)
+        folder = checkpoint_dir(self.run_dir, step)
+        self.num_steps_done = load_checkpoint(folder, self.policy, self.optimizer, self.scheduler, self.dist)
         assert self.num_steps_done == step
         log.info("resumed from %s: next batch is step %d", folder, step)
         return step

@@ -2,8 +2,10 @@
 
 A `BaseWeightSource` names the HF model folder (config, tokenizer, and the weights on disk) and may
 hand over existing tensors, by HF state-dict name, to use as frozen base weights as they are:
-the built model's parameter then shares the tensor's storage (no copy). `DiskWeights` hands over
-nothing; the co-located mode supplies tensors borrowed from the inference engine.
+the built model's parameter then shares the tensor's storage (no copy). It may also hand over
+quantized linear weights (FP8 data + scales) by HF module name: those linears become frozen
+dequantize-per-matmul layers over the given tensors (grpo.trainer.quantized_base). `DiskWeights`
+hands over nothing; the co-located mode supplies tensors borrowed from the inference engine.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from grpo.colocate.dequant import FP8BlockWeight, NF4Weight
+
 
 class BaseWeightSource(Protocol):
     @property
@@ -25,6 +29,11 @@ class BaseWeightSource(Protocol):
     def borrowed_tensors(self) -> Mapping[str, torch.Tensor]:
         """HF state-dict name (e.g. `model.layers.0.self_attn.q_proj.weight`) -> tensor to use as
         that frozen weight by identity. Tensors must already have the trainer's dtype and device."""
+        ...
+
+    def borrowed_quantized(self) -> Mapping[str, FP8BlockWeight | NF4Weight]:
+        """HF module name (e.g. `model.layers.0.self_attn.q_proj`) -> quantized weight to use as that
+        frozen linear, dequantized per matmul. Tensors must already be on the trainer's device."""
         ...
 
 
@@ -41,13 +50,22 @@ class DiskWeights:
     def borrowed_tensors(self) -> Mapping[str, torch.Tensor]:
         return {}
 
+    def borrowed_quantized(self) -> Mapping[str, FP8BlockWeight | NF4Weight]:
+        return {}
+
 
 class BorrowedWeights:
     """The folder on disk, with some weights replaced by tensors that already live elsewhere."""
 
-    def __init__(self, model_path: str | Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        tensors: Mapping[str, torch.Tensor],
+        quantized: Mapping[str, FP8BlockWeight | NF4Weight] | None = None,
+    ) -> None:
         self._model_path = Path(model_path)
         self._tensors = dict(tensors)
+        self._quantized = dict(quantized or {})
 
     @property
     def model_path(self) -> Path:
@@ -55,6 +73,9 @@ class BorrowedWeights:
 
     def borrowed_tensors(self) -> Mapping[str, torch.Tensor]:
         return self._tensors
+
+    def borrowed_quantized(self) -> Mapping[str, FP8BlockWeight | NF4Weight]:
+        return self._quantized
 
 
 def install_borrowed(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:

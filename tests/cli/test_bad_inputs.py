@@ -124,6 +124,22 @@ CASES = [
         "did you mean --orch.seed",
     ),
     (
+        "fp8 engine in float32",
+        ["grpo-infer", "i.yaml"],
+        {"i.yaml": "model: m\nquantization: fp8_per_block\ndtype: float32\n"},
+        "set dtype to bfloat16",
+    ),
+    (
+        "co-located engine quantization the trainer cannot borrow",
+        [
+            "grpo",
+            *("--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml")),
+            *("--orch", str(DEMO / "orch.yaml"), "--infer.quantization", "awq", "--infer.dtype", "bfloat16"),
+        ],
+        {},
+        "can borrow unquantized or FP8 weights only",
+    ),
+    (
         "cross-file: max_tokens exceeds context",
         [
             "grpo",

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpo.config.inference import InferenceConfig
+from grpo.inference.weight_handles import release_shared_names
 
 pytestmark = pytest.mark.vllm
 
@@ -26,6 +27,9 @@ def dense_server(tiny_model_path: Path) -> Iterator[object]:
     try:
         server.wait_ready(timeout=300)
         yield server
+        # Every test has rebuilt what it needs; the names would otherwise outlive the engine.
+        (records,) = server.collective_rpc("export_weight_handles")
+        release_shared_names(records)
     finally:
         server.stop()
         os.environ.pop("GRPO_KEEP_DENSE_WEIGHTS", None)

@@ -50,6 +50,22 @@ def _processes_with_marker(marker: str) -> list[psutil.Process]:
     return found
 
 
+def _shm_files() -> set[str]:
+    """Shared-memory files (RAM) of torch and vLLM; a run must remove the ones it creates."""
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(("torch_", "psm_"))}
+
+
+def _shm_files_left(before: set[str], wait_s: float = 30.0) -> set[str]:
+    """New shared-memory files still there after `wait_s`: multiprocessing's resource tracker
+    unlinks vLLM's message-queue buffers just after the run's last process exits."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while (left := _shm_files() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
     tmp_path: Path, tiny_model_path: Path
 ) -> None:
@@ -57,11 +73,13 @@ def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
     args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=0)
     marker = uuid.uuid4().hex
     env = {**os.environ, "GRPO_TEST_MARKER": marker}
+    shm_before = _shm_files()
     result = subprocess.run(
         [str(BIN / "grpo"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert not _processes_with_marker(marker), "a child process outlived the run"
+    assert not _shm_files_left(shm_before), "the run left shared-memory files in /dev/shm"
 
     trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
     assert [r["step"] for r in trainer] == [0, 1, 2]
@@ -96,6 +114,7 @@ def test_sigterm_mid_run_ends_every_process(tmp_path: Path, tiny_model_path: Pat
     args += ["--orch.max_steps", "1000", "--train.max_steps", "1000"]
     marker = uuid.uuid4().hex
     env = {**os.environ, "GRPO_TEST_MARKER": marker}
+    shm_before = _shm_files()
     proc = subprocess.Popen(
         [str(BIN / "grpo"), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
     )
@@ -114,3 +133,4 @@ def test_sigterm_mid_run_ends_every_process(tmp_path: Path, tiny_model_path: Pat
     assert proc.returncode != 0
     time.sleep(1)
     assert not _processes_with_marker(marker), "SIGTERM left a process behind"
+    assert not _shm_files_left(shm_before), "SIGTERM left shared-memory files in /dev/shm"

@@ -117,12 +117,13 @@ def test_full_weight_update_from_a_folder_changes_outputs_and_restores(
 
 
 def test_worker_exports_shared_memory_handles_another_process_can_read(vllm_server: ServerThread) -> None:
-    from grpo.inference.weight_handles import rebuild_tensor
+    from grpo.inference.weight_handles import rebuild_tensor, release_shared_names
 
     (records,) = vllm_server.collective_rpc("export_weight_handles")
     qkv = next(r for r in records if "layers.0.self_attn.qkv_proj" in r["name"])
     assert qkv["kind"] == "cpu_shm"
     tensor = rebuild_tensor(qkv)
+    assert release_shared_names(records) > 0  # the mapping stays valid without the name
     # tiny model: 2 q heads + 1 k head + 1 v head, head_dim 64, hidden 128 -> [256, 128]
     assert list(tensor.shape) == [256, 128]
     assert tensor.abs().sum().item() > 0

@@ -1,22 +1,108 @@
-"""One rank of the data-parallel test (run by torchrun from test_distributed.py; not a test module).
+"""One rank of the data-parallel tests (run by torchrun from test_distributed.py and
+test_dist_resume.py; not a test module).
 
-Usage: torchrun --standalone --nproc_per_node N dist_worker.py MODEL_PATH OUT_DIR lora|full
-Rank 0 alone builds the batch and shares it; every rank checks what it received, trains one step,
-and rank 0 writes the trainable parameters and their gradients to OUT_DIR/rank0.safetensors.
+Usage: torchrun --standalone --nproc_per_node N dist_worker.py SCENARIO MODEL_PATH OUT_DIR lora|full
+  step     rank 0 alone builds a batch and shares it; every rank checks what it received, trains one
+           step, and rank 0 writes the trainable parameters and their gradients to OUT_DIR/rank0.safetensors.
+  train    two trainer runs through grpo.trainer.entry.run (rank 0 receiving `run_batch(n)`):
+           OUT_DIR/whole trains 4 steps; OUT_DIR/split trains 2 steps and is stopped while waiting for
+           batch 2 (checkpoints every 2 steps).
+  resume   OUT_DIR/split resumes from its latest checkpoint and trains steps 2 and 3; then a Trainer
+           resumed from OUT_DIR/whole scores `distributed_test_batch()` rows, every rank passing them
+           (OUT_DIR/score_rank{r}.safetensors) and rank 0's rows shared (score_shared_rank{r}).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from trainer_batches import distributed_test_batch, distributed_test_cfg
+from trainer_batches import distributed_test_batch, distributed_test_cfg, make_row
 
-from grpo.trainer.trainer import Trainer
+from grpo.transport.batch import TrainingBatch
+
+NUM_STEPS = 4
+STOP_AT = 2
+CKPT_INTERVAL = 2
+
+
+def launch(scenario: str, model_path: Path, out_dir: Path, mode: str, num_ranks: int = 2) -> None:
+    """Run `scenario` on `num_ranks` gloo ranks under torchrun; AssertionError with its stderr if it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(num_ranks),
+    ]
+    done = subprocess.run(
+        [*command, __file__, scenario, str(model_path), str(out_dir), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+
+
+def run_batch(step: int) -> TrainingBatch:
+    """Batch `step` of the train/resume runs: three rows of unequal length, different each step."""
+    rows = [
+        make_row([(5, 6), (4, 7)], [1.0, -1.0], seed=3 * step, temperature=0.8),
+        make_row([(6, 5), (3, 4), (4, 4)], [0.5, -0.5, 1.5], seed=3 * step + 1),
+        make_row([(3, 9)], [-2.0 + step], seed=3 * step + 2),
+    ]
+    for row in rows:
+        row.inference_logprobs = np.where(row.loss_mask, -6.5, 0.0).astype(np.float32)
+    return TrainingBatch(step=step, rows=rows)
+
+
+def run_cfg(model_path: str, run_dir: Path, mode: str, resume: bool) -> Any:
+    cfg = distributed_test_cfg(model_path, lora=mode == "lora")
+    ckpt = {"interval": CKPT_INTERVAL, "resume_step": -1 if resume else None}
+    return cfg.model_copy(
+        update={"output_dir": str(run_dir), "max_steps": NUM_STEPS, "ckpt": cfg.ckpt.model_copy(update=ckpt)}
+    )
+
+
+class StoppingReceiver:
+    """Delivers run_batch(n); asked for batch `stop_at`, it sets `stop` instead (as a Ctrl-C would)."""
+
+    def __init__(self, stop_at: int, stop: threading.Event) -> None:
+        self.stop_at = stop_at
+        self.stop = stop
+
+    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch:
+        if step >= self.stop_at:
+            self.stop.set()
+            raise TimeoutError
+        return run_batch(step)
+
+    def commit(self, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _run(cfg: Any, is_main: bool, stop_at: int) -> None:
+    from grpo.trainer.entry import run
+
+    stop = threading.Event()
+    receiver = StoppingReceiver(stop_at, stop) if is_main else None
+    run(cfg, Path(cfg.output_dir), receiver, stop=stop)
 
 
 def _full(tensor):
@@ -24,12 +110,12 @@ def _full(tensor):
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def main() -> None:
+def one_step(model_path: str, out_dir: Path, mode: str) -> None:
     import torch
-    import torch.distributed as dist
     from safetensors.torch import save_file
 
-    model_path, out_dir, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    from grpo.trainer.trainer import Trainer
+
     trainer = Trainer(distributed_test_cfg(model_path, lora=mode == "lora"), out_dir / "run")
     assert trainer.dist is not None, "run me under torchrun with more than one process"
     expected = distributed_test_batch()
@@ -51,6 +137,48 @@ def main() -> None:
         tensors["metrics.loss"] = torch.tensor([metrics["loss"]])
         save_file(tensors, str(out_dir / "rank0.safetensors"))
     trainer.close()
+
+
+def train(model_path: str, out_dir: Path, mode: str, is_main: bool) -> None:
+    _run(run_cfg(model_path, out_dir / "whole", mode, resume=False), is_main, stop_at=NUM_STEPS)
+    _run(run_cfg(model_path, out_dir / "split", mode, resume=False), is_main, stop_at=STOP_AT)
+
+
+def resume(model_path: str, out_dir: Path, mode: str, rank: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from grpo.trainer.trainer import Trainer
+
+    _run(run_cfg(model_path, out_dir / "split", mode, resume=True), rank == 0, stop_at=NUM_STEPS)
+    trainer = Trainer(run_cfg(model_path, out_dir / "whole", mode, resume=True), out_dir / "whole")
+    assert trainer.maybe_resume() == NUM_STEPS
+    rows = distributed_test_batch().rows
+    for name, scores in (
+        ("score", trainer.score(rows)),
+        ("score_shared", trainer.score(rows if rank == 0 else None, share_rows=True)),
+    ):
+        tensors = {f"row{i}": torch.from_numpy(s) for i, s in enumerate(scores)}
+        save_file(tensors, str(out_dir / f"{name}_rank{rank}.safetensors"))
+    trainer.close()
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    from grpo.trainer.distributed import init_distributed
+
+    scenario, model_path, out_dir, mode = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+    ctx = init_distributed("cpu")
+    assert ctx is not None, "run me under torchrun with more than one process"
+    if scenario == "step":
+        one_step(model_path, out_dir, mode)
+    elif scenario == "train":
+        train(model_path, out_dir, mode, ctx.is_main)
+    elif scenario == "resume":
+        resume(model_path, out_dir, mode, ctx.rank)
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
     dist.destroy_process_group()
 
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from dist_worker import launch
 from safetensors.torch import load_file
 from trainer_batches import distributed_test_batch, distributed_test_cfg, make_row
 
@@ -50,19 +46,7 @@ def test_one_rank_gets_every_row_in_batch_order():
 def test_two_rank_step_equals_one_rank_step(tiny_model_path, tmp_path, mode):
     single = Trainer(distributed_test_cfg(str(tiny_model_path), lora=mode == "lora"), tmp_path / "single")
     single_metrics = single.train_step(distributed_test_batch())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    worker = Path(__file__).parent / "dist_worker.py"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    done = subprocess.run(
-        [*command, str(worker), str(tiny_model_path), str(tmp_path), mode],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    launch("step", tiny_model_path, tmp_path, mode)
     distributed = load_file(str(tmp_path / "rank0.safetensors"))
     assert distributed["metrics.tokens"].item() == single_metrics["tokens"]
     assert distributed["metrics.loss"].item() == pytest.approx(single_metrics["loss"], rel=1e-4)

@@ -55,7 +55,6 @@ def test_qlora_bnb_builds_nf4_base_with_lora_on_cpu(make_cfg, tiny_model_path):
 @pytest.mark.parametrize(
     "overrides, needed",
     [
-        ({"qlora_fp8": True}, "SM89"),
         ({"recipe": "fp8-hybrid"}, "SM89"),
         ({"qlora_fp4": True}, "SM100"),
         ({"recipe": "nvfp4"}, "SM100"),
@@ -68,3 +67,20 @@ def test_low_precision_formats_fail_at_start_without_a_capable_gpu(
         pytest.skip("checks the CPU-only failure message")
     with pytest.raises(ValueError, match=needed):
         build_policy(make_cfg(**overrides), DiskWeights(tiny_model_path))
+
+
+def test_qlora_fp8_is_weight_only_and_builds_without_an_fp8_gpu(make_cfg, tiny_model_path):
+    from grpo.trainer.quantized_base import quantized_linear_class
+
+    policy = build_policy(make_cfg(qlora_fp8=True), DiskWeights(tiny_model_path))
+    q_proj = policy.causal_lm.get_submodule("model.layers.0.self_attn.q_proj")
+    assert isinstance(q_proj.base_layer, quantized_linear_class())
+    assert q_proj.base_layer.weight.dtype == torch.float8_e4m3fn
+
+
+def test_trainer_quantization_is_refused_on_borrowed_weights(make_cfg, tiny_model_path):
+    name = "model.layers.0.self_attn.q_proj.weight"
+    cfg = make_cfg(qlora_fp8=True)
+    borrowed = BorrowedWeights(tiny_model_path, {name: torch.zeros(128, 128)})
+    with pytest.raises(ValueError, match="turn the trainer's quantization off"):
+        build_policy(cfg, borrowed)
