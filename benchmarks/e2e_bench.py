@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/e2e_bench.py [--modes colocated,multiprocess] [--async-levels 0,1,2]
         [--steps 8] [--prompts 4] [--group 8] [--max-tokens 16] [--lr 5e-4] [--model ID_OR_PATH]
+        [--env ENV_ID] [--tag NAME]
 
 Every run uses configs/demo/ (short-answer, LoRA r16 alpha 32 on all linear layers) with the
-batch, steps, learning rate and completion length set from the flags, in a fresh run directory.
+batch, steps, learning rate, completion length (and, with --env, the environment) set from the
+flags, in a fresh run directory.
 The bench polls the run's metrics files and stamps each step's arrival, so the numbers are wall
 clock seen from outside the run:
 - loop_wall_s: from the start of the orchestrator's step 0 to the trainer's last step (vLLM
@@ -117,6 +119,8 @@ def run_configs(args: argparse.Namespace, run_dir: Path, async_level: int) -> di
         max_async_level=async_level,
     )
     orch["sampling"]["max_tokens"] = args.max_tokens
+    if args.env is not None:
+        orch["env"] = [{"id": args.env}]
     return {"train": train, "infer": infer, "orch": orch}
 
 
@@ -178,6 +182,9 @@ class TaggedRun:
                     survivors.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+        # multiprocessing's resource tracker outlives its process briefly to unlink vLLM's /dev/shm
+        # buffers; killing it at once would leave them (RAM) behind.
+        _, survivors = psutil.wait_procs(survivors, timeout=15)
         for proc in survivors:
             proc.kill()
         psutil.wait_procs(survivors, timeout=10)
@@ -332,6 +339,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run before giving up")
     parser.add_argument("--tag", default="", help="suffix for the result file names (e.g. smoke)")
+    parser.add_argument(
+        "--env", default=None, help="environment id instead of the demo's short-answer (e.g. reverse-text)"
+    )
     args = parser.parse_args()
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

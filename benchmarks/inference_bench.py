@@ -5,7 +5,8 @@
 Starts one vLLM server (ServerThread) on the tiny random model, or with --embedded on the real
 SmolLM2-135M-Instruct, and drives it through InferenceClient: every prompt is sent at once,
 each completion is exactly --tokens tokens (min_tokens = max_tokens, EOS ignored). One warm-up
-round runs first. Adapter reloads alternate between two PEFT adapters under one name. Results
+round runs first. Adapter reloads alternate between two PEFT adapters under one name; then the
+same load runs again through the loaded adapter (rollouts are sampled that way). Results
 go to benchmarks/results/inference_<machine>.json.
 """
 
@@ -54,9 +55,9 @@ async def _measure(
     client = InferenceClient(ClientConfig(base_url=[base_url], timeout=3600, max_retries=0))
     params = SamplingParams(temperature=1.0, max_tokens=num_tokens, min_tokens=num_tokens)
 
-    async def one_round() -> tuple[float, int]:
+    async def one_round(model: str = "bench") -> tuple[float, int]:
         requests = [
-            GenerateRequest(prompt_token_ids=p, params=params, model="bench", extra={"ignore_eos": True})
+            GenerateRequest(prompt_token_ids=p, params=params, model=model, extra={"ignore_eos": True})
             for p in prompts
         ]
         start = time.perf_counter()
@@ -73,11 +74,15 @@ async def _measure(
         start = time.perf_counter()
         await client.load_lora_adapter("policy", str(adapters[i % 2]))
         reload_seconds.append(time.perf_counter() - start)
+    # The same load through the LoRA adapter, as every GRPO rollout is sampled.
+    await one_round("policy")  # warm-up of the LoRA kernels
+    lora_seconds, lora_tokens = await one_round("policy")
     await client.close()
     return {
         "generation_seconds": seconds,
         "completion_tokens": num_completion_tokens,
         "completion_tokens_per_s": num_completion_tokens / seconds,
+        "lora_completion_tokens_per_s": lora_tokens / lora_seconds,
         "adapter_reload_median_ms": 1000 * statistics.median(reload_seconds),
         "adapter_reload_max_ms": 1000 * max(reload_seconds),
     }

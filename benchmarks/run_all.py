@@ -1,11 +1,12 @@
 """Every benchmark in one command (`make bench`): component benches, end-to-end runs, TRL, plots.
 
-    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl]
+    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl,reverse-text]
         [--modes colocated,multiprocess] [--async-levels 0,1,2] [--steps 8]
 
 Default: inference (embedded model), orchestrator, transport and trainer benches; e2e runs
-co-located and multi-process at max_async_level 0, 1 and 2; TRL GRPOTrainer with the same settings (8 steps, 4 prompts x 8 completions,
-16 new tokens, lr 5e-4, LoRA r16); plots. --quick shrinks everything to a smoke run (2 steps,
+co-located and multi-process at max_async_level 0, 1 and 2; TRL GRPOTrainer with the same
+settings (8 steps, 4 prompts x 8 completions, 16 new tokens, lr 5e-4, LoRA r16); a 15-step
+on-policy co-located run on reverse-text (48 new tokens; tag `reverse-text`); plots. --quick shrinks everything to a smoke run (2 steps,
 small component sizes) and writes its files under the label `<machine>-quick` / tag `quick`, so
 the recorded numbers are never overwritten; the trainer bench is skipped in quick mode (its
 output file name has no label). The TRL run is skipped with a note when `trl` is not installed
@@ -74,7 +75,9 @@ def component_rows(label: str) -> list[dict[str, Any]]:
         rows.append(
             {
                 "bench": "inference (vLLM, embedded model)",
-                "result": f"{inference['completion_tokens_per_s']:.0f} completion tok/s; adapter reload "
+                "result": f"{inference['completion_tokens_per_s']:.0f} completion tok/s base model, "
+                f"{inference.get('lora_completion_tokens_per_s', float('nan')):.0f} through a LoRA r16 "
+                "adapter; adapter reload "
                 f"{inference['adapter_reload_median_ms']:.0f} ms median",
             }
         )
@@ -97,11 +100,16 @@ def component_rows(label: str) -> list[dict[str, Any]]:
             }
         )
     if not label.endswith("-quick") and (trainer := load(f"trainer_{label}.json")):
-        speed = trainer["results"]["trainer"]["tokens_per_s"]
+        found = trainer["results"]
+        memory = trainer["logprob_peak_memory_ratio_naive_over_chunked"]
         rows.append(
             {
-                "bench": "trainer (LoRA step, embedded model)",
-                "result": f"{speed:.0f} tok/s; {trainer['speedup_vs_plain_peft']:.2f}x plain PEFT",
+                "bench": "trainer (LoRA r16 step, embedded model, bf16)",
+                "result": f"{found['trainer_no_checkpointing']['tokens_per_s']:.0f} tok/s = "
+                f"{trainer['speedup_vs_plain_peft']:.2f}x a plain PEFT loop "
+                f"({found['plain_peft']['tokens_per_s']:.0f} tok/s); with gradient checkpointing "
+                f"{found['trainer']['tokens_per_s']:.0f} tok/s; chunked logprobs peak memory "
+                f"1/{memory:.1f} of full fp32 logits",
             }
         )
     return rows
@@ -172,16 +180,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="2-step smoke sizes; separate result files")
-    parser.add_argument("--skip", default="", help="comma list of: components, e2e, trl")
+    parser.add_argument("--skip", default="", help="comma list of: components, e2e, trl, reverse-text")
     parser.add_argument("--modes", default="colocated,multiprocess", help="e2e modes: colocated,multiprocess")
     parser.add_argument("--async-levels", default="0,1,2", help="e2e max_async_level values, e.g. 0,1,2")
     parser.add_argument("--steps", type=int, default=None, help="e2e and TRL steps (default 8; quick 2)")
     args = parser.parse_args()
 
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    unknown = skip - {"components", "e2e", "trl"}
+    unknown = skip - {"components", "e2e", "trl", "reverse-text"}
     if unknown:
-        raise ValueError(f"unknown --skip {sorted(unknown)}: use components, e2e, trl")
+        raise ValueError(f"unknown --skip {sorted(unknown)}: use components, e2e, trl, reverse-text")
     machine = machine_label()
     tag = "quick" if args.quick else ""
     label = f"{machine}-quick" if args.quick else machine
@@ -209,6 +217,17 @@ def main() -> None:
     runs = e2e_rows(machine, tag)
     if runs and importlib.util.find_spec("matplotlib") is not None:
         run_script(["plot.py", "--machine", machine, *tag_args])
+    # The reference's reverse-text task, on-policy, long enough to see whether the reward moves.
+    reverse_tag = "reverse-text-quick" if args.quick else "reverse-text"
+    if "reverse-text" not in skip:
+        reverse = ["e2e_bench.py", "--modes", "colocated", "--async-levels", "0", "--env", "reverse-text"]
+        reverse += ["--steps", "2" if args.quick else "15", "--prompts", "4", "--group", "8"]
+        reverse += ["--max-tokens", "48", "--lr", "5e-4", "--tag", reverse_tag]
+        seconds["reverse-text"] = run_script(reverse)
+    reverse_runs = e2e_rows(machine, reverse_tag)
+    if reverse_runs and importlib.util.find_spec("matplotlib") is not None:
+        run_script(["plot.py", "--machine", machine, "--tag", reverse_tag])
+    runs += [{**row, "run": f"{row['run']}, reverse-text"} for row in reverse_runs]
     components = component_rows(label)
     summary = {
         "machine": machine_info(),

@@ -77,21 +77,22 @@ def test_filesystem_transports_train_three_steps_with_lora(
     assert (run_dir / "broadcasts" / "step_3" / "adapter_model.safetensors").exists()
 
 
-def test_zmq_and_collective_full_weights_with_trainer_first_and_inference_last(
+def test_zmq_and_collective_full_weights_reach_two_servers_started_last(
     launcher: Launcher, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    infer_port, zmq_port, weights_port = free_port(), free_port(), free_port()
-    url = f"http://127.0.0.1:{infer_port}/v1"
+    infer_ports, zmq_port, weights_port = [free_port(), free_port()], free_port(), free_port()
+    urls = [f"http://127.0.0.1:{port}/v1" for port in infer_ports]
     collective = {"type": "nccl", "host": "localhost", "port": weights_port, "timeout": 180}
     orch = orch_config(
         tiny_model_path,
         run_dir,
-        url,
+        urls[0],
         lora=False,
         rollout_transport={"type": "zmq", "port": zmq_port},
         weight_broadcast=collective,
     )
+    orch["client"]["base_url"] = urls
     train = train_config(
         tiny_model_path,
         run_dir,
@@ -102,15 +103,16 @@ def test_zmq_and_collective_full_weights_with_trainer_first_and_inference_last(
     )
     launcher.start("train", "grpo-train", write_yaml(tmp_path / "train.yaml", train))
     launcher.start("orch", "grpo-orch", write_yaml(tmp_path / "orch.yaml", orch))
-    infer = write_yaml(tmp_path / "infer.yaml", infer_config(tiny_model_path, infer_port, lora=False))
-    launcher.start("infer", "grpo-infer", infer)
-    launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S + 120)
+    for i, port in enumerate(infer_ports):
+        infer = write_yaml(tmp_path / f"infer{i}.yaml", infer_config(tiny_model_path, port, lora=False))
+        launcher.start(f"infer{i}", "grpo-infer", infer)
+    launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S + 240)
     assert trainer_steps(run_dir) == [0, 1, 2]
-    # Policies 1 and 2 went over the collective (the trainer blocks until a worker received each);
-    # the final policy 3 is on disk.
+    # Policies 1 and 2 went over one collective with both servers (trainer rank 0, servers ranks 1
+    # and 2; the orchestrator fails the run if either did not receive); the final policy is on disk.
     assert (run_dir / "broadcasts" / "step_2" / "collective.json").exists()
     assert (run_dir / "broadcasts" / "step_3" / "model.safetensors").exists()
-    assert launcher.stop("infer") == 0
+    assert launcher.stop("infer0") == 0 and launcher.stop("infer1") == 0
 
 
 @pytest.mark.parametrize("transport", ["filesystem", "zmq"])

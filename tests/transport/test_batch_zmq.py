@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -138,6 +138,13 @@ def _spooled_steps(spool_dir: Path) -> list[int]:
     return sorted(int(path.name.removeprefix("step_").split(".")[0]) for path in spool_dir.glob("step_*"))
 
 
+def _wait_until(condition: Callable[[], bool], message: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.02)
+
+
 def _wait_for_spool(spool_dir: Path, steps: list[int]) -> None:
     """The sender's I/O thread (or process) handles a commit shortly after the trainer sends it."""
     deadline = time.monotonic() + 10
@@ -178,15 +185,18 @@ def test_a_trainer_resumed_from_its_last_commit_gets_the_steps_taken_after_it_ag
     port = first.port
     sender = ZmqBatchSender("localhost", port, hwm=3, send_timeout=10, close_linger=10, spool_dir=tmp_path)
     try:
-        for step in range(5):
-            sender.send(synthetic_batch(step, metadata={"n": step}))
-            assert first.receive(step, timeout=10).step == step
-            if step == 1:
-                first.commit(2)  # the trainer's checkpoint after two steps
-        # Taken but not committed: on disk only, no memory copy.
-        _wait_for_spool(tmp_path, [2, 3, 4])
-        assert sender.num_blobs_in_memory == 0
-        first.close()  # killed: steps 2..4 were trained but are in no checkpoint
+        try:
+            for step in range(5):
+                sender.send(synthetic_batch(step, metadata={"n": step}))
+                assert first.receive(step, timeout=10).step == step
+                if step == 1:
+                    first.commit(2)  # the trainer's checkpoint after two steps
+            # Taken but not committed: on disk only, no memory copy (once the I/O thread has seen the
+            # trainer ask for step 5).
+            _wait_for_spool(tmp_path, [2, 3, 4])
+            _wait_until(lambda: sender.num_blobs_in_memory == 0, "memory copies of taken batches remain")
+        finally:
+            first.close()  # killed: steps 2..4 were trained but are in no checkpoint
 
         resumed = ZmqBatchReceiver("localhost", port)
         try:
