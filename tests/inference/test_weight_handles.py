@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from grpo.inference.weight_handles import export_record
+from grpo.inference.weight_handles import export_record, release_shared_names
 
 # The receiver runs in a fresh interpreter: it reads the record as JSON, checks the values it
 # sees, then writes into the tensor so the exporter can check the write landed in its memory.
@@ -36,6 +36,7 @@ def exchange(param: torch.Tensor) -> dict[str, object]:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+    release_shared_names([record])  # the receiver is done; only the name would outlive this test
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
