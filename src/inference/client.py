@@ -32,7 +32,11 @@ ADMIT_POLL_S = 1.0
 """Seconds between readiness probes of a server that joined an elastic pool."""
 NO_SERVER_POLL_S = 0.05
 
-LOAD_LORA_ROUTE = "/load_lora_adapter"
+# Paths below a server's base URL (which ends in /v1).
+LOAD_LORA_PATH = "/load_lora_adapter"
+UPDATE_WEIGHTS_PATH = UPDATE_WEIGHTS_ROUTE.removeprefix("/v1")
+RECEIVE_WEIGHTS_PATH = RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1")
+APPLY_NOISY_NORMS_PATH = APPLY_NOISY_NORMS_ROUTE.removeprefix("/v1")
 
 log = get_logger("inference")
 
@@ -229,11 +233,11 @@ class InferenceClient:
         """(route, body) requests that bring a fresh server to the current policy, in order."""
         requests: list[tuple[str, dict[str, Any]]] = []
         if self._full_weights_path is not None:
-            requests.append((UPDATE_WEIGHTS_ROUTE.removeprefix("/v1"), {"path": self._full_weights_path}))
+            requests.append((UPDATE_WEIGHTS_PATH, {"path": self._full_weights_path}))
         for name, path in self._adapters.items():
-            requests.append((LOAD_LORA_ROUTE, {"lora_name": name, "lora_path": path, "load_inplace": True}))
+            requests.append((LOAD_LORA_PATH, _load_lora_body(name, path)))
         if self._noisy_norms_path is not None:
-            requests.append((APPLY_NOISY_NORMS_ROUTE.removeprefix("/v1"), {"path": self._noisy_norms_path}))
+            requests.append((APPLY_NOISY_NORMS_PATH, {"path": self._noisy_norms_path}))
         return requests
 
     async def _admit(self, url: str) -> None:
@@ -320,7 +324,7 @@ class InferenceClient:
     async def load_lora_adapter(self, name: str, path: str) -> None:
         self._adapters[name] = path
         self._policy_generation += 1
-        await self._post_all(LOAD_LORA_ROUTE, {"lora_name": name, "lora_path": path, "load_inplace": True})
+        await self._post_all(LOAD_LORA_PATH, _load_lora_body(name, path))
 
     async def update_weights(self, path: str) -> None:
         """Load the full weights published in broadcast folder `path`: from its safetensors, or, when
@@ -329,7 +333,7 @@ class InferenceClient:
         if manifest is None:
             self._full_weights_path = path
             self._policy_generation += 1
-            await self._post_all(UPDATE_WEIGHTS_ROUTE.removeprefix("/v1"), {"path": path})
+            await self._post_all(UPDATE_WEIGHTS_PATH, {"path": path})
             return
         if self._pool is not None:
             raise ValueError(
@@ -348,14 +352,13 @@ class InferenceClient:
         # The trainer is rank 0; the i-th server is rank i. Each server passes the world size on to
         # the trainer through the rendezvous store, so the trainer needs no list of servers.
         world_size = len(self.base_urls) + 1
-        route = RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1")
         common = {"host": wb.host, "port": wb.port, "timeout": wb.timeout, "version": manifest["version"]}
 
         async def receive(rank: int, url: str) -> None:
             body = {**common, "rank": rank, "world_size": world_size}
             try:
                 # The route answers once the weights are in: the collective's own timeout plus slack.
-                await self._post(url, route, body, timeout=wb.timeout + 60.0)
+                await self._post(url, RECEIVE_WEIGHTS_PATH, body, timeout=wb.timeout + 60.0)
             except RuntimeError as error:  # TransientServerError included
                 raise RuntimeError(
                     f"inference server {url} (rank {rank} of {world_size}) did not receive policy "
@@ -377,7 +380,7 @@ class InferenceClient:
         """QeRL: apply noisy RMSNorm weights from a safetensors file on every server."""
         self._noisy_norms_path = path
         self._policy_generation += 1
-        await self._post_all(APPLY_NOISY_NORMS_ROUTE.removeprefix("/v1"), {"path": path})
+        await self._post_all(APPLY_NOISY_NORMS_PATH, {"path": path})
 
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
         body = {
@@ -403,6 +406,11 @@ class InferenceClient:
             admission.cancel()
         await asyncio.gather(*admissions, return_exceptions=True)
         await self._http.aclose()
+
+
+def _load_lora_body(name: str, path: str) -> dict[str, Any]:
+    """Load (or reload in place: same name, new weights) the adapter in folder `path` as `name`."""
+    return {"lora_name": name, "lora_path": path, "load_inplace": True}
 
 
 def _completion_from_choice(choice: dict[str, Any]) -> Completion:
