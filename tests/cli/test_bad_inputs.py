@@ -12,6 +12,15 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "demo"
 BIN = Path(sys.executable).parent
 
+
+def _demo_grpo(*overrides: str) -> list[str]:
+    """The one-shot command on the demo configs, then `overrides`."""
+    configs = [
+        arg for name in ("train", "infer", "orch") for arg in (f"--{name}", str(DEMO / f"{name}.yaml"))
+    ]
+    return ["grpo", *configs, *overrides]
+
+
 # (name, command, files {name: content}, text the error line must contain)
 CASES = [
     (
@@ -109,17 +118,7 @@ CASES = [
     ),
     (
         "one-shot override prefix typo",
-        [
-            "grpo",
-            "--train",
-            str(DEMO / "train.yaml"),
-            "--infer",
-            str(DEMO / "infer.yaml"),
-            "--orch",
-            str(DEMO / "orch.yaml"),
-            "--orc.seed",
-            "3",
-        ],
+        _demo_grpo("--orc.seed", "3"),
         {},
         "did you mean --orch.seed",
     ),
@@ -131,93 +130,37 @@ CASES = [
     ),
     (
         "co-located engine quantization the trainer cannot borrow",
-        [
-            "grpo",
-            *("--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml")),
-            *("--orch", str(DEMO / "orch.yaml"), "--infer.quantization", "awq", "--infer.dtype", "bfloat16"),
-        ],
+        _demo_grpo("--infer.quantization", "awq", "--infer.dtype", "bfloat16"),
         {},
         "can borrow unquantized or FP8 weights only",
     ),
     (
         "cross-file: max_tokens exceeds context",
-        [
-            "grpo",
-            "--train",
-            str(DEMO / "train.yaml"),
-            "--infer",
-            str(DEMO / "infer.yaml"),
-            "--orch",
-            str(DEMO / "orch.yaml"),
-            "--orch.sampling.max_tokens",
-            "600",
-        ],
+        _demo_grpo("--orch.sampling.max_tokens", "600"),
         {},
         "max_tokens",
     ),
     (
         "cross-file: async levels differ",
-        [
-            "grpo",
-            "--train",
-            str(DEMO / "train.yaml"),
-            "--infer",
-            str(DEMO / "infer.yaml"),
-            "--orch",
-            str(DEMO / "orch.yaml"),
-            "--train.max_async_level",
-            "2",
-        ],
+        _demo_grpo("--train.max_async_level", "2"),
         {},
         "max_async_level differs",
     ),
     (
         "cross-file: server rank too small",
-        [
-            "grpo",
-            "--train",
-            str(DEMO / "train.yaml"),
-            "--infer",
-            str(DEMO / "infer.yaml"),
-            "--orch",
-            str(DEMO / "orch.yaml"),
-            "--train.lora_rank",
-            "32",
-            "--orch.model.lora_rank",
-            "32",
-        ],
+        _demo_grpo("--train.lora_rank", "32", "--orch.model.lora_rank", "32"),
         {},
         "max_lora_rank",
     ),
     (
         "cross-file: output dirs disagree",
-        [
-            "grpo",
-            "--train",
-            str(DEMO / "train.yaml"),
-            "--infer",
-            str(DEMO / "infer.yaml"),
-            "--orch",
-            str(DEMO / "orch.yaml"),
-            "--train.output_dir",
-            "elsewhere",
-        ],
+        _demo_grpo("--train.output_dir", "elsewhere"),
         {},
         "output_dir",
     ),
     (
         "cross-file: different models",
-        [
-            "grpo",
-            "--train",
-            str(DEMO / "train.yaml"),
-            "--infer",
-            str(DEMO / "infer.yaml"),
-            "--orch",
-            str(DEMO / "orch.yaml"),
-            "--infer.model",
-            "other/model",
-        ],
+        _demo_grpo("--infer.model", "other/model"),
         {},
         "differs",
     ),
