@@ -76,6 +76,12 @@ class FP8BlockWeight:
     """Rows of the first scale tile above `weight` (0 <= row_offset < block): a q/k/v part of a fused
     weight can start mid-tile, and then shares that tile's scale with the part before it."""
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[out, in] of the dequantized weight (like NF4Weight.shape)."""
+        rows, cols = self.weight.shape
+        return (rows, cols)
+
 
 def dequantize_fp8_block(
     weight: FP8BlockWeight, out: torch.Tensor | None = None, dtype: Any = None
@@ -119,8 +125,7 @@ def dequant_linear(
 def _dequantize_into(
     quantized: NF4Weight | FP8BlockWeight, buffers: DequantBuffers, like: torch.Tensor
 ) -> torch.Tensor:
-    shape = quantized.shape if isinstance(quantized, NF4Weight) else tuple(quantized.weight.shape)
-    buf = buffers.get(shape, like.dtype, like.device)
+    buf = buffers.get(quantized.shape, like.dtype, like.device)
     if isinstance(quantized, NF4Weight):
         return dequantize_nf4(quantized, out=buf)
     return dequantize_fp8_block(quantized, out=buf)

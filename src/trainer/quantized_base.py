@@ -74,9 +74,7 @@ def _make_quantized_linear_class() -> Any:
         ) -> None:
             # nn.Module.__init__, not nn.Linear's: that would allocate the dense weight this class avoids.
             nn.Module.__init__(self)
-            out_features, in_features = (
-                quantized.shape if isinstance(quantized, NF4Weight) else tuple(quantized.weight.shape)
-            )
+            out_features, in_features = quantized.shape
             self.in_features, self.out_features = in_features, out_features
             self.compute_dtype = compute_dtype
             self.dequant_buffers = buffers
@@ -168,10 +166,9 @@ def replace_linears(
         parent_name, _, child_name = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         old = getattr(parent, child_name)
-        shape = weight.shape if isinstance(weight, NF4Weight) else tuple(weight.weight.shape)
-        if tuple(old.weight.shape) != tuple(shape):
+        if tuple(old.weight.shape) != tuple(weight.shape):
             raise ValueError(
-                f"quantized weight for {name} is {tuple(shape)}, the model's linear is {tuple(old.weight.shape)}; "
+                f"quantized weight for {name} is {tuple(weight.shape)}, the model's linear is {tuple(old.weight.shape)}; "
                 "the quantized weights belong to another model"
             )
         setattr(parent, child_name, make_quantized_linear(weight, old.bias, compute_dtype, buffers))
