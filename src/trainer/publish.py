@@ -11,8 +11,8 @@ inference servers the orchestrator sends there, waits up to weight_broadcast.tim
 them, broadcasts the state dict and closes the session. One session per version: a restarted
 trainer or server never meets stale state.
 
-Every function takes an optional ready-made `state_dict` (the model's full, unsharded state dict,
-e.g. gathered from FSDP2 shards on rank 0); without one, the policy's own modules are read.
+Under FSDP2, Trainer.publish hands these functions an unsharded copy of the model on rank 0
+(grpo.trainer.distributed.whole_model_copy): one code path for sharded and unsharded policies.
 """
 
 from __future__ import annotations
@@ -34,30 +34,24 @@ if TYPE_CHECKING:
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-StateDict = dict[str, "torch.Tensor"]
-"""A full state dict: `policy.model`'s names (PEFT names under LoRA, HF names otherwise)."""
-
-
-def write_weights(policy: Policy, folder: Path, state_dict: StateDict | None = None) -> None:
-    """The adapter (LoRA) or full HF weights of `policy` into `folder`, from `state_dict` if given
-    (PEFT keeps only the adapter's tensors of it; the model supplies configs and tied names)."""
+def write_weights(policy: Policy, folder: Path) -> None:
+    """The adapter (LoRA) or full HF weights of `policy` into `folder`."""
     if policy.is_lora:
-        policy.model.save_pretrained(folder, state_dict=state_dict)
+        policy.model.save_pretrained(folder)
     else:
-        policy.causal_lm.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+        policy.causal_lm.save_pretrained(folder, safe_serialization=True)
 
 
-def full_state_dict(policy: Policy, state_dict: StateDict | None = None) -> list[tuple[str, torch.Tensor]]:
-    """HF-named tensors of the full model (`state_dict` if given); a tied alias (lm_head.weight when
-    it is the embeddings) is left out, the receiver's load_weights re-ties it."""
+def full_state_dict(policy: Policy) -> list[tuple[str, torch.Tensor]]:
+    """HF-named tensors of the full model; a tied alias (lm_head.weight when it is the embeddings)
+    is left out, the receiver's load_weights re-ties it."""
     aliases = _tied_aliases(policy.causal_lm)
-    items = policy.causal_lm.state_dict().items() if state_dict is None else state_dict.items()
-    return [(name, tensor) for name, tensor in items if name not in aliases]
+    return [(name, tensor) for name, tensor in policy.causal_lm.state_dict().items() if name not in aliases]
 
 
 def _tied_aliases(module: torch.nn.Module) -> set[str]:
-    """Names of parameters that are another, earlier-named parameter (by identity, which FSDP2
-    keeps for tied weights; a gathered state dict holds separate copies of them)."""
+    """Names of parameters that are another, earlier-named parameter (by identity: a state dict
+    lists a tied tensor under both names)."""
     seen: set[int] = set()
     aliases = set()
     for name, param in module.named_parameters(remove_duplicate=False):
@@ -67,9 +61,7 @@ def _tied_aliases(module: torch.nn.Module) -> set[str]:
     return aliases
 
 
-def publish_over_collective(
-    policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int, state_dict: StateDict | None = None
-) -> Path:
+def publish_over_collective(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int) -> Path:
     """Announce `version` in broadcasts/step_{version}/ (STABLE last), then send it to every
     inference worker the orchestrator sends to weight_broadcast.host:port, over a fresh collective
     session. Blocks until all received it; TimeoutError naming the missing ranks after
@@ -79,7 +71,7 @@ def publish_over_collective(
 
     wb = cfg.weight_broadcast
     assert wb.type == "nccl" and not policy.is_lora, "the collective path carries full weights only"
-    tensors = full_state_dict(policy, state_dict)
+    tensors = full_state_dict(policy)
     final = broadcast_dir(run_dir, version)
     staged = staging_dir(final)
     num_bytes = sum(t.numel() * t.element_size() for _, t in tensors)
@@ -94,19 +86,15 @@ def publish_over_collective(
     return final
 
 
-def publish_policy(
-    policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int, state_dict: StateDict | None = None
-) -> Path:
-    """Write policy `version` to broadcasts/step_{version}/ (STABLE last) and prune older ones.
-
-    QeRL's noisy norms are read from `policy.causal_lm` even when `state_dict` is given."""
+def publish_policy(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int) -> Path:
+    """Write policy `version` to broadcasts/step_{version}/ (STABLE last) and prune older ones."""
     from safetensors.torch import save_file
 
     from grpo.trainer.noise import NOISY_NORMS_FILE, noise_sigma, noisy_norms
 
     final = broadcast_dir(run_dir, version)
     staged = staging_dir(final)
-    write_weights(policy, staged, state_dict)
+    write_weights(policy, staged)
     if cfg.noise_scheduler.enabled:
         sigma = noise_sigma(cfg.noise_scheduler, version, cfg.max_steps)
         tensors = noisy_norms(policy.causal_lm, sigma, seed=cfg.seed + version)

@@ -271,7 +271,7 @@ def test_client_names_a_server_that_is_down(tmp_path: Path, monkeypatch: pytest.
 # -- the trainer's side -------------------------------------------------------------------------
 
 
-def test_publish_sends_a_ready_made_state_dict_to_every_receiver_without_the_tied_alias(
+def test_publish_sends_the_full_weights_to_every_receiver_without_the_tied_alias(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:
     from transformers import AutoModelForCausalLM
@@ -283,14 +283,16 @@ def test_publish_sends_a_ready_made_state_dict_to_every_receiver_without_the_tie
 
     causal_lm = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     policy = Policy(causal_lm, causal_lm, torch.device("cpu"), torch.float32, None, is_lora=False)
-    # What a gather of FSDP2 shards gives rank 0: separate copies (the tied lm_head too), new values.
-    gathered = {name: tensor.detach().clone() + 1.0 for name, tensor in causal_lm.state_dict().items()}
+    with torch.no_grad():  # values a freshly loaded receiver cannot already hold
+        for param in causal_lm.parameters():
+            param.add_(1.0)
+    gathered = causal_lm.state_dict()
     port = _free_port()
     cfg = TrainerConfig.model_validate(
         {"model": "tiny", "lora": False, "weight_broadcast": {"type": "nccl", "port": port, "timeout": 60}}
     )
     receivers = [_in_thread(lambda r=rank: _receive_updates(port, r, 3, num_updates=1)) for rank in (1, 2)]
-    folder = publish_over_collective(policy, cfg, tmp_path, version=1, state_dict=gathered)
+    folder = publish_over_collective(policy, cfg, tmp_path, version=1)
     manifest = read_collective_manifest(folder)
     assert manifest is not None and manifest["version"] == 1
     for thread, outcome in receivers:
