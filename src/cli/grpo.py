@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -29,6 +30,20 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 
 OPTIONS = ["--train", "--infer", "--orch", "--dry-run", "--verbose", "--help"]
 
+SHARED_KEYS = ("max_steps", "output_dir", "max_async_level")
+"""Keys train.yaml and orch.yaml must agree on: in one process, overriding one side sets both."""
+
+
+def share_overrides(overrides: dict[str, list[tuple[str, Any]]]) -> dict[str, list[tuple[str, Any]]]:
+    """Copy an override of a SHARED_KEYS key given for only one of train/orch to the other."""
+    shared = {side: dict(overrides[side]) for side in ("train", "orch")}
+    result = {side: list(items) for side, items in overrides.items()}
+    for key in SHARED_KEYS:
+        for side, other in (("train", "orch"), ("orch", "train")):
+            if key in shared[side] and key not in shared[other]:
+                result[other].append((key, shared[side][key]))
+    return result
+
 
 @app.command(context_settings=EXTRA_ARGS)
 def grpo(
@@ -44,11 +59,12 @@ def grpo(
     """Run inference, orchestrator and trainer in one process (co-located mode).
 
     Override keys per file with --train.KEY, --infer.KEY, --orch.KEY, e.g.
-    --orch.sampling.temperature 0.7 --train.learning_rate 1e-5.
+    --orch.sampling.temperature 0.7 --train.learning_rate 1e-5. max_steps, output_dir and
+    max_async_level given for one of train/orch apply to both.
     """
 
     def body() -> int:
-        overrides = split_overrides(ctx.args, ("train", "infer", "orch"), OPTIONS)
+        overrides = share_overrides(split_overrides(ctx.args, ("train", "infer", "orch"), OPTIONS))
         train_cfg = load_with_overrides(TrainerConfig, train, overrides["train"])
         infer_cfg = load_with_overrides(InferenceConfig, infer, overrides["infer"])
         orch_cfg = load_with_overrides(OrchestratorConfig, orch, overrides["orch"])

@@ -8,6 +8,7 @@ import typer
 
 from grpo.cli.common import EXTRA_ARGS, run_app
 from grpo.cli.single import run_single
+from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -30,8 +31,24 @@ def infer(
 
         return run_server(cfg)
 
+    def check(cfg: InferenceConfig) -> None:
+        from grpo.inference.fp8_support import per_tensor_fp8_problems
+
+        problems = per_tensor_fp8_problems(cfg.quantization)
+        if problems:
+            raise ConfigError("\n".join(problems))
+
     run_single(
-        "grpo-infer", "infer", InferenceConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model
+        "grpo-infer",
+        "infer",
+        InferenceConfig,
+        config,
+        ctx.args,
+        dry_run,
+        verbose,
+        start,
+        lambda c: c.model,
+        check,
     )
 
 

@@ -25,13 +25,16 @@ def run_single(
     verbose: bool,
     start: Callable[[ModelT], int | None],
     model_of: Callable[[ModelT], str | None] = lambda cfg: None,
+    check: Callable[[ModelT], None] = lambda cfg: None,
 ) -> None:
-    """Load `config_path` (+ overrides); on --dry-run resolve the model, print and stop; else `start`."""
+    """Load `config_path` (+ overrides) and `check` it (ConfigError for what cannot run here); on
+    --dry-run resolve the model, print and stop; else `start`."""
 
     def body() -> int | None:
         overrides = split_overrides(extra_args, None, SINGLE_OPTIONS)[""]
         check_option_typos(overrides, model_cls, SINGLE_OPTIONS)
         config = load_with_overrides(model_cls, config_path, overrides)
+        check(config)
         if dry_run:
             model = model_of(config)
             if model is not None:

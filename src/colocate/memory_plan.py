@@ -144,8 +144,11 @@ def plan_memory(
     device, total = _device_memory(train)
     on_gpu = device.startswith("cuda")
     plan = MemoryPlan(device=device, total_bytes=total, rows=trainer_rows(train, shape, on_gpu))
-    usable = total * (1 - SAFETY_MARGIN) - plan.trainer_bytes
+    num_replicas = infer.dp  # co-located dp: one engine + one trainer rank per replica
     if on_gpu:
+        usable = total * (1 - SAFETY_MARGIN) - plan.trainer_bytes
+        if num_replicas > 1:
+            plan.notes.append(f"per GPU: each of the {num_replicas} replicas (infer dp) has its own GPU")
         fraction = usable / total
         if fraction <= 0.05:
             raise ValueError(
@@ -156,12 +159,13 @@ def plan_memory(
         plan.engine_bytes = int(plan.gpu_memory_utilization * total)
         return plan
 
-    # CPU: vLLM's own weights are counted as part of "usable" (they live in this machine's RAM too).
+    # CPU: the replicas share this machine's RAM, and vLLM's own weights live in it too.
+    usable = (total * (1 - SAFETY_MARGIN) - num_replicas * plan.trainer_bytes) / num_replicas
     weight_bytes = (
         shape.num_linear_params() + (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.hidden_size
     ) * 2
     max_len = infer.max_model_len or orch.seq_len
-    num_seqs = int(orch.batch_size * orch.oversampling_factor)
+    num_seqs = -(-int(orch.batch_size * orch.oversampling_factor) // num_replicas)  # per engine
     needed_gb = num_seqs * max_len * shape.kv_bytes_per_token() / GIB
     room_gb = (usable - 2 * weight_bytes) / GIB  # the engine keeps dense and packed copies on CPU
     cap = (
@@ -179,4 +183,8 @@ def plan_memory(
     plan.notes.append(
         f"KV cache sized for {num_seqs} sequences x {max_len} tokens ({needed_gb:.2f} GiB needed)"
     )
+    if num_replicas > 1:
+        plan.notes.append(
+            f"per replica: {num_replicas} replicas (infer dp) share the RAM, each an engine and a trainer rank"
+        )
     return plan

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo.colocate.guards import check_borrowing_safe
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from grpo.colocate.memory_plan import MemoryPlan
+    from grpo.colocate.replicas import ReplicaProcesses
     from grpo.config.inference import InferenceConfig
     from grpo.config.orchestrator import OrchestratorConfig
     from grpo.config.trainer import TrainerConfig
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 log = get_logger("colocate")
 
 WATCHDOG_INTERVAL_S = 1.0
-SERVER_READY_TIMEOUT_S = 600.0
+REPLICA_FINISH_TIMEOUT_S = 120.0
+"""After the last step, how long replicas may take to stop their engines and exit."""
 
 
 class TrainerThread(threading.Thread):
@@ -63,8 +64,8 @@ def run_colocated(
     plan: MemoryPlan,
 ) -> int:
     from grpo.cli.common import write_resolved_configs
-    from grpo.inference.server import ServerThread
-    from grpo.inference.server_args import build_server_args
+    from grpo.colocate.engine import start_engine
+    from grpo.colocate.replicas import ReplicaProcesses, free_port, replica_devices, replica_infer_config
 
     infer = plan.apply(infer)
     if train.max_steps < 0 and orch.max_steps is not None:
@@ -74,60 +75,77 @@ def run_colocated(
     log.info("memory plan:\n%s", plan.table())
 
     model_path = str(resolved.path)
-    check_borrowing_safe(build_server_args(infer, model_path))
+    num_replicas = infer.dp
+    devices = replica_devices(num_replicas, plan.device.startswith("cuda"))
     # SIGTERM must unwind like Ctrl-C: Python's default kills the process without running the
-    # `finally` below, which would orphan the engine subprocess.
+    # `finally` below, which would orphan the engine subprocess and the replicas.
     signal.signal(signal.SIGTERM, _interrupt)
-    # The engine subprocess inherits this: on CPU it keeps the dense linear weights the trainer borrows.
-    os.environ["GRPO_KEEP_DENSE_WEIGHTS"] = "1"
-    server = ServerThread(infer, model_path)
+    replicas: ReplicaProcesses | None = None
+    server: ServerThread | None = None
     try:
-        server.start()
-        server.wait_ready(SERVER_READY_TIMEOUT_S)
-        return _train_with_server(train, orch, run_dir, model_path, server)
+        if num_replicas > 1:
+            master_port = free_port()
+            replicas = ReplicaProcesses(run_dir, model_path, num_replicas, master_port, devices)
+            if devices[0] is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = devices[0]  # this process's engine: its own GPU
+        server = start_engine(replica_infer_config(infer, 0), model_path)
+        return _train_with_server(train, orch, run_dir, model_path, server, replicas)
     finally:
-        server.stop()
+        if replicas is not None:
+            replicas.stop()
+        if server is not None:
+            server.stop()
 
 
 def _train_with_server(
-    train: TrainerConfig, orch: OrchestratorConfig, run_dir: Path, model_path: str, server: ServerThread
+    train: TrainerConfig,
+    orch: OrchestratorConfig,
+    run_dir: Path,
+    model_path: str,
+    server: ServerThread,
+    replicas: ReplicaProcesses | None,
 ) -> int:
-    from grpo.colocate.borrow import borrow_from_records
+    from grpo.colocate.engine import SERVER_READY_TIMEOUT_S, borrow_base_weights
+    from grpo.colocate.replicas import announce_replica, join_trainer_group
     from grpo.inference.client import InferenceClient
-    from grpo.inference.weight_handles import release_shared_names
     from grpo.trainer.entry import run as run_trainer
     from grpo.trainer.weights import BorrowedWeights
     from grpo.transport.batch_memory import memory_transport_pair
 
-    records_per_worker = server.collective_rpc("export_weight_handles")
-    if len(records_per_worker) != 1:
-        raise ValueError(
-            f"co-located mode borrows from one engine worker per trainer, got {len(records_per_worker)} workers; "
-            "use tp: 1 (and dp: N with one trainer per GPU)"
-        )
-    borrowed = borrow_from_records(records_per_worker[0], model_path)
-    # Both sides have mapped the weights now; the file names would only outlive a crash.
-    release_shared_names(records_per_worker[0])
+    borrowed, shared_files = borrow_base_weights(server, model_path)
+    base_urls = [server.base_url]
+    if replicas is not None:
+        announce_replica(run_dir, 0, server.base_url, shared_files)
+        base_urls += replicas.wait_ready(SERVER_READY_TIMEOUT_S)
+        join_trainer_group(0, replicas.num_replicas, replicas.master_port)
+
+    def failure_of_peers() -> str | None:
+        if not server.is_running():
+            return "the inference server stopped"
+        return None if replicas is None else replicas.failure()
 
     sender, receiver = memory_transport_pair(capacity=orch.max_async_level + 1)
     stop_trainer = threading.Event()
     base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
     trainer = TrainerThread(lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights))
-    client_cfg = orch.client.model_copy(update={"base_url": [server.base_url]})
-    client = InferenceClient(client_cfg)
+    client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls}))
     trainer.start()
     failure: str | None = "interrupted"
     try:
-        failure = asyncio.run(_orchestrate(orch, client, sender, run_dir, model_path, trainer, server))
+        failure = asyncio.run(
+            _orchestrate(orch, client, sender, run_dir, model_path, trainer, failure_of_peers)
+        )
         if failure is None:
             log.info("orchestrator done; waiting for the trainer to finish its last step")
             while trainer.is_alive():
                 trainer.join(WATCHDOG_INTERVAL_S)
-                if not server.is_running():
-                    failure = "the inference engine died"
+                failure = failure_of_peers()
+                if failure is not None:
                     break
             if trainer.error is not None:
                 raise trainer.error
+        if failure is None and replicas is not None:
+            failure = replicas.wait_exit(REPLICA_FINISH_TIMEOUT_S)
     finally:
         stop_trainer.set()
         sender.close()
@@ -151,7 +169,7 @@ async def _orchestrate(
     run_dir: Path,
     model_path: str,
     trainer: TrainerThread,
-    server: ServerThread,
+    failure_of_peers: Callable[[], str | None],
 ) -> str | None:
     """Run the orchestrator with a watchdog; returns why it was stopped early, or None."""
     from grpo.orchestrator.entry import run as run_orchestrator
@@ -164,8 +182,8 @@ async def _orchestrate(
             # A trainer that ends without error has trained every batch: not a failure.
             if trainer.error is not None:
                 failure.append(f"the trainer failed: {trainer.error!r}")
-            elif not server.is_running():
-                failure.append("the inference server stopped")
+            elif (peer_failure := failure_of_peers()) is not None:
+                failure.append(peer_failure)
             if failure:
                 stop.set()
                 return

@@ -13,6 +13,7 @@ from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.trainer import TrainerConfig
+from grpo.inference.fp8_support import per_tensor_fp8_problems
 
 
 def run_dir_matches(trainer_output_dir: str, orch_output_dir: str) -> bool:
@@ -142,6 +143,17 @@ def check_colocated(
         problems.append(
             f"infer quantization '{infer.quantization}' with train qlora_bnb/qlora_fp8: the trainer borrows "
             "the engine's quantized weights as they are; set qlora_bnb and qlora_fp8 to false"
+        )
+    problems += per_tensor_fp8_problems(infer.quantization)
+    if infer.tp > 1:
+        problems.append(
+            f"infer tp {infer.tp}: a co-located trainer rank borrows the weights of one engine worker; set tp: 1 "
+            "(dp: N runs N engines, one per trainer rank), or use the multi-process mode"
+        )
+    if infer.dp > 1 and not train.lora:
+        problems.append(
+            f"infer dp {infer.dp} with train lora false: co-located data parallelism trains LoRA adapters over "
+            "each engine's own weights; set lora: true, or train full weights in the multi-process mode"
         )
     if problems:
         raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))

@@ -53,7 +53,8 @@ class InferenceConfig(StrictModel):
     """Tensor parallel degree."""
 
     dp: int = Field(1, ge=1)
-    """Data parallel degree (engine replicas behind one server)."""
+    """Data parallel degree: engine replicas behind one server (grpo-infer); co-located, N replicas,
+    each an engine and a trainer rank on its own GPU (docs/colocate.md)."""
 
     enable_lora: bool = True
     """Serve LoRA adapters and hot-load each new policy's adapter."""

@@ -222,7 +222,8 @@ class CheckpointConfig(StrictModel):
     """Step to resume from; -1 = the latest checkpoint."""
 
     wait_for_weights_timeout: float | None = Field(None, gt=0)
-    """Seconds to wait for the resumed step's weights to appear."""
+    """Seconds to wait for the resumed step's weights to appear; also bounds the wait for the final
+    policy before its evaluation (null: client.timeout there)."""
 
     keep_last: int | None = Field(None, gt=0)
     """Keep at most the N newest checkpoints."""
@@ -248,7 +249,7 @@ class EvalConfig(StrictModel):
     """Rollouts per example."""
 
     interval: int = Field(100, gt=0)
-    """Evaluate every N training steps."""
+    """Evaluate every N training steps, and once more on the final policy (max_steps) after the last batch."""
 
     eval_base_model: bool = True
     """Also evaluate the base model (step 0)."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -190,6 +192,7 @@ async def serve(args: argparse.Namespace, on_ready: OnReady | None = None) -> bo
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
     reset_inplace_flag_after_lora_load()
+    end_engine_with_its_parent()
     shutdown_requested = _flag_signal_handlers(asyncio.get_running_loop())
     _listen_address, sock = launcher.setup_server(args, reuse_port=False)
     port = int(sock.getsockname()[1])
@@ -313,6 +316,43 @@ def reset_inplace_flag_after_lora_load() -> None:
 
     OpenAIServingModels.load_lora_adapter = load_lora_adapter
     _lora_patch_applied = True
+
+
+_original_run_engine_core: Any = None
+ENGINE_PARENT_PID_ENV = "GRPO_ENGINE_PARENT_PID"
+
+
+def end_engine_with_its_parent() -> None:
+    """Make each engine core process this process starts end (SIGTERM) when this process does.
+
+    vLLM's engine core outlives an API-server process that is SIGKILLed (the OOM killer, `kill -9`),
+    holding its memory (seen here: the engine of a killed `grpo` ran on). Linux delivers a parent-death
+    signal even then. The engine's workers end with the engine (vLLM watches that itself).
+    """
+    global _original_run_engine_core
+    if _original_run_engine_core is not None or not sys.platform.startswith("linux"):
+        return
+    from vllm.v1.engine.core import EngineCoreProc
+
+    _original_run_engine_core = EngineCoreProc.run_engine_core
+    EngineCoreProc.run_engine_core = staticmethod(_run_engine_core_bound_to_parent)
+    os.environ[ENGINE_PARENT_PID_ENV] = str(os.getpid())
+
+
+def _run_engine_core_bound_to_parent(*args: Any, **kwargs: Any) -> Any:
+    """The engine core's process target (module-level, so spawn can pickle it by name)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != int(os.environ[ENGINE_PARENT_PID_ENV]):  # it died before the signal was armed
+        raise SystemExit(1)
+    # Forked: the patched class is inherited, so the original is the saved one. Spawned: this is a
+    # fresh interpreter where the class was never patched.
+    from vllm.v1.engine.core import EngineCoreProc
+
+    original = _original_run_engine_core or EngineCoreProc.run_engine_core
+    return original(*args, **kwargs)
 
 
 def stored_lora_requests(app_state: Any) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""Online evaluation: the policy the servers run now, on the eval environments."""
+"""Online evaluation: the policy the servers run now, on the eval environments.
+
+When: at the start of step n on the schedule below (on a policy <= n), and once more after the last
+batch, on the final policy max_steps (the loop waits for it), logged as step max_steps.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ batch_size * oversampling_factor for each batch the current policy may still ser
 max_async_level + 1 batches), so generation for batch n + 1 overlaps training on batch n, and no
 rollout is started that no batch could accept. The main coroutine collects finished groups into batch n
 (dropping ones that are too stale or carry no signal), computes advantages, applies filters, packs,
-and hands the batch to the sender in a worker thread while generation carries on.
+and hands the batch to the sender in a worker thread while generation carries on. With eval configured,
+once the last batch is sent it waits for the final policy (max_steps) to reach inference and evaluates it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import contextlib
 import math
 import statistics
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,6 +44,8 @@ log = get_logger("orchestrator")
 
 # How often a launcher waiting for a newer policy (or the next step) looks again.
 _LAUNCH_POLL_S = 0.02
+
+T = TypeVar("T")
 
 
 class Orchestrator:
@@ -260,6 +264,67 @@ class Orchestrator:
         finally:
             self._launch_paused.clear()
 
+    async def _maybe_eval_final_policy(self, reporter: Reporter, resumed_at: int | None) -> None:
+        """Once every batch is sent, evaluate policy max_steps and log it as step max_steps.
+
+        Scheduled evaluations run at the start of step n < max_steps, on a policy <= n, so none of them
+        saw the final policy: this is its only evaluation. An orchestrator resumed with every batch
+        sent skips it like any evaluation right after a resume (skip_eval_on_resume). The final policy
+        may never come (the trainer was stopped or died): the wait ends on stop, or after the timeout
+        with a warning, since every batch was trained and only the evaluation is missing.
+        """
+        final = self.cfg.max_steps
+        if self.cfg.eval is None or not self.eval_envs or final is None or self.step < final:
+            return
+        if self.stop.is_set() or (self.cfg.eval.skip_eval_on_resume and resumed_at == final):
+            return
+        # Leftover rollouts for the last batch can train nothing now; they would only slow the evaluation.
+        await self._cancel_inflight()
+        timeout = self._final_policy_timeout()
+        log.info("waiting up to %g s for the final policy %d to evaluate it", timeout, final)
+        waited = await self._unless_stopped(asyncio.wait_for(self.policy.wait_for(final), timeout))
+        if waited is None:
+            return
+        if isinstance(waited.exception(), TimeoutError):
+            log.warning(
+                "the final policy %d did not reach inference within %g s (it runs policy %d), so it was not "
+                "evaluated; the trainer publishes broadcasts/step_%d/ after its last step. To wait longer, "
+                "raise ckpt.wait_for_weights_timeout",
+                final,
+                timeout,
+                self.policy.version,
+                final,
+            )
+            return
+        waited.result()  # a dead policy watcher raises here, as it does during the run
+        evaluation = await self._unless_stopped(
+            evaluate(self.cfg.eval, self.eval_envs, self.runner, self._params())
+        )
+        if evaluation is not None:
+            await reporter.log_final_eval(
+                final, {**evaluation.result(), "policy/version": self.policy.version}
+            )
+
+    def _final_policy_timeout(self) -> float:
+        """Seconds to wait for the final policy: ckpt.wait_for_weights_timeout, the wait for the policy a
+        resume needs, when set; else client.timeout, which also bounds the wait for the servers."""
+        if self.cfg.ckpt.wait_for_weights_timeout is not None:
+            return self.cfg.ckpt.wait_for_weights_timeout
+        return self.cfg.client.timeout
+
+    async def _unless_stopped(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T] | None:
+        """The finished task that ran `work` (read its result or error), or None when stop was requested
+        first; `work` is then cancelled."""
+        task = asyncio.ensure_future(work)
+        stopper = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            task.cancel()  # a no-op once it finished
+            await asyncio.gather(task, stopper, return_exceptions=True)
+        return None if task.cancelled() else task
+
     async def _resume(self) -> int | None:
         resumed_at = await asyncio.to_thread(
             checkpoint.resolve_resume_step, self.run_dir, self.cfg.ckpt.resume_step
@@ -288,6 +353,7 @@ class Orchestrator:
         launcher = asyncio.create_task(self._launch_forever(), name="rollout-launcher")
         try:
             await self._steps(reporter, resumed_at)
+            await self._maybe_eval_final_policy(reporter, resumed_at)
         finally:
             launcher.cancel()
             await asyncio.gather(launcher, return_exceptions=True)

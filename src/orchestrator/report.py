@@ -53,6 +53,15 @@ class TerminalProgress:
             f"tokens/s {metrics.get('perf/tokens_per_second', 0.0):.0f}  "
             f"policy {metrics.get('policy/version', 0)}  ETA {self._eta(step)}"
         )
+        self._show(line)
+
+    def show_eval(self, version: int, metrics: dict[str, Any]) -> None:
+        rewards = "  ".join(
+            f"{k} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/reward")
+        )
+        self._show(f"eval of the final policy {version}: {rewards or 'no eval rewards'}")
+
+    def _show(self, line: str) -> None:
         if self._live is not None:
             self._live.update(line, refresh=True)
         else:
@@ -93,6 +102,13 @@ class Reporter:
         self.terminal.update(step, metrics)
         if self._wandb is not None:
             await asyncio.to_thread(self._log_wandb, step, metrics, rollouts)
+
+    async def log_final_eval(self, step: int, metrics: dict[str, Any]) -> None:
+        """The evaluation of the final policy: a row of its own (no batch, no rollouts at this step)."""
+        await asyncio.to_thread(self.jsonl.write, {"step": step, **metrics})
+        self.terminal.show_eval(step, metrics)
+        if self._wandb is not None:
+            await asyncio.to_thread(self._wandb.log, metrics, step=step)
 
     def _log_wandb(self, step: int, metrics: dict[str, Any], rollouts: list[Rollout]) -> None:
         import wandb

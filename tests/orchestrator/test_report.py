@@ -127,6 +127,25 @@ def test_without_report_to_only_metrics_jsonl_is_written(tmp_path: Path, fake_wa
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1]
 
 
+def test_final_policy_eval_is_a_row_of_its_own_and_a_terminal_line_naming_it(
+    tmp_path: Path, fake_wandb: FakeWandb, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = {"eval/toy/reward": 0.75, "eval/toy/num_rollouts": 8.0, "policy/version": 2}
+
+    async def main() -> None:
+        reporter = Reporter(tmp_path, ReportConfig(interval=1), {}, max_steps=2, first_step=0)
+        await reporter.log_step(1, {"reward/mean": 0.5}, _rollouts(1))
+        await reporter.log_final_eval(2, metrics)
+        reporter.close()
+
+    with caplog.at_level("INFO", logger="grpo"):
+        asyncio.run(main())
+    assert read_jsonl(tmp_path / "metrics.jsonl")[-1] == {"step": 2, **metrics}
+    assert fake_wandb.logged[-1] == (2, metrics)
+    assert "eval of the final policy 2: eval/toy/reward 0.750" in caplog.text
+    assert "step 3/2" not in caplog.text
+
+
 def test_real_offline_wandb_run_stores_the_samples_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

