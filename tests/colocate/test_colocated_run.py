@@ -102,24 +102,31 @@ def _shm_files_left(before: set[str], wait_s: float = 30.0) -> set[str]:
     return left
 
 
+def _run_cleanly(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run `grpo args` to the end; it must exit 0 and leave no process or /dev/shm file behind."""
+    processes = RunProcesses()
+    shm_before = _shm_files()
+    result = subprocess.run(
+        [str(BIN / "grpo"), *args],
+        cwd=cwd,
+        env=processes.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    left = processes.left()
+    assert not left, f"processes outlived the run: {left}"
+    assert not _shm_files_left(shm_before), "the run left shared-memory files in /dev/shm"
+    return result
+
+
 def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
     tmp_path: Path, tiny_model_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
     args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=0)
-    processes = RunProcesses()
-    shm_before = _shm_files()
-    result = subprocess.run(
-        [str(BIN / "grpo"), *args],
-        cwd=tmp_path,
-        env=processes.env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not processes.left(), "a child process outlived the run"
-    assert not _shm_files_left(shm_before), "the run left shared-memory files in /dev/shm"
+    result = _run_cleanly(args, tmp_path, timeout=600)
 
     trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
     assert [r["step"] for r in trainer] == [0, 1, 2]
@@ -143,19 +150,7 @@ def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
     run_dir = tmp_path / "run"
     args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=0, num_replicas=2)
     args += ["--orch.max_steps", "2", "--train.max_steps", "2"]
-    processes = RunProcesses()
-    shm_before = _shm_files()
-    result = subprocess.run(
-        [str(BIN / "grpo"), *args],
-        cwd=tmp_path,
-        env=processes.env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not processes.left(), "a replica or engine outlived the run"
-    assert not _shm_files_left(shm_before), "the run left shared-memory files in /dev/shm"
+    _run_cleanly(args, tmp_path, timeout=900)
 
     replicas = [json.loads((run_dir / "colocate" / f"replica_{r}.json").read_text()) for r in (0, 1)]
     assert replicas[0]["base_url"] != replicas[1]["base_url"]
