@@ -4,7 +4,8 @@ Threads: vLLM's API server runs on a background thread with its own event loop (
 subprocess); the trainer runs on another thread; the orchestrator runs on the main thread's event
 loop. Batches pass in memory; each new LoRA adapter is published to `broadcasts/step_{v}/` and
 hot-loaded by vLLM, exactly as in the multi-process mode. A watchdog stops everything when any
-part fails, and every exit path stops the engine subprocess.
+part fails, and every exit path stops the engine subprocess. With infer dp N, replicas 1..N-1 (an
+engine and a trainer rank each) run as child processes (grpo.colocate.replicas).
 """
 
 from __future__ import annotations
