@@ -145,6 +145,11 @@ def check_colocated(
             "the engine's quantized weights as they are; set qlora_bnb and qlora_fp8 to false"
         )
     problems += per_tensor_fp8_problems(infer.quantization)
+    if orch.client.elastic is not None:
+        problems.append(
+            "orch client.elastic discovers servers of the multi-process mode; a co-located run samples from "
+            "its own engines (infer dp N for more): remove client.elastic"
+        )
     if infer.tp > 1:
         problems.append(
             f"infer tp {infer.tp}: a co-located trainer rank borrows the weights of one engine worker; set tp: 1 "

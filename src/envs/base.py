@@ -91,3 +91,12 @@ def normalise_examples(examples: list[Example]) -> list[Example]:
 def completion_text(completion: list[Message]) -> str:
     """The model's text: its assistant messages joined by newlines."""
     return "\n".join(str(m.get("content", "")) for m in completion if m.get("role") == "assistant")
+
+
+def check_num_examples(env_name: str, num_examples: object) -> None:
+    """A built-in loader's num_examples must be a positive int."""
+    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
+        raise ValueError(
+            f"env {env_name}: num_examples must be a whole number >= 1, got {num_examples!r}; "
+            "fix env[].args.num_examples"
+        )

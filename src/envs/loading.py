@@ -1,14 +1,28 @@
 """`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", or a `grpo-env`
-server at env_cfg.address."""
+server at env_cfg.address.
+
+`check_environment(env_cfg)` checks the same things without building the examples (what
+`--dry-run` needs): the id resolves, every `env[].args` key is one the loader takes, with the type it
+declares, and a reasoning-gym dataset accepts its arguments. Every mistake is a `ValueError` naming
+the environment, the key and the fix.
+"""
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
+import typing
 from collections.abc import Callable
 from typing import Any
 
 from grpo.config.orchestrator import EnvConfig
-from grpo.envs.base import Environment
+from grpo.envs.base import Environment, check_num_examples
+
+BUILTIN_IDS = ("reverse-text", "short-answer", "math", "gsm8k-synthetic")
+"""Built-in ids besides `reasoning-gym:<dataset>`."""
+
+REASONING_GYM_PREFIX = "reasoning-gym:"
 
 
 def _builtin(env_id: str) -> Callable[..., Any] | None:
@@ -24,11 +38,6 @@ def _builtin(env_id: str) -> Callable[..., Any] | None:
         from grpo.envs import math_env
 
         return math_env.load_environment
-    if env_id.startswith("reasoning-gym:"):
-        from grpo.envs import reasoning_gym_env
-
-        task = env_id.split(":", 1)[1]
-        return lambda **args: reasoning_gym_env.load_environment(task, **args)
     return None
 
 
@@ -45,32 +54,175 @@ def _import_loader(path: str) -> Callable[..., Any]:
             "and that the package is installed (or on PYTHONPATH)"
         ) from exc
     if not hasattr(module, attr):
-        raise ValueError(f"env id {path!r}: module {module_name} has no attribute {attr!r}")
+        close = _closest_builtin(path)
+        hint = f"; did you mean the built-in {close!r}?" if close else ""
+        raise ValueError(f"env id {path!r}: module {module_name} has no attribute {attr!r}{hint}")
     return getattr(module, attr)
+
+
+def _closest_builtin(env_id: str) -> str | None:
+    """The built-in id a mistyped `env_id` most likely meant."""
+    normal = env_id.strip().lower().replace("_", "-").replace(" ", "-")
+    if normal.startswith(("reasoning-gym", "reasoninggym", "rg:")):
+        task = env_id.split(":", 1)[1] if ":" in env_id else ""
+        return REASONING_GYM_PREFIX + (task or "<dataset>")
+    close = difflib.get_close_matches(normal, BUILTIN_IDS, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _verifiers_loader(env_id: str) -> Callable[..., Any]:
     try:
         import verifiers
     except ImportError as exc:
+        close = _closest_builtin(env_id)
+        if close is None and "." in env_id:
+            close = f"{env_id}:load_environment"  # a module path missing its function
+        hint = f"did you mean {close!r}? " if close else ""
         raise ValueError(
-            f"env id {env_id!r} is neither built-in (reverse-text, short-answer, math, reasoning-gym:<task>) nor an import "
-            "path 'pkg.module:load_environment'; verifiers environments need the optional extra: "
+            f"env id {env_id!r} is not built-in; {hint}built-in ids: {', '.join(BUILTIN_IDS)}, "
+            "reasoning-gym:<dataset> (e.g. reasoning-gym:chain_sum); or an import path "
+            "'pkg.module:load_environment'; verifiers environments need the optional extra: "
             "pip install 'grpo[verifiers]'"
         ) from exc
     return lambda **args: verifiers.load_environment(env_id, **args)
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def check_args(
+    where: str, params: dict[str, Any], hints: dict[str, Any], args: dict[str, Any], open_ended: bool = False
+) -> dict[str, Any]:
+    """Check `args` (env[].args) against a loader's parameters; returns them converted to the declared
+    types ("3" -> 3 for an int). `params`: accepted name -> default (`inspect.Parameter.empty` when
+    required); `hints`: name -> type where declared; `open_ended`: the loader also takes **kwargs."""
+    from pydantic import TypeAdapter, ValidationError
+
+    accepted = sorted(params)
+    for key in args:
+        if key in params or open_ended:
+            continue
+        close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+        suggestion = f"did you mean {close[0]!r}? " if close else ""
+        takes = ", ".join(accepted) if accepted else "none"
+        raise ValueError(f"env {where}: unknown arg {key!r} (env[].args); {suggestion}its args are: {takes}")
+    missing = [k for k, default in params.items() if default is inspect.Parameter.empty and k not in args]
+    if missing:
+        raise ValueError(f"env {where}: missing required arg {missing[0]!r}; add it under env[].args")
+    out = dict(args)
+    for key, value in args.items():
+        declared = hints.get(key)
+        if declared is None or declared is Any:
+            continue
+        try:
+            adapter: TypeAdapter[Any] = TypeAdapter(declared)
+        except Exception:  # a type pydantic cannot check (a user's own class): leave it to the loader
+            continue
+        try:
+            out[key] = adapter.validate_python(value)
+        except ValidationError:
+            default = params.get(key, inspect.Parameter.empty)
+            example = "" if default is inspect.Parameter.empty else f" (default {default!r})"
+            raise ValueError(
+                f"env {where}: arg {key!r} must be {_type_name(declared)}{example}, got {value!r} "
+                f"({type(value).__name__}); fix env[].args.{key}"
+            ) from None
+    return out
+
+
+def signature_params(fn: Callable[..., Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(name -> default, name -> type hint, takes **kwargs) of a loader's keyword parameters."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return {}, {}, True
+    params: dict[str, Any] = {}
+    open_ended = False
+    for p in signature.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            open_ended = True
+        elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            params[p.name] = p.default
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: check names only
+        hints = {}
+    hints.pop("return", None)
+    return params, hints, open_ended
+
+
+def _reasoning_gym(env_cfg: EnvConfig) -> Callable[[], Environment]:
+    from grpo.envs import reasoning_gym_env
+
+    task = env_cfg.id[len(REASONING_GYM_PREFIX) :]
+    params, hints, _ = signature_params(reasoning_gym_env.load_environment)
+    params.pop("task")
+    own = {k: v for k, v in env_cfg.args.items() if k in params}
+    task_args = {k: v for k, v in env_cfg.args.items() if k not in params}
+    own = check_args(env_cfg.id, params, hints, own, open_ended=True)
+    if "num_examples" in own:
+        check_num_examples(env_cfg.id, own["num_examples"])
+    task_args = reasoning_gym_env.check_task_args(task, task_args, seed=own.get("seed", 0))
+    return lambda: reasoning_gym_env.load_environment(task, **own, **task_args)
+
+
+def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:
+    """A zero-argument builder for env_cfg (args already checked), and whether building it is cheap."""
+    if env_cfg.id.startswith(REASONING_GYM_PREFIX):
+        return _reasoning_gym(env_cfg), False
+    loader = _builtin(env_cfg.id)
+    builtin = loader is not None
+    if loader is None:
+        loader = _import_loader(env_cfg.id) if ":" in env_cfg.id else _verifiers_loader(env_cfg.id)
+    args = dict(env_cfg.args)
+    if builtin or ":" in env_cfg.id:
+        params, hints, open_ended = signature_params(loader)
+        # a user's own annotations are only checked by name: converting values they did not expect
+        # (str -> Path, ...) could change what the loader does
+        args = check_args(env_cfg.id, params, hints if builtin else {}, args, open_ended)
+    fn = loader
+    return (lambda: fn(**args)), builtin
 
 
 def _connect(env_cfg: EnvConfig, address: str) -> Environment:
     """The environment a `grpo-env` server at env_cfg.address serves."""
     from grpo.envs.remote import RemoteEnv
 
+    _check_remote(env_cfg, address)
+    return RemoteEnv.connect(address, env_cfg.id, env_cfg.display_name)
+
+
+def _check_remote(env_cfg: EnvConfig, address: str) -> None:
+    from grpo.envs.remote import base_url
+
     if env_cfg.args:
         raise ValueError(
             f"env {env_cfg.display_name}: args go to the server (grpo-env {env_cfg.id} --args JSON), "
             f"not to a client of {address}; remove env[].args or env[].address"
         )
-    return RemoteEnv.connect(address, env_cfg.id, env_cfg.display_name)
+    base_url(address)
+
+
+def check_environment(env_cfg: EnvConfig) -> None:
+    """Check env_cfg without building its examples or contacting its server (for --dry-run, and
+    before a run starts its inference server). Built-in environments other than reasoning-gym are
+    cheap, so they are built: that also checks their values (min_words <= max_words, ...)."""
+    if env_cfg.address is not None:
+        _check_remote(env_cfg, env_cfg.address)
+        return
+    build, cheap = _resolve(env_cfg)
+    if cheap:
+        build()
+
+
+def check_environments(cfg: Any) -> None:
+    """check_environment for every env[] and eval.env[] of an OrchestratorConfig."""
+    for env_cfg in cfg.env:
+        check_environment(env_cfg)
+    if cfg.eval is not None:
+        for env_cfg in cfg.eval.env:
+            check_environment(env_cfg)
 
 
 def load_environment(env_cfg: EnvConfig) -> Environment:
@@ -78,10 +230,8 @@ def load_environment(env_cfg: EnvConfig) -> Environment:
     name is env_cfg.display_name."""
     if env_cfg.address is not None:
         return _connect(env_cfg, env_cfg.address)
-    loader = _builtin(env_cfg.id)
-    if loader is None:
-        loader = _import_loader(env_cfg.id) if ":" in env_cfg.id else _verifiers_loader(env_cfg.id)
-    env = loader(**env_cfg.args)
+    build, _ = _resolve(env_cfg)
+    env = build()
     if not isinstance(env, Environment):
         raise ValueError(
             f"env {env_cfg.id!r}: the loader returned {type(env).__name__}, which is not an environment "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
+from grpo.envs.base import check_num_examples
 from grpo.envs.single_turn import SingleTurnEnv
 
 SYSTEM_PROMPT = "Solve the problem. Put the final answer in \\boxed{}."
@@ -56,6 +57,7 @@ def math_verify_reward(completion: str, answer: str) -> float:
 
 
 def load_environment(num_examples: int = 1000, seed: int = 0) -> SingleTurnEnv:
+    check_num_examples("math", num_examples)
     examples = [{"prompt": q, "answer": a, "task": "math"} for q, a in make_problems(num_examples, seed)]
     return SingleTurnEnv(
         examples=examples, rewards=[math_verify_reward], system_prompt=SYSTEM_PROMPT, name="math"

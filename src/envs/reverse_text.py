@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import random
 
+from grpo.envs.base import check_num_examples
 from grpo.envs.single_turn import SingleTurnEnv
 
 _WORDS = [
@@ -68,8 +69,12 @@ def reversal_similarity(completion: str, answer: str) -> float:
 def load_environment(
     num_examples: int = 1000, min_words: int = 1, max_words: int = 4, seed: int = 0
 ) -> SingleTurnEnv:
+    check_num_examples("reverse-text", num_examples)
     if min_words < 1 or max_words < min_words:
-        raise ValueError(f"reverse-text needs 1 <= min_words <= max_words, got {min_words}, {max_words}")
+        raise ValueError(
+            f"env reverse-text: needs 1 <= min_words <= max_words, got min_words {min_words}, max_words "
+            f"{max_words}; fix env[].args"
+        )
     texts = make_texts(num_examples, min_words, max_words, seed)
     examples = [{"prompt": t, "answer": t[::-1], "task": "reverse-text"} for t in texts]
     return SingleTurnEnv(

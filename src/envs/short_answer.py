@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 
+from grpo.envs.base import check_num_examples
 from grpo.envs.single_turn import SingleTurnEnv
 
 SYSTEM_PROMPT = "Answer with one word only."
@@ -89,6 +90,7 @@ def short_answer_reward(completion: str, answer: str) -> float:
 
 
 def load_environment(num_examples: int = 1000, seed: int = 0) -> SingleTurnEnv:
+    check_num_examples("short-answer", num_examples)
     rng = random.Random(seed)
     examples = [
         {"prompt": question, "answer": answer, "task": "short-answer"}

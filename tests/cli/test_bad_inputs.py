@@ -183,6 +183,12 @@ CASES = [
         "infer dp 2 with train lora false",
     ),
     (
+        "co-located: elastic client",
+        _demo_grpo("--orch.client.elastic.hostname", "pool.local"),
+        {},
+        "remove client.elastic",
+    ),
+    (
         "unknown model path",
         ["grpo-train", "t.yaml"],
         {"t.yaml": "model: ./no/such/model\n"},
