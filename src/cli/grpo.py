@@ -69,6 +69,10 @@ def grpo(
         infer_cfg = load_with_overrides(InferenceConfig, infer, overrides["infer"])
         orch_cfg = load_with_overrides(OrchestratorConfig, orch, overrides["orch"])
         orch_cfg = check_colocated(train_cfg, infer_cfg, orch_cfg)
+        from grpo.envs.loading import check_environments
+
+        # Before the engine starts: a bad env[] should not cost a minute of start-up to learn about.
+        check_environments(orch_cfg)
 
         from grpo.colocate.memory_plan import plan_memory
         from grpo.models.resolve import resolve_model

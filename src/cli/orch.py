@@ -67,7 +67,14 @@ def orch(
         verbose,
         start,
         lambda c: c.model.name,
+        _check_environments,
     )
+
+
+def _check_environments(cfg: OrchestratorConfig) -> None:
+    from grpo.envs.loading import check_environments
+
+    check_environments(cfg)
 
 
 async def _wait_then_run(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from grpo.config.base import StrictModel
 
@@ -239,8 +239,15 @@ class CheckpointConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    env: list[EnvConfig] = Field(min_length=1)
+    env: list[EnvConfig]
     """Environments to evaluate on."""
+
+    @field_validator("env")
+    @classmethod
+    def _at_least_one_env(cls, env: list[EnvConfig]) -> list[EnvConfig]:
+        if not env:
+            raise ValueError("needs at least one environment; to turn evaluation off, remove eval")
+        return env
 
     num_examples: int = Field(-1, ge=-1)
     """Examples per environment (-1 = all)."""

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from grpo.config.orchestrator import EnvConfig
+from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
 from grpo.envs.base import Environment, check_num_examples
 
 BUILTIN_IDS = ("reverse-text", "short-answer", "math", "gsm8k-synthetic")
@@ -216,7 +216,7 @@ def check_environment(env_cfg: EnvConfig) -> None:
         build()
 
 
-def check_environments(cfg: Any) -> None:
+def check_environments(cfg: OrchestratorConfig) -> None:
     """check_environment for every env[] and eval.env[] of an OrchestratorConfig."""
     for env_cfg in cfg.env:
         check_environment(env_cfg)

@@ -189,6 +189,18 @@ CASES = [
         "remove client.elastic",
     ),
     (
+        "unknown env arg",
+        _demo_grpo("--orch.env", '[{"id": "math", "args": {"num_exampels": 3}}]'),
+        {},
+        "did you mean 'num_examples'",
+    ),
+    (
+        "empty eval env list",
+        ["grpo-orch", str(DEMO / "orch.yaml"), "--eval.env", "[]"],
+        {},
+        "to turn evaluation off, remove eval",
+    ),
+    (
         "unknown model path",
         ["grpo-train", "t.yaml"],
         {"t.yaml": "model: ./no/such/model\n"},

@@ -1,0 +1,53 @@
+"""The example configs name environments that load, and the user multi-turn example plays by its rules."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from grpo.config.loading import read_yaml
+from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
+from grpo.envs import load_environment
+from grpo.envs.loading import check_environments
+
+REPO = Path(__file__).resolve().parents[2]
+MULTI_TURN = REPO / "examples" / "multi_turn"
+ORCH_CONFIGS = sorted(REPO.glob("examples/*/orch.yaml")) + sorted(REPO.glob("configs/*/orch.yaml"))
+
+
+@pytest.mark.parametrize("path", ORCH_CONFIGS, ids=[str(p.relative_to(REPO)) for p in ORCH_CONFIGS])
+def test_example_orch_configs_name_loadable_environments(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(MULTI_TURN))
+    check_environments(OrchestratorConfig.model_validate(read_yaml(path)))
+
+
+def test_guess_number_multi_turn_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(MULTI_TURN))
+    env = load_environment(
+        EnvConfig(id="guess_number:load_environment", args={"num_examples": 2, "max_turns": 3})
+    )
+    assert env.max_turns == 3 and env.name == "guess_number:load_environment"
+    example = env.examples[0]
+    target = int(example["answer"])
+
+    async def play(*guesses: str) -> float:
+        state = await env.reset(example)
+        history: list[dict[str, str]] = []
+        for guess in guesses:
+            history.append({"role": "assistant", "content": guess})
+            reply = await env.step(history, state)
+            history += reply.messages
+            if reply.done:
+                break
+        score = await env.score(example, history, state)
+        assert not score.failed, score.failure
+        return score.reward
+
+    wrong = target + 1 if target < 10 else target - 1
+    assert asyncio.run(play(str(target))) == 1.0
+    assert asyncio.run(play(f"maybe {wrong}", f"then {target}")) == 0.5
+    assert asyncio.run(play(str(wrong), str(wrong), str(wrong))) == 0.0
+    with pytest.raises(ValueError, match=r"unknown arg 'hgh'.*did you mean 'high'"):
+        load_environment(EnvConfig(id="guess_number:load_environment", args={"hgh": 5}))
