@@ -9,7 +9,9 @@ BIN := $(VENV)/bin
 setup:
 	@bash scripts/setup.sh
 
+# A fresh run each time: grpo refuses to start a new run over an earlier one in the same output_dir.
 demo: setup
+	rm -rf outputs/demo
 	$(BIN)/grpo --train configs/demo/train.yaml --infer configs/demo/infer.yaml --orch configs/demo/orch.yaml
 
 lint: setup

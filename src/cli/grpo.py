@@ -30,7 +30,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 
 OPTIONS = ["--train", "--infer", "--orch", "--dry-run", "--verbose", "--help"]
 
-SHARED_KEYS = ("max_steps", "output_dir", "max_async_level")
+SHARED_KEYS = ("max_steps", "output_dir", "max_async_level", "ckpt.resume_step", "ckpt.interval")
 """Keys train.yaml and orch.yaml must agree on: in one process, overriding one side sets both."""
 
 
@@ -59,8 +59,8 @@ def grpo(
     """Run inference, orchestrator and trainer in one process (co-located mode).
 
     Override keys per file with --train.KEY, --infer.KEY, --orch.KEY, e.g.
-    --orch.sampling.temperature 0.7 --train.learning_rate 1e-5. max_steps, output_dir and
-    max_async_level given for one of train/orch apply to both.
+    --orch.sampling.temperature 0.7 --train.learning_rate 1e-5. max_steps, output_dir,
+    max_async_level, ckpt.resume_step and ckpt.interval given for one of train/orch apply to both.
     """
 
     def body() -> int:

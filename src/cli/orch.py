@@ -48,6 +48,10 @@ def orch(
         resolved = resolve_model(cfg.model.name)
         log_model(resolved)
         run_dir = Path(cfg.output_dir)
+        if cfg.ckpt.resume_step is None:
+            from grpo.orchestrator.checkpoint import check_fresh_run_dir
+
+            check_fresh_run_dir(run_dir)
         write_resolved_configs(run_dir, {"orch": cfg})
         sender = wrap_for_resume(cfg, batch_sender_for(cfg, run_dir), run_dir)
         client = InferenceClient(cfg.client, weight_broadcast=cfg.weight_broadcast)

@@ -67,11 +67,19 @@ def run_colocated(
     from grpo.cli.common import write_resolved_configs
     from grpo.colocate.engine import start_engine
     from grpo.colocate.replicas import ReplicaProcesses, free_port, replica_devices, replica_infer_config
+    from grpo.orchestrator.checkpoint import resolve_colocated_resume
 
     infer = plan.apply(infer)
     if train.max_steps < 0 and orch.max_steps is not None:
         train = train.model_copy(update={"max_steps": orch.max_steps})
     run_dir = Path(orch.output_dir)
+    # Before the configs are rewritten (it compares with the run dir's) and before anything starts
+    # (it removes what a killed run wrote past the step both sides checkpointed).
+    step = resolve_colocated_resume(
+        run_dir, train.ckpt.resume_step, orch.ckpt.resume_step, train.model_dump(mode="json")
+    )
+    train = train.model_copy(update={"ckpt": train.ckpt.model_copy(update={"resume_step": step})})
+    orch = orch.model_copy(update={"ckpt": orch.ckpt.model_copy(update={"resume_step": step})})
     write_resolved_configs(run_dir, {"train": train, "infer": infer, "orch": orch})
     log.info("memory plan:\n%s", plan.table())
 

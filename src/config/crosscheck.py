@@ -145,6 +145,19 @@ def check_colocated(
             "the engine's quantized weights as they are; set qlora_bnb and qlora_fp8 to false"
         )
     problems += per_tensor_fp8_problems(infer.quantization)
+    if train.ckpt.interval != orch.ckpt.interval:
+        problems.append(
+            f"ckpt.interval differs: train {train.ckpt.interval}, orch {orch.ckpt.interval}; a co-located run "
+            "resumes from a step both sides checkpointed: set the same value (e.g. --train.ckpt.interval N)"
+        )
+    elif orch.ckpt.keep_last is not None and orch.ckpt.interval is not None:
+        min_keep = orch.max_async_level + 2
+        if orch.ckpt.keep_last < min_keep:
+            problems.append(
+                f"orch ckpt.keep_last {orch.ckpt.keep_last}: the orchestrator's checkpoints run up to "
+                f"max_async_level + 1 steps ahead of the trainer's, so a resume needs the last {min_keep}; "
+                f"set keep_last >= {min_keep}"
+            )
     if orch.client.elastic is not None:
         problems.append(
             "orch client.elastic discovers servers of the multi-process mode; a co-located run samples from "

@@ -222,8 +222,8 @@ class CheckpointConfig(StrictModel):
     """Step to resume from; -1 = the latest checkpoint."""
 
     wait_for_weights_timeout: float | None = Field(None, gt=0)
-    """Seconds to wait for the resumed step's weights to appear; also bounds the wait for the final
-    policy before its evaluation (null: client.timeout there)."""
+    """Seconds to wait for the resumed step's weights to appear, and for the final policy before its
+    evaluation (null: client.timeout)."""
 
     keep_last: int | None = Field(None, gt=0)
     """Keep at most the N newest checkpoints."""

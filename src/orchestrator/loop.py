@@ -306,8 +306,9 @@ class Orchestrator:
             )
 
     def _final_policy_timeout(self) -> float:
-        """Seconds to wait for the final policy: ckpt.wait_for_weights_timeout, the wait for the policy a
-        resume needs, when set; else client.timeout, which also bounds the wait for the servers."""
+        """Seconds to wait for the policy a resume needs, and for the final policy:
+        ckpt.wait_for_weights_timeout when set; else client.timeout, which also bounds the wait for the
+        servers."""
         if self.cfg.ckpt.wait_for_weights_timeout is not None:
             return self.cfg.ckpt.wait_for_weights_timeout
         return self.cfg.client.timeout
@@ -341,7 +342,15 @@ class Orchestrator:
         # the servers must run the resumed policy before sampling
         await self.policy.poll_once()
         needed = required_policy(self.step, self.cfg.max_async_level)
-        await asyncio.wait_for(self.policy.wait_for(needed), timeout=self.cfg.ckpt.wait_for_weights_timeout)
+        timeout = self._final_policy_timeout()
+        try:
+            await asyncio.wait_for(self.policy.wait_for(needed), timeout=timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"resumed at batch {self.step}, which needs policy {needed} on the inference servers, but it "
+                f"did not arrive within {timeout:g} s (they run policy {self.policy.version}); check that the "
+                f"trainer resumed from its step_{needed} checkpoint (or later), or raise ckpt.wait_for_weights_timeout"
+            ) from None
         return self.step
 
     async def run(self) -> None:
@@ -380,7 +389,6 @@ class Orchestrator:
             self.step = step + 1
             self._num_launched_for.pop(step, None)
             self.counters["num_rollouts_dropped_off_policy"] += int(stats["off_policy/num_dropped"])
-            await self._maybe_checkpoint()
             step_seconds = time.monotonic() - started
             num_tokens = sum(r.num_model_tokens for r in rollouts)
             group_seconds, self._group_seconds = self._group_seconds, []
@@ -401,6 +409,9 @@ class Orchestrator:
             if pool_metrics is not None:
                 metrics.update(pool_metrics())
             await reporter.log_step(step, metrics, rollouts)
+            # After the row: a kill in between leaves a row that the resume cuts, never a checkpoint
+            # without its row.
+            await self._maybe_checkpoint()
 
     async def _maybe_checkpoint(self) -> None:
         interval = self.cfg.ckpt.interval

@@ -17,6 +17,11 @@ optimizer state in CPU memory while it writes, fine for the models this trainer 
 Under torchrun every rank calls save/load (gathering shards is collective). Rank 0 alone writes the
 folder (the other ranks send it their RNG states); the checkpoint is published (STABLE) before any
 rank returns. On load every rank reads the folder: the run dir must be visible to all of them.
+
+Resuming from step_n also rewinds `trainer_metrics.jsonl` to the rows of steps < n (rank 0): a
+process killed after logging step n but before checkpoint n + 1 trains step n again, and its row
+must appear once. A torn last line (killed mid-write) goes too, so the next row starts on a line of
+its own.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import numpy as np
 
 from grpo.trainer.publish import prune_step_dirs
 from grpo.utils.atomic import is_stable, publish_dir, staging_dir
+from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -46,6 +52,7 @@ TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 STATE_FILE = "trainer_state.json"
+METRICS_FILE = "trainer_metrics.jsonl"  # grpo.trainer.trainer.METRICS_FILE (not imported: torch)
 
 
 def rng_file(rank: int) -> str:
@@ -197,11 +204,20 @@ def load_checkpoint(
 
     state = json.loads((folder / STATE_FILE).read_text())
     trainable = load_file(str(folder / TRAINABLE_FILE))
-    expected = {n for n, p in policy.model.named_parameters() if p.requires_grad}
-    if set(trainable) != expected:
+    expected = {n: tuple(p.shape) for n, p in policy.model.named_parameters() if p.requires_grad}
+    if set(trainable) != set(expected):
         raise ValueError(
-            f"checkpoint {folder} was written for different trainable parameters (another lora/LoRA config?); "
+            f"checkpoint {folder} was written for different trainable parameters (another model or LoRA config?); "
             "resume with the train.yaml it was written with, or start a new run dir"
+        )
+    # Same names, other shapes: another model of the same architecture, or another lora_rank.
+    reshaped = [n for n, shape in expected.items() if tuple(trainable[n].shape) != shape]
+    if reshaped:
+        name = reshaped[0]
+        raise ValueError(
+            f"checkpoint {folder} was written for other shapes ({name}: {tuple(trainable[name].shape)} in the "
+            f"checkpoint, {expected[name]} now; another model or lora_rank?); resume with the train.yaml it was "
+            "written with, or start a new run dir"
         )
     # strict=False: the checkpoint holds the trainable parameters only (frozen base weights come from the model).
     set_model_state_dict(policy.model, trainable, options=_whole_state_options(strict=False))
@@ -221,4 +237,12 @@ def load_checkpoint(
         log.warning(
             "checkpoint %s has no RNG state for rank %d; that rank keeps its seeded RNG", folder, rank
         )
-    return int(state["step"])
+    step = int(state["step"])
+    if rank == 0:
+        metrics = folder.parent.parent.parent / METRICS_FILE  # {run_dir}/checkpoints/trainer/step_n
+        num_cut = drop_metrics_from(metrics, step)
+        if num_cut:
+            log.info(
+                "%s: dropped %d row(s) of steps >= %d, which this run trains again", metrics, num_cut, step
+            )
+    return step

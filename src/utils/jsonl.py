@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +44,40 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def drop_metrics_from(path: Path, step: int, redone: Callable[[dict[str, Any]], bool] | None = None) -> int:
+    """Cut the JSONL metrics file `path` before its first row with "step" >= `step`, or before its
+    first torn or unreadable line, whichever comes first; return how many lines were cut.
+
+    Rows are appended in step order, so everything after the cut belongs to steps a resumed run
+    redoes. With `redone`, only a row it accepts starts the cut (rows of later steps it rejects stay). Truncates in place (one syscall; no rename), so a writer that already holds the file
+    open in append mode keeps appending to the same file.
+    """
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    cut = len(data)
+    offset = 0
+    for line in data.splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+            row_step = row["step"] if isinstance(row, dict) else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            row_step = None
+        if (
+            not line.endswith(b"\n")
+            or not isinstance(row_step, int)
+            or (row_step >= step and (redone is None or redone(row)))
+        ):
+            cut = offset
+            break
+        offset += len(line)
+    if cut == len(data):
+        return 0
+    num_cut = data[cut:].count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+    return num_cut

@@ -201,6 +201,18 @@ CASES = [
         "to turn evaluation off, remove eval",
     ),
     (
+        "co-located: checkpoint intervals differ",
+        _demo_grpo("--train.ckpt.interval", "2", "--orch.ckpt.interval", "3"),
+        {},
+        "ckpt.interval differs",
+    ),
+    (
+        "co-located: orchestrator keeps too few checkpoints",
+        _demo_grpo("--train.ckpt.interval", "1", "--orch.ckpt.keep_last", "1"),
+        {},
+        "set keep_last >= 2",
+    ),
+    (
         "unknown model path",
         ["grpo-train", "t.yaml"],
         {"t.yaml": "model: ./no/such/model\n"},

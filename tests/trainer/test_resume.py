@@ -14,7 +14,7 @@ import pytest
 
 from grpo.trainer.checkpoint import complete_checkpoints
 from grpo.utils.atomic import is_stable
-from grpo.utils.jsonl import read_jsonl
+from grpo.utils.jsonl import JsonlWriter, drop_metrics_from, read_jsonl
 
 # The trainer process: `run` with a receiver that makes batch n deterministically from n, and
 # blocks forever on batches >= block_at (so the kill lands at a known point).
@@ -83,3 +83,59 @@ def test_sigkilled_trainer_resumes_at_the_next_step_without_gaps_or_repeats(make
     assert [r["step"] for r in read_jsonl(run_dir / "trainer_metrics.jsonl")] == [0, 1, 2, 3, 4]
     assert sorted(complete_checkpoints(run_dir)) == [4, 5]  # keep_last 2
     assert is_stable(run_dir / "broadcasts" / "step_5")
+
+
+def test_drop_metrics_from_cuts_rows_of_redone_steps_and_a_torn_line(tmp_path):
+    path = tmp_path / "trainer_metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(4)) + '{"step": 4, "lo')
+    assert drop_metrics_from(path, 2) == 3
+    assert [r["step"] for r in read_jsonl(path)] == [0, 1]
+    assert drop_metrics_from(path, 2) == 0  # idempotent
+    assert drop_metrics_from(tmp_path / "missing.jsonl", 0) == 0
+
+
+def test_a_torn_last_line_does_not_swallow_the_next_row(tmp_path):
+    """A writer already holding the file open (append mode) keeps appending after the cut."""
+    path = tmp_path / "trainer_metrics.jsonl"
+    path.write_text(json.dumps({"step": 0}) + "\n" + '{"step": 1, "lo')
+    writer = JsonlWriter(path)
+    try:
+        drop_metrics_from(path, 1)
+        writer.write({"step": 1})
+    finally:
+        writer.close()
+    assert [r["step"] for r in read_jsonl(path)] == [0, 1]
+
+
+def test_resume_rewinds_trainer_metrics_and_refuses_other_shapes(make_cfg, tmp_path):
+    """Killed after logging step 1 but before checkpoint 2: resuming from checkpoint 1 trains step 1
+    again, so its old row goes. A checkpoint of another lora_rank is one clear ValueError."""
+    from trainer_batches import default_rows, on_policy_batch
+
+    from grpo.trainer.trainer import Trainer
+
+    cfg = make_cfg(output_dir=str(tmp_path), max_steps=3, ckpt={"interval": 1, "resume_step": -1})
+    trainer = Trainer(cfg, tmp_path)
+    try:
+        trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
+        trainer.save_checkpoint()
+        trainer.train_step(on_policy_batch(trainer, 1, default_rows(seed=5)))  # logged, never checkpointed
+    finally:
+        trainer.close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "trainer_metrics.jsonl")] == [0, 1]
+
+    resumed = Trainer(cfg, tmp_path)
+    try:
+        assert resumed.maybe_resume() == 1
+        assert [r["step"] for r in read_jsonl(tmp_path / "trainer_metrics.jsonl")] == [0]
+        resumed.train_step(on_policy_batch(resumed, 1, default_rows(seed=5)))
+    finally:
+        resumed.close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "trainer_metrics.jsonl")] == [0, 1]
+
+    other_rank = Trainer(make_cfg(output_dir=str(tmp_path), lora_rank=8, ckpt={"resume_step": -1}), tmp_path)
+    try:
+        with pytest.raises(ValueError, match=r"other shapes .*lora_rank"):
+            other_rank.maybe_resume()
+    finally:
+        other_rank.close()
