@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,9 +43,12 @@ def guard(prog: str, verbose: bool, body: Callable[[], int | None]) -> NoReturn:
             raise
         print(f"{prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as exc:
+        # The SIGTERM handlers raise KeyboardInterrupt("SIGTERM"): exit as a terminated process does.
+        name = str(exc.args[0]) if exc.args else "SIGINT"
+        number = signal.Signals[name].value if name in signal.Signals.__members__ else signal.SIGINT.value
+        print(f"{prog}: interrupted ({name})", file=sys.stderr)
+        raise SystemExit(128 + number) from None
     raise SystemExit(code or 0)
 
 

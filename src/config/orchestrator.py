@@ -79,8 +79,9 @@ class SamplingConfig(StrictModel):
 
 class EnvConfig(StrictModel):
     id: str
-    """Built-in environment id (reverse-text, math, gsm8k-synthetic, reasoning-gym:<task>, ...) or an
-    import path "pkg.module:load_environment" whose function returns an environment."""
+    """Built-in environment id (reverse-text, short-answer, math, gsm8k-synthetic,
+    reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum) or an import path
+    "pkg.module:load_environment" whose function returns an environment."""
 
     name: str | None = None
     """Human-readable name used in metrics (defaults to id)."""
