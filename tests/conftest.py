@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +53,49 @@ def embedded_model_path() -> Path:
     from grpo.models import embedded
 
     return embedded.build()
+
+
+ColocatedArgs = Callable[..., list[str]]
+
+
+@pytest.fixture
+def colocated_args(tmp_path: Path, tiny_model_path: Path) -> ColocatedArgs:
+    """Writes a small co-located run's train/infer/orch.yaml into tmp_path and returns the `grpo`
+    arguments: tiny model, batches of 8 (4 rollouts x 2 prompts), 16 completion tokens, port 0.
+    Keywords: run_dir, max_steps, max_async_level, num_replicas (infer dp), ckpt (both sides),
+    orch_ckpt (orchestrator only)."""
+
+    def write(
+        run_dir: Path,
+        max_steps: int = 3,
+        max_async_level: int = 0,
+        num_replicas: int = 1,
+        ckpt: dict[str, Any] | None = None,
+        orch_ckpt: dict[str, Any] | None = None,
+    ) -> list[str]:
+        import yaml
+
+        model = str(tiny_model_path)
+        train = {
+            "model": model, "output_dir": str(run_dir), "sequence_len": 256, "max_steps": max_steps,
+            "learning_rate": 1e-3, "optimizer": "adamw", "lora_rank": 8, "lora_alpha": 16,
+            "per_device_train_batch_size": 1, "max_async_level": max_async_level, "ckpt": ckpt or {},
+        }  # fmt: skip
+        infer = {
+            "model": model, "max_lora_rank": 8, "max_model_len": 256, "max_num_seqs": 16, "port": 0,
+            "dp": num_replicas,
+        }  # fmt: skip
+        orch = {
+            "model": {"lora_rank": 8, "lora_alpha": 16}, "output_dir": str(run_dir), "batch_size": 8,
+            "rollouts_per_example": 4, "seq_len": 256, "max_steps": max_steps,
+            "max_async_level": max_async_level, "sampling": {"max_tokens": 16},
+            "ckpt": {**(ckpt or {}), **(orch_ckpt or {})},
+        }  # fmt: skip
+        args = []
+        for name, cfg in (("train", train), ("infer", infer), ("orch", orch)):
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            args += [f"--{name}", str(path)]
+        return args
+
+    return write

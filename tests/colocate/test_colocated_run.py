@@ -6,42 +6,19 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from grpo.utils.jsonl import read_jsonl
+
+ColocatedArgs = Callable[..., list[str]]  # the colocated_args fixture (tests/conftest.py)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
-
-
-def _write_configs(
-    folder: Path, model: Path, run_dir: Path, max_async_level: int, num_replicas: int = 1
-) -> list[str]:
-    train = {
-        "model": str(model), "output_dir": str(run_dir), "sequence_len": 256, "max_steps": 3,
-        "learning_rate": 1e-3, "optimizer": "adamw", "lora_rank": 8, "lora_alpha": 16,
-        "per_device_train_batch_size": 1, "max_async_level": max_async_level,
-    }  # fmt: skip
-    infer = {
-        "model": str(model), "max_lora_rank": 8, "max_model_len": 256, "max_num_seqs": 16, "port": 0,
-        "dp": num_replicas,
-    }  # fmt: skip
-    orch = {
-        "model": {"lora_rank": 8, "lora_alpha": 16}, "output_dir": str(run_dir), "batch_size": 8,
-        "rollouts_per_example": 4, "seq_len": 256, "max_steps": 3, "max_async_level": max_async_level,
-        "sampling": {"max_tokens": 16},
-    }  # fmt: skip
-    args = []
-    for name, cfg in (("train", train), ("infer", infer), ("orch", orch)):
-        path = folder / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        args += [f"--{name}", str(path)]
-    return args
 
 
 def _processes() -> list[tuple[int, list[str], dict[str, str]]]:
@@ -122,10 +99,10 @@ def _run_cleanly(args: list[str], cwd: Path, timeout: float) -> subprocess.Compl
 
 
 def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
-    tmp_path: Path, tiny_model_path: Path
+    tmp_path: Path, colocated_args: ColocatedArgs
 ) -> None:
     run_dir = tmp_path / "run"
-    args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=0)
+    args = colocated_args(run_dir, max_async_level=0)
     result = _run_cleanly(args, tmp_path, timeout=600)
 
     trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
@@ -143,12 +120,12 @@ def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
 
 
 def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
-    tmp_path: Path, tiny_model_path: Path
+    tmp_path: Path, colocated_args: ColocatedArgs
 ) -> None:
     import json
 
     run_dir = tmp_path / "run"
-    args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=0, num_replicas=2)
+    args = colocated_args(run_dir, max_async_level=0, num_replicas=2)
     args += ["--orch.max_steps", "2", "--train.max_steps", "2"]
     _run_cleanly(args, tmp_path, timeout=900)
 
@@ -171,8 +148,8 @@ def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
     assert all(r["kl"] < 1e-3 and r["masked"] == 0.0 for r in trainer)
 
 
-def test_one_shot_dry_run_prints_the_memory_plan(tmp_path: Path, tiny_model_path: Path) -> None:
-    args = _write_configs(tmp_path, tiny_model_path, tmp_path / "run", max_async_level=1)
+def test_one_shot_dry_run_prints_the_memory_plan(tmp_path: Path, colocated_args: ColocatedArgs) -> None:
+    args = colocated_args(tmp_path / "run", max_async_level=1)
     result = subprocess.run(
         [str(BIN / "grpo"), *args, "--dry-run"], capture_output=True, text=True, timeout=120
     )
@@ -183,7 +160,7 @@ def test_one_shot_dry_run_prints_the_memory_plan(tmp_path: Path, tiny_model_path
 
 @pytest.mark.parametrize(("num_replicas", "signal_name"), [(1, "SIGTERM"), (2, "SIGTERM"), (2, "SIGKILL")])
 def test_a_run_ended_by_a_signal_mid_training_leaves_no_process_behind(
-    tmp_path: Path, tiny_model_path: Path, num_replicas: int, signal_name: str
+    tmp_path: Path, colocated_args: ColocatedArgs, num_replicas: int, signal_name: str
 ) -> None:
     """SIGTERM unwinds and stops everything; SIGKILL (the OOM killer) cannot be caught, so the
     engines and replicas must notice that the grpo process is gone and end themselves."""
@@ -191,7 +168,7 @@ def test_a_run_ended_by_a_signal_mid_training_leaves_no_process_behind(
     import time
 
     run_dir = tmp_path / "run"
-    args = _write_configs(tmp_path, tiny_model_path, run_dir, max_async_level=1, num_replicas=num_replicas)
+    args = colocated_args(run_dir, max_async_level=1, num_replicas=num_replicas)
     args += ["--orch.max_steps", "1000", "--train.max_steps", "1000"]
     processes = RunProcesses()
     shm_before = _shm_files()

@@ -14,13 +14,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from grpo.utils.atomic import is_stable
 from grpo.utils.jsonl import read_jsonl
+
+ColocatedArgs = Callable[..., list[str]]  # the colocated_args fixture (tests/conftest.py)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -28,36 +30,21 @@ BIN = Path(sys.executable).parent
 MAX_STEPS = 5
 
 
-def _write_configs(folder: Path, model: Path, run_dir: Path) -> list[str]:
-    ckpt = {"interval": 1}
-    train = {
-        "model": str(model), "output_dir": str(run_dir), "sequence_len": 256, "max_steps": MAX_STEPS,
-        "learning_rate": 1e-3, "optimizer": "adamw", "lora_rank": 8, "lora_alpha": 16,
-        "per_device_train_batch_size": 1, "max_async_level": 1, "ckpt": ckpt,
-    }  # fmt: skip
-    infer = {"model": str(model), "max_lora_rank": 8, "max_model_len": 256, "max_num_seqs": 16, "port": 0}
-    orch = {
-        "model": {"lora_rank": 8, "lora_alpha": 16}, "output_dir": str(run_dir), "batch_size": 8,
-        "rollouts_per_example": 4, "seq_len": 256, "max_steps": MAX_STEPS, "max_async_level": 1,
-        "sampling": {"max_tokens": 16}, "ckpt": {**ckpt, "wait_for_weights_timeout": 120},
-    }  # fmt: skip
-    args = []
-    for name, cfg in (("train", train), ("infer", infer), ("orch", orch)):
-        path = folder / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        args += [f"--{name}", str(path)]
-    return args
-
-
 def _steps(path: Path) -> list[int]:
     return [row["step"] for row in read_jsonl(path)] if path.exists() else []
 
 
 def test_sigkilled_colocated_run_resumes_without_skipping_or_repeating_a_step(
-    tiny_model_path: Path, tmp_path: Path
+    colocated_args: ColocatedArgs, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    args = _write_configs(tmp_path, tiny_model_path, run_dir)
+    args = colocated_args(
+        run_dir,
+        max_steps=MAX_STEPS,
+        max_async_level=1,
+        ckpt={"interval": 1},
+        orch_ckpt={"wait_for_weights_timeout": 120},
+    )
     log_path = tmp_path / "first.log"
     with log_path.open("w") as log:
         first = subprocess.Popen([str(BIN / "grpo"), *args], stdout=subprocess.DEVNULL, stderr=log)
