@@ -44,7 +44,7 @@ def guard(prog: str, verbose: bool, body: Callable[[], int | None]) -> NoReturn:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt as exc:
-        # The SIGTERM handlers raise KeyboardInterrupt("SIGTERM"): exit as a terminated process does.
+        # grpo.utils.signals raises KeyboardInterrupt("SIGTERM"): exit as a terminated process does.
         name = str(exc.args[0]) if exc.args else "SIGINT"
         number = signal.Signals[name].value if name in signal.Signals.__members__ else signal.SIGINT.value
         print(f"{prog}: interrupted ({name})", file=sys.stderr)

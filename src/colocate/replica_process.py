@@ -16,14 +16,11 @@ import time
 from pathlib import Path
 
 from grpo.utils.logging import get_logger
+from grpo.utils.signals import interrupt_on_sigterm
 
 log = get_logger("colocate")
 
 POLL_S = 1.0
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -77,7 +74,7 @@ def main() -> None:
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     threading.Thread(
         target=_watch_parent, args=(args.parent_pid,), name="grpo-parent-watch", daemon=True
     ).start()

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.utils.logging import get_logger
+from grpo.utils.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from grpo.colocate.memory_plan import MemoryPlan
@@ -53,10 +53,6 @@ class TrainerThread(threading.Thread):
             self.error = error
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def run_colocated(
     train: TrainerConfig,
     infer: InferenceConfig,
@@ -86,9 +82,8 @@ def run_colocated(
     model_path = str(resolved.path)
     num_replicas = infer.dp
     devices = replica_devices(num_replicas, plan.device.startswith("cuda"))
-    # SIGTERM must unwind like Ctrl-C: Python's default kills the process without running the
-    # `finally` below, which would orphan the engine subprocess and the replicas.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # The `finally` below must run on SIGTERM too, or the engine and the replicas would be orphaned.
+    interrupt_on_sigterm()
     replicas: ReplicaProcesses | None = None
     server: ServerThread | None = None
     try:

@@ -21,6 +21,7 @@ from grpo.config.inference import InferenceConfig
 from grpo.inference import vllm_compat
 from grpo.inference.server_args import build_server_args, server_env
 from grpo.utils.logging import get_logger
+from grpo.utils.signals import interrupt_on_sigterm
 
 log = get_logger("inference")
 
@@ -43,11 +44,8 @@ def run_server(cfg: InferenceConfig) -> int:
     log.info(resolved.describe())
     args = prepare_server(cfg, str(resolved.path))
 
-    def _interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
     # Until vLLM's server installs its own handlers, SIGTERM interrupts start-up like Ctrl-C.
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
 
     def _on_ready(_engine_client: Any, port: int) -> None:
         log.info("inference server listening on http://%s:%d/v1", cfg.bind_host, port)

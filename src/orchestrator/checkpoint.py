@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config.orchestrator import CheckpointConfig
-from grpo.utils.atomic import is_stable, publish_dir, staging_dir, write_json_atomic
+from grpo.orchestrator.report import METRICS_FILE
+from grpo.utils.atomic import publish_dir, staging_dir, step_dirs, write_json_atomic
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
 
-METRICS_FILE = "metrics.jsonl"  # written by grpo.orchestrator.report.Reporter
 BATCH_ROW_KEY = "reward/mean"  # in every batch's row (Orchestrator._rollout_metrics), in no final-eval row
 
 
@@ -38,14 +38,7 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 
 def stable_steps(run_dir: Path) -> list[int]:
-    root = checkpoint_root(run_dir)
-    if not root.is_dir():
-        return []
-    steps = []
-    for path in root.iterdir():
-        if path.name.startswith("step_") and path.name[5:].isdigit() and is_stable(path):
-            steps.append(int(path.name[5:]))
-    return sorted(steps)
+    return list(step_dirs(checkpoint_root(run_dir), stable_only=True))
 
 
 def save_checkpoint(
@@ -194,12 +187,7 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     pruned as older than the old ones, and both metrics files would get a second step 0."""
     from grpo.trainer.checkpoint import complete_checkpoints
 
-    broadcasts = run_dir / "broadcasts"
-    policies = (
-        sorted(int(p.name[5:]) for p in broadcasts.glob("step_*") if p.name[5:].isdigit() and is_stable(p))
-        if broadcasts.is_dir()
-        else []
-    )
+    policies = list(step_dirs(run_dir / "broadcasts", stable_only=True))
     trainer_steps = sorted(complete_checkpoints(run_dir))
     orch_steps = stable_steps(run_dir)
     if policies or trainer_steps or orch_steps:
@@ -229,13 +217,10 @@ def _check_same_weights(run_dir: Path, train_config: dict[str, Any]) -> None:
 def _remove_steps_after(root: Path, step: int) -> None:
     """Delete root/step_{n} for n > step, and every staging folder a killed writer left (nobody
     writes while a co-located run has not started), logging what goes."""
-    if not root.is_dir():
-        return
-    for path in sorted(root.iterdir()):
-        if not path.is_dir():
-            continue
-        if path.name.startswith(".step_") and ".tmp-" in path.name:
-            shutil.rmtree(path)
-        elif path.name.startswith("step_") and path.name[5:].isdigit() and int(path.name[5:]) > step:
+    for n, path in step_dirs(root).items():
+        if n > step:
             log.info("removing %s (written after step %d by the run being resumed)", path, step)
             shutil.rmtree(path)
+    for staged in root.glob(".step_*.tmp-*") if root.is_dir() else []:
+        if staged.is_dir():
+            shutil.rmtree(staged)

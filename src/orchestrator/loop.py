@@ -280,7 +280,7 @@ class Orchestrator:
             return
         # Leftover rollouts for the last batch can train nothing now; they would only slow the evaluation.
         await self._cancel_inflight()
-        timeout = self._final_policy_timeout()
+        timeout = self._policy_wait_timeout()
         log.info("waiting up to %g s for the final policy %d to evaluate it", timeout, final)
         waited = await self._unless_stopped(asyncio.wait_for(self.policy.wait_for(final), timeout))
         if waited is None:
@@ -305,7 +305,7 @@ class Orchestrator:
                 final, {**evaluation.result(), "policy/version": self.policy.version}
             )
 
-    def _final_policy_timeout(self) -> float:
+    def _policy_wait_timeout(self) -> float:
         """Seconds to wait for the policy a resume needs, and for the final policy:
         ckpt.wait_for_weights_timeout when set; else client.timeout, which also bounds the wait for the
         servers."""
@@ -342,7 +342,7 @@ class Orchestrator:
         # the servers must run the resumed policy before sampling
         await self.policy.poll_once()
         needed = required_policy(self.step, self.cfg.max_async_level)
-        timeout = self._final_policy_timeout()
+        timeout = self._policy_wait_timeout()
         try:
             await asyncio.wait_for(self.policy.wait_for(needed), timeout=timeout)
         except TimeoutError:

@@ -22,6 +22,9 @@ from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
 
+METRICS_FILE = "metrics.jsonl"
+"""The orchestrator's per-step metrics in the run dir."""
+
 SAMPLE_COLUMNS = ["step", "env", "example_index", "completion", "reward", "advantage", "failure"]
 NUM_SAMPLES = 16
 """Rollouts per samples table (the first ones of the step)."""
@@ -82,7 +85,7 @@ class Reporter:
         first_step: int,
     ) -> None:
         self.cfg = cfg
-        self.jsonl = JsonlWriter(run_dir / "metrics.jsonl")
+        self.jsonl = JsonlWriter(run_dir / METRICS_FILE)
         self.terminal = TerminalProgress(max_steps, first_step)
         self._wandb: Any = None
         if cfg is not None:

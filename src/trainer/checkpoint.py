@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from grpo.trainer.publish import prune_step_dirs
-from grpo.utils.atomic import is_stable, publish_dir, staging_dir
+from grpo.utils.atomic import publish_dir, staging_dir, step_dirs
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
 
@@ -47,12 +46,12 @@ if TYPE_CHECKING:
 
 log = get_logger("trainer")
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 STATE_FILE = "trainer_state.json"
-METRICS_FILE = "trainer_metrics.jsonl"  # grpo.trainer.trainer.METRICS_FILE (not imported: torch)
+METRICS_FILE = "trainer_metrics.jsonl"
+"""The trainer's per-step metrics in the run dir (grpo.trainer.trainer writes it; here: no torch import)."""
 
 
 def rng_file(rank: int) -> str:
@@ -68,15 +67,7 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def complete_checkpoints(run_dir: Path) -> dict[int, Path]:
-    root = checkpoint_root(run_dir)
-    if not root.exists():
-        return {}
-    found = {}
-    for path in root.iterdir():
-        match = _STEP_DIR.match(path.name)
-        if match and is_stable(path):
-            found[int(match.group(1))] = path
-    return found
+    return step_dirs(checkpoint_root(run_dir), stable_only=True)
 
 
 def _whole_state_options(**overrides: bool) -> Any:

@@ -17,21 +17,18 @@ Under FSDP2, Trainer.publish hands these functions an unsharded copy of the mode
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.transport.weights_filesystem import broadcast_dir
-from grpo.utils.atomic import publish_dir, staging_dir
+from grpo.utils.atomic import publish_dir, staging_dir, step_dirs
 
 if TYPE_CHECKING:
     import torch
 
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.model import Policy
-
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def write_weights(policy: Policy, folder: Path) -> None:
@@ -106,8 +103,5 @@ def publish_policy(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: i
 
 def prune_step_dirs(parent: Path, keep: int) -> None:
     """Delete all but the `keep` newest `step_{n}` folders of `parent`."""
-    versions = sorted(
-        (int(m.group(1)), p) for p in parent.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
-    )
-    for _version, path in versions[:-keep]:
+    for path in list(step_dirs(parent).values())[:-keep]:
         shutil.rmtree(path, ignore_errors=True)

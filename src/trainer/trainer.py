@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo.trainer.checkpoint import METRICS_FILE
 from grpo.trainer.loss import LossSums, grpo_loss
 from grpo.trainer.packing import split_micro_batches
 from grpo.transport.batch import TrainingBatch
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
     from grpo.transport.batch import PackedRow
 
 log = get_logger("trainer")
-
-METRICS_FILE = "trainer_metrics.jsonl"
 
 
 class Trainer:

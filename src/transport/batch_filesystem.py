@@ -18,20 +18,18 @@ Layout and protocol, for batch n:
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from pathlib import Path
 
 from grpo.transport.batch import TrainingBatch
 from grpo.transport.wire import decode_batch, encode_batch
-from grpo.utils.atomic import is_stable, publish_dir, staging_dir, write_text_atomic
+from grpo.utils.atomic import is_stable, publish_dir, staging_dir, step_dirs, write_text_atomic
 from grpo.utils.logging import get_logger
 
 BATCH_FILE = "batch.safetensors"
 CONSUMED = "CONSUMED"
 COMMITTED = "COMMITTED"
-_STEP_DIR = re.compile(r"step_(\d+)")
 _FIRST_POLL_S = 0.05
 _MAX_POLL_S = 0.5
 _WAIT_LOG_EVERY_S = 60.0
@@ -55,15 +53,7 @@ def committed_step(run_dir: str | Path) -> int:
 
 def _published_steps(run_dir: Path) -> list[int]:
     """Steps whose folder is STABLE, ascending."""
-    root = rollouts_dir(run_dir)
-    if not root.is_dir():
-        return []
-    steps = []
-    for child in root.iterdir():
-        match = _STEP_DIR.fullmatch(child.name)
-        if match and is_stable(child):
-            steps.append(int(match.group(1)))
-    return sorted(steps)
+    return list(step_dirs(rollouts_dir(run_dir), stable_only=True))
 
 
 class _Backoff:

@@ -8,15 +8,12 @@ The trainer prunes all but the `keep` newest published versions.
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grpo.utils.atomic import is_stable, publish_dir, staging_dir
-
-_STEP_DIR = re.compile(r"step_(\d+)")
+from grpo.utils.atomic import is_stable, publish_dir, staging_dir, step_dirs
 
 
 def broadcasts_dir(run_dir: str | Path) -> Path:
@@ -29,11 +26,7 @@ def broadcast_dir(run_dir: str | Path, version: int) -> Path:
 
 def _versions(run_dir: str | Path) -> list[int]:
     """Versions that have a folder (published or not), ascending; staging folders excluded."""
-    root = broadcasts_dir(run_dir)
-    if not root.is_dir():
-        return []
-    matches = (_STEP_DIR.fullmatch(child.name) for child in root.iterdir())
-    return sorted(int(m.group(1)) for m in matches if m)
+    return list(step_dirs(broadcasts_dir(run_dir)))
 
 
 def latest_broadcast(run_dir: str | Path) -> int | None:

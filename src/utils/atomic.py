@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,23 @@ def mark_stable(folder: str | Path) -> None:
 
 def is_stable(folder: str | Path) -> bool:
     return (Path(folder) / STABLE).exists()
+
+
+_STEP_DIR = re.compile(r"step_(\d+)")
+
+
+def step_dirs(parent: str | Path, stable_only: bool = False) -> dict[int, Path]:
+    """`parent`'s `step_{n}` folders by n, ascending (staging folders and other names are not);
+    with `stable_only`, the published (STABLE) ones. Empty when `parent` does not exist."""
+    parent = Path(parent)
+    if not parent.is_dir():
+        return {}
+    found = {}
+    for child in parent.iterdir():
+        match = _STEP_DIR.fullmatch(child.name)
+        if match and child.is_dir() and (not stable_only or is_stable(child)):
+            found[int(match.group(1))] = child
+    return dict(sorted(found.items()))
 
 
 def staging_dir(final: str | Path) -> Path:

@@ -51,8 +51,9 @@ def drop_metrics_from(path: Path, step: int, redone: Callable[[dict[str, Any]], 
     first torn or unreadable line, whichever comes first; return how many lines were cut.
 
     Rows are appended in step order, so everything after the cut belongs to steps a resumed run
-    redoes. With `redone`, only a row it accepts starts the cut (rows of later steps it rejects stay). Truncates in place (one syscall; no rename), so a writer that already holds the file
-    open in append mode keeps appending to the same file.
+    redoes. With `redone`, only a row it accepts starts the cut (rows of later steps it rejects
+    stay). Truncates in place (no rename), so a writer that already holds the file open in append
+    mode keeps appending to the same file.
     """
     if not path.exists():
         return 0
