@@ -25,6 +25,20 @@ def parse_args_json(text: str) -> dict[str, Any]:
     return args
 
 
+def check_bind(host: str, token_env: str) -> str | None:
+    """The token in `$token_env`; refuses a non-loopback bind without one (anyone who reaches
+    the port could otherwise reset, step and score, or flood the server)."""
+    from grpo.transport.auth import is_loopback_host, secret_from_env
+
+    token = secret_from_env(token_env)
+    if token is None and not is_loopback_host(host):
+        raise ValueError(
+            f"--host {host} serves other machines, so clients must authenticate: export {token_env}=<a long "
+            f"random string> here and GRPO_ENV_TOKEN=<the same> for the orchestrator, or bind --host 127.0.0.1"
+        )
+    return None if token is None else token.decode()
+
+
 @app.command()
 def env(
     env_id: str = typer.Argument(..., help="Environment id, as env[].id in orch.yaml."),
@@ -32,6 +46,18 @@ def env(
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (0.0.0.0 serves every interface)."),
     port: int = typer.Option(8100, "--port", help="Port (0 picks a free one; the log line says which)."),
     max_sessions: int = typer.Option(10_000, "--max-sessions", help="Open rollouts kept before evicting."),
+    max_sessions_per_client: int = typer.Option(
+        4096,
+        "--max-sessions-per-client",
+        help="Open rollouts kept per client host (its own oldest go first).",
+    ),
+    max_body_mb: float = typer.Option(16.0, "--max-body-mb", help="Largest request body accepted (MiB)."),
+    token_env: str = typer.Option(
+        "GRPO_ENV_TOKEN",
+        "--token-env",
+        help="Environment variable holding the bearer token clients must send (orchestrators read "
+        "GRPO_ENV_TOKEN); required unless --host is a loopback address.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
 ) -> None:
     """Load an environment exactly like the orchestrator does in-process and serve it over HTTP (JSON).
@@ -46,8 +72,16 @@ def env(
         from grpo.envs.loading import load_environment
         from grpo.envs.server import build_app
 
+        token = check_bind(host, token_env)
         environment = load_environment(EnvConfig(id=env_id, args=parse_args_json(args)))
-        app = build_app(environment, env_id, max_sessions)
+        app = build_app(
+            environment,
+            env_id,
+            max_sessions,
+            token=token,
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
+            max_sessions_per_client=max_sessions_per_client,
+        )
         try:
             sock = socket.create_server((host, port))
         except OSError as exc:

@@ -32,9 +32,9 @@ def infer(
         return run_server(cfg)
 
     def check(cfg: InferenceConfig) -> None:
-        from grpo.inference.fp8_support import per_tensor_fp8_problems
+        from grpo.inference.fp8_support import fp8_problems
 
-        problems = per_tensor_fp8_problems(cfg.quantization)
+        problems = fp8_problems(cfg.quantization)
         if problems:
             raise ConfigError("\n".join(problems))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -44,7 +45,10 @@ def train(
         is_rank_zero = int(os.environ.get("RANK", "0")) == 0
         if is_rank_zero:
             write_resolved_configs(run_dir, {"train": cfg})
-        receiver = batch_receiver_for(cfg, run_dir) if is_rank_zero else None
+        # Token ids at or past the embedding's size would index out of it: decoded batches are checked.
+        model_config = json.loads((resolved.path / "config.json").read_text())
+        vocab_size = model_config.get("vocab_size")
+        receiver = batch_receiver_for(cfg, run_dir, vocab_size=vocab_size) if is_rank_zero else None
         try:
             run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path))
         finally:

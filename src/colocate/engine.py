@@ -52,7 +52,11 @@ def borrow_base_weights(server: ServerThread, model_path: str) -> tuple[Borrowed
             "use infer tp: 1 (dp: N runs N engines, one per trainer rank)"
         )
     records = records_per_worker[0]
-    borrowed = borrow_from_records(records, model_path)
+    try:
+        borrowed = borrow_from_records(records, model_path)
+    finally:
+        # Also when borrowing fails (a layout check, a missing tensor): the names were created for
+        # this process alone, and nothing else would remove them from /dev/shm.
+        release_shared_names(records)
     shared_files = sorted({r["filename"] for r in records if r["kind"] == "cpu_shm"})
-    release_shared_names(records)
     return borrowed, shared_files

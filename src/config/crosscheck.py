@@ -13,7 +13,7 @@ from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.trainer import TrainerConfig
-from grpo.inference.fp8_support import per_tensor_fp8_problems
+from grpo.inference.fp8_support import fp8_problems
 
 
 def run_dir_matches(trainer_output_dir: str, orch_output_dir: str) -> bool:
@@ -144,7 +144,7 @@ def check_colocated(
             f"infer quantization '{infer.quantization}' with train qlora_bnb/qlora_fp8: the trainer borrows "
             "the engine's quantized weights as they are; set qlora_bnb and qlora_fp8 to false"
         )
-    problems += per_tensor_fp8_problems(infer.quantization)
+    problems += fp8_problems(infer.quantization)
     if train.ckpt.interval != orch.ckpt.interval:
         problems.append(
             f"ckpt.interval differs: train {train.ckpt.interval}, orch {orch.ckpt.interval}; a co-located run "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -24,22 +25,38 @@ class ModelConfig(StrictModel):
     """LoRA alpha of the trainer (checked against the trainer)."""
 
 
+def positive_temperature(value: float) -> float:
+    # The trainer divides logits by the temperature, so 0 (greedy) would give inf/NaN logprobs;
+    # a schedule is linear/cosine between its ends, so checking both ends covers every step.
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"temperature must be > 0 (the trainer divides logits by it), got {value}; "
+            "for near-greedy sampling use a small value such as 0.05"
+        )
+    return value
+
+
 class TempSchedulerConfig(StrictModel):
     type: Literal["linear", "cosine"]
     """Shape of the schedule from start to end over max_steps."""
 
-    start_temperature: float = Field(ge=0.0)
+    start_temperature: float
     """Temperature at step 0."""
 
-    end_temperature: float = Field(ge=0.0)
+    end_temperature: float
     """Temperature at the final step."""
+
+    @field_validator("start_temperature", "end_temperature")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        return positive_temperature(value)
 
 
 class SamplingConfig(StrictModel):
     max_tokens: int | None = Field(None, gt=0)
     """Max completion tokens per generation (per turn); null = until the context is full."""
 
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = None
     """Sampling temperature (default 1.0). Set this or temp_scheduler, not both."""
 
     temp_scheduler: TempSchedulerConfig | None = None
@@ -58,6 +75,11 @@ class SamplingConfig(StrictModel):
     """Nucleus sampling. Values below 1 renormalise vLLM's logprobs over kept tokens, which biases
     the importance ratio; keep 1.0 unless you know why."""
 
+    @field_validator("temperature")
+    @classmethod
+    def _positive(cls, value: float | None) -> float | None:
+        return None if value is None else positive_temperature(value)
+
     @model_validator(mode="after")
     def _one_temperature_source(self) -> SamplingConfig:
         if self.temperature is not None and self.temp_scheduler is not None:
@@ -66,8 +88,6 @@ class SamplingConfig(StrictModel):
 
     def temperature_at(self, step: int, max_steps: int | None) -> float:
         """Temperature for rollouts of `step`."""
-        import math
-
         if self.temp_scheduler is None:
             return 1.0 if self.temperature is None else self.temperature
         sched = self.temp_scheduler
@@ -79,7 +99,7 @@ class SamplingConfig(StrictModel):
 
 class EnvConfig(StrictModel):
     id: str
-    """Built-in environment id (reverse-text, short-answer, math, gsm8k-synthetic,
+    """Built-in environment id (reverse-text, short-answer, long-brief, math, gsm8k-synthetic,
     reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum) or an import path
     "pkg.module:load_environment" whose function returns an environment."""
 
@@ -304,6 +324,21 @@ class ZmqRolloutTransport(StrictModel):
     hwm: int = Field(10, ge=1)
     """High-water mark: batches queued before the sender blocks (back-pressure)."""
 
+    secret_env: str = "GRPO_ZMQ_SECRET"
+    """Environment variable holding the secret batch frames are signed with (HMAC-SHA256); the
+    trainer's zmq_secret_env must hold the same value. Unset = unsigned (loopback only)."""
+
+    @model_validator(mode="after")
+    def _secret_off_loopback(self) -> ZmqRolloutTransport:
+        from grpo.transport.auth import is_loopback_host, secret_from_env
+
+        if not is_loopback_host(self.host) and secret_from_env(self.secret_env) is None:
+            raise ValueError(
+                f"batches to {self.host} cross the network, so they must be signed: export "
+                f"{self.secret_env}=<the secret grpo-train uses> for grpo-orch, or use host: 127.0.0.1"
+            )
+        return self
+
 
 RolloutTransportConfig = Annotated[
     FilesystemRolloutTransport | ZmqRolloutTransport, Field(discriminator="type")
@@ -363,6 +398,11 @@ class OrchestratorConfig(StrictModel):
 
     seq_len: int = Field(2048, gt=0)
     """Tokens per packed training row; longer samples are truncated."""
+
+    shared_prefix: bool = True
+    """Store the prompt a group's rollouts share once per training row (a prefix tree; the trainer
+    attends along each rollout's own tokens), so its forward and backward run once, not once per
+    rollout. Exact: the loss and gradient are those of unshared rows. false packs every rollout whole."""
 
     max_steps: int | None = Field(None, gt=0)
     """Training steps (null = run until stopped)."""

@@ -196,6 +196,11 @@ class TrainerConfig(StrictModel):
     zmq_port: int = Field(5555, ge=1, le=65535)
     """(zmq) Port the trainer binds for batches."""
 
+    zmq_secret_env: str = "GRPO_ZMQ_SECRET"
+    """(zmq) Environment variable holding the secret both sides sign every batch frame with
+    (HMAC-SHA256; set the same value for grpo-orch). Required when zmq_host is not a loopback
+    address; unset on loopback = unauthenticated."""
+
     weight_broadcast: WeightBroadcastConfig = Field(default_factory=FilesystemWeightBroadcast)
     """How new weights reach inference (LoRA adapters always go through the filesystem)."""
 
@@ -213,6 +218,22 @@ class TrainerConfig(StrictModel):
     @classmethod
     def _accept_hyphenated_recipe(cls, value: object) -> object:
         return value.replace("-", "_") if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _zmq_secret_off_loopback(self) -> TrainerConfig:
+        from grpo.transport.auth import is_loopback_host, secret_from_env
+
+        if (
+            self.transport_type == "zmq"
+            and not is_loopback_host(self.zmq_host)
+            and secret_from_env(self.zmq_secret_env) is None
+        ):
+            raise ValueError(
+                f"zmq_host {self.zmq_host} accepts batches from other machines, so frames must be signed: "
+                f"export {self.zmq_secret_env}=<a long random string> for grpo-train and grpo-orch, "
+                "or bind zmq_host: 127.0.0.1"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_quantization(self) -> TrainerConfig:

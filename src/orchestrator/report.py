@@ -56,6 +56,9 @@ class TerminalProgress:
             f"tokens/s {metrics.get('perf/tokens_per_second', 0.0):.0f}  "
             f"policy {metrics.get('policy/version', 0)}  ETA {self._eta(step)}"
         )
+        failed = int(metrics.get("failed/num_rollouts", 0))
+        if failed:  # masked, not trained: say so where the reward is read
+            line += f"  failed {failed} (masked)"
         self._show(line)
 
     def show_eval(self, version: int, metrics: dict[str, Any]) -> None:

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from grpo.envs.base import Environment, Example, Message
+from grpo.envs.base import Environment, EnvReply, Example, Message
+from grpo.envs.rewards import FailureLog
 from grpo.inference.types import Completion, GenerateRequest, RolloutClient, SamplingParams
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Group, Rollout
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -37,6 +43,31 @@ class RolloutRunner:
         self.tokenizer = tokenizer
         self.policy = policy
         self.teacher_client = teacher_client or client
+        self.failures = FailureLog()
+
+    async def _env_call(
+        self, env: Environment, what: str, fn: Callable[..., Awaitable[T]], *args: Any
+    ) -> tuple[T | None, str | None]:
+        """(result, None), or (None, reason) when the environment raised: an environment is user
+        code (or a remote server) and its breaking must fail one rollout, never the run."""
+        try:
+            return await fn(*args), None
+        except Exception as exc:
+            reason = f"env {env.name}: {what} raised {type(exc).__name__}"
+            self.failures.record(env.name, reason, f"{reason}: {exc}")
+            return None, reason
+
+    def _bad_reward(self, env: Environment, reward: object) -> str | None:
+        """Why `reward` cannot train (NaN, inf, not a number), or None: NaN would spread through the
+        group's advantages into the loss."""
+        try:
+            if math.isfinite(float(reward)):  # type: ignore[arg-type]
+                return None
+        except (TypeError, ValueError):
+            pass
+        reason = f"env {env.name}: reward {reward!r} is not a finite number"
+        self.failures.record(env.name, reason, reason)
+        return reason
 
     def _request(
         self, prompt_ids: list[int], params: SamplingParams, n: int, session: str | None
@@ -51,15 +82,23 @@ class RolloutRunner:
         )
 
     async def _finish(
-        self, req: GroupRequest, rollout: Rollout, completion: list[Message], state: dict
+        self,
+        req: GroupRequest,
+        rollout: Rollout,
+        completion: list[Message],
+        state: Any,
+        failure: str | None = None,
     ) -> Rollout:
-        if not req.skip_verification:
-            score = await req.env.score(req.example, completion, state)
-            rollout.reward, rollout.failure, rollout.reward_metrics = (
-                score.reward,
-                score.failure,
-                score.metrics,
+        if failure is None and not req.skip_verification:
+            score, failure = await self._env_call(
+                req.env, "score", req.env.score, req.example, completion, state
             )
+            if score is not None and failure is None:
+                failure = score.failure or self._bad_reward(req.env, score.reward)
+            if score is not None and failure is None:
+                rollout.reward, rollout.reward_metrics = float(score.reward), score.metrics
+        if failure is not None:
+            rollout.fail(failure)
         if req.teacher_model is not None:
             ids = rollout.prompt_ids + rollout.completion_ids
             teacher = await self.teacher_client.prompt_logprobs(ids, req.teacher_model)
@@ -95,10 +134,13 @@ class RolloutRunner:
                 self._request(prompt_ids, req.params, req.num_rollouts, None)
             )
             rollouts = [self._rollout(req, prompt_ids, c, start) for c in completions]
-            states: list[dict] = [await req.env.reset(req.example) for _ in rollouts]
+            resets = [await self._env_call(req.env, "reset", req.env.reset, req.example) for _ in rollouts]
             texts = [[{"role": "assistant", "content": c.text}] for c in completions]
             done = await asyncio.gather(
-                *(self._finish(req, r, t, s) for r, t, s in zip(rollouts, texts, states, strict=True))
+                *(
+                    self._finish(req, r, t, state, failure)
+                    for r, t, (state, failure) in zip(rollouts, texts, resets, strict=True)
+                )
             )
         else:
             done = await asyncio.gather(
@@ -110,9 +152,31 @@ class RolloutRunner:
         self, req: GroupRequest, messages: list[Message], prompt_ids: list[int], index: int
     ) -> Rollout:
         history = [dict(m) for m in messages]
-        state = await req.env.reset(req.example)
+        state, failure = await self._env_call(req.env, "reset", req.env.reset, req.example)
         start = self.policy.version
         session = f"{req.env.name}-{req.example_index}-{index}-{id(state)}"
+        try:
+            rollout, completion, failure = await self._turns(
+                req, history, prompt_ids, state, start, session, failure
+            )
+        finally:
+            # The client keeps each session's server (sticky routing) until told the session ended.
+            end_session = getattr(self.client, "end_session", None)
+            if end_session is not None:
+                end_session(session)
+        return await self._finish(req, rollout, completion, state, failure)
+
+    async def _turns(
+        self,
+        req: GroupRequest,
+        history: list[Message],
+        prompt_ids: list[int],
+        state: Any,
+        start: int,
+        session: str,
+        failure: str | None,
+    ) -> tuple[Rollout, list[Message], str | None]:
+        """The model/environment turns of one rollout; an environment failure ends them early."""
         rollout: Rollout | None = None
         completion: list[Message] = []
         for turn in range(req.env.max_turns):
@@ -130,10 +194,11 @@ class RolloutRunner:
             reply_msg = {"role": "assistant", "content": c.text}
             history.append(reply_msg)
             completion.append(reply_msg)
-            if rollout.truncated or turn == req.env.max_turns - 1:
+            if failure is not None or rollout.truncated or turn == req.env.max_turns - 1:
                 break
-            reply = await req.env.step(history, state)
-            if reply.done:
+            reply: EnvReply | None
+            reply, failure = await self._env_call(req.env, "step", req.env.step, history, state)
+            if reply is None or reply.done:
                 break
             env_ids = self.tokenizer.continuation_ids(history, reply.messages)
             history += reply.messages
@@ -142,4 +207,4 @@ class RolloutRunner:
             rollout.completion_mask += [False] * len(env_ids)
             rollout.completion_logprobs += [0.0] * len(env_ids)
         assert rollout is not None  # max_turns >= 1
-        return await self._finish(req, rollout, completion, state)
+        return rollout, completion, failure

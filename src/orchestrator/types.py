@@ -30,19 +30,28 @@ class Rollout:
     completion_text: str = ""
     reward: float = 0.0
     failure: str | None = None
-    """Why scoring failed (reward 0.0); None when it succeeded."""
+    """Why the rollout failed (scoring raised or timed out, a non-finite reward, an environment that
+    broke); None when it succeeded. A failed rollout is masked and left out of its group's baseline."""
     truncated: bool = False
     """The model hit max_tokens (finish_reason 'length')."""
     reward_metrics: dict[str, float] = field(default_factory=dict)
     advantage: float = 0.0
     masked: bool = False
-    """A filter with enforce=true flagged it: no loss on its tokens."""
+    """No loss on its tokens: it failed (`fail`), or a filter with enforce=true flagged it."""
     teacher_logprobs: list[float] | None = None
     """Teacher logprob of each prompt + completion token (entry 0 is 0.0)."""
 
     @property
     def num_model_tokens(self) -> int:
         return sum(self.completion_mask)
+
+    def fail(self, reason: str) -> None:
+        """Mark it failed: it must not train (a reward of 0 would push the policy away from a
+        completion nobody judged), so it is masked; the metrics count it."""
+        self.failure = reason
+        self.reward = 0.0
+        self.reward_metrics = {}
+        self.masked = True
 
 
 @dataclass
@@ -62,3 +71,8 @@ class Group:
     @property
     def rewards(self) -> list[float]:
         return [r.reward for r in self.rollouts]
+
+    @property
+    def scored(self) -> list[bool]:
+        """Which rollouts have a reward (the others failed and join no baseline)."""
+        return [r.failure is None for r in self.rollouts]

@@ -18,13 +18,19 @@ Layout and protocol, for batch n:
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 from grpo.transport.batch import TrainingBatch
 from grpo.transport.wire import decode_batch, encode_batch
-from grpo.utils.atomic import is_stable, publish_dir, staging_dir, step_dirs, write_text_atomic
+from grpo.utils.atomic import (
+    is_stable,
+    publish_dir,
+    remove_published,
+    staging_dir,
+    step_dirs,
+    write_text_atomic,
+)
 from grpo.utils.logging import get_logger
 
 BATCH_FILE = "batch.safetensors"
@@ -129,7 +135,7 @@ class FilesystemBatchSender:
         ]
         stale = consumed[: max(0, len(consumed) - self.keep_consumed)]
         for step in stale:
-            shutil.rmtree(step_dir(self.run_dir, step), ignore_errors=True)
+            remove_published(step_dir(self.run_dir, step))
 
     def close(self) -> None:
         """Nothing to release; the trainer stops after `max_steps` batches."""
@@ -138,8 +144,10 @@ class FilesystemBatchSender:
 class FilesystemBatchReceiver:
     """Trainer side: waits for `rollouts/step_{n}/STABLE`, reads and acknowledges batch n."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, vocab_size: int | None = None) -> None:
+        """`vocab_size`: token ids must be below it (None: >= 0 only; grpo.transport.validate)."""
         self.run_dir = Path(run_dir)
+        self.vocab_size = vocab_size
 
     def receive(self, step: int, timeout: float | None = None) -> TrainingBatch:
         folder = step_dir(self.run_dir, step)
@@ -163,7 +171,7 @@ class FilesystemBatchReceiver:
                 log.info("waiting for batch %d at %s", step, folder)
                 next_log = now + _WAIT_LOG_EVERY_S
             backoff.sleep(deadline)
-        batch = decode_batch((folder / BATCH_FILE).read_bytes())
+        batch = decode_batch((folder / BATCH_FILE).read_bytes(), self.vocab_size)
         if batch.step != step:
             raise ValueError(
                 f"{folder / BATCH_FILE} holds batch {batch.step}, not {step}: the rollouts folder was "

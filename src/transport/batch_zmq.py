@@ -26,6 +26,14 @@ DEALER. Protocol:
 - The receiver takes exactly the step it expects: lower steps are duplicates and dropped; a higher
   step sent before the sender knew this receiver is dropped too (it comes again, in order); a
   higher step sent for this receiver means the sender no longer holds the expected one: an error.
+
+Security: with a shared secret (grpo.transport.auth) every message, hello included, ends with an
+HMAC-SHA256 tag frame over its other frames (length-prefixed), in both directions; a message
+without a valid tag is dropped and logged, so nobody else who reaches the port can stop the trainer
+(`end`), feed it batches, or make the sender drop its spool (`want` with a high `committed`).
+Without a secret the trainer binds loopback only (checked at config load). Messages above
+`max_message_bytes` are refused by ZMQ itself (MAXMSGSIZE: the peer is disconnected before the
+message is buffered), and every decoded batch goes through `grpo.transport.validate`.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from grpo.transport.auth import TAG_BYTES, sign, verify
 from grpo.transport.batch import TrainingBatch
 from grpo.transport.batch_zmq_spool import BatchSpool, DiskSpool, MemorySpool
 from grpo.transport.errors import TransportClosed
@@ -53,6 +62,14 @@ _IO_TICK_MS = 20
 _END_LINGER_MS = 2000
 _RECEIVER_LINGER_MS = 1000
 """A trainer that commits and then exits still gets its commit out (if the orchestrator is there)."""
+_END_SEND_S = 5.0
+"""How long close() tries to deliver the end message: a trainer that is gone never takes it."""
+_JOIN_SLACK_S = 5.0
+MAX_MESSAGE_BYTES = 1 << 30
+"""Largest frame the trainer accepts (a batch blob); larger ones are refused by ZMQ."""
+_MAX_WANT_BYTES = 64 * 1024
+"""The trainer only ever sends small JSON acknowledgements to the sender."""
+_DROP_LOG_EVERY = 100
 
 log = get_logger("transport")
 
@@ -67,6 +84,40 @@ def _check_hint(host: str, port: int) -> str:
         f"check that grpo-train (transport_type: zmq, zmq_host: {host}, zmq_port: {port}) and grpo-orch "
         f"(rollout_transport: {{type: zmq, host: {host}, port: {port}}}) are both running"
     )
+
+
+def _mac_input(frames: list[bytes]) -> bytes:
+    # Length-prefixed, so that moving bytes between frames changes the tag.
+    return b"".join(len(f).to_bytes(8, "little") + bytes(f) for f in frames)
+
+
+def seal(secret: bytes | None, frames: list[bytes]) -> list[bytes]:
+    """`frames` plus their tag frame (unchanged without a secret)."""
+    return frames if secret is None else [*frames, sign(secret, _mac_input(frames))]
+
+
+def unseal(secret: bytes | None, frames: list[bytes]) -> list[bytes] | None:
+    """The frames without their tag, or None when the tag is missing or wrong."""
+    if secret is None:
+        return frames
+    if len(frames) < 2 or len(frames[-1]) != TAG_BYTES:
+        return None
+    body = frames[:-1]
+    return body if verify(secret, _mac_input(body), frames[-1]) else None
+
+
+class _DropLog:
+    """Counts unauthenticated messages; logs the first and then every _DROP_LOG_EVERY-th."""
+
+    def __init__(self, side: str, hint: str) -> None:
+        self.side, self.hint, self.count = side, hint, 0
+
+    def __call__(self) -> None:
+        self.count += 1
+        if self.count == 1 or self.count % _DROP_LOG_EVERY == 0:
+            log.warning(
+                "%s dropped %d zmq message(s) without a valid signature; %s", self.side, self.count, self.hint
+            )
 
 
 def _wait_for(socket: zmq.Socket, event: int, timeout: float | None, on_slow: str) -> bool:
@@ -99,10 +150,16 @@ class ZmqBatchSender:
         close_linger: float = 600.0,
         spool_dir: Path | None = None,
         resume: bool = False,
+        secret: bytes | None = None,
     ) -> None:
         """`close_linger`: how long close() waits for the trainer to take the batches sent.
         `spool_dir`: keep uncommitted batches on disk there (else in memory); `resume` re-sends
-        those a previous run left (else they are deleted)."""
+        those a previous run left (else they are deleted). `secret`: sign and check every message
+        (the trainer must hold the same one)."""
+        self.secret = secret
+        self._dropped = _DropLog(
+            "the orchestrator", "the trainer must use the same secret (GRPO_ZMQ_SECRET) as grpo-orch"
+        )
         if hwm < 1:
             raise ValueError(f"rollout_transport.hwm must be >= 1, got {hwm}")
         self.host, self.port, self.send_timeout, self.close_linger = host, port, send_timeout, close_linger
@@ -133,6 +190,7 @@ class ZmqBatchSender:
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.SNDHWM, hwm)
         self._socket.setsockopt(zmq.LINGER, _END_LINGER_MS)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, _MAX_WANT_BYTES)
         # ZMQ_PROBE_ROUTER greets only the first connection, so (re)connections are watched here.
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED)
         self._socket.connect(self.endpoint)
@@ -215,21 +273,41 @@ class ZmqBatchSender:
                     self._read_acknowledgements()
                 with self._changed:
                     self._send_queued()
-                    if self._end_requested:
-                        end = {"kind": "end", "next": self._last_step + 1}
-                        self._socket.send_multipart([json.dumps(end).encode(), b""])
-                        return
+                    end_requested = self._end_requested
+                if end_requested:
+                    self._send_end()
+                    return
         except BaseException as error:  # surfaces in the caller's next send() or close()
             with self._changed:
                 self._error = error
                 self._changed.notify_all()
 
+    def _send_end(self) -> None:
+        """Tell the trainer no more batches come, trying for _END_SEND_S at most (a DEALER with no
+        peer would block forever)."""
+        end = json.dumps({"kind": "end", "next": self._last_step + 1}).encode()
+        deadline = time.monotonic() + _END_SEND_S
+        while not self._try_send([end, b""]):
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "could not tell the trainer at %s that the orchestrator finished (no trainer connected "
+                    "for %.0f s); a trainer still waiting for batches will time out",
+                    self.endpoint,
+                    _END_SEND_S,
+                )
+                return
+            time.sleep(_IO_TICK_MS / 1000)
+
     def _read_acknowledgements(self) -> None:
         while True:
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                received = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            frames = unseal(self.secret, received)
+            if frames is None:
+                self._dropped()
+                continue
             want = _parse_want(frames)
             with self._changed:
                 self._acknowledge(want["step"], want["committed"], want["receiver"])
@@ -278,7 +356,7 @@ class ZmqBatchSender:
 
     def _try_send(self, frames: list[bytes]) -> bool:
         try:
-            self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            self._socket.send_multipart(seal(self.secret, frames), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
         return True
@@ -304,7 +382,10 @@ class ZmqBatchSender:
                 if not self._changed.wait(min(remaining, _WAIT_LOG_EVERY_S)):
                     log.info("waiting for the trainer to take batches %s", untaken)
             self._end_requested = True
-        self._thread.join()
+        self._thread.join(_END_SEND_S + _JOIN_SLACK_S)
+        if self._thread.is_alive():  # its socket is still in use: leave it (daemon thread)
+            log.warning("the zmq batch sender's I/O thread did not stop; leaving its socket open")
+            return
         self._socket.disable_monitor()
         self._monitor.close()
         self._socket.close()
@@ -314,8 +395,25 @@ class ZmqBatchSender:
 class ZmqBatchReceiver:
     """Trainer side: ROUTER, bound on host:port (port 0 picks a free port, see `.port`)."""
 
-    def __init__(self, host: str, port: int, *, hwm: int = 10) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        hwm: int = 10,
+        secret: bytes | None = None,
+        vocab_size: int | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        """`secret`: accept only messages signed with it (and sign ours); `vocab_size`: token ids
+        of received batches must be below it; `max_message_bytes`: ZMQ drops larger messages."""
         self.host = host
+        self.secret = secret
+        self.vocab_size = vocab_size
+        self._dropped = _DropLog(
+            "the trainer",
+            "a process that is not this run's grpo-orch, or one without the same GRPO_ZMQ_SECRET",
+        )
         self.receiver_id = uuid.uuid4().hex
         """This receiver's identity in the protocol: a restarted trainer is a new receiver."""
         self._peers: dict[bytes, None] = {}
@@ -325,6 +423,7 @@ class ZmqBatchReceiver:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.RCVHWM, hwm)
         self._socket.setsockopt(zmq.LINGER, _RECEIVER_LINGER_MS)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         try:
             self._socket.bind(f"tcp://{_ip(host)}:{port if port else '*'}")
         except zmq.ZMQError as err:
@@ -341,9 +440,9 @@ class ZmqBatchReceiver:
         taken) and what is committed."""
         self._wanted = step
         message = {"kind": "want", "step": step, "committed": self._committed, "receiver": self.receiver_id}
-        encoded = json.dumps(message).encode()
+        encoded = seal(self.secret, [json.dumps(message).encode()])
         for peer in self._peers if peers is None else peers:
-            self._socket.send_multipart([peer, encoded])
+            self._socket.send_multipart([peer, *encoded])
 
     def commit(self, step: int) -> None:
         """Every batch below `step` is safe in a trainer checkpoint (or, with checkpoints off, was
@@ -373,7 +472,11 @@ class ZmqBatchReceiver:
                     f"batch {step} did not arrive within {timeout}s on {self.endpoint}: "
                     f"{_check_hint(self.host, self.port)}"
                 )
-            peer, *frames = self._socket.recv_multipart()
+            peer, *received = self._socket.recv_multipart()
+            frames = unseal(self.secret, received)
+            if frames is None:
+                self._dropped()  # not even a hello: an unknown peer learns nothing
+                continue
             if frames == [b""] or peer not in self._peers:  # a sender (re)connected: tell it where we stand
                 self._peers[peer] = None
                 self._want(step, [peer])
@@ -407,7 +510,7 @@ class ZmqBatchReceiver:
                         "from the same checkpoint step"
                     )
                 continue  # sent before the orchestrator knew this receiver; it comes again in order
-            batch = decode_batch(frames[1])
+            batch = decode_batch(frames[1], self.vocab_size)
             if batch.step != sent_step:
                 raise ValueError(
                     f"zmq message for step {sent_step} carries batch {batch.step}: corrupt message"
@@ -424,7 +527,7 @@ class ZmqBatchReceiver:
 def _parse_want(frames: list[bytes]) -> dict[str, Any]:
     try:
         want = json.loads(frames[0]) if len(frames) == 1 else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         want = None
     if (
         not isinstance(want, dict)
@@ -440,7 +543,7 @@ def _parse_want(frames: list[bytes]) -> dict[str, Any]:
 def _parse_header(frames: list[bytes]) -> dict[str, Any]:
     try:
         header = json.loads(frames[0]) if len(frames) == 2 else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         header = None
     if not isinstance(header, dict) or header.get("kind") not in ("batch", "end", "missing"):
         raise ValueError(f"corrupt zmq batch message (unknown step): {len(frames)} frames, bad header")

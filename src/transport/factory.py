@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from grpo.transport.auth import secret_from_env
 from grpo.transport.interfaces import BatchReceiver, BatchSender
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ def make_batch_sender(
     max_buffered: int = 2,
     channel: MemoryChannel | None = None,
     resume: bool = False,
+    secret: bytes | None = None,
 ) -> BatchSender:
     """Orchestrator side. `hwm` bounds zmq's batches not yet taken and `max_buffered` the
     filesystem's unconsumed folders; `channel` (memory only) is shared with the receiver in the
@@ -40,7 +42,9 @@ def make_batch_sender(
     if kind == "zmq":
         from grpo.transport.batch_zmq import ZmqBatchSender
 
-        return ZmqBatchSender(host, port, hwm=hwm, spool_dir=zmq_spool_dir(run_dir), resume=resume)
+        return ZmqBatchSender(
+            host, port, hwm=hwm, spool_dir=zmq_spool_dir(run_dir), resume=resume, secret=secret
+        )
     if kind == "memory":
         from grpo.transport.batch_memory import MemoryBatchSender
 
@@ -63,16 +67,19 @@ def make_batch_receiver(
     port: int = 5555,
     hwm: int = DEFAULT_ZMQ_HWM,
     channel: MemoryChannel | None = None,
+    vocab_size: int | None = None,
+    secret: bytes | None = None,
 ) -> BatchReceiver:
-    """Trainer side; the zmq receiver binds host:port immediately."""
+    """Trainer side; the zmq receiver binds host:port immediately. Decoded batches are checked
+    against `vocab_size` (token ids; None: >= 0 only); `secret` authenticates zmq frames."""
     if kind == "filesystem":
         from grpo.transport.batch_filesystem import FilesystemBatchReceiver
 
-        return FilesystemBatchReceiver(run_dir)
+        return FilesystemBatchReceiver(run_dir, vocab_size=vocab_size)
     if kind == "zmq":
         from grpo.transport.batch_zmq import ZmqBatchReceiver
 
-        return ZmqBatchReceiver(host, port, hwm=hwm)
+        return ZmqBatchReceiver(host, port, hwm=hwm, secret=secret, vocab_size=vocab_size)
     if kind == "memory":
         from grpo.transport.batch_memory import MemoryBatchReceiver
 
@@ -94,10 +101,21 @@ def batch_sender_for(cfg: OrchestratorConfig, run_dir: str | Path) -> BatchSende
             port=transport.port,
             hwm=transport.hwm,
             resume=cfg.ckpt.resume_step is not None,
+            secret=secret_from_env(transport.secret_env),
         )
     return make_batch_sender("filesystem", run_dir, max_buffered=cfg.max_async_level + 1)
 
 
-def batch_receiver_for(cfg: TrainerConfig, run_dir: str | Path) -> BatchReceiver:
-    """The receiver `cfg.transport_type` asks for (zmq binds zmq_host:zmq_port)."""
-    return make_batch_receiver(cfg.transport_type, run_dir, host=cfg.zmq_host, port=cfg.zmq_port)
+def batch_receiver_for(
+    cfg: TrainerConfig, run_dir: str | Path, vocab_size: int | None = None
+) -> BatchReceiver:
+    """The receiver `cfg.transport_type` asks for (zmq binds zmq_host:zmq_port, with the secret
+    in $zmq_secret_env when set); `vocab_size` bounds the token ids of every batch received."""
+    return make_batch_receiver(
+        cfg.transport_type,
+        run_dir,
+        host=cfg.zmq_host,
+        port=cfg.zmq_port,
+        vocab_size=vocab_size,
+        secret=secret_from_env(cfg.zmq_secret_env),
+    )

@@ -4,7 +4,9 @@ Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` on
 and in the safetensors header metadata (string -> string): `format`, `version`, `step`,
 `num_rows`, `metadata` (the batch metadata as JSON) and `checksum`. The checksum (sha256 over
 step, row count, metadata and every tensor's name, dtype, shape and bytes) catches corruption
-that still parses, e.g. a flipped byte inside a tensor. Nothing is pickled.
+that still parses, e.g. a flipped byte inside a tensor; it is no authentication (anyone can
+compute it; the zmq transport signs frames). Decoded values are checked by
+`grpo.transport.validate`. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
 from grpo.transport.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
+from grpo.transport.validate import check_batch_values
 
 WIRE_FORMAT = "grpo.training_batch"
 WIRE_VERSION = "1"
@@ -79,14 +82,15 @@ def _read_header_metadata(blob: bytes) -> dict[str, str] | None:
         return None
     try:
         header = json.loads(blob[_HEADER_LENGTH_BYTES:end])
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # deep nesting: not ours
         return None
     metadata = header.get("__metadata__") if isinstance(header, dict) else None
     return metadata if isinstance(metadata, dict) else None
 
 
-def decode_batch(blob: bytes) -> TrainingBatch:
-    """Parse a blob from `encode_batch`; raise ValueError naming the step if it is damaged."""
+def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
+    """Parse a blob from `encode_batch`; raise ValueError naming the step if it is damaged, or if
+    its values could not have come from a working orchestrator (`grpo.transport.validate`)."""
     header = _read_header_metadata(blob)
     step = peek_step(blob)
     where = f"step {step}" if step is not None else "unknown step"
@@ -113,9 +117,14 @@ def decode_batch(blob: bytes) -> TrainingBatch:
     unexpected = set(tensors) - known
     if unexpected:
         raise ValueError(f"training batch ({where}) has unexpected tensors {sorted(unexpected)[:5]}")
-    batch = TrainingBatch(step=step, rows=rows, metadata=json.loads(header["metadata"]))
     try:
+        metadata = json.loads(header["metadata"])
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"training batch ({where}) has unreadable metadata: {type(err).__name__}") from err
+    try:
+        batch = TrainingBatch(step=step, rows=rows, metadata=metadata)
         batch.validate()
+        check_batch_values(batch, vocab_size)
     except ValueError as err:
         raise ValueError(f"training batch ({where}) is invalid: {err}") from err
     return batch

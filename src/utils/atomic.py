@@ -4,6 +4,16 @@ Files are written to a temporary sibling, flushed, fsynced and renamed. Folders 
 adapter, a checkpoint) are complete once their `STABLE` marker exists; the marker is written
 last, after the folder's files are fsynced, because readers on network filesystems can otherwise
 see the marker before the files.
+
+Two rules keep a `STABLE` folder whole for its whole life:
+- a folder that is already `STABLE` is never republished: a resumed writer producing the same
+  step keeps the published one (a reader may be reading it right now);
+- a folder is taken down `STABLE` first (`remove_published`), then moved aside and deleted, so a
+  kill mid-delete leaves a folder without `STABLE` (ignored by readers), never `STABLE` with
+  files missing.
+
+Temporary names carry the PID and a uuid (two hosts sharing a filesystem can share a PID); the
+first staging folder a process makes in a parent removes what killed writers left there.
 """
 
 from __future__ import annotations
@@ -12,21 +22,50 @@ import json
 import os
 import re
 import shutil
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 STABLE = "STABLE"
+# Every temporary name contains this, so leftovers are recognisable (`clean_staging`).
+_TMP_MARK = ".tmp-"
+_cleaned_parents: set[Path] = set()
+_cleaned_lock = threading.Lock()
+
+
+def _tmp_name(name: str) -> str:
+    return f".{name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make renames and deletions inside `folder` durable (a crash can otherwise undo them)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # platforms without directory fds: nothing more can be done
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename itself still happened
+    finally:
+        os.close(fd)
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(_tmp_name(path.name))
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave a hidden file per attempt
+        raise
+    fsync_dir(path.parent)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -74,19 +113,94 @@ def step_dirs(parent: str | Path, stable_only: bool = False) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def clean_staging(parent: str | Path) -> list[Path]:
+    """Remove the staging folders killed writers left in `parent`; returns them.
+
+    Only the writer of `parent` may call this (each run-dir folder has one: the trainer for
+    broadcasts/ and its checkpoints, the orchestrator for rollouts/ and its checkpoints)."""
+    parent = Path(parent)
+    if not parent.is_dir():
+        return []
+    removed = []
+    for child in parent.iterdir():
+        # Folders only: another process may be writing an atomic file here right now (the
+        # trainer's rollouts/COMMITTED beside the orchestrator's batches); a killed file write
+        # leaves one small hidden file at most.
+        if (
+            child.name.startswith(".")
+            and _TMP_MARK in child.name
+            and child.is_dir()
+            and not child.is_symlink()
+        ):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
+
+
+def _clean_once(parent: Path) -> None:
+    # At the first staging in a parent, before this process has anything in flight there.
+    key = parent.resolve()
+    with _cleaned_lock:
+        if key in _cleaned_parents:
+            return
+        _cleaned_parents.add(key)
+    clean_staging(parent)
+
+
 def staging_dir(final: str | Path) -> Path:
     """A fresh temporary sibling of `final` to build a folder in before `publish_dir`."""
     final = Path(final)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _clean_once(final.parent)
+    tmp = final.with_name(_tmp_name(final.name))
+    tmp.mkdir()
     return tmp
 
 
-def publish_dir(staged: str | Path, final: str | Path) -> None:
-    """Move a fully written staging folder into place and mark it STABLE."""
-    final = Path(final)
-    if final.exists():
-        shutil.rmtree(final)
+def remove_published(folder: str | Path) -> None:
+    """Delete a published folder so that no reader and no crash ever sees it STABLE but partial:
+    STABLE goes first (durably), then the folder is moved aside and deleted."""
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    (folder / STABLE).unlink(missing_ok=True)
+    fsync_dir(folder)
+    aside = folder.with_name(_tmp_name(folder.name))
+    try:
+        os.replace(folder, aside)
+    except FileNotFoundError:
+        return  # removed meanwhile
+    fsync_dir(folder.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def publish_dir(staged: str | Path, final: str | Path) -> bool:
+    """Move a fully written staging folder into place and mark it STABLE.
+
+    Returns False (and discards `staged`) when `final` is already STABLE: it is the same step,
+    published earlier (e.g. by the run a resumed writer replaces), and readers may hold it open."""
+    staged, final = Path(staged), Path(final)
+    if is_stable(final):
+        shutil.rmtree(staged, ignore_errors=True)
+        return False
+    fsync_tree(staged)
+    remove_published(final)  # an unfinished folder from a killed writer
     os.replace(staged, final)
-    mark_stable(final)
+    fsync_dir(final.parent)
+    write_text_atomic(final / STABLE, "")
+    return True
+
+
+def prune_stable(parent: str | Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest STABLE `step_{n}` folders of `parent` (and unfinished ones
+    older than those); returns what went. Unfinished folders never count as kept versions."""
+    stable = step_dirs(parent, stable_only=True)
+    if len(stable) <= keep:
+        return []
+    oldest_kept = list(stable)[-keep] if keep > 0 else None
+    removed = []
+    for n, path in step_dirs(parent).items():
+        if oldest_kept is None or n < oldest_kept:
+            remove_published(path)
+            removed.append(path)
+    return removed

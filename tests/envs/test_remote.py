@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from one_line_refusal import assert_refused_in_one_line
 from remote_env_fixtures import SECRET, load_broken_env, load_echo_env, load_guess_env
 
 from grpo.config.orchestrator import EnvConfig
@@ -273,3 +274,112 @@ def test_another_kind_of_server_at_the_address_is_a_clear_error() -> None:
 
     with BackgroundServer(other) as address, pytest.raises(ValueError, match="not like a grpo-env server"):
         load_environment(EnvConfig(id="echo-id", address=address))
+
+
+# ---- hardening: auth, limits, bounded sessions, malformed replies -------------------------------
+
+
+def test_server_with_a_token_refuses_clients_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    monkeypatch.delenv(remote_module.TOKEN_ENV, raising=False)
+    with BackgroundServer(build_app(load_echo_env(), "echo-id", token="s3cret")) as address:
+        assert httpx.post(f"http://{address}/reset", json={"example": {}}).status_code == 401
+        with pytest.raises(ValueError, match="refused the token; export GRPO_ENV_TOKEN"):
+            RemoteEnv.connect(address, "echo-id", "echo", retry_s=0)
+        monkeypatch.setenv(remote_module.TOKEN_ENV, "s3cret")
+        remote = RemoteEnv.connect(address, "echo-id", "echo", retry_s=0)
+
+        async def rollout() -> Any:
+            state = await remote.reset(remote.examples[0])
+            return await remote.score(remote.examples[0], _reply("0"), state)
+
+        assert not asyncio.run(rollout()).failed
+
+
+def test_request_bodies_above_the_limit_are_refused() -> None:
+    import httpx
+
+    with BackgroundServer(build_app(load_echo_env(), "echo-id", max_body_bytes=1000)) as address:
+        big = {"example": {"prompt": "x" * 2000}}
+        assert httpx.post(f"http://{address}/reset", json=big).status_code == 413
+
+        def chunks() -> Iterator[bytes]:  # no content-length: the limit counts what arrives
+            yield b'{"example": {"prompt": "'
+            yield b"x" * 2000
+            yield b'"}}'
+
+        assert httpx.post(f"http://{address}/reset", content=chunks()).status_code == 413
+        small = httpx.post(f"http://{address}/reset", json={"example": {"prompt": "say 0"}})
+        assert small.status_code == 200
+
+
+def test_a_reset_flood_from_one_client_evicts_only_its_own_sessions() -> None:
+    store = SessionStore("env", max_sessions=6, max_sessions_per_client=3)
+    live = store.add({"n": "live"}, client="10.0.0.1")
+    flood = [store.add({"n": i}, client="10.0.0.2") for i in range(100)]
+    assert store.get(live) == {"n": "live"}
+    assert [store.get(i) for i in flood[-3:]] == [{"n": 97}, {"n": 98}, {"n": 99}]
+    assert len(store) == 4
+    # the total bound takes from the biggest holder, not from the oldest session overall
+    store = SessionStore("env", max_sessions=3, max_sessions_per_client=3)
+    live = store.add({"n": "live"}, client="a")
+    for i in range(10):
+        store.add({"n": i}, client="b")
+    assert store.get(live) == {"n": "live"} and len(store) == 3
+
+
+def _not_grpo_env_app(reset_reply: Any, score_reply: Any, html: bool = False) -> Any:
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse
+
+    app = FastAPI()
+    info = info_payload(load_echo_env(), "echo-id")
+
+    @app.get("/info")
+    async def get_info() -> dict[str, Any]:
+        return info
+
+    @app.post("/reset")
+    async def reset() -> Any:
+        return HTMLResponse("<html>proxy says hi</html>") if html else reset_reply
+
+    @app.post("/score")
+    async def score() -> Any:
+        return score_reply
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("reset_reply", "score_reply", "html", "where"),
+    [
+        (None, None, True, "/reset"),
+        ({"session_id": "s"}, {"metrics": {}, "failure": None}, False, "/score"),
+        ({"session_id": "s"}, {"reward": "high", "metrics": {}, "failure": None}, False, "/score"),
+        ({"session_id": "s"}, [1, 2], False, "/score"),
+        ({"session": 3}, None, False, "/reset"),
+    ],
+)
+def test_a_malformed_reply_fails_the_rollout_not_the_run(
+    reset_reply: Any, score_reply: Any, html: bool, where: str
+) -> None:
+    with BackgroundServer(_not_grpo_env_app(reset_reply, score_reply, html)) as address:
+        remote = RemoteEnv.connect(address, "echo-id", "echo", retry_s=0)
+
+        async def rollout() -> Any:
+            state = await remote.reset(remote.examples[0])
+            return await remote.score(remote.examples[0], _reply("0"), state)
+
+        score = asyncio.run(rollout())
+    assert score.failed and score.reward == 0.0
+    assert score.failure == f"env server {address} sent a malformed reply on {where}"
+
+
+def test_grpo_env_refuses_a_public_bind_without_a_token() -> None:
+    assert_refused_in_one_line(
+        [sys.executable, "-m", "grpo.cli.env", "echo", "--host", "0.0.0.0"],
+        "GRPO_ENV_TOKEN",
+        "export GRPO_ENV_TOKEN",
+        timeout=60,
+    )

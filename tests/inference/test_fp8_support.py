@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.inference.fp8_support import per_tensor_fp8_problems
+from grpo.inference.fp8_support import fp8_problems
 
 
 @pytest.mark.parametrize("method", ["fp8", "fp8_per_tensor"])
 def test_per_tensor_fp8_without_cuda_is_one_line_naming_the_key_and_the_fix(method: str) -> None:
-    (problem,) = per_tensor_fp8_problems(method, cuda_available=False)
+    (problem,) = fp8_problems(method, cuda_available=False, amx_available=True)
     assert f"infer quantization '{method}'" in problem
     assert "set infer quantization: fp8_per_block" in problem
     assert "\n" not in problem
@@ -18,19 +18,19 @@ def test_per_tensor_fp8_without_cuda_is_one_line_naming_the_key_and_the_fix(meth
 
 @pytest.mark.parametrize("method", ["fp8", "fp8_per_tensor"])
 def test_per_tensor_fp8_with_cuda_is_allowed(method: str) -> None:
-    assert per_tensor_fp8_problems(method, cuda_available=True) == []
+    assert fp8_problems(method, cuda_available=True) == []
 
 
 @pytest.mark.parametrize("method", [None, "fp8_per_block", "awq"])
 def test_other_methods_are_left_to_the_other_checks(method: str | None) -> None:
-    assert per_tensor_fp8_problems(method, cuda_available=False) == []
+    assert fp8_problems(method, cuda_available=False, amx_available=True) == []
 
 
 def test_cuda_availability_defaults_to_what_torch_sees(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert len(per_tensor_fp8_problems("fp8")) == 1
+    assert len(fp8_problems("fp8")) == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert per_tensor_fp8_problems("fp8") == []
+    assert fp8_problems("fp8") == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is about machines without CUDA")
@@ -41,3 +41,13 @@ def test_vllm_without_cuda_still_cannot_quantize_weights_per_tensor_to_fp8() -> 
     custom_ops = pytest.importorskip("vllm._custom_ops")
     with pytest.raises(RuntimeError, match="static_scaled_fp8_quant"):
         custom_ops.scaled_fp8_quant(torch.ones(4, 4, dtype=torch.bfloat16), scale=torch.ones(1))
+
+
+def test_block_fp8_on_a_cpu_without_amx_is_one_line_naming_the_fix() -> None:
+    (problem,) = fp8_problems("fp8_per_block", cuda_available=False, amx_available=False)
+    assert "fp8_per_block" in problem and "AMX" in problem and "quantization: null" in problem
+
+
+def test_block_fp8_runs_on_amx_cpus_and_on_gpus() -> None:
+    assert fp8_problems("fp8_per_block", cuda_available=False, amx_available=True) == []
+    assert fp8_problems("fp8_per_block", cuda_available=True, amx_available=False) == []

@@ -9,9 +9,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.orchestrator.tokenizer import ChatTokenizer
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batch import PackedRow, TrainingBatch
 from grpo.utils.atomic import publish_dir, staging_dir
 
 VERSION_TOKEN_BASE = 1000
@@ -138,3 +140,18 @@ def policies_in(batch: TrainingBatch) -> set[int]:
     for row in batch.rows:
         versions.update(int(t) - VERSION_TOKEN_BASE for t in row.input_ids[row.loss_mask])
     return versions
+
+
+def sequence_indices(row: PackedRow) -> list[np.ndarray]:
+    """Row indices of each sequence's tokens in order, read along parent chains (a shared prompt is
+    stored once and belongs to every sequence of its tree)."""
+    has_child = np.zeros(row.num_tokens, bool)
+    has_child[row.parent_ids[row.parent_ids >= 0]] = True
+    out = []
+    for leaf in np.flatnonzero(~has_child):
+        chain, token = [], int(leaf)
+        while token >= 0:
+            chain.append(token)
+            token = int(row.parent_ids[token])
+        out.append(np.array(chain[::-1]))
+    return out

@@ -62,3 +62,27 @@ def test_custom_estimator_is_imported_with_kwargs() -> None:
 def test_custom_estimator_with_wrong_shape_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="shape"):
         _adv("custom", import_path=f"{__name__}:flattened")
+
+
+@pytest.mark.parametrize("kind", ["default", "grpo", "rloo"])
+def test_failed_rollouts_are_left_out_of_the_group_baseline(kind: str) -> None:
+    cfg = AdvantageConfig.model_validate({"type": kind})
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0, 0.0]])
+    valid = np.array([[True, True, True, True, False]])  # the last one failed (reward 0.0)
+    adv = compute_advantages(cfg, rewards, np.ones_like(rewards), valid)
+    alone = compute_advantages(cfg, rewards[:, :4], np.ones((1, 4)))
+    np.testing.assert_allclose(adv[:, :4], alone)
+    assert adv[0, 4] == 0.0
+
+
+@pytest.mark.parametrize("kind", ["default", "grpo", "rloo", "reinforce_pp"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_rewards_never_give_non_finite_advantages(kind: str, bad: float) -> None:
+    cfg = AdvantageConfig.model_validate({"type": kind})
+    rewards = np.array([[1.0, bad, 0.0, 1.0], [bad, bad, bad, bad]])
+    adv = compute_advantages(cfg, rewards, np.ones_like(rewards))
+    assert np.all(np.isfinite(adv)), adv
+    assert adv[0, 1] == 0.0 and np.all(adv[1] == 0.0)
+    np.testing.assert_allclose(
+        adv[0, [0, 2, 3]], compute_advantages(cfg, rewards[:1, [0, 2, 3]], np.ones((1, 3)))[0]
+    )

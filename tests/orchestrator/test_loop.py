@@ -135,3 +135,31 @@ def test_stop_event_ends_the_run(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert sender.batches.qsize() >= 2
+
+
+def test_failed_and_non_finite_rewards_are_masked_not_trained_as_zero(tmp_path: Path) -> None:
+    import math
+
+    import numpy as np
+
+    examples = [
+        {"prompt": f"question {i}", "answer": ["ok", "nan", "raise", "inf"][i % 4]} for i in range(20)
+    ]
+
+    def judged(completion: str, answer: str) -> float:
+        if answer == "raise":
+            raise RuntimeError("boom")
+        return {"ok": 1.0, "nan": math.nan, "inf": math.inf}[answer]
+
+    env = SingleTurnEnv(examples=examples, rewards=[judged], name="toy")
+    cfg = _cfg(max_steps=2, advantage={"type": "grpo"})
+    _orch, trainer = _run(cfg, tmp_path, FakeClient(), env)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    for record, batch in zip(records, trainer.received, strict=True):
+        for row in batch.rows:
+            assert np.all(np.isfinite(row.advantages)) and np.all(np.isfinite(row.inference_logprobs))
+        loss_tokens = sum(int(row.loss_mask.sum()) for row in batch.rows)
+        failed = record["failed/num_rollouts"]
+        assert failed > 0 and record["masked/num_rollouts"] == failed
+        assert loss_tokens == (8 - failed) * 4  # 4 model tokens per rollout; failed ones carry none
+        assert record["reward/mean"] == 1.0 and math.isfinite(record["advantage/std"])

@@ -164,3 +164,18 @@ def test_real_offline_wandb_run_stores_the_samples_table(
     first = json.loads(tables[0].read_text())
     assert first["columns"] == SAMPLE_COLUMNS
     assert [row[3] for row in first["data"]] == ["answer 0", "answer 1", "answer 2", "answer 3"]
+
+
+def test_the_terminal_line_says_how_many_rollouts_failed(
+    tmp_path: Path, fake_wandb: FakeWandb, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        reporter = Reporter(tmp_path, None, {}, max_steps=2, first_step=0)
+        await reporter.log_step(0, {"reward/mean": 0.5, "failed/num_rollouts": 3}, _rollouts(0))
+        await reporter.log_step(1, {"reward/mean": 0.5, "failed/num_rollouts": 0}, _rollouts(1))
+        reporter.close()
+
+    with caplog.at_level("INFO", logger="grpo"):
+        asyncio.run(main())
+    assert "failed 3 (masked)" in caplog.text
+    assert caplog.text.count("(masked)") == 1

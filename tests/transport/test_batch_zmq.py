@@ -349,3 +349,63 @@ def test_a_fresh_run_ignores_batches_spooled_by_an_earlier_run(
         assert receiver.receive(0, timeout=10).metadata["run"] == "new"
     finally:
         sender.close()
+
+
+# ---- authentication, size limit, bounded close ----------------------------------------------------
+
+
+def test_an_unsigned_end_from_a_stranger_does_not_stop_a_trainer_with_a_secret() -> None:
+    receiver = ZmqBatchReceiver("localhost", 0, secret=b"run secret")
+    sender = ZmqBatchSender("localhost", receiver.port, close_linger=5, secret=b"run secret")
+    try:
+        _push_raw(receiver.port, [json.dumps({"kind": "end", "next": 0}).encode(), b""])
+        _push_raw(receiver.port, [json.dumps({"kind": "batch", "step": 0}).encode(), b"x" * 100])
+        sender.send(synthetic_batch(0))
+        assert_batches_equal(receiver.receive(0, timeout=10), synthetic_batch(0))
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_sender_with_another_secret_is_not_heard() -> None:
+    receiver = ZmqBatchReceiver("localhost", 0, secret=b"right")
+    sender = ZmqBatchSender("localhost", receiver.port, close_linger=0.1, secret=b"wrong")
+    try:
+        sender.send(synthetic_batch(0))
+        with pytest.raises(TimeoutError):
+            receiver.receive(0, timeout=1.0)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_messages_above_the_size_limit_are_refused() -> None:
+    receiver = ZmqBatchReceiver("localhost", 0, max_message_bytes=4096)
+    sender = ZmqBatchSender("localhost", receiver.port, close_linger=0.1)
+    try:
+        sender.send(synthetic_batch(0, num_tokens=2048))  # ~30 KB blob
+        with pytest.raises(TimeoutError):
+            receiver.receive(0, timeout=1.0)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_forged_batch_with_bad_values_is_refused(receiver: ZmqBatchReceiver) -> None:
+    batch = synthetic_batch(0)
+    batch.rows[0].input_ids[3] = -1
+    _push_raw(receiver.port, [json.dumps({"kind": "batch", "step": 0}).encode(), encode_batch(batch)])
+    with pytest.raises(ValueError, match="token ids must be >= 0"):
+        receiver.receive(0, timeout=10)
+
+
+def test_close_returns_when_the_trainer_is_gone() -> None:
+    sender = ZmqBatchSender("localhost", _free_port(), hwm=2, close_linger=0.2)
+    for step in range(2):  # the socket's queue to the missing trainer is full: a blocking send waits forever
+        sender.send(synthetic_batch(step))
+    closing = threading.Thread(target=sender.close, daemon=True)
+    started = time.monotonic()
+    closing.start()
+    closing.join(30)
+    assert not closing.is_alive(), "close() blocked on the end message to a trainer that is gone"
+    assert time.monotonic() - started < 20

@@ -1,0 +1,46 @@
+"""train.yaml: a zmq socket open to other machines needs a shared secret."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from one_line_refusal import assert_refused_in_one_line
+
+from grpo.config.errors import ConfigError
+from grpo.config.loading import validate
+from grpo.config.trainer import TrainerConfig
+
+BIN = Path(sys.executable).parent
+
+
+def _zmq(host: str) -> dict[str, object]:
+    return {"model": "m", "transport_type": "zmq", "zmq_host": host}
+
+
+def test_a_public_zmq_bind_without_a_secret_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRPO_ZMQ_SECRET", raising=False)
+    with pytest.raises(ConfigError) as err:
+        validate(TrainerConfig, _zmq("0.0.0.0"), "train.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and "export GRPO_ZMQ_SECRET=" in lines[0] and "127.0.0.1" in lines[0], lines
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "::1"])
+def test_loopback_needs_no_secret(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRPO_ZMQ_SECRET", raising=False)
+    assert validate(TrainerConfig, _zmq(host), "train.yaml").zmq_host == host
+
+
+def test_a_public_bind_with_a_secret_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_SECRET", "x" * 32)
+    cfg = validate(TrainerConfig, {**_zmq("10.0.0.5"), "zmq_secret_env": "MY_SECRET"}, "train.yaml")
+    assert cfg.zmq_secret_env == "MY_SECRET"
+
+
+def test_grpo_train_exits_2_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("model: m\ntransport_type: zmq\nzmq_host: 0.0.0.0\n")
+    assert_refused_in_one_line(
+        [str(BIN / "grpo-train"), "t.yaml", "--dry-run"], "GRPO_ZMQ_SECRET", "GRPO_ZMQ_SECRET", cwd=tmp_path
+    )

@@ -1,0 +1,102 @@
+"""Atomic files and folders: a STABLE folder is never replaced nor seen partial."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from grpo.utils import atomic
+from grpo.utils.atomic import (
+    STABLE,
+    clean_staging,
+    is_stable,
+    prune_stable,
+    publish_dir,
+    remove_published,
+    staging_dir,
+    write_bytes_atomic,
+)
+
+
+def _publish(final: Path, content: str) -> bool:
+    staged = staging_dir(final)
+    (staged / "shard.bin").write_text(content)
+    return publish_dir(staged, final)
+
+
+def test_republishing_a_stable_folder_keeps_it(tmp_path: Path) -> None:
+    final = tmp_path / "step_3"
+    assert _publish(final, "first")
+    with open(final / "shard.bin") as reader:  # a reader that saw STABLE holds the folder
+        assert not _publish(final, "second")  # a resumed writer publishes the same step again
+        assert reader.read() == "first"
+    assert (final / "shard.bin").read_text() == "first" and is_stable(final)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_3"]  # the second staging folder is gone
+
+
+def test_unfinished_folder_is_replaced(tmp_path: Path) -> None:
+    final = tmp_path / "step_1"
+    final.mkdir()
+    (final / "half.bin").write_text("x")  # a killed writer's folder, never marked STABLE
+    assert _publish(final, "whole")
+    assert sorted(p.name for p in final.iterdir()) == [STABLE, "shard.bin"]
+
+
+def test_kill_mid_delete_never_leaves_stable_with_files_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    final = tmp_path / "step_2"
+    _publish(final, "data")
+
+    def killed(path: str | Path, *args: object, **kwargs: object) -> None:
+        (Path(path) / "shard.bin").unlink()  # the delete got this far, then the process died
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        remove_published(final)
+    assert not any(is_stable(p) for p in tmp_path.iterdir())
+
+
+def test_staging_names_are_unique_within_a_process(tmp_path: Path) -> None:
+    first = staging_dir(tmp_path / "step_0")
+    (first / "a").write_text("in progress")
+    second = staging_dir(tmp_path / "step_0")
+    assert first != second and (first / "a").exists()
+
+
+def test_failed_write_leaves_no_temporary_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full_disk(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError):
+        write_bytes_atomic(tmp_path / "COMMITTED", b"3")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_leftover_staging_folders_are_removed_at_first_staging(tmp_path: Path) -> None:
+    (tmp_path / ".step_4.tmp-123").mkdir()  # a killed writer's (old naming)
+    (tmp_path / ".step_5.tmp-77-abc").mkdir()
+    staged = staging_dir(tmp_path / "step_6")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [staged.name]
+    assert clean_staging(tmp_path / "missing") == []
+
+
+def test_pruning_counts_only_stable_folders(tmp_path: Path) -> None:
+    for n in range(3):
+        _publish(tmp_path / f"step_{n}", str(n))
+    (tmp_path / "step_3").mkdir()  # unfinished: must not push a published version out
+    prune_stable(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_2", "step_3"]
+
+
+def test_renames_are_fsynced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[Path] = []
+    real = atomic.fsync_dir
+    monkeypatch.setattr(atomic, "fsync_dir", lambda d: (synced.append(Path(d)), real(d)))
+    _publish(tmp_path / "step_0", "x")
+    assert synced.count(tmp_path) >= 1
