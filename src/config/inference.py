@@ -68,6 +68,14 @@ class InferenceConfig(StrictModel):
     max_cpu_loras: int = Field(100, ge=1)
     """Adapters cached in host memory."""
 
+    lora_serving: Literal["auto", "adapter", "merged"] = "auto"
+    """How the engine serves a policy's LoRA adapter. "adapter": vLLM's LoRA path (the adapter is
+    applied per request). "merged": each new adapter is merged into the weights the engine serves
+    (base + scaling * B @ A, recomputed from the untouched base, so the co-located trainer's
+    borrowed base is unchanged) and requests run as the base model: on CPU about 3x the tokens/s of
+    the LoRA path (benchmarks/results). vLLM's CPU backend only; not with tp > 1 or a quantized base.
+    "auto": merged on CPU, adapter on GPU."""
+
     enable_prefix_caching: bool | None = None
     """Prefix caching; null keeps vLLM's default."""
 
@@ -125,6 +133,35 @@ class InferenceConfig(StrictModel):
                 f"weight_broadcast_type nccl joins one worker per server to the trainer's collective, but "
                 f"tp {self.tp} x dp {self.dp} runs several: set tp: 1 and dp: 1 (start more servers and list "
                 "them in the orchestrator's client.base_url) or use weight_broadcast_type filesystem"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _merged_needs_exact_dense_weights(self) -> InferenceConfig:
+        if self.lora_serving != "merged":
+            return self
+        if self.tp > 1:
+            raise ValueError(
+                f"lora_serving merged with tp {self.tp}: merging into tensor-parallel shards is not "
+                "implemented; set lora_serving to adapter (or auto), or tp: 1"
+            )
+        if self.quantization is not None:
+            raise ValueError(
+                f"lora_serving merged with quantization {self.quantization}: a LoRA delta cannot be added "
+                "exactly to quantized base weights; set lora_serving to adapter (or auto), or quantization: null"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _public_bind_needs_a_key(self) -> InferenceConfig:
+        from grpo.transport.auth import is_loopback_host, secret_from_env
+
+        # Without a key, anyone who reaches the port can load weights or adapters into the engine.
+        if not is_loopback_host(self.bind_host) and secret_from_env(self.api_key_var) is None:
+            raise ValueError(
+                f"host {self.host} serves other machines, but ${self.api_key_var} (api_key_var) is unset: "
+                f"anyone reaching the port could replace the policy; export {self.api_key_var}=<secret> on "
+                "the server and on every client, or bind 127.0.0.1"
             )
         return self
 

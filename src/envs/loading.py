@@ -19,7 +19,7 @@ from typing import Any
 from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
 from grpo.envs.base import Environment, check_num_examples
 
-BUILTIN_IDS = ("reverse-text", "short-answer", "math", "gsm8k-synthetic")
+BUILTIN_IDS = ("reverse-text", "short-answer", "long-brief", "math", "gsm8k-synthetic")
 """Built-in ids besides `reasoning-gym:<dataset>`."""
 
 REASONING_GYM_PREFIX = "reasoning-gym:"
@@ -34,6 +34,10 @@ def _builtin(env_id: str) -> Callable[..., Any] | None:
         from grpo.envs import short_answer
 
         return short_answer.load_environment
+    if env_id == "long-brief":
+        from grpo.envs import long_brief
+
+        return long_brief.load_environment
     if env_id in ("math", "gsm8k-synthetic"):
         from grpo.envs import math_env
 

@@ -9,6 +9,10 @@ Elastic pools (`client.elastic`): the servers are the DNS name's addresses, re-r
 background (grpo.inference.elastic_pool). A server that joins is first sent the current policy
 (the last adapter or full weights this client loaded) and only then takes requests; one that
 leaves takes no new request, and a request that fails on it is retried on another server.
+
+A new LoRA policy reaches each server the way that server serves LoRA (inference lora_serving): an
+in-place adapter reload, or a merge into its weights (docs/colocate.md, "Serving the policy as
+merged weights"); requests name the adapter either way.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ import httpx
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
 from grpo.inference.types import Completion, GenerateRequest
-from grpo.inference.vllm_compat import APPLY_NOISY_NORMS_ROUTE, RECEIVE_WEIGHTS_ROUTE, UPDATE_WEIGHTS_ROUTE
+from grpo.inference.vllm_compat import (
+    APPLY_NOISY_NORMS_ROUTE,
+    LORA_SERVING_ROUTE,
+    MERGE_LORA_ROUTE,
+    RECEIVE_WEIGHTS_ROUTE,
+    UPDATE_WEIGHTS_ROUTE,
+)
 from grpo.transport.weights_announce import read_collective_manifest
 from grpo.utils.logging import get_logger
 
@@ -37,6 +47,8 @@ LOAD_LORA_PATH = "/load_lora_adapter"
 UPDATE_WEIGHTS_PATH = UPDATE_WEIGHTS_ROUTE.removeprefix("/v1")
 RECEIVE_WEIGHTS_PATH = RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1")
 APPLY_NOISY_NORMS_PATH = APPLY_NOISY_NORMS_ROUTE.removeprefix("/v1")
+MERGE_LORA_PATH = MERGE_LORA_ROUTE.removeprefix("/v1")
+LORA_SERVING_PATH = LORA_SERVING_ROUTE.removeprefix("/v1")
 
 log = get_logger("inference")
 
@@ -79,6 +91,8 @@ class InferenceClient:
             None if cfg.elastic is None else ElasticPool(cfg.elastic, self._on_join, self._on_leave, resolver)
         )
         self._admissions: dict[str, asyncio.Task[None]] = {}
+        self._lora_serving: dict[str, str] = {}
+        """Server -> how it takes an adapter ("adapter" or "merged"), asked once (LORA_SERVING_PATH)."""
         self._model: str | None = None
         # The current policy, replayed to servers that join: served adapter name -> folder, or the
         # full-weights folder; plus QeRL's noisy norms. The generation counts changes to it.
@@ -226,16 +240,53 @@ class InferenceClient:
             admission.cancel()
         if url in self.base_urls:
             self.base_urls.remove(url)
+        self._lora_serving.pop(url, None)  # a server that comes back under this URL may differ
         for session_id in [s for s, server in self._session_server.items() if server == url]:
             del self._session_server[session_id]
 
-    def _policy_requests(self) -> list[tuple[str, dict[str, Any]]]:
-        """(route, body) requests that bring a fresh server to the current policy, in order."""
+    async def _server_lora_serving(self, url: str) -> str:
+        """How server `url` takes an adapter: "merged" (it merges it into its weights) or "adapter"."""
+        mode = self._lora_serving.get(url)
+        for attempt in range(self.cfg.max_retries + 1):
+            if mode is not None:
+                break
+            try:
+                response = await self._http.get(url + LORA_SERVING_PATH, timeout=10.0)
+                if response.status_code == 429 or response.status_code >= 500:
+                    raise TransientServerError(f"{url}{LORA_SERVING_PATH}: HTTP {response.status_code}")
+            except (httpx.TransportError, TransientServerError) as error:
+                if attempt == self.cfg.max_retries:
+                    raise TransientServerError(f"{url}{LORA_SERVING_PATH}: {error}") from error
+                await asyncio.sleep(min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S))
+                continue
+            # Anything but an explicit "merged" (a plain vLLM server answers 404) serves adapters.
+            is_json = response.headers.get("content-type", "").startswith("application/json")
+            merged = (
+                response.status_code == 200 and is_json and response.json().get("lora_serving") == "merged"
+            )
+            mode = self._lora_serving[url] = "merged" if merged else "adapter"
+        assert mode is not None
+        return mode
+
+    async def _load_adapter_request(self, url: str, name: str, path: str) -> tuple[str, dict[str, Any]]:
+        """(route, body) that makes server `url` serve adapter folder `path` as model `name`: an in-place
+        adapter reload, or a merge into the served weights (after which `name` runs as the base model;
+        the orchestrator's per-policy cache_salt keeps older prefixes apart either way)."""
+        if await self._server_lora_serving(url) == "merged":
+            return MERGE_LORA_PATH, {"lora_name": name, "lora_path": path}
+        return LOAD_LORA_PATH, _load_lora_body(name, path)
+
+    async def _load_adapter(self, url: str, name: str, path: str) -> Any:
+        route, body = await self._load_adapter_request(url, name, path)
+        return await self._post(url, route, body)
+
+    async def _policy_requests(self, url: str) -> list[tuple[str, dict[str, Any]]]:
+        """(route, body) requests that bring fresh server `url` to the current policy, in order."""
         requests: list[tuple[str, dict[str, Any]]] = []
         if self._full_weights_path is not None:
             requests.append((UPDATE_WEIGHTS_PATH, {"path": self._full_weights_path}))
         for name, path in self._adapters.items():
-            requests.append((LOAD_LORA_PATH, _load_lora_body(name, path)))
+            requests.append(await self._load_adapter_request(url, name, path))
         if self._noisy_norms_path is not None:
             requests.append((APPLY_NOISY_NORMS_PATH, {"path": self._noisy_norms_path}))
         return requests
@@ -254,7 +305,7 @@ class InferenceClient:
                 continue
             generation = self._policy_generation
             try:
-                for path, body in self._policy_requests():
+                for path, body in await self._policy_requests(url):
                     await self._post(url, path, body)
             except (TransientServerError, RuntimeError) as error:
                 log.warning("server %s joined but did not take the current policy (%s); retrying", url, error)
@@ -322,9 +373,19 @@ class InferenceClient:
         ]
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve adapter folder `path` as model `name` on every server, each the way it serves LoRA
+        (in-place adapter reload, or merged into its weights: inference lora_serving)."""
         self._adapters[name] = path
         self._policy_generation += 1
-        await self._post_all(LOAD_LORA_PATH, _load_lora_body(name, path))
+        await asyncio.gather(*(self._load_adapter_unless_left(url, name, path) for url in self.base_urls))
+
+    async def _load_adapter_unless_left(self, url: str, name: str, path: str) -> None:
+        try:
+            await self._load_adapter(url, name, path)
+        except TransientServerError as error:
+            if self._pool is None or url in self._pool.urls:
+                raise
+            log.info("skipped loading adapter %s on %s, which left the pool: %s", name, url, error)
 
     async def update_weights(self, path: str) -> None:
         """Load the full weights published in broadcast folder `path`: from its safetensors, or, when

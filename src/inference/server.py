@@ -19,7 +19,7 @@ from typing import Any
 
 from grpo.config.inference import InferenceConfig
 from grpo.inference import vllm_compat
-from grpo.inference.server_args import build_server_args, server_env
+from grpo.inference.server_args import LoraServing, build_server_args, resolve_lora_serving, server_env
 from grpo.utils.logging import get_logger
 from grpo.utils.signals import interrupt_on_sigterm
 
@@ -28,12 +28,23 @@ log = get_logger("inference")
 CHILD_EXIT_GRACE_S = 5.0
 
 
-def prepare_server(cfg: InferenceConfig, model_path: str) -> argparse.Namespace:
-    """Check vLLM, set the engine's environment, and parse the server argv for `cfg`."""
+def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Namespace, LoraServing]:
+    """Check vLLM, set the engine's environment, and parse the server argv for `cfg`; also the
+    LoRA serving mode it runs with."""
     version = vllm_compat.check_vllm_version()
+    lora_serving = resolve_lora_serving(cfg)
     os.environ.update(server_env(cfg))
     log.info("vLLM %s; serving %s from %s", version, cfg.model, model_path)
-    return vllm_compat.parse_server_args(build_server_args(cfg, model_path))
+    if cfg.enable_lora:
+        log.info(
+            "LoRA serving: %s (lora_serving %s)%s",
+            lora_serving,
+            cfg.lora_serving,
+            "; each new adapter is merged into the served weights, requests run as the base model"
+            if lora_serving == "merged"
+            else "; adapters are applied per request by vLLM's LoRA path",
+        )
+    return vllm_compat.parse_server_args(build_server_args(cfg, model_path)), lora_serving
 
 
 def run_server(cfg: InferenceConfig) -> int:
@@ -42,7 +53,7 @@ def run_server(cfg: InferenceConfig) -> int:
 
     resolved = resolve_model(cfg.model)
     log.info(resolved.describe())
-    args = prepare_server(cfg, str(resolved.path))
+    args, lora_serving = prepare_server(cfg, str(resolved.path))
 
     # Until vLLM's server installs its own handlers, SIGTERM interrupts start-up like Ctrl-C.
     interrupt_on_sigterm()
@@ -52,7 +63,7 @@ def run_server(cfg: InferenceConfig) -> int:
 
     exit_code = 0
     try:
-        engine_died = asyncio.run(vllm_compat.serve(args, on_ready=_on_ready))
+        engine_died = asyncio.run(vllm_compat.serve(args, on_ready=_on_ready, lora_serving=lora_serving))
         if engine_died:
             log.error("the inference engine process died; see its traceback above")
             exit_code = 1
@@ -84,6 +95,8 @@ class ServerThread:
         self._signal_handlers: dict[int, Any] = {}
         self._children_before: set[int] = set()
         self.engine_died = False
+        self.lora_serving: LoraServing = "adapter"
+        """How this server takes a new adapter (set by start(): lora_serving with auto decided)."""
 
     @property
     def base_url(self) -> str:
@@ -92,7 +105,7 @@ class ServerThread:
         return f"http://{self.cfg.bind_host}:{self.port}/v1"
 
     def start(self) -> ServerThread:
-        args = prepare_server(self.cfg, self.model_path)
+        args, self.lora_serving = prepare_server(self.cfg, self.model_path)
         self._children_before = {p.pid for p in _children()}
         self.loop = asyncio.new_event_loop()
         self._signal_handlers = vllm_compat.allow_server_in_thread(self.loop)
@@ -104,7 +117,9 @@ class ServerThread:
         assert self.loop is not None
         asyncio.set_event_loop(self.loop)
         try:
-            self.engine_died = self.loop.run_until_complete(vllm_compat.serve(args, on_ready=self._on_ready))
+            self.engine_died = self.loop.run_until_complete(
+                vllm_compat.serve(args, on_ready=self._on_ready, lora_serving=self.lora_serving)
+            )
         except BaseException as error:  # reported to the owner thread by wait_ready/stop
             self._error = error
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from typing import Literal
 
 from grpo.config.inference import InferenceConfig
 from grpo.inference.vllm_compat import KEEP_DENSE_WEIGHTS_ENV, WORKER_EXTENSION_CLS
@@ -15,8 +16,35 @@ from grpo.inference.vllm_compat import KEEP_DENSE_WEIGHTS_ENV, WORKER_EXTENSION_
 DEFAULT_CPU_KV_CACHE_GB = 2
 
 
-def build_server_args(cfg: InferenceConfig, model_path: str) -> list[str]:
-    """vLLM server argv for `cfg`, serving the weights at `model_path` under the name `cfg.model`."""
+LoraServing = Literal["adapter", "merged"]
+
+
+def resolve_lora_serving(cfg: InferenceConfig, on_cpu: bool | None = None) -> LoraServing:
+    """The LoRA serving mode `cfg` runs with on this machine (`lora_serving` with auto decided).
+
+    auto merges on CPU, where vLLM's LoRA path is about 3x slower than the base model
+    (benchmarks/results/inference_cpu-2core_embedded.json), and keeps adapters on GPU, where the
+    LoRA kernels are fast and merging would need a second copy of the base. A quantized or
+    tensor-parallel engine cannot merge exactly, so auto serves adapters there.
+    """
+    if cfg.lora_serving == "adapter":
+        return "adapter"
+    if on_cpu is None:
+        on_cpu = not _cuda_available()
+    if cfg.lora_serving == "merged":
+        if not on_cpu:
+            raise ValueError(
+                "lora_serving merged is implemented for vLLM's CPU backend only (on GPU the served weights "
+                "are the borrowed base); set lora_serving to adapter (or auto) in the inference config"
+            )
+        return "merged"
+    return "merged" if on_cpu and cfg.tp == 1 and cfg.quantization is None else "adapter"
+
+
+def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None = None) -> list[str]:
+    """vLLM server argv for `cfg`, serving the weights at `model_path` under the name `cfg.model`.
+
+    `on_cpu` (None: detect) decides `lora_serving: auto`."""
     if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
         raise ValueError(
             "enable_auto_tool_choice needs tool_call_parser; set tool_call_parser (e.g. 'hermes') "
@@ -44,7 +72,8 @@ def build_server_args(cfg: InferenceConfig, model_path: str) -> list[str]:
         argv.append("--enforce-eager")
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
-    if cfg.enable_lora:
+    # Merged serving needs none of vLLM's LoRA machinery: the engine runs as the base model.
+    if cfg.enable_lora and resolve_lora_serving(cfg, on_cpu) == "adapter":
         argv += [
             "--enable-lora",
             "--max-lora-rank", str(cfg.served_lora_rank),
@@ -76,7 +105,7 @@ def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, st
     if on_cpu is None:
         on_cpu = not _cuda_available()
     env: dict[str, str] = {}
-    if cfg.enable_lora:
+    if cfg.enable_lora and resolve_lora_serving(cfg, on_cpu) == "adapter":
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if on_cpu:
         # vLLM takes whole GiB.

@@ -35,6 +35,15 @@ trainer's collective as `rank` of `world_size` (trainer = rank 0; optional, defa
 receives full weights (docs/multi_node.md), then the prefix cache is reset. 424 with the reason
 when the transfer fails (a missing trainer times out after `timeout` s)."""
 
+MERGE_LORA_ROUTE = "/v1/grpo/merge_lora"
+"""POST {"lora_name", "lora_path"}: merge the PEFT adapter in lora_path into the served weights (from
+the untouched base), reset the prefix cache, and serve `lora_name` as another name of the base
+model (requests naming it run without a LoRA request). 424 with the reason when the merge fails."""
+
+LORA_SERVING_ROUTE = "/v1/grpo/lora_serving"
+"""GET: {"lora_serving": "adapter" | "merged"}, how this server takes a new adapter (404 on a plain
+vLLM server: adapters, through /v1/load_lora_adapter)."""
+
 APPLY_NOISY_NORMS_ROUTE = "/v1/grpo/apply_noisy_norms"
 """POST {"path": safetensors file}: copy QeRL noisy RMSNorm weights into the model."""
 
@@ -115,7 +124,7 @@ def _build_app(args: argparse.Namespace, supported_tasks: Any, model_config: Any
 # Serving
 
 
-def _add_grpo_routes(app: Any) -> None:
+def _add_grpo_routes(app: Any, lora_serving: str) -> None:
     """Weight-update routes; under /v1 so vLLM's API key middleware guards them."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -170,7 +179,31 @@ def _add_grpo_routes(app: Any) -> None:
         await engine.reset_prefix_cache()
         return JSONResponse({"results": results})
 
+    async def merge_lora(request: Request) -> JSONResponse:
+        body = await request.json()
+        if not isinstance(body, dict) or not all(
+            isinstance(body.get(k), str) for k in ("lora_name", "lora_path")
+        ):
+            return JSONResponse(
+                {"error": 'body must be {"lora_name": str, "lora_path": str}'}, status_code=400
+            )
+        engine = request.app.state.engine_client
+        try:
+            results = await engine.collective_rpc("merge_lora_from_path", args=(body["lora_path"],))
+        except Exception as error:  # the reason goes back to the orchestrator instead of a bare 500
+            return JSONResponse({"error": f"{type(error).__name__}: {error}"}, status_code=424)
+        # Cached prefixes were computed with the previous policy.
+        await engine.reset_prefix_cache()
+        serve_name_as_base_model(request.app.state, body["lora_name"])
+        return JSONResponse({"results": results})
+
+    async def get_lora_serving(_request: Request) -> JSONResponse:
+        return JSONResponse({"lora_serving": lora_serving})
+
     app.add_route(UPDATE_WEIGHTS_ROUTE, _route("load_weights_from_path"), methods=["POST"])
+    # Also on an adapter-serving server (benchmarks and tests compare both paths on one engine).
+    app.add_route(MERGE_LORA_ROUTE, merge_lora, methods=["POST"])
+    app.add_route(LORA_SERVING_ROUTE, get_lora_serving, methods=["GET"])
     app.add_route(RECEIVE_WEIGHTS_ROUTE, receive_weights, methods=["POST"])
     app.add_route(APPLY_NOISY_NORMS_ROUTE, _route("apply_noisy_norms"), methods=["POST"])
 
@@ -180,8 +213,12 @@ OnReady = Callable[[Any, int], None]
 (engine_client, bound port). Poll /health to know when requests are answered."""
 
 
-async def serve(args: argparse.Namespace, on_ready: OnReady | None = None) -> bool:
+async def serve(
+    args: argparse.Namespace, on_ready: OnReady | None = None, lora_serving: str = "adapter"
+) -> bool:
     """Run vLLM's OpenAI server until it shuts down; True if the engine died (errored).
+
+    `lora_serving` ("adapter" or "merged") is what LORA_SERVING_ROUTE tells clients.
 
     Mirrors vLLM's run_server/build_and_serve, plus the grpo weight routes, the in-place LoRA
     flag reset, the actual bound port (port 0) and the engine client handed to `on_ready`.
@@ -203,7 +240,7 @@ async def serve(args: argparse.Namespace, on_ready: OnReady | None = None) -> bo
         engine_client = client
         supported_tasks = await engine_client.get_supported_tasks()
         app = _build_app(args, supported_tasks, engine_client.model_config)
-        _add_grpo_routes(app)
+        _add_grpo_routes(app, lora_serving)
         await init_app_state(engine_client, app.state, args, supported_tasks)
         if on_ready is not None:
             on_ready(engine_client, port)
@@ -355,6 +392,23 @@ def _run_engine_core_bound_to_parent(*args: Any, **kwargs: Any) -> Any:
     return original(*args, **kwargs)
 
 
+def serve_name_as_base_model(app_state: Any, name: str) -> None:
+    """Make requests naming `name` run on the base model (the merged policy), without LoRA.
+
+    vLLM resolves a request's model name to a LoRA request first (`lora_requests`), then accepts
+    any of the server's base model names (`base_model_paths`); a stale adapter of that name is
+    dropped so it is not applied on top of the merged weights.
+    """
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+
+    models = app_state.openai_serving_models
+    models.lora_requests.pop(name, None)
+    if not models.is_base_model(name):
+        models.base_model_paths.append(
+            BaseModelPath(name=name, model_path=models.base_model_paths[0].model_path)
+        )
+
+
 def stored_lora_requests(app_state: Any) -> dict[str, Any]:
     """The server's name -> LoRARequest table (for tests and diagnostics)."""
     return dict(app_state.openai_serving_models.lora_requests)
@@ -439,3 +493,53 @@ def repack_cpu_linear_weights(model: torch.nn.Module) -> int:
         dispatch(module, remove_weight=False)
         num_repacked += 1
     return num_repacked
+
+
+def linear_layers(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, list[int]]]:
+    """The CPU-packed linear layers: name (without LoRA's `.base_layer`) -> (layer, output sizes).
+
+    Output sizes are the fused parts' rows ([q, k, v] for qkv_proj, [gate, up] for gate_up_proj),
+    or [out] for an unfused layer (tp 1: a layer holds every row).
+    """
+    layers: dict[str, tuple[torch.nn.Module, list[int]]] = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not hasattr(module, "cpu_linear") or weight is None or weight.ndim != 2:
+            continue
+        sizes = list(getattr(module, "output_sizes", None) or [weight.shape[0]])
+        if sum(sizes) != weight.shape[0]:
+            raise RuntimeError(f"{name}: output sizes {sizes} do not add up to its {weight.shape[0]} rows")
+        layers[name.removesuffix(".base_layer")] = (module, sizes)
+    return layers
+
+
+def pack_cpu_linear_weight(layer: torch.nn.Module, weight: torch.Tensor) -> None:
+    """Make `layer` compute with `weight` (not its own `weight` parameter, which stays untouched).
+
+    The CPU GEMM dispatch builds the kernel (a oneDNN / sgl packed copy) from a layer's `weight`;
+    here it runs on a stand-in holding `weight`, so the dense parameter the co-located trainer
+    borrows is never written. Kernels that read the weight passed at call time (the torch
+    fallback) get `weight` bound, since vLLM passes the layer's own parameter.
+    """
+    import torch
+    from vllm.model_executor.layers import utils
+
+    dispatch = getattr(
+        utils.dispatch_cpu_unquantized_gemm, "_grpo_original", utils.dispatch_cpu_unquantized_gemm
+    )
+    if weight is layer.weight:
+        dispatch(layer, remove_weight=False)
+        return
+    stand_in = torch.nn.Module()
+    stand_in.weight = torch.nn.Parameter(weight, requires_grad=False)
+    stand_in.bias = getattr(layer, "bias", None)  # the sgl kernel casts the (shared) bias once
+    dispatch(stand_in, remove_weight=False)
+    kernel = stand_in.cpu_linear
+    probe = torch.randn(2, weight.shape[1], dtype=weight.dtype)
+    reads_weight_argument = not torch.equal(
+        kernel(probe, weight, None), kernel(probe, torch.zeros_like(weight), None)
+    )
+    if reads_weight_argument:
+        layer.cpu_linear = lambda x, _weight, bias: kernel(x, weight, bias)
+    else:
+        layer.cpu_linear = kernel

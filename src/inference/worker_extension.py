@@ -76,6 +76,37 @@ class WorkerExtension:
         self._grpo_collective_version = version
         return len(tensors)
 
+    def merge_lora_from_path(self, path: str) -> int:
+        """Serve base + the PEFT adapter in folder `path` (lora_serving: merged); returns the layers merged.
+
+        Each merge starts from the dense base weights, which stay untouched (the co-located trainer
+        borrows them): only the CPU kernels' packed copies change. So adapters never accumulate, and
+        a layer the previous adapter changed but this one does not goes back to the base.
+        """
+        from grpo.inference.lora_merge import merge_plan, merged_weight
+
+        layers = vllm_compat.linear_layers(self._grpo_model())
+        plan = merge_plan(path, {name: sizes for name, (_layer, sizes) in layers.items()})
+        previous: set[str] = getattr(self, "_grpo_merged_layers", set())
+        for name in previous - plan.keys():
+            layer = layers[name][0]
+            vllm_compat.pack_cpu_linear_weight(layer, layer.weight)
+        for name, updates in plan.items():
+            layer = layers[name][0]
+            vllm_compat.pack_cpu_linear_weight(layer, merged_weight(layer.weight, updates))
+        self._grpo_merged_layers = set(plan)
+        return len(plan)
+
+    def unmerge_lora(self) -> int:
+        """Serve the base weights again (undo merge_lora_from_path); returns the layers restored."""
+        layers = vllm_compat.linear_layers(self._grpo_model())
+        merged: set[str] = getattr(self, "_grpo_merged_layers", set())
+        for name in merged:
+            layer = layers[name][0]
+            vllm_compat.pack_cpu_linear_weight(layer, layer.weight)
+        self._grpo_merged_layers = set()
+        return len(merged)
+
     def apply_noisy_norms(self, path: str) -> int:
         """QeRL: copy RMSNorm weights from a safetensors file (HF names) into the model."""
         from safetensors.torch import load_file

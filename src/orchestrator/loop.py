@@ -213,13 +213,15 @@ class Orchestrator:
         rollouts = [r for g in groups for r in g.rollouts]
         rewards = np.array([g.rewards for g in groups], dtype=np.float64)
         lengths = np.array([[r.num_model_tokens for r in g.rollouts] for g in groups], dtype=np.float64)
-        advantages = compute_advantages(self.cfg.advantage, rewards, lengths)
+        scored = np.array([g.scored for g in groups], dtype=bool)
+        advantages = compute_advantages(self.cfg.advantage, rewards, lengths, scored)
         for group, row in zip(groups, advantages, strict=True):
             for rollout, adv in zip(group.rollouts, row, strict=True):
                 rollout.advantage = float(adv)
         stats.update(apply_filters(rollouts, self.cfg.filters, self.vocab_size))
-        rows, pack = pack_rollouts(rollouts, self.cfg.seq_len)
+        rows, pack = pack_rollouts(rollouts, self.cfg.seq_len, share_prefixes=self.cfg.shared_prefix)
         stats["packing/efficiency"] = pack.efficiency
+        stats["packing/shared_frac"] = 1.0 - pack.num_tokens / max(pack.num_sample_tokens, 1)
         stats["packing/num_rows"] = pack.num_rows
         stats["packing/num_truncated"] = pack.num_truncated
         stats["advantage/mean"] = float(advantages.mean())
@@ -228,7 +230,8 @@ class Orchestrator:
         return batch, rollouts
 
     def _rollout_metrics(self, step: int, groups: list[Group], rollouts: list[Rollout]) -> dict[str, float]:
-        rewards = [r.reward for r in rollouts]
+        # Failed rollouts have no reward (they are masked): they are counted, not averaged in.
+        rewards = [r.reward for r in rollouts if r.failure is None] or [0.0]
         lengths = [r.num_model_tokens for r in rollouts]
         metrics: dict[str, float] = {
             "reward/mean": statistics.fmean(rewards),
@@ -238,13 +241,14 @@ class Orchestrator:
             "completion_len/max": max(lengths),
             "truncated/frac": sum(r.truncated for r in rollouts) / len(rollouts),
             "failed/num_rollouts": sum(r.failure is not None for r in rollouts),
+            "failed/frac": sum(r.failure is not None for r in rollouts) / len(rollouts),
             "masked/num_rollouts": sum(r.masked for r in rollouts),
             "off_policy/mean_lag": statistics.fmean(step - r.start_version for r in rollouts),
             "off_policy/max_lag": max(step - r.start_version for r in rollouts),
             "policy/version": self.policy.version,
         }
         for env in self.envs:
-            env_rewards = [r.reward for r in rollouts if r.env_name == env.name]
+            env_rewards = [r.reward for r in rollouts if r.env_name == env.name and r.failure is None]
             if env_rewards:
                 metrics[f"reward/{env.name}"] = statistics.fmean(env_rewards)
         return metrics

@@ -4,7 +4,11 @@ Each sample is prompt ids + completion ids; loss_mask is True only on model-gene
 tokens (and False for rollouts a filter masked). Samples longer than seq_len are truncated on the
 right and counted.
 
-Rows are filled by first-fit decreasing: samples sorted longest first, each placed in the first row
+With `share_prefixes`, samples that begin with the same tokens (the rollouts of a group, which
+repeat their prompt) are first merged into prefix trees (grpo.orchestrator.prefix_tree), each tree
+one item; otherwise every sample is an item of its own.
+
+Rows are filled by first-fit decreasing: items sorted longest first, each placed in the first row
 with room for it, a new row opened when none has. This is within 11/9 of the optimal row count and
 keeps rows dense, so the trainer's compute goes to real tokens. Rows are not padded to seq_len: the
 trainer handles ragged rows (padding would only add wasted compute).
@@ -17,14 +21,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo.orchestrator.prefix_tree import build_prefix_trees
 from grpo.orchestrator.types import Rollout
-from grpo.transport.batch import PackedRow
+from grpo.transport.batch import PackedRow, concat_parent_ids, plain_parent_ids
 
 
 @dataclass
 class PackStats:
     num_rows: int
     num_tokens: int
+    """Tokens stored in the rows (a shared prefix counts once)."""
+    num_sample_tokens: int
+    """Tokens of the samples as plain packing would store them (every prompt repeated)."""
     num_truncated: int
     efficiency: float
     """Real tokens / (num_rows * seq_len)."""
@@ -56,16 +64,23 @@ def _sample_arrays(rollout: Rollout, seq_len: int, with_teacher: bool) -> dict[s
     return arrays
 
 
-def pack_rollouts(rollouts: Sequence[Rollout], seq_len: int) -> tuple[list[PackedRow], PackStats]:
+def pack_rollouts(
+    rollouts: Sequence[Rollout], seq_len: int, share_prefixes: bool
+) -> tuple[list[PackedRow], PackStats]:
     """Rows holding every rollout exactly once (first-fit decreasing), and packing statistics."""
     with_teacher = any(r.teacher_logprobs is not None for r in rollouts)
     samples = [_sample_arrays(r, seq_len, with_teacher) for r in rollouts]
+    num_sample_tokens = sum(len(s["input_ids"]) for s in samples)
     num_truncated = sum(len(r.prompt_ids) + len(r.completion_ids) > seq_len for r in rollouts)
-    order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["input_ids"]))
+    if share_prefixes:
+        items = build_prefix_trees(samples, seq_len)
+    else:
+        items = [{**s, "parent_ids": plain_parent_ids(s["position_ids"])} for s in samples]
+    order = sorted(range(len(items)), key=lambda i: -len(items[i]["input_ids"]))
     bins: list[list[int]] = []
     free: list[int] = []
     for i in order:
-        size = len(samples[i]["input_ids"])
+        size = len(items[i]["input_ids"])
         for b, room in enumerate(free):
             if room >= size:
                 bins[b].append(i)
@@ -76,8 +91,9 @@ def pack_rollouts(rollouts: Sequence[Rollout], seq_len: int) -> tuple[list[Packe
             free.append(seq_len - size)
     rows = []
     for members in bins:
-        fields = {name: np.concatenate([samples[i][name] for i in members]) for name in samples[members[0]]}
+        fields = {name: np.concatenate([items[i][name] for i in members]) for name in items[members[0]]}
+        fields["parent_ids"] = concat_parent_ids([items[i]["parent_ids"] for i in members])
         rows.append(PackedRow(**fields))
     num_tokens = sum(r.num_tokens for r in rows)
     efficiency = num_tokens / (len(rows) * seq_len) if rows else 0.0
-    return rows, PackStats(len(rows), num_tokens, num_truncated, efficiency)
+    return rows, PackStats(len(rows), num_tokens, num_sample_tokens, num_truncated, efficiency)

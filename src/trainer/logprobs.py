@@ -1,4 +1,8 @@
-"""Log-probabilities of the actual next tokens, chunked over tokens.
+"""Log-probabilities of the actual next tokens, only where they are used, chunked over tokens.
+
+The lm_head and its full-vocabulary softmax are most of the cost past the decoder, so they run only
+on the hidden states that predict a token someone needs: a training step passes its loss tokens
+(completion tokens; prompts and environment tokens are skipped), scoring a row passes every token.
 
 The float32 logits of a packed row are [tokens x vocab] (2048 x 49152 x 4 bytes = 400 MB for
 SmolLM2), and autograd would keep them, their log_softmax and their gradient alive at once. Here
@@ -65,18 +69,23 @@ def token_logprobs(
     return torch.cat(logprob_chunks), torch.cat(entropy_chunks)
 
 
-def next_token_logprobs(
+def every_token_logprobs(
     hidden: torch.Tensor,
     lm_head: nn.Module,
     input_ids: torch.Tensor,
+    parent_ids: torch.Tensor,
     temperatures: torch.Tensor,
     chunk_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [T, H], input_ids [T], temperatures [T] -> (logprobs [T], entropy [T]) aligned with
-    input_ids: entry t is log p(input_ids[t] | tokens before t); entry 0 has no prediction and is 0.
-    """
+) -> torch.Tensor:
+    """hidden [T, H], input_ids [T], parent_ids [T], temperatures [T] -> logprobs [T] aligned with
+    input_ids: entry t is log p(input_ids[t] | t's ancestors), predicted from its parent's hidden
+    state; 0 where a sequence starts (nothing predicts it). For scoring whole rows; a training step
+    computes only its loss tokens (grpo.trainer.packing.LossTokens)."""
     import torch
 
-    lp, ent = token_logprobs(hidden[:-1], lm_head, input_ids[1:], temperatures[1:], chunk_size)
-    zero = torch.zeros(1, dtype=lp.dtype, device=lp.device)
-    return torch.cat([zero, lp]), torch.cat([zero, ent])
+    predicted = (parent_ids >= 0).nonzero().squeeze(-1)
+    lp, _ = token_logprobs(
+        hidden[parent_ids[predicted]], lm_head, input_ids[predicted], temperatures[predicted], chunk_size
+    )
+    out = torch.zeros(input_ids.shape[0], dtype=lp.dtype, device=lp.device)
+    return out.index_copy(0, predicted, lp)

@@ -63,15 +63,6 @@ class LossSums:
         return out
 
 
-def sample_ids_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
-    """[T] position ids restarting at 0 per sample -> [T] sample index (0, 0, 1, 1, 1, ...)."""
-    import torch
-
-    starts = (position_ids == 0).long()
-    starts[0] = 1  # a row always starts a sample, even if its first position is not 0
-    return torch.cumsum(starts, dim=0) - 1
-
-
 def keep_mask(
     log_ratio: torch.Tensor, loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossConfig
 ) -> torch.Tensor:
@@ -80,7 +71,7 @@ def keep_mask(
 
     ratio = torch.exp(log_ratio)
     keep = loss_mask & (ratio >= cfg.token_mask_low) & (ratio <= cfg.token_mask_high)
-    num_samples = int(sample_ids.max().item()) + 1
+    num_samples = int(sample_ids.max().item()) + 1 if sample_ids.numel() else 0
     masked_lr = torch.where(loss_mask, log_ratio, torch.zeros_like(log_ratio))
     count = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(
         0, sample_ids, loss_mask.to(log_ratio.dtype)
@@ -108,7 +99,7 @@ def importance_ratio(
 
     if cfg.ratio_type == "token":
         return torch.exp(log_ratio)
-    num_samples = int(sample_ids.max().item()) + 1
+    num_samples = int(sample_ids.max().item()) + 1 if sample_ids.numel() else 0
     weights = loss_mask.to(log_ratio.dtype)
     count = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(0, sample_ids, weights)
     total = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(0, sample_ids, log_ratio * weights)
@@ -121,15 +112,17 @@ def grpo_loss(
     inference_lp: torch.Tensor,
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
-    position_ids: torch.Tensor,
+    sample_ids: torch.Tensor,
     cfg: LossConfig,
     loss_scale: int,
     teacher_lp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossSums]:
-    """Loss of one packed row or micro-batch, all tensors [T] (flattened); returns (loss, sums).
+    """Loss of one micro-batch's tokens, all tensors [T]; returns (loss, sums).
 
-    Only `trainer_lp` may carry a gradient; inference and teacher logprobs are treated as data.
+    `sample_ids` says which sample each token belongs to (any integers >= 0; the sequence masks and
+    ratios group by it). Only `trainer_lp` may carry a gradient; inference and teacher logprobs are
+    treated as data.
     """
     import torch
 
@@ -140,7 +133,6 @@ def grpo_loss(
         )
     assert loss_scale > 0, "loss_scale must count the loss tokens of the whole step"
     loss_mask = loss_mask.bool()
-    sample_ids = sample_ids_from_positions(position_ids)
     inference_lp = inference_lp.detach().to(trainer_lp.dtype)
     lp = trainer_lp.detach()
     log_ratio = torch.where(loss_mask, lp - inference_lp, torch.zeros_like(lp))
@@ -152,7 +144,10 @@ def grpo_loss(
             signal = signal + cfg.teacher_tau * (teacher_lp - lp)
         coeff = ratio * signal
         keep = keep_mask(log_ratio, loss_mask, sample_ids, cfg)
-    loss = -(coeff * trainer_lp * keep.to(lp.dtype)).sum() / loss_scale
+        # `where`, not a multiplication by keep: a dropped token's coeff may be inf (its ratio
+        # overflowed), and inf * 0 would make the loss and every gradient NaN.
+        coeff = torch.where(keep, coeff, torch.zeros_like(coeff))
+    loss = -(coeff * trainer_lp).sum() / loss_scale
 
     with torch.no_grad():
         token_ratio = torch.exp(log_ratio)

@@ -1,9 +1,12 @@
 """Build the policy: an HF causal LM, with LoRA (peft), QLoRA NF4 (bitsandbytes) or FP8, or full training.
 
 Precision: base weights in bf16 where the hardware runs bf16 matmuls natively (CUDA with bf16,
-or a CPU with AVX512-BF16/AMX that oneDNN uses), else fp32. Trainable parameters are always fp32:
-LoRA adapters are upcast by peft, and full training keeps fp32 weights and runs the forward under
-bf16 autocast. One code path for CPU and CUDA.
+or a CPU with AVX512-BF16/AMX that oneDNN uses), else fp32. Trainable parameters are always fp32
+(bf16 Adam updates would round away), and the trainer's bf16 forward (`Policy.hidden_states`)
+runs under autocast: the small fp32 weights are cast to bf16 for each matmul and activations stay
+bf16. There peft's own casting of every LoRA layer's input to fp32 is turned off, because it copies
+each activation to fp32 and back (about a fifth of a CPU step) where autocast casts only the r x d
+adapter matrices. One code path for CPU and CUDA.
 
 qlora_fp8 (and FP8 weights borrowed from the engine) keep the decoder linears as FP8 codes +
 128x128 block scales and dequantize them per matmul (grpo.trainer.quantized_base): weight-only,
@@ -39,7 +42,7 @@ class Policy:
     dtype: torch.dtype
     """Base weight dtype."""
     autocast_dtype: torch.dtype | None
-    """Set for full training in bf16: fp32 weights, bf16 compute."""
+    """Set when the forward computes in bf16/fp16 with fp32 trainable weights (LoRA or full)."""
     is_lora: bool
 
     @property
@@ -61,31 +64,39 @@ class Policy:
 
         import torch
 
-        autocast = (
-            torch.autocast(self.device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
+        precision = contextlib.ExitStack()
+        if self.autocast_dtype is not None:
+            precision.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
+            if self.is_lora:
+                from peft.helpers import disable_input_dtype_casting
+
+                precision.enter_context(disable_input_dtype_casting(self.model))
         decoder = self.causal_lm.get_decoder()
-        with autocast:
-            if batch.attention_masks is None:
+        with precision:
+            if batch.forwards is None:
                 out = decoder(
                     input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False
                 )
                 return out.last_hidden_state[0]
-            hidden_per_row = []
-            start = 0
-            for num_tokens, mask in zip(batch.row_lengths, batch.attention_masks, strict=True):
-                end = start + num_tokens
-                out = decoder(
-                    input_ids=batch.input_ids[None, start:end],
-                    position_ids=batch.position_ids[None, start:end],
-                    attention_mask=mask,
-                    use_cache=False,
+            if self.uses_varlen_attention:
+                raise ValueError(
+                    "shared-prefix rows need attention that takes a mask (sdpa or eager), but the "
+                    "trainer's model uses flash attention; set shared_prefix: false in orch.yaml"
                 )
-                hidden_per_row.append(out.last_hidden_state[0])
-                start = end
-        return torch.cat(hidden_per_row)
+            parts, tokens = [], []
+            for forward in batch.forwards:
+                out = decoder(
+                    input_ids=forward.input_ids,
+                    position_ids=forward.position_ids,
+                    attention_mask=forward.attention_mask,
+                    use_cache=False,
+                ).last_hidden_state  # [B, L, H]
+                parts.append(out.reshape(-1, out.shape[-1])[forward.slots])
+                tokens.append(forward.tokens)
+        # Back to micro-batch order: position k of the concatenation holds token order[k].
+        order = torch.cat(tokens)
+        hidden = torch.cat(parts)
+        return hidden[torch.argsort(order)]
 
 
 def resolve_device(cfg: TrainerConfig) -> torch.device:
@@ -226,7 +237,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         torch.manual_seed(cfg.seed)  # LoRA A init
         model = get_peft_model(causal_lm, lora_cfg, autocast_adapter_dtype=True)
     model.train()
-    autocast_dtype = dtype if (not cfg.lora and dtype != torch.float32) else None
+    autocast_dtype = dtype if dtype != torch.float32 else None
     policy = Policy(model, causal_lm, device, dtype, autocast_dtype, cfg.lora)
     num_trainable = sum(p.numel() for p in policy.trainable_parameters())
     log.info(

@@ -15,12 +15,16 @@ order: train_step, score, publish (rank 0 writes), save_checkpoint (rank 0 write
 Metrics (one JSON object per step in trainer_metrics.jsonl): kl, masked, tokens, loss, entropy,
 teacher_kl (see grpo.trainer.loss), grad_norm (before clipping, see grpo.trainer.optim), lr (used by
 this step), step_time (seconds of compute), wait_time (seconds blocked on the batch), tokens_per_s
-(all tokens forwarded, prompt included, per second of step_time).
+(all tokens forwarded, prompt included, per second of step_time), sequence_tokens_per_s (the same
+with every sequence counted whole, as if no prefix were shared: the rate plain packing would need to
+match), skipped_steps (steps so far whose gradient norm was not finite and were not applied).
 """
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +40,7 @@ from grpo.utils.logging import get_logger
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.model import Policy
+    from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
     from grpo.transport.batch import PackedRow
 
@@ -81,6 +86,8 @@ class Trainer:
         self.scheduler = build_scheduler(cfg, self.optimizer)
         self.num_steps_done = 0
         """Optimizer steps taken = the version of the current policy."""
+        self.num_skipped_steps = 0
+        """Steps whose gradient was not finite and was dropped (the weights stayed as they were)."""
         self._metrics = JsonlWriter(self.run_dir / METRICS_FILE) if self.is_main else None
         self._wandb: Any = None
         if cfg.report_to is not None and self.is_main:
@@ -120,7 +127,7 @@ class Trainer:
 
         varlen = self.policy.uses_varlen_attention
         return [
-            build_micro_batch(group, self.policy.device, varlen)
+            build_micro_batch(group, self.policy.device, varlen, one_forward=self._sharded)
             for group in split_micro_batches(rows, self.cfg.per_device_train_batch_size)
         ]
 
@@ -168,23 +175,25 @@ class Trainer:
     def _score_rows(self, rows: list[PackedRow]) -> list[np.ndarray]:
         import torch
 
-        from grpo.trainer.logprobs import next_token_logprobs
+        from grpo.trainer.logprobs import every_token_logprobs
 
         out = []
         with torch.no_grad():
             for row in rows:
                 (mb,) = self._micro_batches([row])
                 hidden = self.policy.hidden_states(mb)
-                lp, _ = next_token_logprobs(
-                    hidden, self.policy.lm_head, mb.input_ids, mb.temperatures, self.cfg.logprob_chunk_size
+                lp = every_token_logprobs(
+                    hidden,
+                    self.policy.lm_head,
+                    mb.input_ids,
+                    mb.parent_ids,
+                    mb.temperatures,
+                    self.cfg.logprob_chunk_size,
                 )
                 out.append(lp.float().cpu().numpy())
         return out
 
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
-        from grpo.trainer.logprobs import next_token_logprobs
-        from grpo.trainer.optim import clip_gradients
-
         batch.validate()
         started = time.perf_counter()
         loss_scale = batch.num_loss_tokens
@@ -193,44 +202,51 @@ class Trainer:
         lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.zero_grad(set_to_none=True)
         totals = LossSums()
-        num_tokens = 0
+        num_tokens = num_sequence_tokens = 0
         micro_batches = self._micro_batches(self._local_rows(batch.rows))
         for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
             group_loss = None
             for mb in group:
-                hidden = self.policy.hidden_states(mb)
-                lp, entropy = next_token_logprobs(
-                    hidden, self.policy.lm_head, mb.input_ids, mb.temperatures, self.cfg.logprob_chunk_size
-                )
-                loss, sums = grpo_loss(
-                    lp,
-                    mb.inference_logprobs,
-                    mb.advantages,
-                    mb.loss_mask,
-                    mb.position_ids,
-                    self.cfg.loss,
-                    max(loss_scale, 1),
-                    teacher_lp=mb.teacher_logprobs,
-                    entropy=entropy,
-                )
+                loss, sums = self._micro_batch_loss(mb, max(loss_scale, 1))
                 # Under FSDP every rank must join every backward, even with no loss tokens (zero loss).
                 if sums.num_loss_tokens > 0 or self._sharded:
                     group_loss = loss if group_loss is None else group_loss + loss
                 totals.add(sums)
                 num_tokens += mb.num_tokens
+                num_sequence_tokens += mb.num_sequence_tokens
             if group_loss is not None:
                 group_loss.backward()
         if self.dist is not None:
-            totals, num_tokens = self._sum_over_ranks(totals, num_tokens)
+            totals, num_tokens, num_sequence_tokens = self._sum_over_ranks(
+                totals, num_tokens, num_sequence_tokens
+            )
         if self._sharded:
             from grpo.trainer.distributed import clip_mixed_gradients
 
             assert self.dist is not None
             grad_norm = clip_mixed_gradients(self.params, self.cfg.max_grad_norm, self.dist)
         else:
+            from grpo.trainer.optim import clip_gradients
+
             grad_norm = clip_gradients(self.params, self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        # One non-finite gradient would reach every weight through Adam's moments and be published
+        # and checkpointed; such a step keeps the weights (and the optimizer state) as they were.
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.num_skipped_steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            log.warning(
+                "step %d: gradient norm is %s; the update is skipped (%d skipped so far), the policy stays as it was",
+                batch.step,
+                grad_norm,
+                self.num_skipped_steps,
+            )
+        else:
+            self.optimizer.step()
+        with warnings.catch_warnings():
+            # The schedule advances on a skipped step too; torch warns when no optimizer step came first.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            self.scheduler.step()
         self.num_steps_done += 1
         step_time = time.perf_counter() - started
         metrics = {
@@ -240,6 +256,8 @@ class Trainer:
             "step_time": step_time,
             "wait_time": wait_time,
             "tokens_per_s": num_tokens / max(step_time, 1e-9),
+            "sequence_tokens_per_s": num_sequence_tokens / max(step_time, 1e-9),
+            "skipped_steps": float(self.num_skipped_steps),
         }
         if self._metrics is None:
             return metrics
@@ -259,7 +277,39 @@ class Trainer:
             )
         return metrics
 
-    def _sum_over_ranks(self, totals: LossSums, num_tokens: int) -> tuple[LossSums, int]:
+    def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
+        """Forward one micro-batch; logits only at the hidden states that predict its loss tokens."""
+        import torch
+
+        from grpo.trainer.logprobs import token_logprobs
+
+        hidden = self.policy.hidden_states(mb)
+        tokens = mb.loss
+        if tokens.targets.numel() == 0:
+            # A zero that still depends on every weight the forward used (FSDP's collectives need it).
+            return hidden.sum() * 0.0, LossSums()
+        lp, entropy = token_logprobs(
+            hidden[tokens.predicted_from],
+            self.policy.lm_head,
+            tokens.targets,
+            tokens.temperatures,
+            self.cfg.logprob_chunk_size,
+        )
+        return grpo_loss(
+            lp,
+            tokens.inference_logprobs,
+            tokens.advantages,
+            torch.ones_like(tokens.targets, dtype=torch.bool),
+            tokens.sequence_ids,
+            self.cfg.loss,
+            loss_scale,
+            teacher_lp=tokens.teacher_logprobs,
+            entropy=entropy,
+        )
+
+    def _sum_over_ranks(
+        self, totals: LossSums, num_tokens: int, num_sequence_tokens: int
+    ) -> tuple[LossSums, int, int]:
         from grpo.trainer.distributed import sum_floats, sum_gradients
 
         assert self.dist is not None
@@ -273,6 +323,7 @@ class Trainer:
             totals.teacher_kl_sum,
             float(totals.has_teacher),
             num_tokens,
+            num_sequence_tokens,
         ]
         summed = sum_floats(values, self.dist)
         merged = LossSums(
@@ -284,7 +335,7 @@ class Trainer:
             teacher_kl_sum=summed[5],
             has_teacher=summed[6] > 0,
         )
-        return merged, round(summed[7])
+        return merged, round(summed[7]), round(summed[8])
 
     def publish(self, version: int, over_collective: bool = False) -> Path | None:
         """Publish policy `version` to broadcasts/step_{version}/ (or, `over_collective`, announce it

@@ -8,12 +8,17 @@ tokens. Per-token arrays are aligned with `input_ids`: entry t describes token t
 - `advantages[t]` is the advantage of the sample token t belongs to (0 outside the loss).
 - `temperatures[t]` is the sampling temperature that produced token t (1.0 outside the loss);
   the trainer divides the logits predicting token t by it.
-- `position_ids` restart at 0 at every sample; a new sample starts wherever position_ids == 0, so
-  attention stays within a sample.
+- `position_ids[t]` is token t's position in its own sequence (its depth in the row's tree).
+- `parent_ids[t]` is the row index of the token that precedes token t in its sequence, -1 where a
+  sequence starts. Token t attends to itself and its chain of parents, nothing else, and its
+  logprob is predicted from its parent's hidden state. Plain packing puts samples one after
+  another (parent t - 1, -1 at each sample start); shared-prefix packing stores a group's common
+  prompt once and hangs every completion from its last token, so the rows form a prefix tree
+  (docs/design.md, "Shared-prefix packing"). Parents always come before their children.
 - `teacher_logprobs[t]` (optional) is the teacher's logprob of token t.
 
-The trainer predicts token t from the logits at t - 1, so the first token of every sample never
-carries loss (it is a prompt token anyway).
+The trainer predicts token t from the logits at its parent, so the first token of every sequence
+never carries loss (it is a prompt token anyway).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ ROW_FIELDS: dict[str, type] = {
     "advantages": np.float32,
     "inference_logprobs": np.float32,
     "temperatures": np.float32,
+    "parent_ids": np.int32,
 }
 OPTIONAL_ROW_FIELDS: dict[str, type] = {"teacher_logprobs": np.float32}
 
@@ -44,6 +50,7 @@ class PackedRow:
     advantages: np.ndarray
     inference_logprobs: np.ndarray
     temperatures: np.ndarray
+    parent_ids: np.ndarray
     teacher_logprobs: np.ndarray | None = None
 
     @property
@@ -54,13 +61,12 @@ class PackedRow:
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
-    def sample_lengths(self) -> list[int]:
-        """Lengths of the samples packed in this row, from the position_ids restarts."""
-        starts = np.flatnonzero(self.position_ids == 0).tolist()
-        if not starts or starts[0] != 0:
-            starts = [0, *starts]
-        ends = [*starts[1:], self.num_tokens]
-        return [e - s for s, e in zip(starts, ends, strict=True)]
+    def sequence_lengths(self) -> list[int]:
+        """Token count of every sequence ending in this row (one per leaf of its tree), as it
+        would be unshared: a sequence's length is its last token's position + 1."""
+        has_child: np.ndarray = np.zeros(self.num_tokens, np.bool_)
+        has_child[self.parent_ids[self.parent_ids >= 0]] = True
+        return (self.position_ids[~has_child] + 1).tolist()
 
     def validate(self) -> None:
         """Raise ValueError if arrays disagree in length or dtype."""
@@ -73,6 +79,36 @@ class PackedRow:
                 raise ValueError(f"row field {name} has shape {arr.shape}, expected ({n},)")
             if arr.dtype != np.dtype(dtype):
                 raise ValueError(f"row field {name} has dtype {arr.dtype}, expected {np.dtype(dtype)}")
+        check_tree(self.parent_ids, self.position_ids)
+
+
+def plain_parent_ids(position_ids: np.ndarray) -> np.ndarray:
+    """parent_ids of samples packed one after another ([N] position ids restarting at 0 per sample)."""
+    parents: np.ndarray = np.arange(-1, position_ids.shape[0] - 1, dtype=np.int32)
+    parents[position_ids == 0] = -1
+    return parents
+
+
+def concat_parent_ids(parent_ids: list[np.ndarray]) -> np.ndarray:
+    """parent_ids of consecutive token runs (each indexed from its own start) as one array indexed
+    from the start of the first run."""
+    offsets = np.cumsum([0] + [p.shape[0] for p in parent_ids[:-1]])
+    shifted = [np.where(p < 0, -1, p + off) for p, off in zip(parent_ids, offsets, strict=True)]
+    return np.concatenate(shifted).astype(np.int32)
+
+
+def check_tree(parent_ids: np.ndarray, position_ids: np.ndarray) -> None:
+    """Raise ValueError unless every parent comes before its child and each child sits one position
+    deeper (sequence starts at position 0): the attention mask and the logprob alignment rely on it."""
+    index = np.arange(parent_ids.shape[0])
+    roots = parent_ids < 0
+    if np.any(parent_ids[~roots] >= index[~roots]) or np.any(parent_ids < -1):
+        raise ValueError("row parent_ids must be -1 or the index of an earlier token")
+    depth = np.where(roots, 0, position_ids[np.maximum(parent_ids, 0)] + 1)
+    if not np.array_equal(depth, position_ids):
+        raise ValueError(
+            "row position_ids must be 0 at a sequence start and the parent's position + 1 elsewhere"
+        )
 
 
 @dataclass

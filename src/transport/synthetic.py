@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo.transport.batch import PackedRow, TrainingBatch
+from grpo.transport.batch import PackedRow, TrainingBatch, plain_parent_ids
 
 
 def synthetic_batch(
@@ -30,6 +30,7 @@ def synthetic_batch(
             PackedRow(
                 input_ids=rng.integers(0, 50_000, num_tokens, dtype=np.int32),
                 position_ids=position_ids,
+                parent_ids=plain_parent_ids(position_ids),
                 loss_mask=loss_mask,
                 advantages=np.where(loss_mask, rng.standard_normal(num_tokens), 0).astype(np.float32),
                 inference_logprobs=np.where(loss_mask, -rng.random(num_tokens), 0).astype(np.float32),

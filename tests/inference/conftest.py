@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,14 +24,33 @@ def tiny_inference_config(port: int = 0, **overrides: object) -> InferenceConfig
         max_lora_rank=8,
         max_loras=2,
         max_num_seqs=32,
+        # vLLM's LoRA path (auto would merge on CPU): the shared server tests adapters, and the merge
+        # route works on it too, so one engine compares both (test_lora_merge.py).
+        lora_serving="adapter",
     )
     fields.update(overrides)
     return InferenceConfig.model_validate(fields)
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model_path: Path) -> Iterator[ServerThread]:
-    """ServerThread serving the tiny model under the name "tiny", LoRA enabled."""
+def shm_records_to_release() -> Iterator[list[dict[str, Any]]]:
+    """Weight records whose /dev/shm names go once the session's server has stopped.
+
+    Once released, a name is gone for good: a later export of the same storage names a missing
+    file. So a test that exports from the shared server leaves the release to this fixture (torn
+    down after `vllm_server`, which depends on it), not to itself."""
+    records: list[dict[str, Any]] = []
+    yield records
+    from grpo.inference.weight_handles import release_shared_names
+
+    release_shared_names(records)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    tiny_model_path: Path, shm_records_to_release: list[dict[str, Any]]
+) -> Iterator[ServerThread]:
+    """ServerThread serving the tiny model under the name "tiny", LoRA enabled (adapter serving)."""
     server = ServerThread(tiny_inference_config(), str(tiny_model_path)).start()
     try:
         server.wait_ready(timeout=300)

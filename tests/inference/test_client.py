@@ -158,6 +158,8 @@ def test_adapter_load_goes_to_every_server_in_place_with_the_api_key(monkeypatch
     seen: list[tuple[str, str, dict[str, object], str | None]] = []
 
     def handler(req: httpx.Request) -> httpx.Response:
+        if req.method == "GET":  # a plain vLLM server has no lora_serving route: it serves adapters
+            return httpx.Response(404)
         seen.append((req.url.host, req.url.path, json.loads(req.content), req.headers.get("authorization")))
         return httpx.Response(200, text="Success")
 
@@ -168,6 +170,30 @@ def test_adapter_load_goes_to_every_server_in_place_with_the_api_key(monkeypatch
         assert path == "/v1/load_lora_adapter"
         assert body == {"lora_name": "policy", "lora_path": "/run/broadcasts/step_1", "load_inplace": True}
         assert auth == "Bearer secret"
+
+
+def test_each_server_takes_the_adapter_the_way_it_serves_lora() -> None:
+    """A merging server gets the merge route (asked once), an adapter server the in-place reload."""
+    seen: list[tuple[str, str, str]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append((req.url.host, req.method, req.url.path))
+        if req.url.path == "/v1/grpo/lora_serving":
+            return httpx.Response(200, json={"lora_serving": "merged" if req.url.host == "a" else "adapter"})
+        body = json.loads(req.content)
+        if req.url.path == "/v1/grpo/merge_lora":
+            assert body == {"lora_name": "policy", "lora_path": "/run/broadcasts/step_1"}
+        return httpx.Response(200, json={"results": [1]})
+
+    client = make_client(handler)
+    asyncio.run(client.load_lora_adapter("policy", "/run/broadcasts/step_1"))
+    asyncio.run(client.load_lora_adapter("policy", "/run/broadcasts/step_1"))
+    assert Counter(seen) == {
+        ("a", "GET", "/v1/grpo/lora_serving"): 1,
+        ("a", "POST", "/v1/grpo/merge_lora"): 2,
+        ("b", "GET", "/v1/grpo/lora_serving"): 1,
+        ("b", "POST", "/v1/load_lora_adapter"): 2,
+    }
 
 
 def test_prompt_logprobs_pick_each_prompt_tokens_own_logprob() -> None:
@@ -192,3 +218,18 @@ def test_elastic_pool_and_a_fixed_server_list_are_not_mixed() -> None:
 
     with pytest.raises(ValueError, match=r"base_url and client\.elastic are both set"):
         InferenceClient(ClientConfig(base_url=URLS, elastic=ElasticConfig(hostname="pool.internal")))
+
+
+def test_asking_how_a_server_serves_lora_is_retried_on_transient_errors() -> None:
+    answers = iter([httpx.Response(503), httpx.Response(200, json={"lora_serving": "merged"})])
+    posted: list[str] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.method == "GET":
+            return next(answers)
+        posted.append(req.url.path)
+        return httpx.Response(200, json={"results": [1]})
+
+    client = make_client(handler, base_url=URLS[:1])
+    asyncio.run(client.load_lora_adapter("policy", "/run/broadcasts/step_1"))
+    assert posted == ["/v1/grpo/merge_lora"]

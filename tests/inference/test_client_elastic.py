@@ -42,11 +42,17 @@ def completion_body() -> dict[str, object]:
 
 
 def models_or(
-    handler: Callable[[httpx.Request], httpx.Response],
+    handler: Callable[[httpx.Request], httpx.Response], lora_serving: str | None = None
 ) -> Callable[[httpx.Request], httpx.Response]:
+    """`handler` behind /models (serving "tiny") and /grpo/lora_serving (404 when None: plain vLLM)."""
+
     def serve(req: httpx.Request) -> httpx.Response:
         if req.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        if req.url.path == "/v1/grpo/lora_serving":
+            if lora_serving is None:
+                return httpx.Response(404)
+            return httpx.Response(200, json={"lora_serving": lora_serving})
         return handler(req)
 
     return serve
@@ -68,19 +74,22 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_a_joining_server_gets_the_current_adapter_before_its_first_completion() -> None:
+@pytest.mark.parametrize("lora_serving", [None, "merged"])
+def test_a_joining_server_gets_the_current_adapter_before_its_first_completion(
+    lora_serving: str | None,
+) -> None:
     seen: list[tuple[str, str, dict[str, object]]] = []
 
     def handler(req: httpx.Request) -> httpx.Response:
         seen.append((req.url.host, req.url.path, json.loads(req.content)))
-        if req.url.path == "/v1/load_lora_adapter":
+        if req.url.path in ("/v1/load_lora_adapter", "/v1/grpo/merge_lora"):
             return httpx.Response(200, text="Success")
         return httpx.Response(200, json=completion_body())
 
     dns = FakeDns(A)
 
     async def scenario() -> dict[str, int]:
-        client = make_client(dns, models_or(handler))
+        client = make_client(dns, models_or(handler, lora_serving))
         await client.wait_until_ready(timeout=5, model="tiny")
         await client.load_lora_adapter("policy", "/run/broadcasts/step_2")
         dns.addresses.append(B)
@@ -93,8 +102,16 @@ def test_a_joining_server_gets_the_current_adapter_before_its_first_completion()
 
     metrics = asyncio.run(scenario())
     on_b = [(path, body) for host, path, body in seen if host == B]
-    assert [path for path, _ in on_b] == ["/v1/load_lora_adapter", "/v1/completions"]
-    assert on_b[0][1] == {"lora_name": "policy", "lora_path": "/run/broadcasts/step_2", "load_inplace": True}
+    if lora_serving == "merged":  # the server merges the adapter; requests still name it
+        assert [path for path, _ in on_b] == ["/v1/grpo/merge_lora", "/v1/completions"]
+        assert on_b[0][1] == {"lora_name": "policy", "lora_path": "/run/broadcasts/step_2"}
+    else:
+        assert [path for path, _ in on_b] == ["/v1/load_lora_adapter", "/v1/completions"]
+        assert on_b[0][1] == {
+            "lora_name": "policy",
+            "lora_path": "/run/broadcasts/step_2",
+            "load_inplace": True,
+        }
     assert metrics == {
         "pool/num_servers": 2,
         "pool/num_joining": 0,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grpo.config.inference import InferenceConfig
-from grpo.inference.server_args import build_server_args, server_env
+from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
 from grpo.inference.vllm_compat import WORKER_EXTENSION_CLS, check_vllm_version
 
 
@@ -70,7 +70,7 @@ def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatc
 
 def test_defaults_bind_loopback_and_leave_optional_settings_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    argv = build_server_args(InferenceConfig(model="m"), "/models/m")
+    argv = build_server_args(InferenceConfig(model="m"), "/models/m", on_cpu=False)
     assert option(argv, "--host") == "127.0.0.1"
     assert option(argv, "--max-lora-rank") == "64"
     for flag in ("--api-key", "--max-model-len", "--max-num-seqs", "--hf-overrides", "--enforce-eager"):
@@ -93,10 +93,58 @@ def test_cpu_env_sizes_the_kv_cache_in_whole_gib_and_keeps_dense_weights() -> No
     env = server_env(InferenceConfig(model="m", kv_cache_space_gb=1.5), on_cpu=True)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["GRPO_KEEP_DENSE_WEIGHTS"] == "1"
-    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env  # auto on CPU merges: no runtime adapters
     assert server_env(InferenceConfig(model="m"), on_cpu=True)["VLLM_CPU_KVCACHE_SPACE"] == "2"
     gpu_env = server_env(InferenceConfig(model="m"), on_cpu=False)
     assert "VLLM_CPU_KVCACHE_SPACE" not in gpu_env and "GRPO_KEEP_DENSE_WEIGHTS" not in gpu_env
+    assert gpu_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+@pytest.mark.parametrize(
+    ("fields", "on_cpu", "expected"),
+    [
+        ({}, True, "merged"),
+        ({}, False, "adapter"),
+        ({"tp": 2}, True, "adapter"),
+        ({"quantization": "fp8_per_block", "dtype": "bfloat16"}, True, "adapter"),
+        ({"lora_serving": "adapter"}, True, "adapter"),
+        ({"lora_serving": "merged"}, True, "merged"),
+    ],
+)
+def test_auto_lora_serving_merges_on_cpu_only_where_merging_is_exact(
+    fields: dict[str, object], on_cpu: bool, expected: str
+) -> None:
+    cfg = InferenceConfig.model_validate({"model": "m", **fields})
+    assert resolve_lora_serving(cfg, on_cpu=on_cpu) == expected
+    argv = build_server_args(cfg, "/m", on_cpu=on_cpu)
+    # A merging engine runs as the base model: none of vLLM's LoRA layers.
+    assert ("--enable-lora" in argv) == (expected == "adapter")
+    assert ("VLLM_ALLOW_RUNTIME_LORA_UPDATING" in server_env(cfg, on_cpu=on_cpu)) == (expected == "adapter")
+
+
+def test_merged_lora_serving_on_gpu_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"CPU backend only.*set lora_serving to adapter"):
+        resolve_lora_serving(InferenceConfig(model="m", lora_serving="merged"), on_cpu=False)
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"tp": 2}, "lora_serving merged with tp 2.*set lora_serving to adapter"),
+        (
+            {"quantization": "fp8_per_block", "dtype": "bfloat16"},
+            "lora_serving merged with quantization fp8_per_block.*set lora_serving to adapter",
+        ),
+        ({"lora_serving": "fused"}, "lora_serving"),
+    ],
+)
+def test_config_refuses_merged_serving_where_it_cannot_be_exact(
+    fields: dict[str, object], match: str
+) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=match):
+        InferenceConfig.model_validate({"model": "m", "lora_serving": "merged", **fields})
 
 
 @pytest.mark.parametrize("version", ["0.24.1", "0.33.0", "1.0.0"])
@@ -117,7 +165,7 @@ def test_vllms_own_parser_accepts_the_argv() -> None:
     cfg = InferenceConfig(
         model="org/model", max_model_len=256, rope_scaling={"rope_type": "linear", "factor": 2.0}
     )
-    args = parse_server_args(build_server_args(cfg, "/models/m"))
+    args = parse_server_args(build_server_args(cfg, "/models/m", on_cpu=False))
     assert args.served_model_name == ["org/model"]
     assert args.enable_lora and args.max_lora_rank == 64
     assert args.hf_overrides == {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}

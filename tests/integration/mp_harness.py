@@ -175,7 +175,9 @@ def wait_for_server(url: str, process: subprocess.Popen[bytes], log: Path) -> No
     while time.monotonic() < deadline:
         assert process.poll() is None, f"server exited during start-up:\n{log.read_text()[-3000:]}"
         try:
-            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+            key = os.environ.get("VLLM_API_KEY", "")
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            if httpx.get(f"{url}/models", timeout=2, headers=headers).status_code == 200:
                 return
         except httpx.TransportError:
             pass

@@ -26,7 +26,7 @@ def _rollout(
 
 def test_every_token_lands_once_with_masks_and_positions() -> None:
     rollouts = [_rollout(3, 5, 0), _rollout(2, 2, 100), _rollout(4, 6, 200), _rollout(1, 1, 300)]
-    rows, stats = pack_rollouts(rollouts, seq_len=12)
+    rows, stats = pack_rollouts(rollouts, seq_len=12, share_prefixes=False)
     all_ids = np.concatenate([r.input_ids for r in rows])
     expected = np.concatenate([np.array(r.prompt_ids + r.completion_ids) for r in rollouts])
     assert sorted(all_ids.tolist()) == sorted(expected.tolist())
@@ -35,7 +35,7 @@ def test_every_token_lands_once_with_masks_and_positions() -> None:
         assert row.num_tokens <= 12
         # each sample: positions restart at 0; loss only on its completion tokens
         start = 0
-        for length in row.sample_lengths():
+        for length in row.sequence_lengths():
             ids = row.input_ids[start : start + length]
             rollout = next(r for r in rollouts if r.prompt_ids[0] == ids[0])
             np.testing.assert_array_equal(row.position_ids[start : start + length], np.arange(length))
@@ -52,20 +52,20 @@ def test_every_token_lands_once_with_masks_and_positions() -> None:
 
 
 def test_long_samples_are_truncated_on_the_right_and_counted() -> None:
-    rows, stats = pack_rollouts([_rollout(4, 20, 0)], seq_len=10)
+    rows, stats = pack_rollouts([_rollout(4, 20, 0)], seq_len=10, share_prefixes=False)
     assert rows[0].num_tokens == 10
     assert rows[0].input_ids.tolist() == list(range(10))
     assert stats.num_truncated == 1
 
 
 def test_masked_rollouts_carry_no_loss() -> None:
-    rows, _ = pack_rollouts([_rollout(2, 3, 0, masked=True)], seq_len=10)
+    rows, _ = pack_rollouts([_rollout(2, 3, 0, masked=True)], seq_len=10, share_prefixes=True)
     assert rows[0].num_loss_tokens == 0
 
 
 def test_teacher_logprobs_are_packed_when_present() -> None:
     with_teacher = _rollout(2, 2, 0)
     with_teacher.teacher_logprobs = [0.0, -1.0, -2.0, -3.0]
-    rows, _ = pack_rollouts([with_teacher], seq_len=10)
+    rows, _ = pack_rollouts([with_teacher], seq_len=10, share_prefixes=True)
     assert rows[0].teacher_logprobs is not None
     assert rows[0].teacher_logprobs.tolist() == [0.0, -1.0, -2.0, -3.0]

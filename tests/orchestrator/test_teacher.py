@@ -6,12 +6,12 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
-from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokenizer
+from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokenizer, sequence_indices
 
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.orchestrator.loop import Orchestrator
-from grpo.transport.batch import PackedRow, TrainingBatch
+from grpo.transport.batch import TrainingBatch
 
 
 def teacher_logprob(prefix: list[int], token: int) -> float:
@@ -62,11 +62,6 @@ def _run(
     return trainer.received
 
 
-def _samples(row: PackedRow) -> list[slice]:
-    starts = np.flatnonzero(row.position_ids == 0).tolist()
-    return [slice(s, e) for s, e in zip(starts, [*starts[1:], row.num_tokens], strict=True)]
-
-
 def test_batches_carry_teacher_logprobs_aligned_to_tokens(tmp_path: Path) -> None:
     policy, teacher = FakeClient(), FakeTeacher()
     batches = _run(tmp_path, _cfg({"model": {"name": "teacher-model"}}), policy, teacher)
@@ -76,7 +71,7 @@ def test_batches_carry_teacher_logprobs_aligned_to_tokens(tmp_path: Path) -> Non
         for row in batch.rows:
             assert row.teacher_logprobs is not None
             row.validate()
-            for sample in _samples(row):
+            for sample in sequence_indices(row):
                 ids = row.input_ids[sample].tolist()
                 expected = [0.0] + [teacher_logprob(ids[:t], ids[t]) for t in range(1, len(ids))]
                 np.testing.assert_allclose(row.teacher_logprobs[sample], expected, rtol=0, atol=1e-6)
@@ -85,7 +80,9 @@ def test_batches_carry_teacher_logprobs_aligned_to_tokens(tmp_path: Path) -> Non
     # every rollout scored whole (prompt + completion) by the teacher model, on the teacher's server
     assert {model for _, model in teacher.scored} == {"teacher-model"}
     scored = {tuple(ids) for ids, _ in teacher.scored}
-    packed = {tuple(row.input_ids[s].tolist()) for b in batches for row in b.rows for s in _samples(row)}
+    packed = {
+        tuple(row.input_ids[s].tolist()) for b in batches for row in b.rows for s in sequence_indices(row)
+    }
     assert packed <= scored
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from grpo.trainer.logprobs import next_token_logprobs, token_logprobs
+from grpo.trainer.logprobs import every_token_logprobs, token_logprobs
 
 
 def _naive(hidden, lm_head, targets, temps):
@@ -55,12 +55,15 @@ def test_temperature_divides_logits():
     torch.testing.assert_close(lp, expected.detach(), atol=1e-5, rtol=1e-5)
 
 
-def test_next_token_logprobs_are_aligned_with_the_token_they_score():
+def test_every_token_logprobs_are_predicted_from_each_tokens_parent():
     hidden, lm_head, ids, temps = _inputs(num_tokens=6)
-    lp, _ = next_token_logprobs(hidden.detach(), lm_head, ids, temps, chunk_size=4)
+    # A prompt (0, 1) with two branches: tokens 2-3 and tokens 4-5 both continue from token 1.
+    parents = torch.tensor([-1, 0, 1, 2, 1, 4])
+    lp = every_token_logprobs(hidden.detach(), lm_head, ids, parents, temps, chunk_size=4)
     assert lp.shape == (6,) and lp[0].item() == 0.0
-    logits = lm_head(hidden[2].detach()) / temps[3]
-    assert lp[3].item() == pytest.approx(torch.log_softmax(logits, -1)[ids[3]].item(), abs=1e-5)
+    for token, parent in [(3, 2), (4, 1), (2, 1)]:
+        logits = lm_head(hidden[parent].detach()) / temps[token]
+        assert lp[token].item() == pytest.approx(torch.log_softmax(logits, -1)[ids[token]].item(), abs=1e-5)
 
 
 # Peak memory is measured as the growth of the process's peak resident set size around one

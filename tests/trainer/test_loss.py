@@ -12,12 +12,15 @@ from grpo.trainer.loss import grpo_loss
 
 
 def _row(trainer: list[float], inference: list[float], adv: list[float], mask: list[bool], pos: list[int]):
+    """Loss inputs of samples packed one after another; `pos` restarts at 0 per sample and becomes
+    each token's sample id."""
+    positions = torch.tensor(pos)
     return (
         torch.tensor(trainer, dtype=torch.float64, requires_grad=True),
         torch.tensor(inference, dtype=torch.float64),
         torch.tensor(adv, dtype=torch.float64),
         torch.tensor(mask),
-        torch.tensor(pos),
+        torch.cumsum((positions == 0).long(), 0) - 1,
     )
 
 

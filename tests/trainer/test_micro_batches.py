@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from trainer_batches import distributed_test_batch
 
+from grpo.trainer import model as trainer_model
 from grpo.trainer.packing import split_micro_batches
 from grpo.trainer.trainer import Trainer
 
@@ -23,19 +24,21 @@ def test_groups_are_consecutive_and_keep_the_remainder():
     assert split_micro_batches([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
 
 
-def test_gradient_does_not_depend_on_accumulation_or_micro_batch_size(make_cfg, tmp_path):
+def test_gradient_does_not_depend_on_accumulation_or_micro_batch_size(make_cfg, tmp_path, monkeypatch):
+    # float32: grouping changes how pieces are padded together, and bf16 rounds each shape its own way.
+    monkeypatch.setattr(trainer_model, "choose_dtype", lambda device: torch.float32)
     reference = _step_gradients(
         make_cfg, tmp_path / "a", per_device_train_batch_size=1, gradient_accumulation_steps=1
     )
     grouped = _step_gradients(
         make_cfg, tmp_path / "b", per_device_train_batch_size=1, gradient_accumulation_steps=3
     )
-    # Two rows in one micro-batch: each row is still its own forward (see grpo.trainer.packing).
+    # Two rows in one micro-batch: padded side by side in one decoder call (grpo.trainer.packing).
     wide = _step_gradients(
         make_cfg, tmp_path / "c", per_device_train_batch_size=2, gradient_accumulation_steps=2
     )
     assert any(float(g.abs().max()) > 0 for g in reference.values())
     for name, grad in reference.items():
         scale = float(grad.abs().max()) + 1e-12
-        assert torch.allclose(grouped[name], grad, atol=1e-3 * scale), name
-        assert torch.allclose(wide[name], grad, atol=1e-3 * scale), name
+        assert torch.allclose(grouped[name], grad, atol=1e-5 * scale), name
+        assert torch.allclose(wide[name], grad, atol=1e-5 * scale), name

@@ -1,4 +1,4 @@
-"""A packed row scores each sample exactly as if that sample ran alone."""
+"""A packed row scores each sample exactly as if that sample ran alone; prefix-tree masks."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import pytest
 import torch
 from trainer_batches import make_row
 
-from grpo.trainer.logprobs import next_token_logprobs
+from grpo.trainer.logprobs import every_token_logprobs
 from grpo.trainer.model import build_policy
-from grpo.trainer.packing import block_causal_mask, build_micro_batch
+from grpo.trainer.packing import build_micro_batch, tree_attention_mask
 from grpo.trainer.weights import DiskWeights
+from grpo.transport.batch import plain_parent_ids
 
 
-def test_block_causal_mask_is_causal_within_samples_only():
-    mask = block_causal_mask(torch.tensor([0, 1, 0, 1, 2]))[0, 0]
+def test_plain_rows_attend_causally_within_each_sample_only():
+    mask = tree_attention_mask(torch.from_numpy(plain_parent_ids(np.array([0, 1, 0, 1, 2]))).long())[0, 0]
     expected = torch.tensor(
         [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]],
         dtype=torch.bool,
@@ -22,11 +23,38 @@ def test_block_causal_mask_is_causal_within_samples_only():
     assert torch.equal(mask, expected)
 
 
-def test_row_not_starting_a_sample_is_rejected():
+def _ancestors_or_self(parents: list[int], token: int) -> set[int]:
+    out = set()
+    while token >= 0:
+        out.add(token)
+        token = parents[token]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tree_mask_lets_every_token_see_exactly_itself_and_its_ancestors(seed):
+    rng = np.random.default_rng(seed)
+    parents = [-1]
+    for token in range(1, 60):  # random trees: chains, branch points, several roots
+        choice = rng.random()
+        parents.append(token - 1 if choice < 0.6 else -1 if choice < 0.65 else int(rng.integers(0, token)))
+    mask = tree_attention_mask(torch.tensor(parents))[0, 0]
+    for i in range(len(parents)):
+        assert set(torch.nonzero(mask[i]).flatten().tolist()) == _ancestors_or_self(parents, i)
+
+
+def test_row_not_starting_a_sequence_is_rejected():
     row = make_row([(2, 2)], [1.0])
     row.position_ids = row.position_ids + 3
-    with pytest.raises(ValueError, match="start a sample"):
+    with pytest.raises(ValueError, match="start a sequence"):
         build_micro_batch([row], torch.device("cpu"), varlen_attention=False)
+
+
+def test_parents_that_do_not_come_first_are_rejected():
+    row = make_row([(2, 2)], [1.0])
+    row.parent_ids = np.array([-1, 2, 1, 2], np.int32)
+    with pytest.raises(ValueError, match="earlier token"):
+        row.validate()
 
 
 def test_packed_logprobs_equal_each_sample_alone(make_cfg, tiny_model_path):
@@ -45,17 +73,27 @@ def test_packed_logprobs_equal_each_sample_alone(make_cfg, tiny_model_path):
     def score(rows):
         mb = build_micro_batch(rows, policy.device, varlen_attention=False)
         with torch.no_grad():
-            lp, _ = next_token_logprobs(
-                policy.hidden_states(mb), policy.lm_head, mb.input_ids, mb.temperatures, 8
+            lp = every_token_logprobs(
+                policy.hidden_states(mb), policy.lm_head, mb.input_ids, mb.parent_ids, mb.temperatures, 8
             )
         return lp.numpy()
 
+    def plain_forward(row):  # the HF model on one sample, no packing code involved
+        with torch.no_grad():
+            logits = policy.model(input_ids=torch.from_numpy(row.input_ids).long()[None]).logits[0].float()
+        picked = torch.log_softmax(logits[:-1], -1).gather(
+            -1, torch.from_numpy(row.input_ids[1:]).long()[:, None]
+        )
+        return np.r_[0.0, picked[:, 0].numpy()]
+
     packed = score([packed_row])
     alone = np.concatenate([score([r]) for r in rows_alone])
+    independent = np.concatenate([plain_forward(r) for r in rows_alone])
     mask = packed_row.loss_mask
     assert np.abs(packed[mask]).min() > 1.0  # real logprobs, not zeros
     tolerance = 1e-4 if policy.dtype == torch.float32 else 2e-2  # bf16 matmuls of other shapes
     np.testing.assert_allclose(packed[mask], alone[mask], atol=tolerance)
+    np.testing.assert_allclose(packed[mask], independent[mask], atol=tolerance)
     # Two rows in one micro-batch behave the same as the packed row.
     two_rows = score([rows_alone[0], make_row([(3, 6), (5, 3)], [1.0, 1.0])])
     np.testing.assert_allclose(two_rows[:9][mask[:9]], alone[:9][mask[:9]], atol=tolerance)

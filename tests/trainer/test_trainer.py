@@ -137,3 +137,30 @@ def test_qerl_publishes_noisy_norms_and_trains_on_clean_ones(make_cfg, tmp_path)
     assert (late["model.norm.weight"] - clean.float()).std().item() == pytest.approx(0.1, rel=0.3)
     assert torch.equal(trainer.policy.causal_lm.get_parameter("model.norm.weight"), clean)
     trainer.close()
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(), tmp_path)
+    batch = on_policy_batch(trainer, 0, default_rows())
+    batch.rows[0].advantages[batch.rows[0].loss_mask] = np.nan  # a NaN that reached the trainer
+    before = _snapshot(trainer.policy.model)
+    metrics = trainer.train_step(batch)
+    assert not np.isfinite(metrics["grad_norm"]) and metrics["skipped_steps"] == 1.0
+    assert all(torch.equal(before[n], p) for n, p in trainer.policy.model.named_parameters())
+    # The next good step trains normally: the optimizer state was not poisoned either.
+    metrics = trainer.train_step(on_policy_batch(trainer, 1, default_rows()))
+    assert np.isfinite(metrics["grad_norm"]) and metrics["skipped_steps"] == 1.0
+    assert all(torch.isfinite(p).all() for p in trainer.policy.model.parameters())
+    assert any(not torch.equal(before[n], p) for n, p in trainer.policy.model.named_parameters())
+    trainer.close()
+
+
+def test_a_masked_token_whose_ratio_overflows_does_not_make_the_loss_nan(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(), tmp_path)
+    batch = on_policy_batch(trainer, 0, default_rows())
+    row = batch.rows[0]
+    first_loss_token = int(np.flatnonzero(row.loss_mask)[0])
+    row.inference_logprobs[first_loss_token] = -9999.0  # vLLM's stand-in: the ratio is exp(~9999) = inf
+    metrics = trainer.train_step(batch)
+    assert metrics["masked"] > 0 and np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])
+    trainer.close()

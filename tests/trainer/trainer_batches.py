@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo.transport.batch import PackedRow, TrainingBatch
+from grpo.transport.batch import PackedRow, TrainingBatch, plain_parent_ids
 
 
 def make_row(
@@ -27,9 +27,11 @@ def make_row(
         adv.append(np.r_[np.zeros(num_prompt), np.full(num_completion, advantage)])
         temps.append(np.r_[np.ones(num_prompt), np.full(num_completion, temperature)])
     n = sum(len(a) for a in ids)
+    position_ids = np.concatenate(pos).astype(np.int32)
     return PackedRow(
         input_ids=np.concatenate(ids).astype(np.int32),
-        position_ids=np.concatenate(pos).astype(np.int32),
+        position_ids=position_ids,
+        parent_ids=plain_parent_ids(position_ids),
         loss_mask=np.concatenate(mask),
         advantages=np.concatenate(adv).astype(np.float32),
         inference_logprobs=np.zeros(n, np.float32),
