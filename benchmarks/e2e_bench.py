@@ -2,11 +2,12 @@
 
     .venv/bin/python benchmarks/e2e_bench.py [--modes colocated,multiprocess] [--async-levels 0,1,2]
         [--steps 8] [--prompts 4] [--group 8] [--max-tokens 16] [--lr 5e-4] [--model ID_OR_PATH]
-        [--env ENV_ID] [--tag NAME]
+        [--env ENV_ID] [--configs configs/demo] [--tag NAME]
 
-Every run uses configs/demo/ (short-answer, LoRA r16 alpha 32 on all linear layers) with the
-batch, steps, learning rate, completion length (and, with --env, the environment) set from the
-flags, in a fresh run directory.
+Every run uses the train/infer/orch.yaml of --configs (default configs/demo/: short-answer, LoRA
+r16 alpha 32 on all linear layers, float32 engine; configs/bench/: the same at the default dtype,
+for the TRL comparison) with the batch, steps, learning rate, completion length (and, with --env,
+the environment) set from the flags, in a fresh run directory.
 The bench polls the run's metrics files and stamps each step's arrival, so the numbers are wall
 clock seen from outside the run:
 - loop_wall_s: from the start of the orchestrator's step 0 to the trainer's last step (vLLM
@@ -15,7 +16,7 @@ clock seen from outside the run:
 - steady_step_s: mean interval between consecutive trainer steps, step 0 excluded
 - steady_completion_tokens_per_s: completion tokens of steps 1.. / their intervals
 - trainer_idle_frac: trainer wait_time of steps 1.. / the same interval (0 = never waits)
-One JSON per (mode, async level): benchmarks/results/e2e_<machine>_<mode>_async<k>.json.
+One JSON per (mode, async level): benchmarks/results/e2e_<machine>_<mode>_async<k>[_<tag>].json.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import subprocess
@@ -98,10 +100,11 @@ def load_average() -> list[float]:
 
 
 def run_configs(args: argparse.Namespace, run_dir: Path, async_level: int) -> dict[str, dict[str, Any]]:
-    """The demo configs with this benchmark's task size; the same for every mode."""
-    train = yaml.safe_load((DEMO / "train.yaml").read_text())
-    infer = yaml.safe_load((DEMO / "infer.yaml").read_text())
-    orch = yaml.safe_load((DEMO / "orch.yaml").read_text())
+    """The --configs folder's configs with this benchmark's task size; the same for every mode."""
+    folder = Path(args.configs) if Path(args.configs).exists() else ROOT / args.configs
+    train = yaml.safe_load((folder / "train.yaml").read_text())
+    infer = yaml.safe_load((folder / "infer.yaml").read_text())
+    orch = yaml.safe_load((folder / "orch.yaml").read_text())
     train.update(
         model=args.model,
         output_dir=str(run_dir),
@@ -273,9 +276,21 @@ def run_once(args: argparse.Namespace, mode: str, async_level: int, work: Path) 
         "config": cfgs,
         "command": " ".join(["python", "benchmarks/e2e_bench.py", *sys.argv[1:]]),
         "run_commands": [" ".join(c) for c in commands],
+        "env": cfgs["orch"]["env"][0]["id"],
+        # what the engine and the co-located trainer (which borrows the engine's weights) computed in
+        "dtype": {"configured": cfgs["infer"].get("dtype", "auto (default)"), **logged_dtypes(run_dir)},
         "process_wall_s": process_wall,
         **measured,
     }
+
+
+def logged_dtypes(run_dir: Path) -> dict[str, str | None]:
+    """The dtypes the run actually used, from its logs: vLLM's resolved model dtype ("auto" is
+    resolved there) and the trainer's base weights ("policy ... base torch.X")."""
+    text = "\n".join(log.read_text(errors="replace") for log in sorted(run_dir.glob("*.log")))
+    engine = re.search(r"dtype=torch\.(\w+)", text)
+    trainer = re.search(r"base torch\.(\w+)", text)
+    return {"engine": engine and engine.group(1), "trainer": trainer and trainer.group(1)}
 
 
 def wait_for_server(port: int, runner: TaggedRun) -> None:
@@ -339,6 +354,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run before giving up")
     parser.add_argument("--tag", default="", help="suffix for the result file names (e.g. smoke)")
+    parser.add_argument("--configs", default=str(DEMO), help="folder with train/infer/orch.yaml")
     parser.add_argument(
         "--env", default=None, help="environment id instead of the demo's short-answer (e.g. reverse-text)"
     )

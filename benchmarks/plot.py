@@ -1,11 +1,15 @@
 """PNG plots from the e2e and TRL result files.
 
     .venv/bin/python benchmarks/plot.py [--machine cpu-2core] [--tag ""]
+    .venv/bin/python benchmarks/plot.py --compare short-answer,long-brief
 
 Reads benchmarks/results/{e2e,trl}_<machine>*.json (files with a --tag suffix only when --tag is
 given) and writes:
-- results/reward_<machine>.png: reward per step, every run side by side
-- results/speed_<machine>.png: mean step time (step 0 excluded) and completion tokens/s (bars)
+- results/reward_<machine>[_<tag>].png: reward per step, every run side by side
+- results/speed_<machine>[_<tag>].png: mean step time (step 0 excluded) and completion tokens/s
+With --compare TAG,TAG (one tag per workload, as run_all.py writes them):
+- results/compare_<machine>[_quick].png: grpo vs TRL seconds per step and tokens/s per workload,
+  each grpo bar annotated with its speedup over TRL
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ def run_label(result: dict[str, Any]) -> str:
         return "TRL GRPOTrainer"
     mode = "grpo co-located" if result["mode"] == "colocated" else "grpo 3-process"
     return f"{mode}, async {result['max_async_level']}"
+
+
+def env_id(result: dict[str, Any]) -> str:
+    """The run's environment (TRL files before the --env flag ran short-answer)."""
+    if result["kind"] == "trl":
+        return str(result.get("env", "short-answer"))
+    return str(result["config"]["orch"]["env"][0]["id"])
 
 
 def load_results(machine: str, tag: str) -> list[dict[str, Any]]:
@@ -52,7 +63,7 @@ def plot(results: list[dict[str, Any]], machine: str, suffix: str) -> list[Path]
         ax.plot(range(len(curve)), curve, marker="o", label=label)
     ax.set_xlabel("step (batch)")
     ax.set_ylabel("mean reward of the batch")
-    envs = sorted({e["id"] for r in results if r["kind"] == "e2e" for e in r["config"]["orch"]["env"]})
+    envs = sorted({env_id(r) for r in results})
     ax.set_title(f"{', '.join(envs) or 'short-answer'}, SmolLM2-135M-Instruct, LoRA r16 ({machine})")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -82,13 +93,66 @@ def plot(results: list[dict[str, Any]], machine: str, suffix: str) -> list[Path]
     return outputs
 
 
+def plot_comparison(rows: list[dict[str, Any]], machine: str, suffix: str) -> Path:
+    """Grouped bars per workload: grpo run(s) and TRL, seconds per step and tokens/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(row["workload"] for row in rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, grpo_key, trl_key, ylabel in (
+        (left, "grpo_step_s", "trl_step_s", "seconds per step (step 0 excluded)"),
+        (right, "grpo_tokens_per_s", "trl_tokens_per_s", "completion tokens trained / s"),
+    ):
+        x = 0.0
+        ticks, names = [], []
+        for workload in workloads:
+            mine = [row for row in rows if row["workload"] == workload]
+            bars = [(row["grpo_run"], row[grpo_key], row["speedup_vs_trl"]) for row in mine]
+            bars.append(("TRL GRPOTrainer", mine[0][trl_key], None))
+            for name, value, speedup in bars:
+                if value is None:
+                    continue
+                color = "tab:gray" if name.startswith("TRL") else "tab:blue"
+                axis.bar(x, value, color=color)
+                text = f"{value:.1f}" + (
+                    f"\n{speedup:.1f}x TRL" if speedup and grpo_key == "grpo_step_s" else ""
+                )
+                axis.annotate(text, (x, value), ha="center", va="bottom", fontsize=8)
+                ticks.append(x)
+                names.append(f"{workload}\n{name}")
+                x += 1
+            x += 0.6  # a gap between workloads
+        axis.set_xticks(ticks, names, rotation=20, ha="right", fontsize=8)
+        axis.set_ylabel(ylabel)
+    fig.suptitle(f"grpo vs TRL GRPOTrainer, SmolLM2-135M-Instruct, LoRA r16 ({machine})")
+    fig.tight_layout()
+    out = RESULTS / f"compare_{machine}{suffix}.png"
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--machine", default="cpu-2core")
     parser.add_argument("--tag", default="", help="plot only the result files with this suffix")
+    parser.add_argument("--compare", default="", help="comma list of workload tags: grpo vs TRL figure")
     args = parser.parse_args()
+    if args.compare:
+        from compare import comparison_rows
+
+        tags = [t.strip() for t in args.compare.split(",") if t.strip()]
+        rows = comparison_rows(args.machine, {t.removesuffix("-quick"): t for t in tags})
+        if not rows:
+            raise ValueError(f"no grpo results for tags {tags} on {args.machine!r} in {RESULTS}")
+        quick = "_quick" if all(t.endswith("-quick") for t in tags) else ""
+        print(plot_comparison(rows, args.machine, quick))
+        return
     results = load_results(args.machine, args.tag)
     if not results:
         raise ValueError(

@@ -1,16 +1,21 @@
-"""Every benchmark in one command (`make bench`): component benches, end-to-end runs, TRL, plots.
+"""Every benchmark in one command (`make bench`): component benches, grpo vs TRL on two workloads, plots.
 
     .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl,reverse-text]
-        [--modes colocated,multiprocess] [--async-levels 0,1,2] [--steps 8]
+        [--workloads short-answer,long-brief] [--modes colocated] [--async-levels 1] [--steps 10]
 
-Default: inference (embedded model), orchestrator, transport and trainer benches; e2e runs
-co-located and multi-process at max_async_level 0, 1 and 2; TRL GRPOTrainer with the same
-settings (8 steps, 4 prompts x 8 completions, 16 new tokens, lr 5e-4, LoRA r16); a 15-step
-on-policy co-located run on reverse-text (48 new tokens; tag `reverse-text`); plots. --quick shrinks everything to a smoke run (2 steps,
-small component sizes) and writes its files under the label `<machine>-quick` / tag `quick`, so
-the recorded numbers are never overwritten; the trainer bench is skipped in quick mode (its
-output file name has no label). The TRL run is skipped with a note when `trl` is not installed
-(`pip install -e '.[bench]'`). Prints a summary table; writes results/summary_<machine>.json.
+Default: inference (embedded model), orchestrator, transport and trainer benches; then, for each
+workload (benchmarks/workloads.py: short-answer, and long-brief with its ~350-token system
+brief), grpo co-located at max_async_level 1 (configs/bench/: default dtype) and TRL
+GRPOTrainer with the same task: 10 steps (long-brief 5) of 8 prompts x 8 completions, 24 new tokens, lr 1e-4,
+LoRA r16 alpha 32 on all linear layers; result files tagged with the workload's name. Then a
+15-step on-policy co-located run on reverse-text (configs/demo, 48 new tokens; tag
+`reverse-text`); plots. --modes / --async-levels widen the grpo side (e.g. colocated,multiprocess
+and 0,1,2). --quick shrinks everything to a smoke run (2 steps, small component sizes) and writes
+its files under the label `<machine>-quick` / tags `<workload>-quick`, so the recorded numbers are
+never overwritten; the trainer bench is skipped in quick mode (its output file name has no label).
+The TRL runs are skipped with a note when `trl` is not installed (`pip install -e '.[bench]'`).
+Prints a summary table with the grpo/TRL speedup per workload; writes results/summary_<machine>.json
+and .md.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from compare import comparison_rows
 from e2e_bench import RESULTS, ROOT, load_average, machine_info, machine_label, versions
+from workloads import BENCH_CONFIGS, WORKLOADS
 
 HERE = Path(__file__).resolve().parent
 
@@ -168,11 +175,20 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     parts = [
         f"`{summary['command']}` on {machine['cpu_model']} ({machine['cpu_count']} cores); {versions_line}; "
         f"1-minute load {load['before'][0]:.1f} before, {load['after'][0]:.1f} after.\n",
+        markdown_table(summary["comparison"]),
+        "speedup_vs_trl = TRL s/step / grpo s/step (step 0 excluded); tokens_per_s_ratio = grpo / TRL "
+        "completion tokens trained per second.\n"
+        if summary["comparison"]
+        else "",
         markdown_table(summary["components"]),
         markdown_table(summary["runs"]),
         *(f"Note: {note}\n" for note in summary["notes"]),
     ]
     return "\n".join(part for part in parts if part)
+
+
+def split(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def main() -> None:
@@ -181,21 +197,27 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="2-step smoke sizes; separate result files")
     parser.add_argument("--skip", default="", help="comma list of: components, e2e, trl, reverse-text")
-    parser.add_argument("--modes", default="colocated,multiprocess", help="e2e modes: colocated,multiprocess")
-    parser.add_argument("--async-levels", default="0,1,2", help="e2e max_async_level values, e.g. 0,1,2")
-    parser.add_argument("--steps", type=int, default=None, help="e2e and TRL steps (default 8; quick 2)")
+    parser.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help="comma list of: " + ", ".join(WORKLOADS)
+    )
+    parser.add_argument("--modes", default="colocated", help="grpo modes: colocated,multiprocess")
+    parser.add_argument("--async-levels", default="1", help="grpo max_async_level values, e.g. 0,1,2")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per run (default: each workload's; quick 2)"
+    )
     args = parser.parse_args()
 
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    skip = set(split(args.skip))
     unknown = skip - {"components", "e2e", "trl", "reverse-text"}
     if unknown:
         raise ValueError(f"unknown --skip {sorted(unknown)}: use components, e2e, trl, reverse-text")
+    workloads = [WORKLOADS[name] for name in split(args.workloads) if name in WORKLOADS]
+    if len(workloads) != len(split(args.workloads)):
+        raise ValueError(f"unknown --workloads {args.workloads!r}: use {', '.join(WORKLOADS)}")
     machine = machine_label()
-    tag = "quick" if args.quick else ""
-    label = f"{machine}-quick" if args.quick else machine
-    steps = str(args.steps or (2 if args.quick else 8))
-    task = ["--steps", steps, "--prompts", "4", "--group", "8", "--max-tokens", "16", "--lr", "5e-4"]
-    tag_args = ["--tag", tag] if tag else []
+    quick = "-quick" if args.quick else ""
+    label = machine + quick
+    has_plots = importlib.util.find_spec("matplotlib") is not None
     load_before = load_average()
     seconds: dict[str, float] = {}
     notes = []
@@ -205,27 +227,41 @@ def main() -> None:
             seconds[name] = run_script(argv)
         if args.quick:
             notes.append("trainer bench skipped in quick mode (its result file has no quick label)")
-    if "e2e" not in skip:
-        e2e = ["e2e_bench.py", "--modes", args.modes, "--async-levels", args.async_levels, *task, *tag_args]
-        seconds["e2e"] = run_script(e2e)
-    if "trl" not in skip:
-        if importlib.util.find_spec("trl") is None:
-            notes.append("TRL not installed: pip install -e '.[bench]' (trl==1.16.0, matplotlib)")
-        else:
-            seconds["trl"] = run_script(["trl_bench.py", *task, *tag_args])
-
-    runs = e2e_rows(machine, tag)
-    if runs and importlib.util.find_spec("matplotlib") is not None:
-        run_script(["plot.py", "--machine", machine, *tag_args])
+    if "trl" not in skip and importlib.util.find_spec("trl") is None:
+        skip.add("trl")
+        notes.append("TRL not installed: pip install -e '.[bench]' (trl==1.16.0, matplotlib)")
+    # Each workload's grpo and TRL runs back to back, so both see the same machine state.
+    tags = {w.name: w.name + quick for w in workloads}
+    for workload in workloads:
+        steps = args.steps or (2 if args.quick else workload.steps)
+        task = [*workload.task_args(steps), "--tag", tags[workload.name]]
+        e2e = ["e2e_bench.py", "--configs", BENCH_CONFIGS, "--modes", args.modes, "--async-levels"]
+        for part, argv in (("e2e", [*e2e, args.async_levels, *task]), ("trl", ["trl_bench.py", *task])):
+            if part in skip:
+                continue
+            # one failed run (a crash, out of memory) should not throw away the others' hour
+            try:
+                seconds[f"{part} {workload.name}"] = run_script(argv)
+            except subprocess.CalledProcessError as exc:
+                notes.append(f"{part} {workload.name} failed (exit {exc.returncode}); its output is above")
+    runs = []
+    for name, tag in tags.items():
+        rows = e2e_rows(machine, tag)
+        if rows and has_plots:
+            run_script(["plot.py", "--machine", machine, "--tag", tag])
+        runs += [{**row, "run": f"{row['run']}, {name}"} for row in rows]
+    comparison = comparison_rows(machine, tags)
+    if comparison and has_plots:
+        run_script(["plot.py", "--machine", machine, "--compare", ",".join(tags.values())])
     # The reference's reverse-text task, on-policy, long enough to see whether the reward moves.
-    reverse_tag = "reverse-text-quick" if args.quick else "reverse-text"
+    reverse_tag = "reverse-text" + quick
     if "reverse-text" not in skip:
         reverse = ["e2e_bench.py", "--modes", "colocated", "--async-levels", "0", "--env", "reverse-text"]
         reverse += ["--steps", "2" if args.quick else "15", "--prompts", "4", "--group", "8"]
         reverse += ["--max-tokens", "48", "--lr", "5e-4", "--tag", reverse_tag]
         seconds["reverse-text"] = run_script(reverse)
     reverse_runs = e2e_rows(machine, reverse_tag)
-    if reverse_runs and importlib.util.find_spec("matplotlib") is not None:
+    if reverse_runs and has_plots:
         run_script(["plot.py", "--machine", machine, "--tag", reverse_tag])
     runs += [{**row, "run": f"{row['run']}, reverse-text"} for row in reverse_runs]
     components = component_rows(label)
@@ -235,6 +271,7 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/run_all.py", *sys.argv[1:]]),
         "load_average": {"before": load_before, "after": load_average()},
         "bench_seconds": seconds,
+        "comparison": comparison,
         "components": components,
         "runs": runs,
         "notes": notes,
@@ -243,6 +280,8 @@ def main() -> None:
     out.write_text(json.dumps(summary, indent=2) + "\n")
     out.with_suffix(".md").write_text(summary_markdown(summary))
     print(f"\nsummary ({machine_info()['cpu_model']}, {machine}) -> {out.relative_to(ROOT)}\n")
+    print_table(comparison)
+    print()
     print_table(components)
     print()
     print_table(runs)

@@ -37,7 +37,7 @@ RESULTS = Path(__file__).parent / "results"
 def make_batch(step: int, num_rows: int, row_tokens: int, vocab: int):
     import numpy as np
 
-    from grpo.transport.batch import PackedRow, TrainingBatch
+    from grpo.transport.batch import PackedRow, TrainingBatch, plain_parent_ids
 
     rng = np.random.default_rng(step)
     rows = []
@@ -53,6 +53,7 @@ def make_batch(step: int, num_rows: int, row_tokens: int, vocab: int):
             PackedRow(
                 input_ids=ids,
                 position_ids=pos,
+                parent_ids=plain_parent_ids(pos),
                 loss_mask=mask,
                 advantages=adv,
                 inference_logprobs=np.where(mask, -10.0, 0).astype(np.float32),
@@ -155,7 +156,7 @@ def _plain_step(trainer, cfg):
     import torch
 
     from grpo.trainer.loss import grpo_loss
-    from grpo.trainer.packing import build_micro_batch
+    from grpo.trainer.packing import build_micro_batch, tree_attention_mask
 
     trainer.policy.causal_lm.gradient_checkpointing_disable()
     params = trainer.params
@@ -169,7 +170,7 @@ def _plain_step(trainer, cfg):
                 trainer.policy.model(
                     input_ids=mb.input_ids[None],
                     position_ids=mb.position_ids[None],
-                    attention_mask=mb.attention_masks[0],
+                    attention_mask=tree_attention_mask(mb.parent_ids),
                 )
                 .logits[0]
                 .float()
@@ -177,12 +178,13 @@ def _plain_step(trainer, cfg):
             log_probs = torch.log_softmax(logits[:-1] / mb.temperatures[1:, None], -1)
             lp = log_probs.gather(-1, mb.input_ids[1:, None]).squeeze(-1)
             lp = torch.cat([lp.new_zeros(1), lp])
+            mask = torch.from_numpy(row.loss_mask)
             loss, _ = grpo_loss(
-                lp,
-                mb.inference_logprobs,
-                mb.advantages,
-                mb.loss_mask,
-                mb.position_ids,
+                lp[mask],
+                mb.loss.inference_logprobs,
+                mb.loss.advantages,
+                torch.ones_like(mb.loss.targets, dtype=torch.bool),
+                mb.loss.sequence_ids,
                 cfg.loss,
                 batch.num_loss_tokens,
             )

@@ -1,21 +1,26 @@
 """The same GRPO task on TRL's GRPOTrainer, for a side-by-side with benchmarks/e2e_bench.py.
 
-    .venv/bin/python benchmarks/trl_bench.py [--steps 8] [--prompts 4] [--group 8] [--max-tokens 16]
-        [--lr 5e-4] [--precision auto|bf16|fp32] [--model PATH]
+    .venv/bin/python benchmarks/trl_bench.py [--env short-answer|long-brief] [--steps 8] [--prompts 4]
+        [--group 8] [--max-tokens 16] [--lr 5e-4] [--precision default|auto|bf16|fp32]
+        [--gradient-checkpointing off|on] [--micro-batch 8] [--model PATH] [--tag NAME]
 
 Needs the `bench` extra (`pip install trl==1.16.0 matplotlib`). Matches the grpo run: the
-embedded SmolLM2-135M-Instruct, short-answer prompts (same system prompt, same examples) and the
-same reward function (grpo.envs.short_answer.short_answer_reward), prompts x group completions per
-optimizer step, max completion tokens, learning rate (constant), grad-norm clip 1.0, no weight
-decay, LoRA r16 alpha 32 dropout 0 on the same linear layers, temperature 1.0, no KL term, token-
-level loss over the step (TRL's `dapo`), advantages = reward - group mean (`scale_rewards="none"`,
-grpo's default advantage). CPU set-up as the transformers CPU-training guide says: `use_cpu=True`,
-bf16 autocast (`bf16=True`, fp32 master weights) where the CPU has bf16 instructions (AMX /
-AVX512-BF16), else fp32. Generation is HF `generate` (`use_vllm=False`): TRL's vLLM paths need CUDA.
+embedded SmolLM2-135M-Instruct, the prompts of the same grpo environment (--env: same system
+prompt, same examples) scored by that environment's own reward functions, prompts x group
+completions per optimizer step (generated at once, trained in micro-batches of --micro-batch
+sequences with gradient accumulation: without them, 64 long-brief sequences of ~400 tokens need
+more than 24 GiB of activations), max completion tokens, learning rate (constant), grad-norm clip
+1.0, no weight decay, LoRA r16 alpha 32 dropout 0 on the same linear layers, temperature 1.0, no
+KL term, token-level loss over the step (TRL's `dapo`), advantages = reward - group mean
+(`scale_rewards="none"`, grpo's default advantage), no gradient checkpointing (as grpo's bench
+configs; TRL's default is on). Precision: `auto` (the default here) is the transformers
+CPU-training guide's set-up: fp32 master weights, bf16 autocast where the CPU has AMX /
+AVX512-BF16 (matmuls in bf16, like grpo's bf16 default), else fp32; `default` leaves it to TRL
+(the checkpoint's bf16 weights with `bf16=True`), much slower on a 2-core CPU in a first try. `use_cpu=True`; generation is HF `generate` (`use_vllm=False`: TRL's vLLM paths need CUDA).
 
 Wall clock per optimizer step (generation + scoring + forward/backward + update) comes from a
 callback; model loading is excluded from loop_wall_s and included in process_wall_s.
-Writes benchmarks/results/trl_<machine>.json.
+Writes benchmarks/results/trl_<machine>[_<tag>].json.
 """
 
 from __future__ import annotations
@@ -36,22 +41,40 @@ def cpu_has_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def build_dataset(num_examples: int, seed: int) -> Any:
+def load_env(env_id: str, num_examples: int, seed: int) -> Any:
+    from grpo.config.orchestrator import EnvConfig
+    from grpo.envs import load_environment
+
+    return load_environment(EnvConfig(id=env_id, args={"num_examples": num_examples, "seed": seed}))
+
+
+def build_dataset(env: Any) -> Any:
+    """The env's prompts as chat messages; `example_index` lets the reward find the example."""
     from datasets import Dataset
 
-    from grpo.envs.short_answer import load_environment
-
-    env = load_environment(num_examples=num_examples, seed=seed)
-    rows = [{"prompt": env.prompt_messages(example), "answer": example["answer"]} for example in env.examples]
+    rows = [{"prompt": env.prompt_messages(ex), "example_index": i} for i, ex in enumerate(env.examples)]
     return Dataset.from_list(rows)
 
 
-def short_answer_reward_batch(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
-    """TRL's reward signature: conversational completions are lists of chat messages."""
-    from grpo.envs.short_answer import short_answer_reward
+def env_reward(env: Any) -> Any:
+    """TRL's reward signature around the grpo env's own scoring (the same reward as grpo's run)."""
+    import asyncio
 
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [short_answer_reward(text, a) for text, a in zip(texts, answer, strict=True)]
+    async def score_all(completions: list[Any], indices: list[int]) -> list[float]:
+        scores = []
+        for completion, index in zip(completions, indices, strict=True):
+            # conversational completions are lists of chat messages, plain ones strings
+            messages = (
+                completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
+            )
+            scores.append((await env.score(env.examples[index], messages, {})).reward)
+        return scores
+
+    def reward(completions: list[Any], example_index: list[int], **_: Any) -> list[float]:
+        return asyncio.run(score_all(completions, example_index))
+
+    reward.__name__ = f"{env.name}_reward"  # TRL logs each reward function under its name
+    return reward
 
 
 def step_timer() -> Any:
@@ -88,7 +111,12 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8, help="completions per prompt")
     parser.add_argument("--max-tokens", type=int, default=16, help="max completion tokens")
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    parser.add_argument(
+        "--env", default="short-answer", help="grpo environment id (short-answer, long-brief)"
+    )
+    parser.add_argument("--precision", choices=["default", "auto", "bf16", "fp32"], default="auto")
+    parser.add_argument("--gradient-checkpointing", choices=["off", "on"], default="off")
+    parser.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
     parser.add_argument("--tag", default="", help="suffix for the result file name (e.g. smoke)")
     args = parser.parse_args()
 
@@ -102,17 +130,26 @@ def main() -> None:
     from grpo.models import embedded
 
     model = args.model or str(embedded.build())
-    bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
+    # "default": leave dtype and bf16 to TRL (checkpoint dtype, bf16=True); else fp32 master weights
+    precision: dict[str, Any] = {}
+    if args.precision != "default":
+        bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
+        precision = {"bf16": bf16, "model_init_kwargs": {"dtype": torch.float32}}
     batch = args.prompts * args.group
+    micro_batch = min(args.micro_batch, batch)
+    if batch % micro_batch:
+        raise ValueError(f"--micro-batch {micro_batch} must divide prompts x group = {batch}")
     out_dir = Path("/tmp") / f"trl-bench-{int(time.time())}"
     config = GRPOConfig(
         output_dir=str(out_dir),
         use_cpu=True,
-        bf16=bf16,
-        model_init_kwargs={"dtype": torch.float32},
+        **precision,
         use_vllm=False,
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
+        gradient_checkpointing=args.gradient_checkpointing == "on",
+        # one generation of `batch` completions and one optimizer step per `batch` (TRL's default
+        # steps_per_generation = gradient_accumulation_steps); "dapo" normalises over all of it
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=batch // micro_batch,
         num_generations=args.group,
         max_completion_length=args.max_tokens,
         max_steps=args.steps,
@@ -138,14 +175,16 @@ def main() -> None:
         task_type="CAUSAL_LM",
     )
     timer = step_timer()
+    env = load_env(args.env, num_examples=1000, seed=42)
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=short_answer_reward_batch,
+        reward_funcs=env_reward(env),
         args=config,
-        train_dataset=build_dataset(num_examples=1000, seed=42),
+        train_dataset=build_dataset(env),
         peft_config=lora,
         callbacks=[timer],
     )
+    weight_dtype = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
     trainer.train()
     process_wall = time.monotonic() - started
 
@@ -161,20 +200,28 @@ def main() -> None:
         "versions": versions("torch", "transformers", "peft", "trl", "accelerate", "datasets"),
         "config": {
             "model": model,
-            "precision": "bf16 autocast (fp32 master weights)" if bf16 else "fp32",
+            "env": args.env,
+            "precision": f"{weight_dtype} weights" + (", bf16 autocast" if config.bf16 else ""),
+            "precision_flag": args.precision,
             "steps": args.steps,
             "prompts_per_step": args.prompts,
             "completions_per_prompt": args.group,
+            "micro_batch": micro_batch,
             "max_completion_tokens": args.max_tokens,
             "learning_rate": args.lr,
             "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "targets": list(DEFAULT_LORA_TARGETS)},
             "grpo_config": {
                 k: getattr(config, k)
-                for k in ("use_vllm", "use_cpu", "bf16", "loss_type", "scale_rewards", "beta", "temperature")
+                for k in (
+                    *("use_vllm", "use_cpu", "bf16", "gradient_checkpointing", "loss_type", "scale_rewards"),
+                    *("beta", "temperature"),
+                )
             },
             "torch_threads": torch.get_num_threads(),
         },
         "command": " ".join(["python", "benchmarks/trl_bench.py", *sys.argv[1:]]),
+        "env": args.env,
+        "dtype": {"configured": args.precision, "weights": weight_dtype, "bf16_autocast": bool(config.bf16)},
         "process_wall_s": process_wall,
         "num_steps": len(step_s),
         "loop_wall_s": loop_wall,
