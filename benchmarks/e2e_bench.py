@@ -112,7 +112,7 @@ def run_configs(args: argparse.Namespace, run_dir: Path, async_level: int) -> di
         learning_rate=args.lr,
         max_async_level=async_level,
     )
-    infer.update(model=args.model)
+    infer.update(model=args.model, weight_dirs=[str(run_dir)])
     orch["model"]["name"] = args.model
     orch.update(
         output_dir=str(run_dir),

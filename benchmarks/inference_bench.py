@@ -204,6 +204,7 @@ def main() -> None:
         max_num_seqs=args.prompts,
         kv_cache_space_gb=2,
         lora_serving="adapter",
+        weight_dirs=[str(work)],
     )
     # Distinct prompts (no prefix sharing), fixed token ids from the ordinary vocabulary.
     prompts = [

@@ -76,6 +76,8 @@ def run_colocated(
     )
     train = train.model_copy(update={"ckpt": train.ckpt.model_copy(update={"resume_step": step})})
     orch = orch.model_copy(update={"ckpt": orch.ckpt.model_copy(update={"resume_step": step})})
+    if infer.weight_dirs is None:  # the trainer publishes every policy inside the run directory
+        infer = infer.model_copy(update={"weight_dirs": [str(run_dir.resolve())]})
     write_resolved_configs(run_dir, {"train": train, "infer": infer, "orch": orch})
     log.info("memory plan:\n%s", plan.table())
 

@@ -90,6 +90,13 @@ class InferenceConfig(StrictModel):
     weight_broadcast_type: Literal["filesystem", "nccl"] = "filesystem"
     """How new full weights arrive: from a directory, or over a collective (NCCL on GPU, gloo on CPU)."""
 
+    weight_dirs: list[str] | None = None
+    """Folders the weight routes may load policies from (full weights, LoRA adapters, noisy norms,
+    /v1/load_lora_adapter included); any other path is refused (HTTP 403), so a client cannot make
+    the engine read files the run did not write. Relative paths are read from the server's working
+    directory. null: that working directory (where grpo-orch's output_dir usually lies). Co-located
+    runs use the run's output_dir."""
+
     reasoning_parser: str | None = None
     """vLLM reasoning parser name (e.g. "deepseek_r1", "qwen3")."""
 

@@ -26,7 +26,7 @@ import httpx
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
 from grpo.inference.types import Completion, GenerateRequest
-from grpo.inference.vllm_compat import (
+from grpo.inference.weight_routes import (
     APPLY_NOISY_NORMS_ROUTE,
     LORA_SERVING_ROUTE,
     MERGE_LORA_ROUTE,

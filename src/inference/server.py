@@ -19,7 +19,8 @@ from typing import Any
 
 from grpo.config.inference import InferenceConfig
 from grpo.inference import vllm_compat
-from grpo.inference.server_args import LoraServing, build_server_args, resolve_lora_serving, server_env
+from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
+from grpo.inference.weight_routes import WeightRouteRules, add_weight_routes
 from grpo.utils.logging import get_logger
 from grpo.utils.signals import interrupt_on_sigterm
 
@@ -28,9 +29,9 @@ log = get_logger("inference")
 CHILD_EXIT_GRACE_S = 5.0
 
 
-def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Namespace, LoraServing]:
-    """Check vLLM, set the engine's environment, and parse the server argv for `cfg`; also the
-    LoRA serving mode it runs with."""
+def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Namespace, WeightRouteRules]:
+    """Check vLLM, set the engine's environment, and parse the server argv for `cfg`; also what
+    its weight routes accept (the LoRA serving mode with auto decided, the weight folders)."""
     version = vllm_compat.check_vllm_version()
     lora_serving = resolve_lora_serving(cfg)
     os.environ.update(server_env(cfg))
@@ -44,7 +45,21 @@ def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Name
             if lora_serving == "merged"
             else "; adapters are applied per request by vLLM's LoRA path",
         )
-    return vllm_compat.parse_server_args(build_server_args(cfg, model_path)), lora_serving
+    rules = WeightRouteRules.for_config(cfg, lora_serving)
+    log.info("weight routes load only from %s", ", ".join(str(d) for d in rules.weight_dirs))
+    return vllm_compat.parse_server_args(build_server_args(cfg, model_path)), rules
+
+
+async def serve_with_weight_routes(
+    args: argparse.Namespace, rules: WeightRouteRules, on_ready: vllm_compat.OnReady
+) -> bool:
+    """vLLM's server with grpo's weight routes, each accepting what `rules` allow."""
+    return await vllm_compat.serve(
+        args,
+        on_ready=on_ready,
+        extend_app=lambda app: add_weight_routes(app, rules),
+        lora_path_refusal=rules.path_refusal,
+    )
 
 
 def run_server(cfg: InferenceConfig) -> int:
@@ -53,7 +68,7 @@ def run_server(cfg: InferenceConfig) -> int:
 
     resolved = resolve_model(cfg.model)
     log.info(resolved.describe())
-    args, lora_serving = prepare_server(cfg, str(resolved.path))
+    args, rules = prepare_server(cfg, str(resolved.path))
 
     # Until vLLM's server installs its own handlers, SIGTERM interrupts start-up like Ctrl-C.
     interrupt_on_sigterm()
@@ -63,7 +78,7 @@ def run_server(cfg: InferenceConfig) -> int:
 
     exit_code = 0
     try:
-        engine_died = asyncio.run(vllm_compat.serve(args, on_ready=_on_ready, lora_serving=lora_serving))
+        engine_died = asyncio.run(serve_with_weight_routes(args, rules, _on_ready))
         if engine_died:
             log.error("the inference engine process died; see its traceback above")
             exit_code = 1
@@ -95,8 +110,8 @@ class ServerThread:
         self._signal_handlers: dict[int, Any] = {}
         self._children_before: set[int] = set()
         self.engine_died = False
-        self.lora_serving: LoraServing = "adapter"
-        """How this server takes a new adapter (set by start(): lora_serving with auto decided)."""
+        self.rules = WeightRouteRules()
+        """What its weight routes accept (set by start(); `rules.lora_serving` is how it takes an adapter)."""
 
     @property
     def base_url(self) -> str:
@@ -105,7 +120,7 @@ class ServerThread:
         return f"http://{self.cfg.bind_host}:{self.port}/v1"
 
     def start(self) -> ServerThread:
-        args, self.lora_serving = prepare_server(self.cfg, self.model_path)
+        args, self.rules = prepare_server(self.cfg, self.model_path)
         self._children_before = {p.pid for p in _children()}
         self.loop = asyncio.new_event_loop()
         self._signal_handlers = vllm_compat.allow_server_in_thread(self.loop)
@@ -118,7 +133,7 @@ class ServerThread:
         asyncio.set_event_loop(self.loop)
         try:
             self.engine_died = self.loop.run_until_complete(
-                vllm_compat.serve(args, on_ready=self._on_ready, lora_serving=self.lora_serving)
+                serve_with_weight_routes(args, self.rules, self._on_ready)
             )
         except BaseException as error:  # reported to the owner thread by wait_ready/stop
             self._error = error

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,27 +26,6 @@ SUPPORTED_VLLM_RANGE = (">=0.25", "<0.33")
 """vLLM releases this module was written against (0.32 tested; 0.25 is the GPU machines' pin)."""
 
 WORKER_EXTENSION_CLS = "grpo.inference.worker_extension.WorkerExtension"
-
-UPDATE_WEIGHTS_ROUTE = "/v1/grpo/update_weights"
-"""POST {"path": folder of safetensors}: load full weights on every worker, then reset the prefix cache."""
-
-RECEIVE_WEIGHTS_ROUTE = "/v1/grpo/receive_weights"
-"""POST {"host", "port", "timeout", "version", "rank", "world_size"}: the server's worker joins the
-trainer's collective as `rank` of `world_size` (trainer = rank 0; optional, default 1 of 2) and
-receives full weights (docs/multi_node.md), then the prefix cache is reset. 424 with the reason
-when the transfer fails (a missing trainer times out after `timeout` s)."""
-
-MERGE_LORA_ROUTE = "/v1/grpo/merge_lora"
-"""POST {"lora_name", "lora_path"}: merge the PEFT adapter in lora_path into the served weights (from
-the untouched base), reset the prefix cache, and serve `lora_name` as another name of the base
-model (requests naming it run without a LoRA request). 424 with the reason when the merge fails."""
-
-LORA_SERVING_ROUTE = "/v1/grpo/lora_serving"
-"""GET: {"lora_serving": "adapter" | "merged"}, how this server takes a new adapter (404 on a plain
-vLLM server: adapters, through /v1/load_lora_adapter)."""
-
-APPLY_NOISY_NORMS_ROUTE = "/v1/grpo/apply_noisy_norms"
-"""POST {"path": safetensors file}: copy QeRL noisy RMSNorm weights into the model."""
 
 KEEP_DENSE_WEIGHTS_ENV = "GRPO_KEEP_DENSE_WEIGHTS"
 """Set to 1 in the engine's environment to keep dense linear weights as parameters on CPU."""
@@ -124,104 +104,25 @@ def _build_app(args: argparse.Namespace, supported_tasks: Any, model_config: Any
 # Serving
 
 
-def _add_grpo_routes(app: Any, lora_serving: str) -> None:
-    """Weight-update routes; under /v1 so vLLM's API key middleware guards them."""
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-
-    def _route(rpc_method: str) -> Callable[[Request], Any]:
-        async def handle(request: Request) -> JSONResponse:
-            body = await request.json()
-            if not isinstance(body, dict) or not isinstance(body.get("path"), str):
-                return JSONResponse({"error": 'body must be {"path": "<folder or file>"}'}, status_code=400)
-            engine = request.app.state.engine_client
-            results = await engine.collective_rpc(rpc_method, args=(body["path"],))
-            # Cached prefixes were computed with the old weights.
-            await engine.reset_prefix_cache()
-            return JSONResponse({"results": results})
-
-        return handle
-
-    async def receive_weights(request: Request) -> JSONResponse:
-        body = await request.json()
-        fields: dict[str, type | tuple[type, ...]] = {
-            "host": str,
-            "port": int,
-            "timeout": (int, float),
-            "version": int,
-        }
-        optional = {"rank": 1, "world_size": 2}
-        if (
-            not isinstance(body, dict)
-            or not all(isinstance(body.get(k), t) for k, t in fields.items())
-            or not all(isinstance(body.get(k, d), int) for k, d in optional.items())
-        ):
-            return JSONResponse(
-                {
-                    "error": 'body must be {"host": str, "port": int, "timeout": seconds, "version": int, '
-                    '"rank": int, "world_size": int} (rank and world_size optional)'
-                },
-                status_code=400,
-            )
-        engine = request.app.state.engine_client
-        args = (
-            body["host"],
-            body["port"],
-            float(body["timeout"]),
-            body["version"],
-            body.get("rank", 1),
-            body.get("world_size", 2),
-        )
-        try:
-            results = await engine.collective_rpc("receive_weights_collective", args=args)
-        except Exception as error:  # the reason goes back to the orchestrator instead of a bare 500
-            return JSONResponse({"error": f"{type(error).__name__}: {error}"}, status_code=424)
-        await engine.reset_prefix_cache()
-        return JSONResponse({"results": results})
-
-    async def merge_lora(request: Request) -> JSONResponse:
-        body = await request.json()
-        if not isinstance(body, dict) or not all(
-            isinstance(body.get(k), str) for k in ("lora_name", "lora_path")
-        ):
-            return JSONResponse(
-                {"error": 'body must be {"lora_name": str, "lora_path": str}'}, status_code=400
-            )
-        engine = request.app.state.engine_client
-        try:
-            results = await engine.collective_rpc("merge_lora_from_path", args=(body["lora_path"],))
-        except Exception as error:  # the reason goes back to the orchestrator instead of a bare 500
-            return JSONResponse({"error": f"{type(error).__name__}: {error}"}, status_code=424)
-        # Cached prefixes were computed with the previous policy.
-        await engine.reset_prefix_cache()
-        serve_name_as_base_model(request.app.state, body["lora_name"])
-        return JSONResponse({"results": results})
-
-    async def get_lora_serving(_request: Request) -> JSONResponse:
-        return JSONResponse({"lora_serving": lora_serving})
-
-    app.add_route(UPDATE_WEIGHTS_ROUTE, _route("load_weights_from_path"), methods=["POST"])
-    # Also on an adapter-serving server (benchmarks and tests compare both paths on one engine).
-    app.add_route(MERGE_LORA_ROUTE, merge_lora, methods=["POST"])
-    app.add_route(LORA_SERVING_ROUTE, get_lora_serving, methods=["GET"])
-    app.add_route(RECEIVE_WEIGHTS_ROUTE, receive_weights, methods=["POST"])
-    app.add_route(APPLY_NOISY_NORMS_ROUTE, _route("apply_noisy_norms"), methods=["POST"])
-
-
 OnReady = Callable[[Any, int], None]
 """Called on the server's event loop once the engine is up, just before HTTP serving starts:
 (engine_client, bound port). Poll /health to know when requests are answered."""
 
 
 async def serve(
-    args: argparse.Namespace, on_ready: OnReady | None = None, lora_serving: str = "adapter"
+    args: argparse.Namespace,
+    on_ready: OnReady | None = None,
+    extend_app: Callable[[Any], None] | None = None,
+    lora_path_refusal: Callable[[str], str | None] | None = None,
 ) -> bool:
     """Run vLLM's OpenAI server until it shuts down; True if the engine died (errored).
 
-    `lora_serving` ("adapter" or "merged") is what LORA_SERVING_ROUTE tells clients.
+    `extend_app(app)` adds routes (grpo's weight routes) before serving starts;
+    `lora_path_refusal(path)` says why /v1/load_lora_adapter must not load `path` (403), or None.
+    Adapters of the server's own --lora-modules load before it applies.
 
-    Mirrors vLLM's run_server/build_and_serve, plus the grpo weight routes, the in-place LoRA
-    flag reset, the actual bound port (port 0) and the engine client handed to `on_ready`.
+    Mirrors vLLM's run_server/build_and_serve, plus the in-place LoRA flag reset, the actual bound
+    port (port 0) and the engine client handed to `on_ready`.
     """
     entry = _entry_module()
     launcher = _launcher_module()
@@ -240,8 +141,11 @@ async def serve(
         engine_client = client
         supported_tasks = await engine_client.get_supported_tasks()
         app = _build_app(args, supported_tasks, engine_client.model_config)
-        _add_grpo_routes(app, lora_serving)
+        if extend_app is not None:
+            extend_app(app)
         await init_app_state(engine_client, app.state, args, supported_tasks)
+        global _lora_path_refusal
+        _lora_path_refusal = lora_path_refusal
         if on_ready is not None:
             on_ready(engine_client, port)
         shutdown_task = await launcher.serve_http(
@@ -325,10 +229,13 @@ def allow_server_in_thread(loop: asyncio.AbstractEventLoop) -> dict[int, Callabl
 # In-place LoRA reload
 
 _lora_patch_applied = False
+_lora_path_refusal: Callable[[str], str | None] | None = None
+"""Set by `serve`: why an adapter path must not be loaded, or None (grpo.inference.weight_routes)."""
 
 
 def reset_inplace_flag_after_lora_load() -> None:
-    """After an in-place adapter load, store the adapter's request with load_inplace=False.
+    """Refuse adapter paths `_lora_path_refusal` names (403); after an in-place adapter load, store
+    the adapter's request with load_inplace=False.
 
     The server keeps the LoRARequest it loaded and attaches it to every later request for that
     adapter; with load_inplace still set, the worker re-reads the adapter from disk on every
@@ -343,6 +250,11 @@ def reset_inplace_flag_after_lora_load() -> None:
     original = OpenAIServingModels.load_lora_adapter
 
     async def load_lora_adapter(self: Any, request: Any, base_model_name: str | None = None) -> Any:
+        refusal = None if _lora_path_refusal is None else _lora_path_refusal(request.lora_path)
+        if refusal is not None:
+            from vllm.entrypoints.serve import create_error_response
+
+            return create_error_response(refusal, err_type="Forbidden", status_code=HTTPStatus.FORBIDDEN)
         result = await original(self, request, base_model_name)
         # No await between the original storing the request and this replacement, so no
         # request can pick up the flagged copy.

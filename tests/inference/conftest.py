@@ -48,10 +48,14 @@ def shm_records_to_release() -> Iterator[list[dict[str, Any]]]:
 
 @pytest.fixture(scope="session")
 def vllm_server(
-    tiny_model_path: Path, shm_records_to_release: list[dict[str, Any]]
+    tiny_model_path: Path,
+    shm_records_to_release: list[dict[str, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerThread]:
-    """ServerThread serving the tiny model under the name "tiny", LoRA enabled (adapter serving)."""
-    server = ServerThread(tiny_inference_config(), str(tiny_model_path)).start()
+    """ServerThread serving the tiny model under the name "tiny", LoRA enabled (adapter serving);
+    its weight routes load from the session's temporary folders."""
+    cfg = tiny_inference_config(weight_dirs=[str(tmp_path_factory.getbasetemp())])
+    server = ServerThread(cfg, str(tiny_model_path)).start()
     try:
         server.wait_ready(timeout=300)
         yield server

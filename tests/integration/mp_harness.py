@@ -39,10 +39,14 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def infer_config(model: Path, port: int, lora: bool, host: str | None = None) -> dict[str, Any]:
+def infer_config(
+    model: Path, port: int, lora: bool, weight_dir: Path, host: str | None = None
+) -> dict[str, Any]:
+    """`weight_dir`: the folder holding the run directories whose policies the server may load."""
     cfg: dict[str, Any] = {
         "model": str(model),
         "port": port,
+        "weight_dirs": [str(weight_dir)],
         "max_model_len": 256,
         "kv_cache_space_gb": 0.5,
         "enable_lora": lora,

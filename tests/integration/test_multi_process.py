@@ -40,7 +40,10 @@ def lora_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory)
     launcher.start(
         "infer",
         "grpo-infer",
-        write_yaml(folder / "infer.yaml", infer_config(tiny_model_path, port, lora=True)),
+        write_yaml(
+            folder / "infer.yaml",
+            infer_config(tiny_model_path, port, lora=True, weight_dir=tmp_path_factory.getbasetemp()),
+        ),
     )
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -104,7 +107,9 @@ def test_zmq_and_collective_full_weights_reach_two_servers_started_last(
     launcher.start("train", "grpo-train", write_yaml(tmp_path / "train.yaml", train))
     launcher.start("orch", "grpo-orch", write_yaml(tmp_path / "orch.yaml", orch))
     for i, port in enumerate(infer_ports):
-        infer = write_yaml(tmp_path / f"infer{i}.yaml", infer_config(tiny_model_path, port, lora=False))
+        infer = write_yaml(
+            tmp_path / f"infer{i}.yaml", infer_config(tiny_model_path, port, lora=False, weight_dir=tmp_path)
+        )
         launcher.start(f"infer{i}", "grpo-infer", infer)
     launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S + 240)
     assert trainer_steps(run_dir) == [0, 1, 2]

@@ -72,7 +72,7 @@ def test_inference_on_another_host_serves_orchestrator_and_trainer_over_veth(
         port = 18000 + random.randrange(1000)
         address = netns_pair.inference_address
         url = f"http://{address}:{port}/v1"
-        infer = infer_config(tiny_model_path, port, lora=True, host=address)
+        infer = infer_config(tiny_model_path, port, lora=True, weight_dir=tmp_path, host=address)
         launcher.start("infer", "grpo-infer", write_yaml(tmp_path / "infer.yaml", infer))
         wait_for_server(url, launcher.processes["infer"], tmp_path / "infer.log")
         in_ns = ("ip", "netns", "exec", netns_pair.namespace)

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 import grpo.inference.client as client_module
 from grpo.config.orchestrator import ClientConfig, NcclWeightBroadcast
-from grpo.inference import vllm_compat
+from grpo.inference import vllm_compat, weight_routes
 from grpo.inference.client import InferenceClient
 from grpo.inference.worker_extension import WorkerExtension
 from grpo.transport.weights_announce import write_collective_manifest
@@ -244,7 +244,7 @@ def test_client_gives_each_server_its_rank_and_the_world_size(tmp_path: Path) ->
     bodies: dict[str, dict[str, object]] = {}
 
     def handler(req: httpx.Request) -> httpx.Response:
-        assert req.url.path == "/v1" + vllm_compat.RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1")
+        assert req.url.path == "/v1" + weight_routes.RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1")
         bodies[req.url.host] = json.loads(req.content)
         return httpx.Response(200, json={"results": [5]})
 
