@@ -63,7 +63,11 @@ def run_server(cfg: InferenceConfig) -> int:
 
     exit_code = 0
     try:
-        engine_died = asyncio.run(vllm_compat.serve(args, on_ready=_on_ready, lora_serving=lora_serving))
+        engine_died = asyncio.run(
+            vllm_compat.serve(
+                args, on_ready=_on_ready, lora_serving=lora_serving, weight_secret_env=cfg.weight_secret_env
+            )
+        )
         if engine_died:
             log.error("the inference engine process died; see its traceback above")
             exit_code = 1
@@ -118,7 +122,12 @@ class ServerThread:
         asyncio.set_event_loop(self.loop)
         try:
             self.engine_died = self.loop.run_until_complete(
-                vllm_compat.serve(args, on_ready=self._on_ready, lora_serving=self.lora_serving)
+                vllm_compat.serve(
+                    args,
+                    on_ready=self._on_ready,
+                    lora_serving=self.lora_serving,
+                    weight_secret_env=self.cfg.weight_secret_env,
+                )
             )
         except BaseException as error:  # reported to the owner thread by wait_ready/stop
             self._error = error

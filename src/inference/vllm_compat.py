@@ -31,9 +31,10 @@ UPDATE_WEIGHTS_ROUTE = "/v1/grpo/update_weights"
 
 RECEIVE_WEIGHTS_ROUTE = "/v1/grpo/receive_weights"
 """POST {"host", "port", "timeout", "version", "rank", "world_size"}: the server's worker joins the
-trainer's collective as `rank` of `world_size` (trainer = rank 0; optional, default 1 of 2) and
-receives full weights (docs/multi_node.md), then the prefix cache is reset. 424 with the reason
-when the transfer fails (a missing trainer times out after `timeout` s)."""
+trainer's collective as `rank` of `world_size` (trainer = rank 0; optional, default 1 of 2),
+proving the secret in the server's weight_secret_env, and receives full weights checked against
+the served model's shapes (docs/multi_node.md), then the prefix cache is reset. 424 with the
+reason when the transfer fails (a missing trainer times out after `timeout` s)."""
 
 MERGE_LORA_ROUTE = "/v1/grpo/merge_lora"
 """POST {"lora_name", "lora_path"}: merge the PEFT adapter in lora_path into the served weights (from
@@ -124,8 +125,9 @@ def _build_app(args: argparse.Namespace, supported_tasks: Any, model_config: Any
 # Serving
 
 
-def _add_grpo_routes(app: Any, lora_serving: str) -> None:
-    """Weight-update routes; under /v1 so vLLM's API key middleware guards them."""
+def _add_grpo_routes(app: Any, lora_serving: str, weight_secret_env: str) -> None:
+    """Weight-update routes; under /v1 so vLLM's API key middleware guards them. The worker reads
+    the collective's secret from `$weight_secret_env` itself: only the name travels."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
@@ -171,6 +173,7 @@ def _add_grpo_routes(app: Any, lora_serving: str) -> None:
             body["version"],
             body.get("rank", 1),
             body.get("world_size", 2),
+            weight_secret_env,
         )
         try:
             results = await engine.collective_rpc("receive_weights_collective", args=args)
@@ -214,11 +217,16 @@ OnReady = Callable[[Any, int], None]
 
 
 async def serve(
-    args: argparse.Namespace, on_ready: OnReady | None = None, lora_serving: str = "adapter"
+    args: argparse.Namespace,
+    on_ready: OnReady | None = None,
+    lora_serving: str = "adapter",
+    *,
+    weight_secret_env: str,
 ) -> bool:
     """Run vLLM's OpenAI server until it shuts down; True if the engine died (errored).
 
-    `lora_serving` ("adapter" or "merged") is what LORA_SERVING_ROUTE tells clients.
+    `lora_serving` ("adapter" or "merged") is what LORA_SERVING_ROUTE tells clients;
+    `weight_secret_env` names the variable holding the weight collective's secret.
 
     Mirrors vLLM's run_server/build_and_serve, plus the grpo weight routes, the in-place LoRA
     flag reset, the actual bound port (port 0) and the engine client handed to `on_ready`.
@@ -240,7 +248,7 @@ async def serve(
         engine_client = client
         supported_tasks = await engine_client.get_supported_tasks()
         app = _build_app(args, supported_tasks, engine_client.model_config)
-        _add_grpo_routes(app, lora_serving)
+        _add_grpo_routes(app, lora_serving, weight_secret_env)
         await init_app_state(engine_client, app.state, args, supported_tasks)
         if on_ready is not None:
             on_ready(engine_client, port)
@@ -422,6 +430,13 @@ def worker_model(worker: Any) -> torch.nn.Module:
     """The nn.Module a vLLM worker runs."""
     model: torch.nn.Module = worker.model_runner.model
     return model
+
+
+def worker_hf_config(worker: Any) -> tuple[Any, bool]:
+    """The transformers config of the model a vLLM worker serves, and whether the engine trusts
+    the model folder's code (needed to build a model of that config)."""
+    model_config = worker.model_config
+    return model_config.hf_config, bool(model_config.trust_remote_code)
 
 
 def keep_dense_cpu_weights() -> None:
