@@ -97,6 +97,12 @@ class InferenceConfig(StrictModel):
     directory. null: that working directory (where grpo-orch's output_dir usually lies). Co-located
     runs use the run's output_dir."""
 
+    weight_secret_env: str = "GRPO_WEIGHTS_SECRET"
+    """(weight_broadcast_type nccl) Environment variable holding the secret of the trainer's
+    weight_broadcast.secret_env (the same value): the server proves it to the trainer, checks the
+    trainer's proof and every update's signature. Without it the server refuses to join a trainer
+    whose weight_broadcast host is not a loopback address; unset on loopback = unauthenticated."""
+
     reasoning_parser: str | None = None
     """vLLM reasoning parser name (e.g. "deepseek_r1", "qwen3")."""
 

@@ -360,6 +360,29 @@ class NcclWeightBroadcast(StrictModel):
     timeout: float = Field(1200, gt=0)
     """Seconds before a missing peer is reported."""
 
+    num_servers: int = Field(1, ge=1)
+    """Inference servers receiving the weights: the collective's world size is 1 + num_servers (the
+    trainer waits for exactly these). Must equal the number of servers in the orchestrator's
+    client.base_url; set the same value in train.yaml and orch.yaml."""
+
+    secret_env: str = "GRPO_WEIGHTS_SECRET"
+    """Environment variable holding the secret the trainer and the inference servers prove to each
+    other (HMAC-SHA256 challenge-response) and sign each update's manifest with; every grpo-infer
+    needs the same value (in the variable its weight_secret_env names). Required when host is not
+    a loopback address; unset on loopback = unauthenticated."""
+
+    @model_validator(mode="after")
+    def _secret_off_loopback(self) -> NcclWeightBroadcast:
+        from grpo.transport.auth import is_loopback_host, secret_from_env
+
+        if not is_loopback_host(self.host) and secret_from_env(self.secret_env) is None:
+            raise ValueError(
+                f"weight_broadcast host {self.host} is reachable from other machines, so the trainer and the "
+                f"inference servers must prove a shared secret: export {self.secret_env}=<a long random string> "
+                "for grpo-train, grpo-orch and every grpo-infer, or use host: 127.0.0.1"
+            )
+        return self
+
 
 WeightBroadcastConfig = Annotated[
     FilesystemWeightBroadcast | NcclWeightBroadcast, Field(discriminator="type")
@@ -460,6 +483,24 @@ class OrchestratorConfig(StrictModel):
             raise ValueError(
                 f"max_off_policy_steps ({self.max_off_policy_steps}) is below max_async_level "
                 f"({self.max_async_level}): every rollout would be dropped; raise max_off_policy_steps"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _collective_has_every_server(self) -> OrchestratorConfig:
+        wb = self.weight_broadcast
+        if wb.type != "nccl":
+            return self
+        if self.client.elastic is not None:
+            raise ValueError(
+                "weight_broadcast type nccl sends to a fixed group of servers, but client.elastic makes the pool "
+                "change; use weight_broadcast type filesystem (in orch.yaml and train.yaml) with an elastic pool"
+            )
+        num_urls = len(self.client.base_url)
+        if wb.num_servers != num_urls:
+            raise ValueError(
+                f"weight_broadcast.num_servers is {wb.num_servers} but client.base_url lists {num_urls} server(s), "
+                f"and the trainer waits for num_servers of them: set num_servers: {num_urls} in orch.yaml and train.yaml"
             )
         return self
 

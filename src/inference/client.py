@@ -410,8 +410,8 @@ class InferenceClient:
                 "{type: nccl, host, port} in orch.yaml to the trainer's address "
                 f"({manifest.get('trainer_address')})"
             )
-        # The trainer is rank 0; the i-th server is rank i. Each server passes the world size on to
-        # the trainer through the rendezvous store, so the trainer needs no list of servers.
+        # The trainer is rank 0; the i-th server is rank i. The trainer refuses a server told another
+        # world size than its weight_broadcast.num_servers gives (orch.yaml's is checked at load).
         world_size = len(self.base_urls) + 1
         common = {"host": wb.host, "port": wb.port, "timeout": wb.timeout, "version": manifest["version"]}
 

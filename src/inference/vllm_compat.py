@@ -336,6 +336,13 @@ def worker_model(worker: Any) -> torch.nn.Module:
     return model
 
 
+def worker_hf_config(worker: Any) -> tuple[Any, bool]:
+    """The transformers config of the model a vLLM worker serves, and whether the engine trusts
+    the model folder's code (needed to build a model of that config)."""
+    model_config = worker.model_config
+    return model_config.hf_config, bool(model_config.trust_remote_code)
+
+
 def keep_dense_cpu_weights() -> None:
     """On CPU, keep each dense linear weight as a parameter next to its packed copy.
 

@@ -31,9 +31,10 @@ UPDATE_WEIGHTS_ROUTE = "/v1/grpo/update_weights"
 
 RECEIVE_WEIGHTS_ROUTE = "/v1/grpo/receive_weights"
 """POST {"host", "port", "timeout", "version", "rank", "world_size"}: the server's worker joins the
-trainer's collective as `rank` of `world_size` (trainer = rank 0; optional, default 1 of 2) and
-receives full weights (docs/multi_node.md), then the prefix cache is reset. 424 with the reason
-when the transfer fails (a missing trainer times out after `timeout` s)."""
+trainer's collective as `rank` of `world_size` (trainer = rank 0; optional, default 1 of 2),
+proving the secret in the server's weight_secret_env, and receives full weights checked against
+the served model's shapes (docs/multi_node.md), then the prefix cache is reset. 424 with the
+reason when the transfer fails (a missing trainer times out after `timeout` s)."""
 
 MERGE_LORA_ROUTE = "/v1/grpo/merge_lora"
 """POST {"lora_name", "lora_path"}: merge the PEFT adapter in lora_path into the served weights (from
@@ -58,6 +59,8 @@ class WeightRouteRules:
     """Resolved folders whose files the routes may load; empty: none."""
     collective: bool = False
     """Whether RECEIVE_WEIGHTS_ROUTE exists (weight_broadcast_type nccl)."""
+    weight_secret_env: str = "GRPO_WEIGHTS_SECRET"
+    """Variable holding the collective's secret; the worker reads it itself, only the name travels."""
 
     @classmethod
     def for_config(cls, cfg: InferenceConfig, lora_serving: str) -> WeightRouteRules:
@@ -66,6 +69,7 @@ class WeightRouteRules:
             lora_serving=lora_serving,
             weight_dirs=tuple(Path(d).resolve() for d in dirs),
             collective=cfg.weight_broadcast_type == "nccl",
+            weight_secret_env=cfg.weight_secret_env,
         )
 
     def path_refusal(self, path: str) -> str | None:
@@ -133,6 +137,7 @@ def add_weight_routes(app: Any, rules: WeightRouteRules) -> None:
             body["version"],
             body.get("rank", 1),
             body.get("world_size", 2),
+            rules.weight_secret_env,
         )
         try:
             results = await engine.collective_rpc("receive_weights_collective", args=args)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.inference import vllm_compat
 from grpo.inference.weight_handles import export_record
+from grpo.transport.weights_collective import DEFAULT_SECRET_ENV
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +22,18 @@ if TYPE_CHECKING:
 if os.environ.get(vllm_compat.KEEP_DENSE_WEIGHTS_ENV) == "1":
     vllm_compat.keep_dense_cpu_weights()
     vllm_compat.keep_row_major_cpu_fp8_weights()
+
+
+def hf_checkpoint_shapes(hf_config: Any, trust_remote_code: bool = False) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor in the state dict of the causal LM `hf_config` describes:
+    the names and shapes a trainer's full weights carry. Built on the meta device, so nothing is
+    allocated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
 class WorkerExtension:
@@ -45,24 +58,46 @@ class WorkerExtension:
         vllm_compat.repack_cpu_linear_weights(model)
         return num_tensors
 
+    def _grpo_hf_config(self) -> tuple[Any, bool]:
+        return vllm_compat.worker_hf_config(self)
+
+    def _grpo_checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF name -> shape of the served model's checkpoint tensors (worked out once)."""
+        shapes: dict[str, tuple[int, ...]] | None = getattr(self, "_grpo_shapes", None)
+        if shapes is None:
+            shapes = self._grpo_shapes = hf_checkpoint_shapes(*self._grpo_hf_config())
+        return shapes
+
     def receive_weights_collective(
-        self, host: str, port: int, timeout: float, version: int, rank: int = 1, world_size: int = 2
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        version: int,
+        rank: int = 1,
+        world_size: int = 2,
+        secret_env: str = DEFAULT_SECRET_ENV,
     ) -> int:
         """Receive policy `version`'s full weights from the trainer at host:port and load them.
 
         This worker is `rank` of `world_size` (the trainer is rank 0, each inference server one
-        rank; the orchestrator assigns them). Returns the number of tensors loaded, 0 when this
-        worker already runs `version` or newer (a restarted orchestrator asks again for the version
-        it last saw). One collective session per version (docs/multi_node.md); TimeoutError naming
-        the missing ranks after `timeout` s.
+        rank; the orchestrator assigns them). It proves, and checks the trainer proves, the secret
+        in `$secret_env` (the variable is read here, in the server's environment), and takes only
+        tensors the served model has, in its shapes. Returns the number of tensors loaded, 0 when
+        this worker already runs `version` or newer (a restarted orchestrator asks again for the
+        version it last saw). One collective session per version (docs/multi_node.md);
+        TimeoutError naming the missing ranks after `timeout` s.
         """
         from grpo.transport.weights_collective import CollectiveWeightReceiver
 
         if version <= getattr(self, "_grpo_collective_version", 0):
             return 0
-        receiver = CollectiveWeightReceiver(host, port, timeout, rank=rank, world_size=world_size)
+        expected = self._grpo_checkpoint_shapes()
+        receiver = CollectiveWeightReceiver(
+            host, port, timeout, rank=rank, world_size=world_size, secret_env=secret_env
+        )
         try:
-            step, tensors = receiver.receive()
+            step, tensors = receiver.receive(expected=expected)
         finally:
             receiver.close()
         if step != version:

@@ -6,10 +6,10 @@ orchestrator may still sample from (max_async_level + 1 newest) stay on disk.
 
 Full weights over a collective (`weight_broadcast.type: nccl`, see docs/multi_node.md): the
 folder holds only an announcement (grpo.transport.weights_announce), then the trainer opens a
-fresh session on weight_broadcast.host:port as rank 0, learns from the first receiver how many
-inference servers the orchestrator sends there, waits up to weight_broadcast.timeout for all of
-them, broadcasts the state dict and closes the session. One session per version: a restarted
-trainer or server never meets stale state.
+fresh session on weight_broadcast.host:port as rank 0, waits up to weight_broadcast.timeout for
+its weight_broadcast.num_servers inference servers to join and prove the secret in
+weight_broadcast.secret_env, broadcasts the state dict and closes the session. One session per
+version: a restarted trainer or server never meets stale state.
 
 Under FSDP2, Trainer.publish hands these functions an unsharded copy of the model on rank 0
 (grpo.trainer.distributed.whole_model_copy): one code path for sharded and unsharded policies.
@@ -59,10 +59,11 @@ def _tied_aliases(module: torch.nn.Module) -> set[str]:
 
 
 def publish_over_collective(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int) -> Path:
-    """Announce `version` in broadcasts/step_{version}/ (STABLE last), then send it to every
-    inference worker the orchestrator sends to weight_broadcast.host:port, over a fresh collective
-    session. Blocks until all received it; TimeoutError naming the missing ranks after
-    weight_broadcast.timeout."""
+    """Announce `version` in broadcasts/step_{version}/ (STABLE last), then send it to the
+    weight_broadcast.num_servers inference workers the orchestrator sends to
+    weight_broadcast.host:port, over a fresh collective session. Blocks until all received it;
+    TimeoutError naming the missing ranks after weight_broadcast.timeout, ValueError naming a rank
+    that does not prove the secret."""
     from grpo.transport.weights_announce import write_collective_manifest
     from grpo.transport.weights_collective import CollectiveWeightSender
 
@@ -75,7 +76,9 @@ def publish_over_collective(policy: Policy, cfg: TrainerConfig, run_dir: Path, v
     write_collective_manifest(staged, version, wb.host, wb.port, len(tensors), num_bytes)
     publish_dir(staged, final)
     prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
-    sender = CollectiveWeightSender(wb.host, wb.port, wb.timeout)
+    sender = CollectiveWeightSender(
+        wb.host, wb.port, wb.timeout, num_servers=wb.num_servers, secret_env=wb.secret_env
+    )
     try:
         sender.send(version, tensors)
     finally:

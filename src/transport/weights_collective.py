@@ -6,28 +6,46 @@ inference server = ranks 1..N) built directly on a TCPStore at host:port, so it 
 default process group that FSDP or vLLM may already own. The trainer hosts the store (bound to
 127.0.0.1 for "localhost").
 
-Who is in the group: the orchestrator knows its servers, so it tells each one its rank and the
-world size (1 + N); every receiver writes that world size into the store (all must agree), and the
-sender learns it from there, so the trainer needs no list of servers. Rendezvous, explicit:
+Who is in the group: the trainer's config fixes N (weight_broadcast.num_servers); the orchestrator
+tells the i-th server of its client.base_url its rank i and the world size 1 + N, and a receiver
+told another world size is refused on both sides. Rendezvous, explicit:
 
-- each rank claims its rank in the store (a second claim of the same rank is refused: it means a
-  server runs more than one worker, tp or dp > 1, or two servers were given the same rank),
-- then marks itself ready and waits for every other rank's mark; after `timeout` seconds it
-  raises TimeoutError naming the missing ranks (rank 0 is the trainer).
+- each receiver claims its rank in the store (a second claim of the same rank is refused: it
+  means a server runs more than one worker, tp or dp > 1, or two servers were given the same rank),
+- the peers prove a shared secret to each other (HMAC-SHA256 challenge-response over the store):
+  the sender writes a random nonce and the world size; each receiver answers with a nonce of its
+  own, its world size and a proof over both nonces and its rank; the sender refuses (naming the
+  rank, which gets no weights) a wrong proof or world size, else answers with its own proof, which
+  the receiver checks, so a store that does not know the secret cannot feed a server weights.
+  With the secret unset on both sides (loopback only: refused for any other host) proofs are empty,
+- from here on the session's keys (readiness, the process group's own rendezvous, the updates)
+  live under a prefix derived from the secret (from the nonce alone without one), which a peer
+  without the secret cannot find or overwrite,
+- then every rank marks itself ready and waits for every other rank's mark; after `timeout`
+  seconds it raises TimeoutError naming the missing ranks (rank 0 is the trainer).
 
-Protocol, update k (0, 1, ...): the sender writes `update/{k}` to the store, a JSON document
-`{"step": s, "tensors": [[name, dtype, shape], ...]}` (no pickle anywhere), then broadcasts the
-tensors one by one in that order; each receiver reads the document, allocates, and receives.
+Protocol, update k (0, 1, ...): the sender writes `update/{k}/tag` (HMAC over the session nonce
+and the document) and `update/{k}`, a JSON document `{"step": s, "tensors": [[name, dtype,
+shape], ...]}` (no pickle anywhere), then broadcasts the tensors one by one in that order; each
+receiver checks the tag, then the document (`check_manifest`: against the served model's own
+shapes, before anything is allocated), allocates, and receives.
+
+The secret decides who joins and what is announced; the tensors themselves cross the network
+unencrypted (gloo / NCCL), so a machine that can intercept or redirect that traffic at the network
+level can still read them: keep the collective on a network you trust.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+from grpo.transport.auth import is_loopback_host, secret_from_env, sign, verify
 
 if TYPE_CHECKING:
     import torch
@@ -35,10 +53,14 @@ if TYPE_CHECKING:
 Backend = Literal["nccl", "gloo"]
 
 SENDER_RANK = 0
+DEFAULT_SECRET_ENV = "GRPO_WEIGHTS_SECRET"
 _KEY_PREFIX = "grpo/weights"
-_WORLD_SIZE_KEY = "world_size"
+_SENDER_KEY = "sender"
+_NONCE_BYTES = 16
 _POLL_S = 0.05
 """Seconds between rendezvous checks; polling (not a blocking wait) lets a waiter name who is missing."""
+_REFUSAL_LINGER_S = 1.0
+"""Seconds a sender keeps its store open after refusing a rank, so that rank reads why (many polls)."""
 # dtypes a state dict can hold; names are parsed against this list, never eval'd.
 _DTYPE_NAMES = (
     "float32",
@@ -66,12 +88,13 @@ def _default_backend() -> Backend:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def _dtype_from_name(tensor_name: str, name: str) -> torch.dtype:
     import torch
 
     if name not in _DTYPE_NAMES:
         raise ValueError(
-            f"weight update names unsupported dtype {name!r}; supported: {', '.join(_DTYPE_NAMES)}"
+            f"weight update gives tensor {tensor_name!r} unsupported dtype {name!r}; supported: "
+            f"{', '.join(_DTYPE_NAMES)}"
         )
     return getattr(torch, name)
 
@@ -80,18 +103,114 @@ def _describe_ranks(ranks: list[int]) -> str:
     return ", ".join("0 (the trainer)" if rank == SENDER_RANK else str(rank) for rank in ranks)
 
 
+def _json_object(raw: bytes, fields: dict[str, type]) -> dict[str, Any] | None:
+    """`raw` (a peer's bytes) as a JSON object holding `fields` with those types, else None."""
+    try:
+        value = json.loads(raw)
+    except ValueError:  # not JSON (or not UTF-8): as unusable as a wrong shape
+        return None
+    if not isinstance(value, dict) or not all(isinstance(value.get(k), t) for k, t in fields.items()):
+        return None
+    return value
+
+
+def _tag(text: str) -> bytes:
+    """A peer's hex HMAC tag as bytes; empty (which no secret verifies) when it is not hex."""
+    try:
+        return bytes.fromhex(text)
+    except ValueError:  # a peer's text: malformed is as good as wrong
+        return b""
+
+
+def _manifest_payload(session_nonce: str, text: str) -> bytes:
+    """What an update's tag signs: the document, bound to this session by the sender's nonce."""
+    return json.dumps(["manifest", session_nonce, text]).encode()
+
+
+def check_manifest(
+    manifest: object, expected: Mapping[str, Sequence[int]] | None
+) -> tuple[int, list[tuple[str, torch.dtype, list[int]]]]:
+    """The step and (name, dtype, shape) of each tensor an update announces, checked before anything
+    is allocated: a well-formed document, supported dtypes, no name twice; against `expected` (HF
+    name -> shape of the served model's tensors) also only its names, exactly its shapes and
+    floating dtypes. ValueError naming the tensor otherwise. `expected` None checks the document
+    alone (a transport test; a server always passes its model's shapes)."""
+    if not (
+        isinstance(manifest, dict)
+        and type(manifest.get("step")) is int
+        and isinstance(manifest.get("tensors"), list)
+    ):
+        raise ValueError(
+            'weight update manifest is not {"step": int, "tensors": [[name, dtype, shape], ...]}'
+        )
+    entries: list[tuple[str, torch.dtype, list[int]]] = []
+    seen: set[str] = set()
+    for entry in manifest["tensors"]:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and isinstance(entry[1], str)
+            and isinstance(entry[2], list)
+            and all(type(size) is int and size >= 0 for size in entry[2])
+        ):
+            raise ValueError(
+                f"weight update manifest entry {str(entry)[:200]} is not [name, dtype, [sizes >= 0]]"
+            )
+        name, dtype_name, shape = entry
+        if name in seen:
+            raise ValueError(f"weight update names tensor {name!r} twice")
+        seen.add(name)
+        dtype = _dtype_from_name(name, dtype_name)
+        if expected is not None:
+            if name not in expected:
+                raise ValueError(
+                    f"weight update names tensor {name!r}, which the served model does not have; "
+                    "do the trainer and the inference server run the same model?"
+                )
+            if shape != list(expected[name]):
+                raise ValueError(
+                    f"weight update gives tensor {name!r} shape {shape}, but the served model's is "
+                    f"{list(expected[name])}; do the trainer and the inference server run the same model?"
+                )
+            if not dtype.is_floating_point:
+                raise ValueError(
+                    f"weight update gives tensor {name!r} dtype {dtype_name}; model weights are floating point"
+                )
+        entries.append((name, dtype, shape))
+    return manifest["step"], entries
+
+
 class _CollectiveEndpoint:
-    """What both sides share: the store, the rendezvous, the process group."""
+    """What both sides share: the store, the secret, the rendezvous, the process group."""
 
     role: str
     peer_role: str
 
-    def __init__(self, host: str, port: int, timeout: float, backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        rank: int,
+        world_size: int,
+        backend: Backend | None,
+        secret_env: str,
+    ) -> None:
         self.host, self.port, self.timeout = host, port, timeout
+        self.rank, self.world_size = rank, world_size
         self.backend = backend
-        self.rank = SENDER_RANK
-        self.world_size: int | None = None
-        """1 + the number of receivers; the sender learns it at `connect`."""
+        self.secret_env = secret_env
+        self._secret = secret_from_env(secret_env)
+        if self._secret is None and not is_loopback_host(host):
+            raise ValueError(
+                f"weight {self.role} at {self.address}: {host} is not a loopback address, so the trainer and the "
+                f"inference servers must prove a shared secret, but ${secret_env} is unset: export "
+                f"{secret_env}=<the same long random string> for grpo-train and every grpo-infer, or use "
+                "weight_broadcast host 127.0.0.1"
+            )
+        self._session_nonce = ""
+        """The sender's nonce of the current session (every proof and tag covers it)."""
         self._store: Any = None
         self._group: Any = None
         self._num_updates = 0
@@ -114,11 +233,34 @@ class _CollectiveEndpoint:
             "the trainer's weight_broadcast host/port is reachable from it"
         )
 
+    def _proof_payload(self, role: str, receiver_nonce: str, rank: int) -> bytes:
+        """What a proof signs: both nonces (this session), the role (a receiver's proof is no
+        sender's), the rank and the world size."""
+        return json.dumps([role, self._session_nonce, receiver_nonce, rank, self.world_size]).encode()
+
+    def _proof(self, role: str, receiver_nonce: str, rank: int) -> str:
+        """Hex HMAC proving this side holds the secret ('' without one)."""
+        if self._secret is None:
+            return ""
+        return sign(self._secret, self._proof_payload(role, receiver_nonce, rank)).hex()
+
+    def _proven(self, role: str, receiver_nonce: str, rank: int, proof: str) -> bool:
+        assert self._secret is not None, "only a side that holds the secret checks proofs"
+        return verify(self._secret, self._proof_payload(role, receiver_nonce, rank), _tag(proof))
+
+    def _session_prefix(self) -> str:
+        """Where this session's keys live once the peers are proven: readiness, the process
+        group's own rendezvous (each rank's address) and the updates. Derived from the secret, so
+        a peer that reaches the store without it cannot find, overwrite or redirect them."""
+        if self._secret is None:
+            return f"session/{self._session_nonce}"
+        return "session/" + sign(self._secret, json.dumps(["session", self._session_nonce]).encode()).hex()
+
     def _make_store(self) -> Any:
         raise NotImplementedError
 
     def _join(self, store: Any, deadline: float) -> None:
-        """Claim this rank and agree on the world size (the part that differs per side)."""
+        """Claim this rank and prove the secret (the part that differs per side)."""
         raise NotImplementedError
 
     def connect(self) -> None:
@@ -131,10 +273,14 @@ class _CollectiveEndpoint:
         deadline = time.monotonic() + self.timeout
         store = dist.PrefixStore(_KEY_PREFIX, self._make_store())
         self._join(store, deadline)
-        assert self.world_size is not None
+        store = dist.PrefixStore(self._session_prefix(), store)
         store.set(f"rank{self.rank}_ready", "1")
-        others = [rank for rank in range(self.world_size) if rank != self.rank]
-        self._await_keys(store, {rank: f"rank{rank}_ready" for rank in others}, deadline)
+        # Receivers first: the sender has answered this rank already, so while a receiver is
+        # missing, that receiver (not the waiting trainer) is the one to name.
+        receivers = [rank for rank in range(1, self.world_size) if rank != self.rank]
+        self._await_keys(store, {rank: f"rank{rank}_ready" for rank in receivers}, deadline)
+        if self.rank != SENDER_RANK:
+            self._await_keys(store, {SENDER_RANK: f"rank{SENDER_RANK}_ready"}, deadline)
         backend = self.backend or _default_backend()
         if backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
@@ -196,9 +342,23 @@ class _CollectiveEndpoint:
 
 
 class CollectiveWeightSender(_CollectiveEndpoint):
-    """Trainer side (rank 0, hosts the rendezvous store); learns the world size from the receivers."""
+    """Trainer side (rank 0, hosts the rendezvous store) for `num_servers` receivers."""
 
     role, peer_role = "sender", "receiver (inference server)"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        *,
+        num_servers: int,
+        backend: Backend | None = None,
+        secret_env: str = DEFAULT_SECRET_ENV,
+    ) -> None:
+        if num_servers < 1:
+            raise ValueError(f"num_servers is {num_servers}; the weights go to at least one inference server")
+        super().__init__(host, port, timeout, SENDER_RANK, 1 + num_servers, backend, secret_env)
 
     def _make_store(self) -> Any:
         import torch.distributed as dist
@@ -216,11 +376,54 @@ class CollectiveWeightSender(_CollectiveEndpoint):
         )
 
     def _join(self, store: Any, deadline: float) -> None:
-        while not store.check([_WORLD_SIZE_KEY]):
+        """Challenge the receivers and answer each one's hello as it comes."""
+        self._session_nonce = secrets.token_hex(_NONCE_BYTES)
+        store.set(_SENDER_KEY, json.dumps({"nonce": self._session_nonce, "world_size": self.world_size}))
+        waiting = list(range(1, self.world_size))
+        while True:
+            for rank in [rank for rank in waiting if store.check([f"rank{rank}_hello"])]:
+                self._answer(store, rank, store.get(f"rank{rank}_hello"))
+                waiting.remove(rank)
+            if not waiting:
+                return
             if time.monotonic() >= deadline:
-                raise self._missing_peer("no receiver (inference server) joined")
+                if len(waiting) == self.world_size - 1:
+                    raise self._missing_peer("no receiver (inference server) joined")
+                raise self._missing_ranks(waiting, f"did not join within {self.timeout}s")
             time.sleep(_POLL_S)
-        self.world_size = int(store.get(_WORLD_SIZE_KEY))
+
+    def _answer(self, store: Any, rank: int, raw_hello: bytes) -> None:
+        """Prove the secret to `rank`, or refuse it (before any tensor is sent)."""
+        hello = _json_object(raw_hello, {"world_size": int, "nonce": str, "proof": str})
+        if hello is None:
+            self._refuse(
+                store,
+                rank,
+                f"rank {rank} sent a malformed hello; is a peer other than grpo-infer using {self.address}?",
+            )
+        if hello["world_size"] != self.world_size:
+            self._refuse(
+                store,
+                rank,
+                f"rank {rank} was told world size {hello['world_size']} by the orchestrator, but the trainer's "
+                f"weight_broadcast.num_servers {self.world_size - 1} makes it {self.world_size}; set num_servers "
+                "to the number of servers in client.base_url, in train.yaml and orch.yaml",
+            )
+        if self._secret is not None and not self._proven("receiver", hello["nonce"], rank, hello["proof"]):
+            self._refuse(
+                store,
+                rank,
+                f"rank {rank} did not prove it holds the secret in ${self.secret_env}, so it gets no weights; "
+                "give every grpo-infer this secret (in the variable its weight_secret_env names), or find "
+                f"which peer claimed rank {rank} at {self.address}",
+            )
+        store.set(f"rank{rank}_verdict", json.dumps({"proof": self._proof("sender", hello["nonce"], rank)}))
+
+    def _refuse(self, store: Any, rank: int, problem: str) -> NoReturn:
+        """Tell `rank` why it is refused, and end this session."""
+        store.set(f"rank{rank}_verdict", json.dumps({"refused": problem}))
+        time.sleep(_REFUSAL_LINGER_S)
+        raise ValueError(f"weight sender at {self.address}: {problem}")
 
     def send(self, step: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Broadcast one full set of weights for policy `step` (blocks until every receiver has them)."""
@@ -231,12 +434,23 @@ class CollectiveWeightSender(_CollectiveEndpoint):
             "step": step,
             "tensors": [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in tensors],
         }
-        self._store.set(f"update/{self._num_updates}", json.dumps(manifest))
+        self._publish_manifest(json.dumps(manifest))
         for _name, tensor in tensors:
             self._broadcast(tensor)
         if self._num_updates > 0:  # every receiver read the previous manifest before this broadcast
-            self._store.delete_key(f"update/{self._num_updates - 1}")
+            previous = f"update/{self._num_updates - 1}"
+            self._store.delete_key(previous)
+            self._store.delete_key(f"{previous}/tag")
         self._num_updates += 1
+
+    def _publish_manifest(self, text: str) -> None:
+        """Write this update's document, its tag first: receivers read both once the document is there."""
+        key = f"update/{self._num_updates}"
+        tag = (
+            b"" if self._secret is None else sign(self._secret, _manifest_payload(self._session_nonce, text))
+        )
+        self._store.set(f"{key}/tag", tag.hex())
+        self._store.set(key, text)
 
 
 class CollectiveWeightReceiver(_CollectiveEndpoint):
@@ -249,17 +463,18 @@ class CollectiveWeightReceiver(_CollectiveEndpoint):
         host: str,
         port: int,
         timeout: float,
+        *,
         backend: Backend | None = None,
         rank: int = 1,
         world_size: int = 2,
+        secret_env: str = DEFAULT_SECRET_ENV,
     ) -> None:
         if not 0 < rank < world_size:
             raise ValueError(
                 f"receiver rank {rank} is outside 1..{world_size - 1} (world size {world_size} = the trainer + "
                 "one rank per inference server); give the i-th server rank i"
             )
-        super().__init__(host, port, timeout, backend)
-        self.rank, self.world_size = rank, world_size
+        super().__init__(host, port, timeout, rank, world_size, backend, secret_env)
 
     def _make_store(self) -> Any:
         import torch.distributed as dist
@@ -270,21 +485,63 @@ class CollectiveWeightReceiver(_CollectiveEndpoint):
             raise self._missing_peer("could not reach the sender's rendezvous store") from err
 
     def _join(self, store: Any, deadline: float) -> None:
+        """Claim this rank, answer the sender's challenge and check its proof."""
         if store.add(f"rank{self.rank}_claims", 1) > 1:
             raise ValueError(
                 f"weight receiver at {self.address}: rank {self.rank} was already taken in this session; an "
                 "inference server runs more than one worker (tp or dp > 1: the collective needs tp=1, dp=1, "
                 "start one server per replica instead) or two servers were given the same rank"
             )
-        agreed = int(store.compare_set(_WORLD_SIZE_KEY, "", str(self.world_size)))
-        if agreed != self.world_size:
+        self._await_keys(store, {SENDER_RANK: _SENDER_KEY}, deadline)
+        sender = _json_object(store.get(_SENDER_KEY), {"nonce": str, "world_size": int})
+        if sender is None:
+            raise ValueError(self._not_the_trainer("wrote a malformed challenge"))
+        self._session_nonce = sender["nonce"]
+        nonce = secrets.token_hex(_NONCE_BYTES)
+        hello = {
+            "world_size": self.world_size,
+            "nonce": nonce,
+            "proof": self._proof("receiver", nonce, self.rank),
+        }
+        # Written even when the world sizes differ, so the trainer names this rank too.
+        store.set(f"rank{self.rank}_hello", json.dumps(hello))
+        if sender["world_size"] != self.world_size:
             raise ValueError(
-                f"weight receiver rank {self.rank} at {self.address} was told world size {self.world_size}, "
-                f"another receiver {agreed}; do two orchestrators share weight_broadcast port {self.port}?"
+                f"weight receiver rank {self.rank} at {self.address}: the orchestrator gave world size "
+                f"{self.world_size} ({self.world_size - 1} server(s)), but the trainer's weight_broadcast.num_servers "
+                f"is {sender['world_size'] - 1}; set num_servers to the number of servers in client.base_url, "
+                "in train.yaml and orch.yaml"
+            )
+        verdict_key = f"rank{self.rank}_verdict"
+        self._await_keys(store, {SENDER_RANK: verdict_key}, deadline)
+        raw_verdict = store.get(verdict_key)
+        refusal = _json_object(raw_verdict, {"refused": str})
+        if refusal is not None:
+            raise ValueError(
+                f"weight receiver rank {self.rank} at {self.address} was refused by the trainer: {refusal['refused']}"
+            )
+        verdict = _json_object(raw_verdict, {"proof": str})
+        if verdict is None:
+            raise ValueError(self._not_the_trainer("answered with a malformed proof"))
+        if self._secret is not None and not self._proven("sender", nonce, self.rank, verdict["proof"]):
+            raise ValueError(
+                self._not_the_trainer(f"did not prove it holds the secret in ${self.secret_env}")
             )
 
-    def receive(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
-        """Block until the next weight update arrives; return (policy step, [(name, tensor)])."""
+    def _not_the_trainer(self, what: str) -> str:
+        return (
+            f"weight receiver rank {self.rank}: the store at {self.address} {what}, so no weights are taken "
+            f"from it; give grpo-train the same secret as this server (${self.secret_env}), or find what else "
+            f"listens on {self.address}"
+        )
+
+    def receive(
+        self, *, expected: Mapping[str, Sequence[int]] | None
+    ) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+        """Block until the next weight update arrives; return (policy step, [(name, tensor)]).
+
+        `expected`: HF name -> shape of the served model's tensors; the update must fit it before
+        anything is allocated (check_manifest). None only in transport tests."""
         import torch
         import torch.distributed as dist
 
@@ -294,12 +551,22 @@ class CollectiveWeightReceiver(_CollectiveEndpoint):
             self._store.wait([key], timedelta(seconds=self.timeout))
         except dist.DistError as err:
             raise self._missing_peer("no weight update arrived") from err
-        manifest = json.loads(self._store.get(key))
+        text = self._store.get(key).decode()
+        tag_key = f"{key}/tag"  # written before the document by the trainer; another writer may omit it
+        tag = self._store.get(tag_key).decode() if self._store.check([tag_key]) else ""
+        if self._secret is not None and not verify(
+            self._secret, _manifest_payload(self._session_nonce, text), _tag(tag)
+        ):
+            raise ValueError(
+                f"weight receiver rank {self.rank} at {self.address}: update {self._num_updates}'s manifest is not "
+                f"signed with the secret in ${self.secret_env}; a peer other than the trainer wrote it, so it is refused"
+            )
+        step, entries = check_manifest(json.loads(text), expected)
         device = self._device()
         received = []
-        for name, dtype_name, shape in manifest["tensors"]:
-            tensor = torch.empty(shape, dtype=_dtype_from_name(dtype_name), device=device)
+        for name, dtype, shape in entries:
+            tensor = torch.empty(shape, dtype=dtype, device=device)
             self._broadcast(tensor)
             received.append((name, tensor))
         self._num_updates += 1
-        return int(manifest["step"]), received
+        return step, received

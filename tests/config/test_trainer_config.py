@@ -1,4 +1,4 @@
-"""train.yaml: a zmq socket open to other machines needs a shared secret."""
+"""train.yaml: a zmq socket or a weight collective open to other machines needs a shared secret."""
 
 from __future__ import annotations
 
@@ -43,4 +43,41 @@ def test_grpo_train_exits_2_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text("model: m\ntransport_type: zmq\nzmq_host: 0.0.0.0\n")
     assert_refused_in_one_line(
         [str(BIN / "grpo-train"), "t.yaml", "--dry-run"], "GRPO_ZMQ_SECRET", "GRPO_ZMQ_SECRET", cwd=tmp_path
+    )
+
+
+def _collective(host: str) -> dict[str, object]:
+    return {"model": "m", "lora": False, "weight_broadcast": {"type": "nccl", "host": host, "num_servers": 2}}
+
+
+def test_a_public_weight_collective_without_a_secret_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRPO_WEIGHTS_SECRET", raising=False)
+    with pytest.raises(ConfigError) as err:
+        validate(TrainerConfig, _collective("0.0.0.0"), "train.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and "export GRPO_WEIGHTS_SECRET=" in lines[0] and "127.0.0.1" in lines[0], lines
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "::1"])
+def test_a_loopback_weight_collective_needs_no_secret(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRPO_WEIGHTS_SECRET", raising=False)
+    cfg = validate(TrainerConfig, _collective(host), "train.yaml")
+    assert cfg.weight_broadcast.type == "nccl" and cfg.weight_broadcast.num_servers == 2
+
+
+def test_a_public_weight_collective_with_a_secret_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_WEIGHTS_SECRET", "w" * 32)
+    block = {"type": "nccl", "host": "10.0.0.5", "secret_env": "MY_WEIGHTS_SECRET"}
+    train = {"model": "m", "lora": False, "weight_broadcast": block}
+    cfg = validate(TrainerConfig, train, "train.yaml")
+    assert cfg.weight_broadcast.type == "nccl" and cfg.weight_broadcast.secret_env == "MY_WEIGHTS_SECRET"
+
+
+def test_grpo_train_refuses_a_public_weight_collective_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("model: m\nlora: false\nweight_broadcast: {type: nccl, host: 0.0.0.0}\n")
+    assert_refused_in_one_line(
+        [str(BIN / "grpo-train"), "t.yaml", "--dry-run"],
+        "GRPO_WEIGHTS_SECRET",
+        "GRPO_WEIGHTS_SECRET",
+        cwd=tmp_path,
     )

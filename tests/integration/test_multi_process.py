@@ -86,7 +86,7 @@ def test_zmq_and_collective_full_weights_reach_two_servers_started_last(
     run_dir = tmp_path / "run"
     infer_ports, zmq_port, weights_port = [free_port(), free_port()], free_port(), free_port()
     urls = [f"http://127.0.0.1:{port}/v1" for port in infer_ports]
-    collective = {"type": "nccl", "host": "localhost", "port": weights_port, "timeout": 180}
+    collective = {"type": "nccl", "host": "localhost", "port": weights_port, "timeout": 180, "num_servers": 2}
     orch = orch_config(
         tiny_model_path,
         run_dir,
