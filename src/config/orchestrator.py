@@ -437,7 +437,13 @@ class OrchestratorConfig(StrictModel):
     """Rollouts whose generation spans more policy updates than this are dropped."""
 
     oversampling_factor: float = Field(1.0, ge=1.0)
-    """Rollouts kept in flight as a multiple of batch_size."""
+    """Groups launched as a multiple of the groups still needed: this batch's missing ones plus those of
+    every later batch the current policy may serve (max_async_level). Groups in flight and finished ones
+    no batch has taken count against it, and at most batch_size * oversampling_factor rollouts are in
+    flight. A batch takes the freshest finished groups first, so the surplus hides slow generations and
+    stands in for filtered groups; what a batch leaves may go stale and be dropped (with a trainer
+    slower than generation, about (factor - 1) / factor of all groups). 1.0 launches exactly what the
+    batches need."""
 
     output_dir: str = "outputs/run_default"
     """Run directory: rollouts, broadcasts, checkpoints, metrics.jsonl, resolved configs."""

@@ -1,18 +1,20 @@
 """The orchestrator's asyncio main loop.
 
-A launcher task keeps rollouts in flight at all times (as groups of rollouts_per_example): up to
-batch_size * oversampling_factor for each batch the current policy may still serve (the next
-max_async_level + 1 batches), so generation for batch n + 1 overlaps training on batch n, and no
-rollout is started that no batch could accept. The main coroutine collects finished groups into batch n
-(dropping ones that are too stale or carry no signal), computes advantages, applies filters, packs,
-and hands the batch to the sender in a worker thread while generation carries on. With eval configured,
-once the last batch is sent it waits for the final policy (max_steps) to reach inference and evaluates it.
+A launcher task keeps groups (of rollouts_per_example rollouts) in flight at all times, counted against
+the groups still needed in total: the current batch's missing groups plus those of every later batch the
+current policy may still serve (up to policy + max_async_level), times oversampling_factor. Groups in
+flight and finished-but-untaken groups both count, so a batch's leftovers serve the next batch instead
+of being launched again, generation for batch n + 1 overlaps training on batch n, and no group is started
+that no batch could accept. At most batch_size * oversampling_factor rollouts are in flight at once.
+The main coroutine fills batch n with the freshest finished groups first (dropping ones that are too
+stale or carry no signal), computes advantages, applies filters, packs, and hands the batch to the
+sender in a worker thread while generation carries on. With eval configured, once the last batch is
+sent it waits for the final policy (max_steps) to reach inference and evaluates it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import statistics
 import time
@@ -33,7 +35,7 @@ from grpo.orchestrator.filters import apply_filters
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
-from grpo.orchestrator.scheduler import PolicyTracker, is_acceptable, required_policy
+from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_acceptable, required_policy
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batch import TrainingBatch
@@ -41,9 +43,6 @@ from grpo.transport.interfaces import BatchSender
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
-
-# How often a launcher waiting for a newer policy (or the next step) looks again.
-_LAUNCH_POLL_S = 0.02
 
 T = TypeVar("T")
 
@@ -77,11 +76,16 @@ class Orchestrator:
         self.counters: dict[str, int] = {"num_rollouts_dropped_off_policy": 0, "num_groups_launched": 0}
         self._slots = asyncio.Semaphore(self.num_inflight_target)
         self._done: asyncio.Queue[Group | BaseException] = asyncio.Queue()
+        self._finished = FinishedGroups()
         self._inflight: set[asyncio.Task[None]] = set()
         self._group_seconds: list[float] = []
         self._launch_paused = asyncio.Event()
-        self._num_launched_for: dict[int, int] = {}
-        """Batch -> groups launched to fill it (credited back when a group is rejected)."""
+        self._num_pending = 0
+        """Groups launched and neither taken into a batch nor rejected yet (in flight or finished)."""
+        self._num_taken = 0
+        """Groups batch `self.step` has taken so far."""
+        self._pending_changed = asyncio.Event()
+        """Set when a group is taken or rejected, or the step moves on: the launcher may start another."""
 
     # ---- launching -------------------------------------------------------------------------
 
@@ -113,15 +117,13 @@ class Orchestrator:
         teacher = self.cfg.teacher_model.model.name if self.cfg.teacher_model is not None else None
         while True:
             await self._slots.acquire()
-            while self._launch_paused.is_set():
-                await asyncio.sleep(0.01)
-            target = self._launch_target()
-            while target is None:
-                # wakes on a new policy (and surfaces a dead policy watcher), or when the step moves on
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.policy.wait_for(self.policy.version + 1), _LAUNCH_POLL_S)
-                target = self._launch_target()
-            self._num_launched_for[target] = self._num_launched_for.get(target, 0) + 1
+            while True:
+                if self._launch_paused.is_set():
+                    await asyncio.sleep(0.01)
+                elif self._num_pending >= self._num_wanted():
+                    await self._wait_for_demand()
+                else:
+                    break
             env_index, example_index, example = self.buffer.sample()
             req = GroupRequest(
                 env_index,
@@ -134,21 +136,48 @@ class Orchestrator:
                 teacher,
             )
             self.counters["num_groups_launched"] += 1
+            self._num_pending += 1
             task = asyncio.create_task(self._run_one(req))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
+            task.add_done_callback(self._resolve_if_cancelled)
             # a callback, not `finally`: a task cancelled before it first runs still frees its slot
             task.add_done_callback(lambda _task: self._slots.release())
 
-    def _launch_target(self) -> int | None:
-        """The first batch a group started now could fill, or None if none may use this policy."""
+    def _num_wanted(self) -> int:
+        """Groups worth having pending (in flight, or finished and untaken): oversampling_factor times
+        the groups still needed by the batches a group started now may fill, from this one (less what it
+        has taken) to the last the current policy may serve."""
         reach = self.policy.version + self.cfg.max_async_level
         if self.cfg.max_steps is not None:
             reach = min(reach, self.cfg.max_steps - 1)
-        for step in range(self.step, reach + 1):
-            if self._num_launched_for.get(step, 0) < self.num_inflight_target:
-                return step
-        return None
+        needed = (reach - self.step + 1) * self.cfg.num_groups_per_step - self._num_taken
+        return math.ceil(needed * self.cfg.oversampling_factor) if needed > 0 else 0
+
+    async def _wait_for_demand(self) -> None:
+        """Return when a batch took or rejected a group, the step moved on, or the servers run a newer
+        policy (a dead policy watcher raises here)."""
+        self._pending_changed.clear()
+        changed = asyncio.ensure_future(self._pending_changed.wait())
+        newer = asyncio.ensure_future(self.policy.wait_for(self.policy.version + 1))
+        try:
+            await asyncio.wait({changed, newer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+            newer.cancel()
+            await asyncio.gather(changed, newer, return_exceptions=True)
+        if newer.done() and not newer.cancelled():
+            newer.result()
+
+    def _resolve_if_cancelled(self, task: asyncio.Task[None]) -> None:
+        """A cancelled group never finishes: it is no longer pending."""
+        if task.cancelled():
+            self._resolve_pending(1)
+
+    def _resolve_pending(self, num_groups: int) -> None:
+        """`num_groups` pending groups were taken into a batch, rejected or cancelled."""
+        self._num_pending -= num_groups
+        self._pending_changed.set()
 
     async def _cancel_inflight(self) -> None:
         tasks = list(self._inflight)
@@ -161,49 +190,60 @@ class Orchestrator:
     async def _next_done(self) -> Group | None:
         """The next finished group, or None when stop was requested."""
         if not self._done.empty():
-            item = self._done.get_nowait()
-        else:
-            getter = asyncio.ensure_future(self._done.get())
-            stopper = asyncio.ensure_future(self.stop.wait())
-            await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            if not getter.done():
-                getter.cancel()
-                return None
-            item = getter.result()
-        if isinstance(item, BaseException):
-            raise item
-        return item
+            return _group_or_raise(self._done.get_nowait())
+        getter = asyncio.ensure_future(self._done.get())
+        stopper = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not getter.done():
+            getter.cancel()
+            return None
+        return _group_or_raise(getter.result())
 
     async def _collect(self, step: int, stats: dict[str, float]) -> list[Group] | None:
         groups: list[Group] = []
         while len(groups) < self.cfg.num_groups_per_step:
-            group = await self._next_done()
+            group = await self._take_freshest(step, stats)
             if group is None:
                 return None
-            end_version = max(r.end_version for r in group.rollouts)
-            if not is_acceptable(
-                step,
-                group.start_version,
-                end_version,
-                self.cfg.max_async_level,
-                self.cfg.max_off_policy_steps,
-            ):
-                stats["off_policy/num_dropped"] += len(group.rollouts)
-                self._relaunch_for(step)
-                continue
             env_index = next(i for i, e in enumerate(self.envs) if e.name == group.env_name)
             self.buffer.update(env_index, group)
             if not self.buffer.keep_group(group):
                 stats["buffer/num_difficulty_filtered"] += len(group.rollouts)
-                self._relaunch_for(step)
                 continue
             groups.append(group)
+            self._num_taken += 1
         return groups
 
-    def _relaunch_for(self, step: int) -> None:
-        """A rejected group leaves batch `step` short: let the launcher start a replacement."""
-        self._num_launched_for[step] = self._num_launched_for.get(step, 1) - 1
+    async def _take_freshest(self, step: int, stats: dict[str, float]) -> Group | None:
+        """The freshest finished group batch `step` may take (waiting for one if none has finished), or
+        None when stop was requested. Finished groups too stale for it are dropped and counted: steps
+        only grow, so no later batch could take them either."""
+        while True:
+            while not self._done.empty():
+                self._finished.add(_group_or_raise(self._done.get_nowait()))
+            stale = self._finished.remove_if(lambda group: not self._acceptable(step, group))
+            if stale:
+                stats["off_policy/num_dropped"] += sum(len(group.rollouts) for group in stale)
+                self._resolve_pending(len(stale))
+            group = self._finished.pop_freshest()
+            if group is not None:
+                self._resolve_pending(1)
+                return group
+            waited = await self._next_done()
+            if waited is None:
+                return None
+            self._finished.add(waited)
+
+    def _acceptable(self, step: int, group: Group) -> bool:
+        end_version = max(r.end_version for r in group.rollouts)
+        return is_acceptable(
+            step,
+            group.start_version,
+            end_version,
+            self.cfg.max_async_level,
+            self.cfg.max_off_policy_steps,
+        )
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -391,7 +431,8 @@ class Orchestrator:
             await asyncio.to_thread(self.sender.send, batch)
             sent = time.monotonic()
             self.step = step + 1
-            self._num_launched_for.pop(step, None)
+            self._num_taken = 0
+            self._pending_changed.set()
             self.counters["num_rollouts_dropped_off_policy"] += int(stats["off_policy/num_dropped"])
             step_seconds = time.monotonic() - started
             num_tokens = sum(r.num_model_tokens for r in rollouts)
@@ -425,3 +466,10 @@ class Orchestrator:
         await asyncio.to_thread(
             checkpoint.save_checkpoint, self.run_dir, self.step, progress, self.buffer.state(), self.cfg.ckpt
         )
+
+
+def _group_or_raise(item: Group | BaseException) -> Group:
+    """A finished group, or the error its rollout raised (it ends the run)."""
+    if isinstance(item, BaseException):
+        raise item
+    return item

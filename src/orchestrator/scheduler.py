@@ -9,15 +9,21 @@ Rules (docs/design.md, "Step semantics"):
 - Every rollout records the policy version at its start and end (weights are reloaded in place,
   so a generation can span an update); one whose generation spans more than
   max_off_policy_steps updates is dropped and counted, as is one too old for the batch.
+- A batch takes the freshest finished groups first (FinishedGroups), so oversampling's surplus
+  lowers a batch's lag instead of raising it; the older surplus is what goes stale.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from grpo.inference.types import RolloutClient
+from grpo.orchestrator.types import Group
 from grpo.transport.weights_filesystem import broadcast_dir
 from grpo.utils.atomic import STABLE
 from grpo.utils.logging import get_logger
@@ -35,6 +41,38 @@ def is_acceptable(
 ) -> bool:
     """Whether a rollout may train in batch `step` (both staleness rules)."""
     return step - start_version <= max_async_level and end_version - start_version <= max_off_policy_steps
+
+
+class FinishedGroups:
+    """Finished groups no batch has taken yet, freshest (newest start policy) first; among equally
+    fresh ones, the first to finish."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Group]] = []
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, group: Group) -> None:
+        heapq.heappush(self._heap, (-group.start_version, next(self._order), group))
+
+    def remove_if(self, reject: Callable[[Group], bool]) -> list[Group]:
+        """Remove and return the groups `reject` is true for."""
+        kept: list[tuple[int, int, Group]] = []
+        rejected: list[Group] = []
+        for entry in self._heap:
+            if reject(entry[2]):
+                rejected.append(entry[2])
+            else:
+                kept.append(entry)
+        if rejected:
+            heapq.heapify(kept)
+            self._heap = kept
+        return rejected
+
+    def pop_freshest(self) -> Group | None:
+        return heapq.heappop(self._heap)[2] if self._heap else None
 
 
 def newest_stable(run_dir: Path, after: int) -> int:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from grpo.envs.base import Message
+
+# Probe contents for finding the template's end of turn: text no template rewrites or shares a
+# prefix with what follows it.
+_PROBE_QUESTION = "grpo-probe-question"
+_PROBE_ANSWER = "grpo-probe-answer"
+_PROBE_FOLLOW_UP = "grpo-probe-follow-up"
 
 
 class ChatTokenizer:
@@ -37,16 +44,52 @@ class ChatTokenizer:
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
+    @functools.cached_property
+    def end_of_turn(self) -> str:
+        """What the chat template puts between an assistant message and the next turn: `<end_of_turn>\\n`
+        (Gemma), `<|im_end|>\\n` (ChatML), `\\n\\n` (a plain template). It is what follows a probe
+        answer both in a conversation that ends there and in one that goes on, so an end-of-conversation
+        suffix (an eos some templates append) is not part of it."""
+        exchange: list[Message] = [
+            {"role": "user", "content": _PROBE_QUESTION},
+            {"role": "assistant", "content": _PROBE_ANSWER},
+        ]
+        ended = self.render(exchange, add_generation_prompt=False)
+        going_on = self.render(
+            [*exchange, {"role": "user", "content": _PROBE_FOLLOW_UP}], add_generation_prompt=False
+        )
+        if _PROBE_ANSWER not in ended or _PROBE_ANSWER not in going_on:
+            # a template that does not show an answer as given: eos is the best remaining guess
+            return str(self.eos_token)
+        after_ended = ended[ended.rfind(_PROBE_ANSWER) + len(_PROBE_ANSWER) :]
+        after_going_on = going_on[going_on.find(_PROBE_ANSWER) + len(_PROBE_ANSWER) :]
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(after_ended, after_going_on, strict=False)) if a != b),
+            min(len(after_ended), len(after_going_on)),
+        )
+        return after_ended[:shared]
+
+    @functools.cached_property
+    def end_of_turn_token(self) -> str:
+        """Where a sampled turn ends: the end of turn's leading special token, the one the model stops
+        on (`<end_of_turn>` of `<end_of_turn>\\n`); the whole end of turn when it starts with plain text
+        (`\\n\\n`, which only a stop string ends a turn on)."""
+        specials = sorted(self.hf.get_added_vocab(), key=len, reverse=True)
+        return next((s for s in specials if s and self.end_of_turn.startswith(s)), self.end_of_turn)
+
     def continuation_ids(self, history: list[Message], new_messages: list[Message]) -> list[int]:
-        """Tokens that follow the model's last turn (ending in its end-of-turn token) when
+        """Tokens that follow the model's last turn (ending in end_of_turn_token) when
         `new_messages` are appended, up to and including the next assistant header.
 
-        The sampled turn ends at the end-of-turn token; whatever the template puts after it
-        (a newline, the next header) comes from the rendered conversation.
+        The sampled turn ends at end_of_turn_token; whatever the template puts after it (the rest of
+        its end of turn, the next header) comes from the rendered conversation. Not eos: a Gemma
+        template never shows it, and a template that appends it to a finished conversation would
+        put the cut past the last turn.
         """
         before = self.render(history, add_generation_prompt=False)
         after = self.render([*history, *new_messages], add_generation_prompt=True)
-        cut = before.rfind(self.eos_token) + len(self.eos_token) if self.eos_token in before else len(before)
+        token = self.end_of_turn_token
+        cut = before.rfind(token) + len(token) if token and token in before else len(before)
         if not after.startswith(before[:cut]):
             # templates that rewrite earlier turns (e.g. strip reasoning): render the new part alone
             return self.encode(self.render(new_messages, add_generation_prompt=True))

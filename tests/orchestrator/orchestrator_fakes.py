@@ -38,6 +38,9 @@ class FakeHfTokenizer:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return [ord(ch) % 900 for ch in text]
 
+    def get_added_vocab(self) -> dict[str, int]:
+        return {self.eos_token: ord(self.eos_token)}
+
 
 def fake_tokenizer() -> ChatTokenizer:
     return ChatTokenizer(FakeHfTokenizer())

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokeni
 from grpo.config.orchestrator import CheckpointConfig, OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.orchestrator.loop import Orchestrator
+from grpo.orchestrator.types import Group, Rollout
 from grpo.utils.jsonl import read_jsonl
 
 
@@ -67,6 +69,43 @@ def test_stale_rollouts_are_dropped_and_counted(tmp_path: Path) -> None:
     dropped = sum(r["off_policy/num_dropped"] for r in records)
     assert dropped > 0
     assert orch.counters["num_rollouts_dropped_off_policy"] == dropped
+
+
+@pytest.mark.parametrize("max_async_level", [0, 1])
+def test_oversampling_launches_against_the_groups_still_needed(tmp_path: Path, max_async_level: int) -> None:
+    # A slow trainer (the orchestrator runs ahead) used to launch every batch's share again for each batch
+    # still reachable, and a replacement for each stale leftover: 168 groups for 32 (async 1), 116 dropped.
+    cfg = _cfg(max_steps=8, max_async_level=max_async_level, oversampling_factor=3.0)
+    client = FakeClient(delay=0.005)
+    orch, trainer = _run(cfg, tmp_path, client, _env(), train_seconds=0.05)
+    assert len(trainer.received) == 8
+    per_batch = math.ceil(cfg.num_groups_per_step * cfg.oversampling_factor)
+    assert orch.counters["num_groups_launched"] <= per_batch * (cfg.max_steps + max_async_level)
+
+
+def test_a_batch_takes_the_freshest_finished_groups_first(tmp_path: Path) -> None:
+    orch = Orchestrator(
+        _cfg(max_async_level=2), FakeClient(), QueueSender(), tmp_path, fake_tokenizer(), [_env()]
+    )
+    orch.step = 2
+    groups = [_group(version) for version in (0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 1)]
+    for group in groups:  # in the order they finished
+        orch._done.put_nowait(group)
+    orch._num_pending = len(groups)
+    stats = {"off_policy/num_dropped": 0.0, "buffer/num_difficulty_filtered": 0.0}
+    taken = asyncio.run(orch._collect(2, stats))
+    assert taken is not None
+    assert [g.start_version for g in taken] == [2, 2, 2, 2]
+    assert [g.start_version for g in asyncio.run(orch._collect(2, stats))] == [1, 1, 1, 0]
+    assert stats["off_policy/num_dropped"] == 0
+
+
+def _group(version: int) -> Group:
+    rollouts = [
+        Rollout("toy", 0, [1], [2], [True], [-0.5], 1.0, start_version=version, end_version=version)
+        for _ in range(2)
+    ]
+    return Group("toy", {"prompt": "question 0", "answer": "ok"}, 0, rollouts)
 
 
 def test_servers_switch_to_each_new_policy_adapter(tmp_path: Path) -> None:
