@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from grpo.config.base import StrictModel
 
@@ -36,6 +36,10 @@ def positive_temperature(value: float) -> float:
     return value
 
 
+_NEUTRAL_SAMPLING: dict[str, float] = {"repetition_penalty": 1.0, "min_tokens": 0, "top_p": 1.0}
+"""Sampling settings the trainer does not reproduce, at the value that turns each off."""
+
+
 class TempSchedulerConfig(StrictModel):
     type: Literal["linear", "cosine"]
     """Shape of the schedule from start to end over max_steps."""
@@ -63,22 +67,37 @@ class SamplingConfig(StrictModel):
     """Temperature schedule over training steps."""
 
     repetition_penalty: float = Field(1.0, gt=0.0)
-    """Repetition penalty (1.0 = off)."""
+    """Repetition penalty; only 1.0 (off) is accepted: vLLM's logprobs would include the penalty
+    and the trainer's do not, so every importance ratio would be biased."""
 
     min_tokens: int = Field(0, ge=0)
-    """Minimum completion tokens per generation."""
+    """Minimum completion tokens per generation; only 0 is accepted: vLLM bans end-of-sequence
+    before min_tokens and renormalises its logprobs without it, which the trainer does not."""
 
     seed: int | None = None
     """Sampling seed; each request derives its own seed from it."""
 
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling. Values below 1 renormalise vLLM's logprobs over kept tokens, which biases
-    the importance ratio; keep 1.0 unless you know why."""
+    """Nucleus sampling; only 1.0 (off) is accepted: vLLM renormalises its logprobs over the kept
+    tokens and the trainer over the whole vocabulary, so every importance ratio would be biased."""
 
     @field_validator("temperature")
     @classmethod
     def _positive(cls, value: float | None) -> float | None:
         return None if value is None else positive_temperature(value)
+
+    @field_validator("repetition_penalty", "min_tokens", "top_p")
+    @classmethod
+    def _trainer_reproduces_the_logprobs(cls, value: float, info: ValidationInfo) -> float:
+        # vLLM reports processed logprobs (after every sampling processor); the trainer applies only
+        # the temperature, so any other processor would silently bias the ratios and mask tokens.
+        neutral = _NEUTRAL_SAMPLING[info.field_name or ""]
+        if value != neutral:
+            raise ValueError(
+                f"{value} is not supported in training: vLLM's logprobs would include it but the "
+                f"trainer's do not, which biases every importance ratio; set {info.field_name}: {neutral}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_temperature_source(self) -> SamplingConfig:

@@ -40,3 +40,23 @@ def test_zmq_batches_to_another_machine_need_a_secret(monkeypatch: pytest.Monkey
         validate(OrchestratorConfig, transport, "orch.yaml")
     monkeypatch.setenv("GRPO_ZMQ_SECRET", "s" * 32)
     assert validate(OrchestratorConfig, transport, "orch.yaml").rollout_transport.type == "zmq"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "neutral"),
+    [("repetition_penalty", 1.1, "1.0"), ("min_tokens", 4, "0"), ("top_p", 0.9, "1.0")],
+)
+def test_sampling_the_trainer_does_not_reproduce_is_refused(key: str, value: float, neutral: str) -> None:
+    # vLLM's processed logprobs include these processors; the trainer's logprobs would not.
+    with pytest.raises(ConfigError) as err:
+        validate(OrchestratorConfig, {"sampling": {key: value}}, "orch.yaml")
+    lines = str(err.value).splitlines()
+    assert (
+        len(lines) == 1 and f"'sampling.{key}': {value} " in lines[0] and f"set {key}: {neutral}" in lines[0]
+    ), lines
+    assert "importance ratio" in lines[0]
+
+
+def test_neutral_sampling_settings_load() -> None:
+    sampling = {"repetition_penalty": 1.0, "min_tokens": 0, "top_p": 1.0, "temperature": 0.7}
+    assert validate(OrchestratorConfig, {"sampling": sampling}, "orch.yaml").sampling.top_p == 1.0
