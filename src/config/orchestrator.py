@@ -190,7 +190,8 @@ class BufferConfig(StrictModel):
     """Example fields hashed to identify (and deduplicate) an example."""
 
     skip_verification: bool = False
-    """Skip reward scoring (rewards are 0); for pure distillation."""
+    """Skip reward scoring (rewards are 0); for pure distillation. Refused with
+    online_difficulty_filtering, which would drop every group."""
 
     env_ratios: list[float] | None = None
     """Sampling weight per environment (same order as env[]); must sum to > 0."""
@@ -200,6 +201,11 @@ class BufferConfig(StrictModel):
         ratios = self.env_ratios
         if ratios is not None and (any(r < 0 for r in ratios) or sum(ratios) <= 0):
             raise ValueError("buffer.env_ratios must be non-negative and sum to > 0")
+        if self.skip_verification and self.online_difficulty_filtering:
+            raise ValueError(
+                "buffer.skip_verification gives every rollout reward 0, so online_difficulty_filtering "
+                "would drop every group and no batch would ever fill; set online_difficulty_filtering: false"
+            )
         return self
 
 

@@ -60,3 +60,13 @@ def test_sampling_the_trainer_does_not_reproduce_is_refused(key: str, value: flo
 def test_neutral_sampling_settings_load() -> None:
     sampling = {"repetition_penalty": 1.0, "min_tokens": 0, "top_p": 1.0, "temperature": 0.7}
     assert validate(OrchestratorConfig, {"sampling": sampling}, "orch.yaml").sampling.top_p == 1.0
+
+
+def test_skip_verification_with_difficulty_filtering_is_refused() -> None:
+    # every reward is 0, so every group would be filtered and no batch would ever fill
+    buffer = {"skip_verification": True, "online_difficulty_filtering": True}
+    with pytest.raises(ConfigError) as err:
+        validate(OrchestratorConfig, {"buffer": buffer}, "orch.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and "online_difficulty_filtering: false" in lines[0], lines
+    assert validate(OrchestratorConfig, {"buffer": {"skip_verification": True}}, "orch.yaml")
