@@ -210,13 +210,19 @@ class BufferConfig(StrictModel):
 
 
 class AdvantageConfig(StrictModel):
-    type: Literal["default", "grpo", "dr_grpo", "rloo", "reinforce_pp", "custom"] = "default"
-    """default: reward minus group mean. grpo: also divided by the group std. dr_grpo: same as
-    default (no std, no length normalisation). rloo: leave-one-out mean. reinforce_pp: REINFORCE++
-    baseline (group mean removed, then normalised over the whole batch). custom: import_path."""
+    type: Literal["default", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "custom"] = (
+        "default"
+    )
+    """default: reward minus the group mean. grpo: that divided by the group's sample std (ddof=1, as
+    TRL computes it; a group of equal rewards gets 0). dr_grpo (Dr. GRPO): reward minus the group
+    mean, and the loss divided by a constant instead of the step's loss tokens, so it needs train
+    loss.normalization: constant. rloo: reward minus the mean of the group's other rollouts.
+    reinforce_pp (REINFORCE++): rewards whitened over the batch, (r - batch mean) / batch std.
+    reinforce_pp_baseline: group mean removed, then whitened over the batch. custom: import_path."""
 
     length_weighted_mean: bool = False
-    """Weight the group mean by completion length."""
+    """(default only) Weight the group mean by completion length; the other types use the baseline
+    their paper defines and refuse it."""
 
     import_path: str | None = None
     """(custom) "pkg.module:function" taking (rewards [groups x n], lengths, **kwargs) and returning advantages."""
@@ -225,11 +231,19 @@ class AdvantageConfig(StrictModel):
     """(custom) keyword arguments for the function."""
 
     @model_validator(mode="after")
-    def _custom_needs_path(self) -> AdvantageConfig:
+    def _options_the_type_uses(self) -> AdvantageConfig:
         if self.type == "custom" and not self.import_path:
             raise ValueError("advantage.type 'custom' needs advantage.import_path ('pkg.module:function')")
         if self.type != "custom" and self.import_path:
             raise ValueError("advantage.import_path is only used with advantage.type: custom")
+        if self.type != "custom" and self.kwargs:
+            raise ValueError("advantage.kwargs is only used with advantage.type: custom")
+        if self.length_weighted_mean and self.type != "default":
+            raise ValueError(
+                f"advantage.length_weighted_mean only applies to advantage.type default; {self.type} uses "
+                "the baseline its definition gives (a custom function receives the lengths itself): "
+                "remove length_weighted_mean or use type: default"
+            )
         return self
 
 

@@ -6,9 +6,9 @@ Per loss token t:
     coeff     = ratio * (adv_tau * A + teacher_tau * (teacher_lp - trainer_lp) - kl_tau * log_ratio)
     loss      = -(coeff.detach() * trainer_lp)[keep].sum() / loss_scale
 
-so d loss / d trainer_lp[t] = -coeff[t] * keep[t] / loss_scale. `loss_scale` is the number of loss
-tokens of the whole step, so micro-batches can be backpropagated one at a time and their gradients
-simply add up.
+so d loss / d trainer_lp[t] = -coeff[t] * keep[t] / loss_scale. `loss_scale` is the same for every
+micro-batch of a step (the step's loss tokens, or loss.normalization_constant for Dr. GRPO), so
+micro-batches can be backpropagated one at a time and their gradients simply add up.
 
 Metrics use the k3 estimator (r - 1) - log r, which is unbiased, never negative, and low-variance
 for samples drawn from the denominator policy:
@@ -131,7 +131,7 @@ def grpo_loss(
             "loss.teacher_tau > 0 but the batch has no teacher logprobs; configure teacher_model in "
             "orch.yaml or set loss.teacher_tau: 0"
         )
-    assert loss_scale > 0, "loss_scale must count the loss tokens of the whole step"
+    assert loss_scale > 0, "loss_scale is the step's normaliser (LossConfig.loss_scale)"
     loss_mask = loss_mask.bool()
     inference_lp = inference_lp.detach().to(trainer_lp.dtype)
     lp = trainer_lp.detach()

@@ -1,10 +1,10 @@
 """The Trainer: one optimizer step per TrainingBatch, with metrics.
 
 A step trains on every row of the batch, `per_device_train_batch_size` rows per micro-batch. Each
-micro-batch's loss is already divided by the loss tokens of the whole step, so gradients simply add
-up to that of the step loss. Micro-batches are backpropagated in groups of
-`gradient_accumulation_steps` (the most whose activations are alive at once); then one clipped
-optimizer step.
+micro-batch's loss is already divided by the step's normaliser (the loss tokens of the whole step,
+or loss.normalization_constant), so gradients simply add up to that of the step loss. Micro-batches
+are backpropagated in groups of `gradient_accumulation_steps` (the most whose activations are alive
+at once); then one clipped optimizer step.
 
 Data parallel (torchrun, see grpo.trainer.distributed): rank 0 receives the batch and shares it;
 every rank trains on its balanced share of the rows; gradients are summed over ranks (the loss is
@@ -196,9 +196,10 @@ class Trainer:
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
         batch.validate()
         started = time.perf_counter()
-        loss_scale = batch.num_loss_tokens
-        if loss_scale == 0:
+        num_loss_tokens = batch.num_loss_tokens
+        if num_loss_tokens == 0:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch.step)
+        loss_scale = self.cfg.loss.loss_scale(num_loss_tokens)
         lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.zero_grad(set_to_none=True)
         totals = LossSums()
@@ -207,7 +208,7 @@ class Trainer:
         for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
             group_loss = None
             for mb in group:
-                loss, sums = self._micro_batch_loss(mb, max(loss_scale, 1))
+                loss, sums = self._micro_batch_loss(mb, loss_scale)
                 # Under FSDP every rank must join every backward, even with no loss tokens (zero loss).
                 if sums.num_loss_tokens > 0 or self._sharded:
                     group_loss = loss if group_loss is None else group_loss + loss

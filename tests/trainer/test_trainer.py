@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainer_batches import default_rows, make_row, on_policy_batch
+from trainer_batches import default_rows, make_row, on_policy_batch, reference_batch
 
 from grpo.trainer.trainer import Trainer
 from grpo.transport.batch import TrainingBatch
@@ -90,6 +90,20 @@ def test_teacher_kl_is_reported_when_teacher_logprobs_arrive(make_cfg, tmp_path)
         row.teacher_logprobs = np.where(row.loss_mask, row.inference_logprobs + 0.3, 0).astype(np.float32)
     metrics = trainer.train_step(batch)
     assert metrics["teacher_kl"] == pytest.approx(np.exp(0.3) - 1 - 0.3, rel=1e-3)
+    trainer.close()
+
+
+def test_dr_grpo_constant_normaliser_divides_the_step_loss(make_cfg, tmp_path, tiny_model_path):
+    constant = 1000
+    loss = {"normalization": "constant", "normalization_constant": constant}
+    trainer = Trainer(make_cfg(loss=loss), tmp_path)
+    rows = [make_row([(5, 6), (4, 7)], [1.0, 2.0], seed=3), make_row([(3, 9)], [0.5], seed=4)]
+    batch = reference_batch(tiny_model_path, 0, rows)
+    # on-policy (ratio 1, kl_tau 0): loss = -sum(A * logprob) / constant, not / the 22 loss tokens
+    expected = -sum(float((r.advantages * r.inference_logprobs)[r.loss_mask].sum()) for r in rows) / constant
+    metrics = trainer.train_step(batch)
+    assert metrics["tokens"] == 22
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-2)
     trainer.close()
 
 
