@@ -28,7 +28,8 @@ class LossConfig(StrictModel):
     """Weight of the advantage term."""
 
     teacher_tau: float = Field(0.0, ge=0.0)
-    """Weight of the teacher term (teacher_lp - trainer_lp); needs teacher logprobs in the batch."""
+    """Weight of the teacher term (teacher_lp - trainer_lp, both at temperature 1 whatever the
+    sampling temperature, since the teacher scores without one); needs teacher logprobs in the batch."""
 
     token_mask_low: float = Field(0.125, ge=0.0)
     """Mask tokens whose importance ratio is below this."""

@@ -282,19 +282,21 @@ class Trainer:
         """Forward one micro-batch; logits only at the hidden states that predict its loss tokens."""
         import torch
 
-        from grpo.trainer.logprobs import token_logprobs
+        from grpo.trainer.logprobs import token_logprobs_and_untempered
 
         hidden = self.policy.hidden_states(mb)
         tokens = mb.loss
         if tokens.targets.numel() == 0:
             # A zero that still depends on every weight the forward used (FSDP's collectives need it).
             return hidden.sum() * 0.0, LossSums()
-        lp, entropy = token_logprobs(
+        has_teacher = tokens.teacher_logprobs is not None
+        lp, entropy, untempered_lp = token_logprobs_and_untempered(
             hidden[tokens.predicted_from],
             self.policy.lm_head,
             tokens.targets,
             tokens.temperatures,
             self.cfg.logprob_chunk_size,
+            untempered=has_teacher,
         )
         return grpo_loss(
             lp,
@@ -306,6 +308,7 @@ class Trainer:
             loss_scale,
             teacher_lp=tokens.teacher_logprobs,
             entropy=entropy,
+            untempered_lp=untempered_lp if has_teacher else None,
         )
 
     def _sum_over_ranks(
