@@ -447,10 +447,14 @@ class OrchestratorConfig(StrictModel):
     """Training steps (null = run until stopped)."""
 
     max_async_level: int = Field(1, ge=0)
-    """Rollouts for step n come from policy max(0, n - max_async_level); 0 is strictly on-policy."""
+    """How far inference may run ahead of the trainer: rollouts for batch n are started from policy
+    max(0, n - max_async_level) or newer; 0 samples every batch from the newest policy."""
 
     max_off_policy_steps: int = Field(8, ge=0)
-    """Rollouts whose generation spans more policy updates than this are dropped."""
+    """Oldest policy a batch trains on: batch n drops (and counts in off_policy/num_dropped) a
+    rollout started from a policy older than n - max_off_policy_steps. Rollouts that finish late
+    (long, multi-turn, or oversampled leftovers) train in a later batch until then. At least
+    max_async_level; strictly on-policy training is both 0."""
 
     oversampling_factor: float = Field(1.0, ge=1.0)
     """Rollouts kept in flight as a multiple of batch_size."""
@@ -498,7 +502,8 @@ class OrchestratorConfig(StrictModel):
         if self.max_off_policy_steps < self.max_async_level:
             raise ValueError(
                 f"max_off_policy_steps ({self.max_off_policy_steps}) is below max_async_level "
-                f"({self.max_async_level}): every rollout would be dropped; raise max_off_policy_steps"
+                f"({self.max_async_level}): rollouts started for the batches inference may run ahead to "
+                f"would be too old to train when they arrive; set max_off_policy_steps >= {self.max_async_level}"
             )
         return self
 

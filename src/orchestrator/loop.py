@@ -4,7 +4,7 @@ A launcher task keeps rollouts in flight at all times (as groups of rollouts_per
 batch_size * oversampling_factor for each batch the current policy may still serve (the next
 max_async_level + 1 batches), so generation for batch n + 1 overlaps training on batch n, and no
 rollout is started that no batch could accept. The main coroutine collects finished groups into batch n
-(dropping ones that are too stale or carry no signal), computes advantages, applies filters, packs,
+(dropping ones more than max_off_policy_steps policies old, or that carry no signal), computes advantages, applies filters, packs,
 and hands the batch to the sender in a worker thread while generation carries on. With eval configured,
 once the last batch is sent it waits for the final policy (max_steps) to reach inference and evaluates it.
 """
@@ -181,14 +181,7 @@ class Orchestrator:
             group = await self._next_done()
             if group is None:
                 return None
-            end_version = max(r.end_version for r in group.rollouts)
-            if not is_acceptable(
-                step,
-                group.start_version,
-                end_version,
-                self.cfg.max_async_level,
-                self.cfg.max_off_policy_steps,
-            ):
+            if not is_acceptable(step, group.start_version, self.cfg.max_off_policy_steps):
                 stats["off_policy/num_dropped"] += len(group.rollouts)
                 self._relaunch_for(step)
                 continue

@@ -70,3 +70,13 @@ def test_skip_verification_with_difficulty_filtering_is_refused() -> None:
     lines = str(err.value).splitlines()
     assert len(lines) == 1 and "online_difficulty_filtering: false" in lines[0], lines
     assert validate(OrchestratorConfig, {"buffer": {"skip_verification": True}}, "orch.yaml")
+
+
+def test_max_off_policy_steps_below_the_async_level_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(OrchestratorConfig, {"max_async_level": 2, "max_off_policy_steps": 1}, "orch.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and "too old to train" in lines[0] and "max_off_policy_steps >= 2" in lines[0], (
+        lines
+    )
+    assert validate(OrchestratorConfig, {"max_async_level": 2, "max_off_policy_steps": 2}, "orch.yaml")
