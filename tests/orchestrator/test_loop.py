@@ -133,22 +133,31 @@ def test_resume_restores_step_and_buffer(tmp_path: Path) -> None:
 
 
 def test_stop_event_ends_the_run(tmp_path: Path) -> None:
+    # A run with no step limit, a trainer that keeps publishing, and rollouts always in flight: after
+    # stop, run() returns, and nothing it started samples or sends any more.
     cfg = _cfg(max_steps=None, max_async_level=1)
-    sender = QueueSender(maxsize=100)
+    sender = QueueSender(maxsize=1)
+    trainer = FakeTrainer(sender, tmp_path, num_steps=1000, train_seconds=0.01)
+    trainer.start()
+    client = FakeClient(delay=0.01)
 
     async def main() -> None:
         stop = asyncio.Event()
-        orch = Orchestrator(
-            cfg, FakeClient(delay=0.01), sender, tmp_path, fake_tokenizer(), [_env()], stop=stop
-        )
+        orch = Orchestrator(cfg, client, sender, tmp_path, fake_tokenizer(), [_env()], stop=stop)
         task = asyncio.create_task(orch.run())
-        while sender.batches.qsize() < 2:
+        while len(trainer.received) < 3:
             await asyncio.sleep(0.01)
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+        assert not orch._inflight
+        await asyncio.sleep(0.1)  # the trainer takes a batch still queued, then waits on an empty queue
+        num_requests, num_sent = len(client.requests), len(trainer.received) + sender.batches.qsize()
+        await asyncio.sleep(0.3)  # the trainer keeps publishing: a leftover launcher would sample on
+        assert len(client.requests) == num_requests
+        assert len(trainer.received) + sender.batches.qsize() == num_sent
 
     asyncio.run(main())
-    assert sender.batches.qsize() >= 2
+    assert [b.step for b in trainer.received] == list(range(len(trainer.received)))
 
 
 def test_failed_and_non_finite_rewards_are_masked_not_trained_as_zero(tmp_path: Path) -> None:
