@@ -41,6 +41,7 @@ def train(
         log_model(resolved)
         # batch_timeout also bounds the wait for the orchestrator's run directory.
         run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
+        _check_against_orchestrator(cfg, run_dir)
         # Under torchrun only rank 0 talks to the orchestrator; the other ranks get their rows from it.
         is_rank_zero = int(os.environ.get("RANK", "0")) == 0
         if is_rank_zero:
@@ -59,6 +60,23 @@ def train(
     run_single(
         "grpo-train", "train", TrainerConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model
     )
+
+
+def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> None:
+    """The checks that need the orchestrator's config, here its resolved copy in the run dir."""
+    from grpo.config.crosscheck import loss_normalization_problem
+    from grpo.config.errors import ConfigError
+    from grpo.config.loading import read_yaml
+
+    orch = read_yaml(run_dir / "configs" / "orch.yaml")
+    problem = loss_normalization_problem(
+        orch.get("advantage", {}).get("type", "default"),
+        cfg,
+        orch.get("batch_size", 0),
+        orch.get("sampling", {}).get("max_tokens"),
+    )
+    if problem is not None:
+        raise ConfigError(f"config mismatch: {problem}")
 
 
 def main() -> None:

@@ -30,8 +30,26 @@ def fill_orchestrator_model(orch: OrchestratorConfig, model: str) -> Orchestrato
     return orch
 
 
+def loss_normalization_problem(
+    advantage_type: str, train: TrainerConfig, batch_size: int, max_tokens: int | None
+) -> str | None:
+    """Dr. GRPO is its advantage and a constant loss normaliser; the latter lives in train.yaml."""
+    if advantage_type != "dr_grpo" or train.loss.normalization == "constant":
+        return None
+    constant = "batch_size x sampling.max_tokens" if max_tokens is None else str(batch_size * max_tokens)
+    return (
+        "orch advantage.type dr_grpo divides the loss by a constant, not by the step's loss tokens; set train "
+        f"loss.normalization: constant and loss.normalization_constant: {constant}"
+    )
+
+
 def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig, colocated: bool) -> list[str]:
     problems = []
+    normalization = loss_normalization_problem(
+        orch.advantage.type, train, orch.batch_size, orch.sampling.max_tokens
+    )
+    if normalization is not None:
+        problems.append(normalization)
     if orch.model.name is not None and orch.model.name != train.model:
         problems.append(
             f"orch model.name '{orch.model.name}' differs from train model '{train.model}'; use the same model in both"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from grpo.config.base import StrictModel
 
@@ -36,6 +36,10 @@ def positive_temperature(value: float) -> float:
     return value
 
 
+_NEUTRAL_SAMPLING: dict[str, float] = {"repetition_penalty": 1.0, "min_tokens": 0, "top_p": 1.0}
+"""Sampling settings the trainer does not reproduce, at the value that turns each off."""
+
+
 class TempSchedulerConfig(StrictModel):
     type: Literal["linear", "cosine"]
     """Shape of the schedule from start to end over max_steps."""
@@ -63,22 +67,37 @@ class SamplingConfig(StrictModel):
     """Temperature schedule over training steps."""
 
     repetition_penalty: float = Field(1.0, gt=0.0)
-    """Repetition penalty (1.0 = off)."""
+    """Repetition penalty; only 1.0 (off) is accepted: vLLM's logprobs would include the penalty
+    and the trainer's do not, so every importance ratio would be biased."""
 
     min_tokens: int = Field(0, ge=0)
-    """Minimum completion tokens per generation."""
+    """Minimum completion tokens per generation; only 0 is accepted: vLLM bans end-of-sequence
+    before min_tokens and renormalises its logprobs without it, which the trainer does not."""
 
     seed: int | None = None
     """Sampling seed; each request derives its own seed from it."""
 
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling. Values below 1 renormalise vLLM's logprobs over kept tokens, which biases
-    the importance ratio; keep 1.0 unless you know why."""
+    """Nucleus sampling; only 1.0 (off) is accepted: vLLM renormalises its logprobs over the kept
+    tokens and the trainer over the whole vocabulary, so every importance ratio would be biased."""
 
     @field_validator("temperature")
     @classmethod
     def _positive(cls, value: float | None) -> float | None:
         return None if value is None else positive_temperature(value)
+
+    @field_validator("repetition_penalty", "min_tokens", "top_p")
+    @classmethod
+    def _trainer_reproduces_the_logprobs(cls, value: float, info: ValidationInfo) -> float:
+        # vLLM reports processed logprobs (after every sampling processor); the trainer applies only
+        # the temperature, so any other processor would silently bias the ratios and mask tokens.
+        neutral = _NEUTRAL_SAMPLING[info.field_name or ""]
+        if value != neutral:
+            raise ValueError(
+                f"{value} is not supported in training: vLLM's logprobs would include it but the "
+                f"trainer's do not, which biases every importance ratio; set {info.field_name}: {neutral}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_temperature_source(self) -> SamplingConfig:
@@ -171,7 +190,8 @@ class BufferConfig(StrictModel):
     """Example fields hashed to identify (and deduplicate) an example."""
 
     skip_verification: bool = False
-    """Skip reward scoring (rewards are 0); for pure distillation."""
+    """Skip reward scoring (rewards are 0); for pure distillation. Refused with
+    online_difficulty_filtering, which would drop every group."""
 
     env_ratios: list[float] | None = None
     """Sampling weight per environment (same order as env[]); must sum to > 0."""
@@ -181,17 +201,29 @@ class BufferConfig(StrictModel):
         ratios = self.env_ratios
         if ratios is not None and (any(r < 0 for r in ratios) or sum(ratios) <= 0):
             raise ValueError("buffer.env_ratios must be non-negative and sum to > 0")
+        if self.skip_verification and self.online_difficulty_filtering:
+            raise ValueError(
+                "buffer.skip_verification gives every rollout reward 0, so online_difficulty_filtering "
+                "would drop every group and no batch would ever fill; set online_difficulty_filtering: false"
+            )
         return self
 
 
 class AdvantageConfig(StrictModel):
-    type: Literal["default", "grpo", "dr_grpo", "rloo", "reinforce_pp", "custom"] = "default"
-    """default: reward minus group mean. grpo: also divided by the group std. dr_grpo: same as
-    default (no std, no length normalisation). rloo: leave-one-out mean. reinforce_pp: REINFORCE++
-    baseline (group mean removed, then normalised over the whole batch). custom: import_path."""
+    type: Literal["default", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "custom"] = (
+        "default"
+    )
+    """default: reward minus the group mean. grpo: that divided by the group's std (a group of equal
+    rewards gets 0). dr_grpo (Dr. GRPO): reward minus the group mean, and the loss divided by a
+    constant instead of the step's loss tokens, so it needs train loss.normalization: constant.
+    rloo: reward minus the mean of the group's other rollouts. reinforce_pp (REINFORCE++): rewards
+    whitened over the batch, (r - batch mean) / batch std. reinforce_pp_baseline: group mean
+    removed, then whitened over the batch. custom: import_path. Every std is the sample std
+    (ddof=1), as TRL's GRPO and OpenRLHF's group_norm compute it."""
 
     length_weighted_mean: bool = False
-    """Weight the group mean by completion length."""
+    """(default only) Weight the group mean by completion length; the other types use the baseline
+    their paper defines and refuse it."""
 
     import_path: str | None = None
     """(custom) "pkg.module:function" taking (rewards [groups x n], lengths, **kwargs) and returning advantages."""
@@ -200,11 +232,19 @@ class AdvantageConfig(StrictModel):
     """(custom) keyword arguments for the function."""
 
     @model_validator(mode="after")
-    def _custom_needs_path(self) -> AdvantageConfig:
+    def _options_the_type_uses(self) -> AdvantageConfig:
         if self.type == "custom" and not self.import_path:
             raise ValueError("advantage.type 'custom' needs advantage.import_path ('pkg.module:function')")
         if self.type != "custom" and self.import_path:
             raise ValueError("advantage.import_path is only used with advantage.type: custom")
+        if self.type != "custom" and self.kwargs:
+            raise ValueError("advantage.kwargs is only used with advantage.type: custom")
+        if self.length_weighted_mean and self.type != "default":
+            raise ValueError(
+                f"advantage.length_weighted_mean only applies to advantage.type default; {self.type} uses "
+                "the baseline its definition gives (a custom function receives the lengths itself): "
+                "remove length_weighted_mean or use type: default"
+            )
         return self
 
 
@@ -431,10 +471,14 @@ class OrchestratorConfig(StrictModel):
     """Training steps (null = run until stopped)."""
 
     max_async_level: int = Field(1, ge=0)
-    """Rollouts for step n come from policy max(0, n - max_async_level); 0 is strictly on-policy."""
+    """How far inference may run ahead of the trainer: rollouts for batch n are started from policy
+    max(0, n - max_async_level) or newer; 0 samples every batch from the newest policy."""
 
     max_off_policy_steps: int = Field(8, ge=0)
-    """Rollouts whose generation spans more policy updates than this are dropped."""
+    """Oldest policy a batch trains on: batch n drops (and counts in off_policy/num_dropped) a
+    rollout started from a policy older than n - max_off_policy_steps. Rollouts that finish late
+    (long, multi-turn, or oversampled leftovers) train in a later batch until then. At least
+    max_async_level; strictly on-policy training is both 0."""
 
     oversampling_factor: float = Field(1.0, ge=1.0)
     """Groups launched as a multiple of the groups still needed: this batch's missing ones plus those of
@@ -488,7 +532,8 @@ class OrchestratorConfig(StrictModel):
         if self.max_off_policy_steps < self.max_async_level:
             raise ValueError(
                 f"max_off_policy_steps ({self.max_off_policy_steps}) is below max_async_level "
-                f"({self.max_async_level}): every rollout would be dropped; raise max_off_policy_steps"
+                f"({self.max_async_level}): rollouts started for the batches inference may run ahead to "
+                f"would be too old to train when they arrive; set max_off_policy_steps >= {self.max_async_level}"
             )
         return self
 

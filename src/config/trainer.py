@@ -28,7 +28,8 @@ class LossConfig(StrictModel):
     """Weight of the advantage term."""
 
     teacher_tau: float = Field(0.0, ge=0.0)
-    """Weight of the teacher term (teacher_lp - trainer_lp); needs teacher logprobs in the batch."""
+    """Weight of the teacher term (teacher_lp - trainer_lp, both at temperature 1 whatever the
+    sampling temperature, since the teacher scores without one); needs teacher logprobs in the batch."""
 
     token_mask_low: float = Field(0.125, ge=0.0)
     """Mask tokens whose importance ratio is below this."""
@@ -50,6 +51,36 @@ class LossConfig(StrictModel):
 
     sequence_clip_high: float = Field(10.0, gt=0.0)
     """Upper clip of the sequence-level ratio (ratio_type: sequence)."""
+
+    normalization: Literal["tokens", "constant"] = "tokens"
+    """What the step's summed token loss is divided by. tokens: the step's loss tokens (every token
+    weighs the same within a step). constant: normalization_constant, whatever the step's lengths
+    (Dr. GRPO's unbiased aggregation; orch advantage.type dr_grpo needs it)."""
+
+    normalization_constant: int | None = Field(None, gt=0)
+    """(constant) The divisor; Dr. GRPO uses rollouts per step x max completion tokens
+    (orch batch_size x sampling.max_tokens)."""
+
+    @model_validator(mode="after")
+    def _constant_with_its_value(self) -> LossConfig:
+        if self.normalization == "constant" and self.normalization_constant is None:
+            raise ValueError(
+                "loss.normalization constant needs loss.normalization_constant (Dr. GRPO: orch batch_size x "
+                "sampling.max_tokens)"
+            )
+        if self.normalization == "tokens" and self.normalization_constant is not None:
+            raise ValueError(
+                "loss.normalization_constant is only used with loss.normalization: constant; set one or "
+                "remove the constant"
+            )
+        return self
+
+    def loss_scale(self, num_loss_tokens: int) -> int:
+        """Divisor of a step's summed token loss, given the step's loss tokens (all ranks)."""
+        if self.normalization == "constant":
+            assert self.normalization_constant is not None  # the validator guarantees it
+            return self.normalization_constant
+        return max(num_loss_tokens, 1)
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> LossConfig:

@@ -1,15 +1,26 @@
 """Advantage estimators over groups of rollouts of the same prompt.
 
 All functions take rewards [num_groups, group_size] and completion lengths of the same shape and
-return advantages of that shape (numpy float64).
+return advantages of that shape (numpy float64). Each is the estimator of its paper:
 
-- default / dr_grpo: reward minus the group mean (Dr. GRPO drops GRPO's std division, which
-  up-weights groups that are nearly solved or nearly failed).
-- grpo: (reward - mean) / std; a group whose rewards are all equal gets 0, not NaN.
-- rloo: reward minus the mean of the *other* rollouts of the group (unbiased leave-one-out baseline).
-- reinforce_pp: group mean removed, then normalised by the std of the whole batch.
-- length_weighted_mean: the group mean is weighted by completion length (long samples carry more
-  tokens of the loss, so their reward counts more in the baseline).
+- default: reward minus the group mean (optionally length-weighted, see below).
+- grpo (DeepSeekMath): (reward - group mean) / group std; a group whose rewards are all equal gets
+  0, not NaN.
+- dr_grpo (Liu et al. 2025, "Understanding R1-Zero-like training"): reward minus the group mean,
+  no std division (the std up-weights groups that are nearly solved or nearly failed). Its other
+  half, a constant loss normaliser instead of the step's token count, is the trainer's
+  loss.normalization: constant (config cross-check).
+- rloo (Ahmadian et al. 2024): reward minus the mean of the *other* rollouts of the group (the
+  unbiased leave-one-out baseline).
+- reinforce_pp (REINFORCE++, Hu 2025): no group baseline; the rewards are whitened over the whole
+  batch: (reward - batch mean) / batch std.
+- reinforce_pp_baseline (REINFORCE++-baseline): group mean removed, then whitened over the batch.
+- length_weighted_mean (default only): the group mean is weighted by completion length (long
+  samples carry more tokens of the loss, so their reward counts more in the baseline).
+
+Every std is the sample std (ddof=1, Bessel-corrected), as TRL's GRPO and OpenRLHF's group_norm
+compute it; a set of fewer than two rewards has none, and its advantages are 0. Batch whitening is
+over rollouts (one advantage each), not over tokens.
 """
 
 from __future__ import annotations
@@ -40,6 +51,25 @@ def _all_valid(rewards: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
     return np.ones(rewards.shape, dtype=bool) if valid is None else valid
 
 
+def _sample_std(centred: np.ndarray, valid: np.ndarray, axis: int | None) -> np.ndarray:
+    """Sample std (ddof=1) of values already centred on their mean; 0 where fewer than 2 are valid."""
+    count = valid.sum(axis=axis, keepdims=True)
+    squares = np.where(valid, centred, 0.0) ** 2
+    return np.where(
+        count >= 2, np.sqrt(squares.sum(axis=axis, keepdims=True) / np.maximum(count - 1, 1)), 0.0
+    )
+
+
+def _whiten(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """(values - mean) / sample std over every valid entry of the batch; 0 when the std is 0."""
+    if not valid.any():
+        return np.zeros_like(values)
+    centred = np.where(valid, values - values[valid].mean(), 0.0)
+    std = float(_sample_std(centred, valid, axis=None))
+    # equal values carry no signal; dividing would give 0/0
+    return centred / std if std > _EPS else np.zeros_like(values)
+
+
 def mean_baseline(
     rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False, valid: np.ndarray | None = None
 ) -> np.ndarray:
@@ -47,20 +77,20 @@ def mean_baseline(
     return np.where(valid, rewards - _group_mean(rewards, lengths, length_weighted, valid), 0.0)
 
 
-def grpo(
-    rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False, valid: np.ndarray | None = None
-) -> np.ndarray:
+def dr_grpo(rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    # The plain group-mean baseline: what sets Dr. GRPO apart from default is its loss normaliser.
+    return mean_baseline(rewards, lengths, False, valid)
+
+
+def grpo(rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     valid = _all_valid(rewards, valid)
-    centred = mean_baseline(rewards, lengths, length_weighted, valid)
-    plain = np.where(valid, rewards - _group_mean(rewards, lengths, False, valid), 0.0)
-    std = np.sqrt((plain**2).sum(axis=1, keepdims=True) / np.maximum(valid.sum(axis=1, keepdims=True), 1))
+    centred = mean_baseline(rewards, lengths, False, valid)
+    std = _sample_std(centred, valid, axis=1)
     # zero-std groups carry no signal; dividing would give 0/0
     return np.where(std > _EPS, centred / np.maximum(std, _EPS), 0.0)
 
 
-def rloo(
-    rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False, valid: np.ndarray | None = None
-) -> np.ndarray:
+def rloo(rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     valid = _all_valid(rewards, valid)
     count = valid.sum(axis=1, keepdims=True)
     kept = np.where(valid, rewards, 0.0)
@@ -69,21 +99,23 @@ def rloo(
     return np.where(valid & (count >= 2), rewards - others_mean, 0.0)
 
 
-def reinforce_pp(
-    rewards: np.ndarray, lengths: np.ndarray, length_weighted: bool = False, valid: np.ndarray | None = None
+def reinforce_pp(rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    return _whiten(rewards, _all_valid(rewards, valid))
+
+
+def reinforce_pp_baseline(
+    rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None
 ) -> np.ndarray:
     valid = _all_valid(rewards, valid)
-    centred = mean_baseline(rewards, lengths, length_weighted, valid)
-    std = float(centred[valid].std()) if valid.any() else 0.0
-    return centred / std if std > _EPS else np.zeros_like(centred)
+    return _whiten(mean_baseline(rewards, lengths, False, valid), valid)
 
 
-_ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
-    "default": mean_baseline,
-    "dr_grpo": mean_baseline,
+_ESTIMATORS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
+    "dr_grpo": dr_grpo,
     "grpo": grpo,
     "rloo": rloo,
     "reinforce_pp": reinforce_pp,
+    "reinforce_pp_baseline": reinforce_pp_baseline,
 }
 
 
@@ -121,4 +153,7 @@ def compute_advantages(
                 "it must return finite advantages (guard divisions by a zero std)"
             )
         return np.where(valid, out, 0.0)
-    return _ESTIMATORS[cfg.type](np.where(valid, rewards, 0.0), lengths, cfg.length_weighted_mean, valid)
+    rewards = np.where(valid, rewards, 0.0)
+    if cfg.type == "default":
+        return mean_baseline(rewards, lengths, cfg.length_weighted_mean, valid)
+    return _ESTIMATORS[cfg.type](rewards, lengths, valid)

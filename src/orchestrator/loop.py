@@ -6,8 +6,8 @@ current policy may still serve (up to policy + max_async_level), times oversampl
 flight and finished-but-untaken groups both count, so a batch's leftovers serve the next batch instead
 of being launched again, generation for batch n + 1 overlaps training on batch n, and no group is started
 that no batch could accept. At most batch_size * oversampling_factor rollouts are in flight at once.
-The main coroutine fills batch n with the freshest finished groups first (dropping ones that are too
-stale or carry no signal), computes advantages, applies filters, packs, and hands the batch to the
+The main coroutine fills batch n with the freshest finished groups first (dropping ones more than
+max_off_policy_steps policies old, or that carry no signal), computes advantages, applies filters, packs, and hands the batch to the
 sender in a worker thread while generation carries on. With eval configured, once the last batch is
 sent it waits for the final policy (max_steps) to reach inference and evaluates it.
 """
@@ -236,14 +236,7 @@ class Orchestrator:
             self._finished.add(waited)
 
     def _acceptable(self, step: int, group: Group) -> bool:
-        end_version = max(r.end_version for r in group.rollouts)
-        return is_acceptable(
-            step,
-            group.start_version,
-            end_version,
-            self.cfg.max_async_level,
-            self.cfg.max_off_policy_steps,
-        )
+        return is_acceptable(step, group.start_version, self.cfg.max_off_policy_steps)
 
     # ---- the step --------------------------------------------------------------------------
 

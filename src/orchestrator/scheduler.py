@@ -1,14 +1,16 @@
 """Staleness: which policy the inference servers run, and which rollouts a batch may take.
 
-Rules (docs/design.md, "Step semantics"):
-- Batch n takes only rollouts started from policy >= max(0, n - max_async_level), so the
-  off-policy gap of a batch never exceeds max_async_level (0 = strictly on-policy).
-- New rollouts are launched for a batch only while the servers run a policy that batch may use:
-  at policy v the orchestrator fills batches up to v + max_async_level and then waits for
-  `broadcasts/step_{v+1}/STABLE` (launch_target in the loop).
-- Every rollout records the policy version at its start and end (weights are reloaded in place,
-  so a generation can span an update); one whose generation spans more than
-  max_off_policy_steps updates is dropped and counted, as is one too old for the batch.
+Two knobs, two rules (docs/design.md, "Step semantics"):
+- max_async_level gates *starting* rollouts: new rollouts for batch n start only from policy
+  >= max(0, n - max_async_level). At policy v the orchestrator fills batches up to
+  v + max_async_level and then waits for `broadcasts/step_{v+1}/STABLE` (launch_target in the
+  loop); 0 is strictly on-policy sampling.
+- max_off_policy_steps gates *training* on them: batch n takes a rollout only if the policy it
+  started from is at most max_off_policy_steps versions old (n - start_version). A rollout started
+  in time can still finish late (a long or multi-turn generation, or an oversampled leftover, while
+  the trainer publishes newer policies): it trains in a later batch while it is young enough, and is
+  dropped and counted (off_policy/num_dropped) once it is not. The config requires
+  max_off_policy_steps >= max_async_level, so a rollout that arrives in time is never dropped.
 - A batch takes the freshest finished groups first (FinishedGroups), so oversampling's surplus
   lowers a batch's lag instead of raising it; the older surplus is what goes stale.
 """
@@ -36,11 +38,10 @@ def required_policy(step: int, max_async_level: int) -> int:
     return max(0, step - max_async_level)
 
 
-def is_acceptable(
-    step: int, start_version: int, end_version: int, max_async_level: int, max_off_policy_steps: int
-) -> bool:
-    """Whether a rollout may train in batch `step` (both staleness rules)."""
-    return step - start_version <= max_async_level and end_version - start_version <= max_off_policy_steps
+def is_acceptable(step: int, start_version: int, max_off_policy_steps: int) -> bool:
+    """Whether a rollout started from policy `start_version` may train in batch `step`: its oldest
+    tokens are step - start_version policy updates behind the policy that trains on them."""
+    return step - start_version <= max_off_policy_steps
 
 
 class FinishedGroups:

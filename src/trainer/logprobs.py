@@ -21,17 +21,25 @@ if TYPE_CHECKING:
 
 
 def _chunk_logprobs(
-    lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [C, H], targets [C], temperatures [C] -> (logprob [C] float32, entropy [C] float32)."""
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperatures: torch.Tensor,
+    untempered: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hidden [C, H], targets [C], temperatures [C] -> (logprob [C] float32, entropy [C] float32,
+    logprob at temperature 1 [C] float32 when `untempered`, else [0])."""
     import torch
 
-    logits = lm_head(hidden).float() / temperatures.float().unsqueeze(-1)  # [C, V]
-    log_probs = torch.log_softmax(logits, dim=-1)
+    raw = lm_head(hidden).float()  # [C, V]
+    log_probs = torch.log_softmax(raw / temperatures.float().unsqueeze(-1), dim=-1)
     token_lp = log_probs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return token_lp, entropy
+        plain_lp = raw.new_zeros(0)
+        if untempered:
+            plain_lp = torch.log_softmax(raw, dim=-1).gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    return token_lp, entropy, plain_lp
 
 
 def token_logprobs(
@@ -46,6 +54,23 @@ def token_logprobs(
     Entropy is a metric (no gradient). Logits are divided by each token's sampling temperature,
     because inference logprobs are reported after temperature.
     """
+    lp, entropy, _ = token_logprobs_and_untempered(
+        hidden, lm_head, targets, temperatures, chunk_size, untempered=False
+    )
+    return lp, entropy
+
+
+def token_logprobs_and_untempered(
+    hidden: torch.Tensor,
+    lm_head: nn.Module,
+    targets: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk_size: int,
+    untempered: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """token_logprobs, plus (when `untempered`) the logprobs at temperature 1 from the same logits,
+    without a gradient: the teacher term compares the student with teacher logprobs, which are
+    scored at temperature 1, so the student's must be too ([0] when not `untempered`)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -53,20 +78,19 @@ def token_logprobs(
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
     )
-    logprob_chunks, entropy_chunks = [], []
+    chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for start in range(0, hidden.shape[0], chunk_size):
         end = start + chunk_size
-        args = (lm_head, hidden[start:end], targets[start:end], temperatures[start:end])
+        args = (lm_head, hidden[start:end], targets[start:end], temperatures[start:end], untempered)
         if needs_grad:
-            lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+            chunks.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
-            lp, ent = _chunk_logprobs(*args)
-        logprob_chunks.append(lp)
-        entropy_chunks.append(ent)
-    if not logprob_chunks:  # a one-token row predicts nothing
+            chunks.append(_chunk_logprobs(*args))
+    if not chunks:  # a one-token row predicts nothing
         empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(logprob_chunks), torch.cat(entropy_chunks)
+        return empty, empty, empty
+    lp, entropy, plain = (torch.cat(parts) for parts in zip(*chunks, strict=True))
+    return lp, entropy, plain
 
 
 def every_token_logprobs(

@@ -3,17 +3,21 @@
 Per loss token t:
 
     log_ratio = trainer_lp - inference_lp,  ratio = exp(log_ratio)
-    coeff     = ratio * (adv_tau * A + teacher_tau * (teacher_lp - trainer_lp) - kl_tau * log_ratio)
+    coeff     = ratio * (adv_tau * A + teacher_tau * (teacher_lp - trainer_lp_1) - kl_tau * log_ratio)
     loss      = -(coeff.detach() * trainer_lp)[keep].sum() / loss_scale
 
-so d loss / d trainer_lp[t] = -coeff[t] * keep[t] / loss_scale. `loss_scale` is the number of loss
-tokens of the whole step, so micro-batches can be backpropagated one at a time and their gradients
-simply add up.
+where trainer_lp is at the token's sampling temperature (as vLLM's inference_lp is) and
+trainer_lp_1 at temperature 1, as the teacher's prompt logprobs are (vLLM scores prompts with no
+sampling processor): the teacher term compares the two models' own distributions, whatever the
+sampling temperature. So d loss / d trainer_lp[t] = -coeff[t] * keep[t] / loss_scale.
+`loss_scale` is the same for every micro-batch of a step (the step's loss tokens, or
+loss.normalization_constant for Dr. GRPO), so micro-batches can be backpropagated one at a time
+and their gradients simply add up.
 
 Metrics use the k3 estimator (r - 1) - log r, which is unbiased, never negative, and low-variance
 for samples drawn from the denominator policy:
 - kl: r = p_trainer / p_inference over all loss tokens (estimates KL(inference || trainer)).
-- teacher_kl: r = p_teacher / p_trainer (estimates KL(student || teacher), samples from the student).
+- teacher_kl: r = p_teacher / p_trainer, both at temperature 1 (estimates KL(student || teacher)).
 """
 
 from __future__ import annotations
@@ -117,12 +121,14 @@ def grpo_loss(
     loss_scale: int,
     teacher_lp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    untempered_lp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossSums]:
     """Loss of one micro-batch's tokens, all tensors [T]; returns (loss, sums).
 
     `sample_ids` says which sample each token belongs to (any integers >= 0; the sequence masks and
     ratios group by it). Only `trainer_lp` may carry a gradient; inference and teacher logprobs are
-    treated as data.
+    treated as data. `untempered_lp` (the trainer's logprobs at temperature 1, no gradient) comes
+    with `teacher_lp`: the teacher term and teacher_kl compare it with the teacher.
     """
     import torch
 
@@ -131,7 +137,7 @@ def grpo_loss(
             "loss.teacher_tau > 0 but the batch has no teacher logprobs; configure teacher_model in "
             "orch.yaml or set loss.teacher_tau: 0"
         )
-    assert loss_scale > 0, "loss_scale must count the loss tokens of the whole step"
+    assert loss_scale > 0, "loss_scale is the step's normaliser (LossConfig.loss_scale)"
     loss_mask = loss_mask.bool()
     inference_lp = inference_lp.detach().to(trainer_lp.dtype)
     lp = trainer_lp.detach()
@@ -140,8 +146,10 @@ def grpo_loss(
         ratio = importance_ratio(log_ratio, loss_mask, sample_ids, cfg)
         signal = cfg.adv_tau * advantages.to(lp.dtype) - cfg.kl_tau * log_ratio
         if teacher_lp is not None:
+            assert untempered_lp is not None, "the teacher term needs the trainer's logprobs at temperature 1"
             teacher_lp = teacher_lp.detach().to(lp.dtype)
-            signal = signal + cfg.teacher_tau * (teacher_lp - lp)
+            student_lp = untempered_lp.detach().to(lp.dtype)
+            signal = signal + cfg.teacher_tau * (teacher_lp - student_lp)
         coeff = ratio * signal
         keep = keep_mask(log_ratio, loss_mask, sample_ids, cfg)
         # `where`, not a multiplication by keep: a dropped token's coeff may be inf (its ratio
@@ -161,7 +169,7 @@ def grpo_loss(
         if entropy is not None:
             sums.entropy_sum = float(entropy.detach()[loss_mask].sum())
         if teacher_lp is not None:
-            teacher_log_r = torch.where(loss_mask, teacher_lp - lp, torch.zeros_like(lp))
+            teacher_log_r = torch.where(loss_mask, teacher_lp - student_lp, torch.zeros_like(lp))
             sums.teacher_kl_sum = float((torch.exp(teacher_log_r) - 1 - teacher_log_r)[loss_mask].sum())
             sums.has_teacher = True
     return loss, sums

@@ -1,10 +1,10 @@
 """The Trainer: one optimizer step per TrainingBatch, with metrics.
 
 A step trains on every row of the batch, `per_device_train_batch_size` rows per micro-batch. Each
-micro-batch's loss is already divided by the loss tokens of the whole step, so gradients simply add
-up to that of the step loss. Micro-batches are backpropagated in groups of
-`gradient_accumulation_steps` (the most whose activations are alive at once); then one clipped
-optimizer step.
+micro-batch's loss is already divided by the step's normaliser (the loss tokens of the whole step,
+or loss.normalization_constant), so gradients simply add up to that of the step loss. Micro-batches
+are backpropagated in groups of `gradient_accumulation_steps` (the most whose activations are alive
+at once); then one clipped optimizer step.
 
 Data parallel (torchrun, see grpo.trainer.distributed): rank 0 receives the batch and shares it;
 every rank trains on its balanced share of the rows; gradients are summed over ranks (the loss is
@@ -196,9 +196,10 @@ class Trainer:
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
         batch.validate()
         started = time.perf_counter()
-        loss_scale = batch.num_loss_tokens
-        if loss_scale == 0:
+        num_loss_tokens = batch.num_loss_tokens
+        if num_loss_tokens == 0:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch.step)
+        loss_scale = self.cfg.loss.loss_scale(num_loss_tokens)
         lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.zero_grad(set_to_none=True)
         totals = LossSums()
@@ -207,7 +208,7 @@ class Trainer:
         for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
             group_loss = None
             for mb in group:
-                loss, sums = self._micro_batch_loss(mb, max(loss_scale, 1))
+                loss, sums = self._micro_batch_loss(mb, loss_scale)
                 # Under FSDP every rank must join every backward, even with no loss tokens (zero loss).
                 if sums.num_loss_tokens > 0 or self._sharded:
                     group_loss = loss if group_loss is None else group_loss + loss
@@ -281,19 +282,21 @@ class Trainer:
         """Forward one micro-batch; logits only at the hidden states that predict its loss tokens."""
         import torch
 
-        from grpo.trainer.logprobs import token_logprobs
+        from grpo.trainer.logprobs import token_logprobs_and_untempered
 
         hidden = self.policy.hidden_states(mb)
         tokens = mb.loss
         if tokens.targets.numel() == 0:
             # A zero that still depends on every weight the forward used (FSDP's collectives need it).
             return hidden.sum() * 0.0, LossSums()
-        lp, entropy = token_logprobs(
+        has_teacher = tokens.teacher_logprobs is not None
+        lp, entropy, untempered_lp = token_logprobs_and_untempered(
             hidden[tokens.predicted_from],
             self.policy.lm_head,
             tokens.targets,
             tokens.temperatures,
             self.cfg.logprob_chunk_size,
+            untempered=has_teacher,
         )
         return grpo_loss(
             lp,
@@ -305,6 +308,7 @@ class Trainer:
             loss_scale,
             teacher_lp=tokens.teacher_logprobs,
             entropy=entropy,
+            untempered_lp=untempered_lp if has_teacher else None,
         )
 
     def _sum_over_ranks(

@@ -73,3 +73,43 @@ def test_the_weight_collective_refuses_an_elastic_pool() -> None:
         ConfigError, match=r"client.elastic makes the pool change; use weight_broadcast type filesystem"
     ):
         validate(OrchestratorConfig, {**_collective(), **elastic}, "orch.yaml")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "neutral"),
+    [("repetition_penalty", 1.1, "1.0"), ("min_tokens", 4, "0"), ("top_p", 0.9, "1.0")],
+)
+def test_sampling_the_trainer_does_not_reproduce_is_refused(key: str, value: float, neutral: str) -> None:
+    # vLLM's processed logprobs include these processors; the trainer's logprobs would not.
+    with pytest.raises(ConfigError) as err:
+        validate(OrchestratorConfig, {"sampling": {key: value}}, "orch.yaml")
+    lines = str(err.value).splitlines()
+    assert (
+        len(lines) == 1 and f"'sampling.{key}': {value} " in lines[0] and f"set {key}: {neutral}" in lines[0]
+    ), lines
+    assert "importance ratio" in lines[0]
+
+
+def test_neutral_sampling_settings_load() -> None:
+    sampling = {"repetition_penalty": 1.0, "min_tokens": 0, "top_p": 1.0, "temperature": 0.7}
+    assert validate(OrchestratorConfig, {"sampling": sampling}, "orch.yaml").sampling.top_p == 1.0
+
+
+def test_skip_verification_with_difficulty_filtering_is_refused() -> None:
+    # every reward is 0, so every group would be filtered and no batch would ever fill
+    buffer = {"skip_verification": True, "online_difficulty_filtering": True}
+    with pytest.raises(ConfigError) as err:
+        validate(OrchestratorConfig, {"buffer": buffer}, "orch.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and "online_difficulty_filtering: false" in lines[0], lines
+    assert validate(OrchestratorConfig, {"buffer": {"skip_verification": True}}, "orch.yaml")
+
+
+def test_max_off_policy_steps_below_the_async_level_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(OrchestratorConfig, {"max_async_level": 2, "max_off_policy_steps": 1}, "orch.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and "too old to train" in lines[0] and "max_off_policy_steps >= 2" in lines[0], (
+        lines
+    )
+    assert validate(OrchestratorConfig, {"max_async_level": 2, "max_off_policy_steps": 2}, "orch.yaml")

@@ -18,13 +18,25 @@ def test_default_subtracts_group_mean() -> None:
     np.testing.assert_allclose(_adv("default"), [[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0]])
 
 
-def test_dr_grpo_does_not_divide_by_std() -> None:
-    np.testing.assert_allclose(_adv("dr_grpo"), _adv("default"))
+def test_dr_grpo_subtracts_the_plain_group_mean_and_never_divides_by_std() -> None:
+    rewards = np.array([[3.0, 0.0, 1.0, 0.0], [2.0, 2.0, 2.0, 6.0]])
+    lengths = np.array([[5, 900, 5, 5], [1, 1, 1, 1]])  # a long rollout must not shift the mean
+    adv = compute_advantages(AdvantageConfig(type="dr_grpo"), rewards, lengths)
+    np.testing.assert_allclose(adv, [[2.0, -1.0, 0.0, -1.0], [-1.0, -1.0, -1.0, 3.0]])
 
 
-def test_grpo_divides_by_group_std_and_zero_std_groups_get_zero() -> None:
+def test_grpo_divides_by_the_sample_std_of_its_group() -> None:
+    rewards = np.array([[0.2, 0.9, 0.4, 0.7, 1.0], [1.0, 1.0, 0.0, 0.0, 0.0]])
+    adv = compute_advantages(AdvantageConfig(type="grpo"), rewards, np.ones_like(rewards))
+    # the unbiased std, as TRL's torch.std and OpenRLHF's group_norm compute it
+    expected = (rewards - rewards.mean(axis=1, keepdims=True)) / rewards.std(axis=1, ddof=1, keepdims=True)
+    np.testing.assert_allclose(adv, expected)
+    np.testing.assert_allclose(adv[1], [1.0954451, 1.0954451, -0.7302967, -0.7302967, -0.7302967], rtol=1e-6)
+
+
+def test_grpo_zero_std_groups_get_zero() -> None:
     adv = _adv("grpo")
-    np.testing.assert_allclose(adv[0], [1.0, -1.0, -1.0, 1.0])  # std of [1,0,0,1] is 0.5
+    np.testing.assert_allclose(adv[0], np.array([0.5, -0.5, -0.5, 0.5]) / np.std([1, 0, 0, 1], ddof=1))
     assert np.all(adv[1] == 0.0) and np.all(np.isfinite(adv))
 
 
@@ -34,10 +46,34 @@ def test_rloo_uses_leave_one_out_mean() -> None:
     np.testing.assert_allclose(adv[1], 0.0)
 
 
-def test_reinforce_pp_normalises_over_the_batch() -> None:
-    adv = _adv("reinforce_pp")
-    centred = np.array([[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0]])
-    np.testing.assert_allclose(adv, centred / centred.std())
+def test_reinforce_pp_whitens_the_rewards_over_the_batch() -> None:
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [3.0, 3.0, 3.0, 5.0]])
+    adv = compute_advantages(AdvantageConfig(type="reinforce_pp"), rewards, np.ones_like(rewards))
+    np.testing.assert_allclose(adv, (rewards - rewards.mean()) / rewards.std(ddof=1))
+    assert adv.mean() == pytest.approx(0.0) and adv.std(ddof=1) == pytest.approx(1.0)
+
+
+def test_reinforce_pp_baseline_removes_the_group_mean_then_whitens_over_the_batch() -> None:
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [3.0, 3.0, 3.0, 5.0]])
+    adv = compute_advantages(AdvantageConfig(type="reinforce_pp_baseline"), rewards, np.ones_like(rewards))
+    centred = rewards - rewards.mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(adv, (centred - centred.mean()) / centred.std(ddof=1))
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_length_weighted_mean_is_refused_where_the_estimator_has_its_own_baseline(kind: str) -> None:
+    with pytest.raises(ValueError, match=r"length_weighted_mean only applies to advantage\.type default"):
+        AdvantageConfig(type=kind, length_weighted_mean=True)  # type: ignore[arg-type]
+
+
+def test_length_weighted_mean_is_refused_for_a_custom_function() -> None:
+    with pytest.raises(ValueError, match="length_weighted_mean"):
+        AdvantageConfig(type="custom", import_path=f"{__name__}:scaled", length_weighted_mean=True)
+
+
+def test_kwargs_without_a_custom_function_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"kwargs is only used with advantage\.type: custom"):
+        AdvantageConfig(type="grpo", kwargs={"scale": 2.0})
 
 
 def test_length_weighted_mean_weights_rewards_by_length() -> None:
@@ -64,7 +100,7 @@ def test_custom_estimator_with_wrong_shape_is_a_value_error() -> None:
         _adv("custom", import_path=f"{__name__}:flattened")
 
 
-@pytest.mark.parametrize("kind", ["default", "grpo", "rloo"])
+@pytest.mark.parametrize("kind", ["default", "grpo", "dr_grpo", "rloo"])
 def test_failed_rollouts_are_left_out_of_the_group_baseline(kind: str) -> None:
     cfg = AdvantageConfig.model_validate({"type": kind})
     rewards = np.array([[1.0, 0.0, 0.0, 1.0, 0.0]])
@@ -75,7 +111,9 @@ def test_failed_rollouts_are_left_out_of_the_group_baseline(kind: str) -> None:
     assert adv[0, 4] == 0.0
 
 
-@pytest.mark.parametrize("kind", ["default", "grpo", "rloo", "reinforce_pp"])
+@pytest.mark.parametrize(
+    "kind", ["default", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
+)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_rewards_never_give_non_finite_advantages(kind: str, bad: float) -> None:
     cfg = AdvantageConfig.model_validate({"type": kind})

@@ -48,8 +48,8 @@ def _run(
 
 
 @pytest.mark.parametrize("max_async_level", [0, 1, 2])
-def test_off_policy_gap_never_exceeds_async_level(tmp_path: Path, max_async_level: int) -> None:
-    cfg = _cfg(max_async_level=max_async_level, max_off_policy_steps=8, oversampling_factor=2.0)
+def test_off_policy_gap_never_exceeds_max_off_policy_steps(tmp_path: Path, max_async_level: int) -> None:
+    cfg = _cfg(max_async_level=max_async_level, max_off_policy_steps=max_async_level, oversampling_factor=2.0)
     client = FakeClient(delay=0.005)
     _orch, trainer = _run(cfg, tmp_path, client, _env(), train_seconds=0.02)
     assert [b.step for b in trainer.received] == list(range(5))  # the trainer got every batch it waited for
@@ -60,14 +60,28 @@ def test_off_policy_gap_never_exceeds_async_level(tmp_path: Path, max_async_leve
         assert all(policies_in(b) == {b.step} for b in trainer.received)
 
 
-def test_stale_rollouts_are_dropped_and_counted(tmp_path: Path) -> None:
-    # async 0 with oversampling: leftovers of policy n in flight when batch n closes can't enter batch n+1
-    cfg = _cfg(max_async_level=0, oversampling_factor=3.0)
-    client = FakeClient(delay=0.005)
-    orch, _trainer = _run(cfg, tmp_path, client, _env(), train_seconds=0.02)
+def test_late_rollouts_train_while_young_enough_and_are_dropped_and_counted_after(tmp_path: Path) -> None:
+    # Sampling is on-policy (async 0), but with 3x oversampling each batch leaves groups of its
+    # policy in flight; they finish while the trainer trains and arrive one policy late.
+    cfg = _cfg(max_async_level=0, max_off_policy_steps=1, oversampling_factor=3.0, max_steps=6)
+    orch, trainer = _run(cfg, tmp_path, FakeClient(delay=0.005), _env(), train_seconds=0.05)
+    lags = {b.step - v for b in trainer.received for v in policies_in(b)}
+    assert lags == {0, 1}  # leftovers trained one policy late, never two
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert max(r["off_policy/max_lag"] for r in records) == 1
+    assert orch.counters["num_rollouts_dropped_off_policy"] == sum(
+        r["off_policy/num_dropped"] for r in records
+    )
+
+
+def test_rollouts_older_than_max_off_policy_steps_are_dropped_and_counted(tmp_path: Path) -> None:
+    # the same leftovers with max_off_policy_steps 0: one policy late is too old, so they are dropped
+    cfg = _cfg(max_async_level=0, max_off_policy_steps=0, oversampling_factor=3.0)
+    orch, trainer = _run(cfg, tmp_path, FakeClient(delay=0.005), _env(), train_seconds=0.02)
+    assert all(policies_in(b) == {b.step} for b in trainer.received)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     dropped = sum(r["off_policy/num_dropped"] for r in records)
-    assert dropped > 0
+    assert dropped > 0 and dropped % cfg.rollouts_per_example == 0  # whole groups
     assert orch.counters["num_rollouts_dropped_off_policy"] == dropped
 
 
@@ -158,22 +172,31 @@ def test_resume_restores_step_and_buffer(tmp_path: Path) -> None:
 
 
 def test_stop_event_ends_the_run(tmp_path: Path) -> None:
+    # A run with no step limit, a trainer that keeps publishing, and rollouts always in flight: after
+    # stop, run() returns, and nothing it started samples or sends any more.
     cfg = _cfg(max_steps=None, max_async_level=1)
-    sender = QueueSender(maxsize=100)
+    sender = QueueSender(maxsize=1)
+    trainer = FakeTrainer(sender, tmp_path, num_steps=1000, train_seconds=0.01)
+    trainer.start()
+    client = FakeClient(delay=0.01)
 
     async def main() -> None:
         stop = asyncio.Event()
-        orch = Orchestrator(
-            cfg, FakeClient(delay=0.01), sender, tmp_path, fake_tokenizer(), [_env()], stop=stop
-        )
+        orch = Orchestrator(cfg, client, sender, tmp_path, fake_tokenizer(), [_env()], stop=stop)
         task = asyncio.create_task(orch.run())
-        while sender.batches.qsize() < 2:
+        while len(trainer.received) < 3:
             await asyncio.sleep(0.01)
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+        assert not orch._inflight
+        await asyncio.sleep(0.1)  # the trainer takes a batch still queued, then waits on an empty queue
+        num_requests, num_sent = len(client.requests), len(trainer.received) + sender.batches.qsize()
+        await asyncio.sleep(0.3)  # the trainer keeps publishing: a leftover launcher would sample on
+        assert len(client.requests) == num_requests
+        assert len(trainer.received) + sender.batches.qsize() == num_sent
 
     asyncio.run(main())
-    assert sender.batches.qsize() >= 2
+    assert [b.step for b in trainer.received] == list(range(len(trainer.received)))
 
 
 def test_failed_and_non_finite_rewards_are_masked_not_trained_as_zero(tmp_path: Path) -> None:

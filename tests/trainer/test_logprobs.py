@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from grpo.trainer.logprobs import every_token_logprobs, token_logprobs
+from grpo.trainer.logprobs import every_token_logprobs, token_logprobs, token_logprobs_and_untempered
 
 
 def _naive(hidden, lm_head, targets, temps):
@@ -53,6 +53,18 @@ def test_temperature_divides_logits():
     logits = lm_head(hidden.detach()) * 2.0
     expected = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(lp, expected.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_untempered_logprobs_come_from_the_same_logits_at_temperature_1():
+    hidden, lm_head, targets, temps = _inputs()
+    lp, ent, untempered = token_logprobs_and_untempered(hidden, lm_head, targets, temps, chunk_size=8)
+    ref_lp, ref_ent = _naive(hidden, lm_head, targets, temps)
+    ref_untempered, _ = _naive(hidden, lm_head, targets, torch.ones_like(temps))
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ref_ent.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(untempered, ref_untempered.detach(), atol=1e-5, rtol=1e-5)
+    assert not untempered.requires_grad and (untempered - lp).abs().max() > 0.1
+    assert token_logprobs_and_untempered(hidden, lm_head, targets, temps, 8, untempered=False)[2].numel() == 0
 
 
 def test_every_token_logprobs_are_predicted_from_each_tokens_parent():

@@ -55,18 +55,23 @@ def test_gradient_equals_minus_coeff_times_keep_over_loss_scale():
     assert sums.num_masked_tokens == 1
 
 
-def test_teacher_term_pulls_toward_teacher_and_reports_teacher_kl():
+def test_teacher_term_compares_the_teacher_with_the_student_at_temperature_1():
+    # Sampled at a temperature != 1, the student's tempered logprob (-2.0, what the ratio uses)
+    # differs from its own distribution's (-1.5 at temperature 1, what the teacher is compared with).
     cfg = LossConfig(adv_tau=0.0, teacher_tau=0.5)
     lp, inf, adv, mask, pos = _row([0.0, -2.0], [0.0, -2.0], [0.0, 0.0], [False, True], [0, 1])
     teacher = torch.tensor([0.0, -1.0], dtype=torch.float64, requires_grad=True)
-    loss, sums = grpo_loss(lp, inf, adv, mask, pos, cfg, loss_scale=1, teacher_lp=teacher)
+    untempered = torch.tensor([0.0, -1.5], dtype=torch.float64)
+    loss, sums = grpo_loss(
+        lp, inf, adv, mask, pos, cfg, loss_scale=1, teacher_lp=teacher, untempered_lp=untempered
+    )
     loss.backward()
-    # coeff = 1 * 0.5 * (-1 - -2) = 0.5; the student's logprob is pushed up.
-    assert lp.grad is not None and lp.grad[1].item() == pytest.approx(-0.5)
+    # coeff = ratio 1 * 0.5 * (teacher -1 - student -1.5) = 0.25; the student's logprob is pushed up.
+    assert lp.grad is not None and lp.grad[1].item() == pytest.approx(-0.25)
     assert teacher.grad is None
-    r = math.exp(-1.0 - -2.0)
-    assert sums.teacher_kl_sum == pytest.approx(r - 1 - 1.0)
-    assert sums.metrics()["teacher_kl"] == pytest.approx(r - 2.0)
+    r = math.exp(-1.0 - -1.5)
+    assert sums.teacher_kl_sum == pytest.approx(r - 1 - 0.5)
+    assert sums.metrics()["teacher_kl"] == pytest.approx(r - 1.5)
 
 
 def test_teacher_tau_without_teacher_logprobs_is_a_user_error():

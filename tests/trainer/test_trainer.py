@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainer_batches import default_rows, make_row, on_policy_batch
+from trainer_batches import default_rows, make_row, on_policy_batch, reference_batch, reference_logprobs
 
 from grpo.trainer.trainer import Trainer
 from grpo.transport.batch import TrainingBatch
@@ -18,10 +18,17 @@ def _snapshot(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def test_on_policy_batch_has_zero_kl_and_nothing_masked(make_cfg, tmp_path):
+def test_trainer_logprobs_match_a_plain_hf_forward_so_an_on_policy_step_has_zero_kl(
+    make_cfg, tmp_path, tiny_model_path
+):
     trainer = Trainer(make_cfg(), tmp_path)
-    metrics = trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
-    assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)
+    rows = default_rows()  # row 0 is sampled at temperature 0.8, row 1 at 1.0
+    batch = reference_batch(tiny_model_path, 0, rows)
+    for row, scored in zip(batch.rows, trainer.score(rows), strict=True):
+        # bf16 forward vs the float32 reference: ~5e-3; a wrong temperature is off by ~0.1
+        np.testing.assert_allclose(scored[row.loss_mask], row.inference_logprobs[row.loss_mask], atol=2e-2)
+    metrics = trainer.train_step(batch)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-4)
     assert metrics["masked"] == 0.0
     assert metrics["tokens"] == 6 + 7 + 5 + 4 + 4
     assert metrics["entropy"] > 0.0
@@ -83,13 +90,36 @@ def test_metrics_are_written_per_step(make_cfg, tmp_path):
     assert records[0]["wait_time"] == 0.25
 
 
-def test_teacher_kl_is_reported_when_teacher_logprobs_arrive(make_cfg, tmp_path):
+def test_teacher_kl_compares_the_teacher_with_the_student_at_temperature_1(
+    make_cfg, tmp_path, tiny_model_path
+):
+    # The teacher's logprobs are prompt logprobs, at temperature 1; these rows were sampled at 0.5,
+    # where the student's logprobs differ from its temperature-1 ones by ~0.3.
     trainer = Trainer(make_cfg(loss={"teacher_tau": 0.5}), tmp_path)
-    batch = on_policy_batch(trainer, 0, default_rows())
-    for row in batch.rows:
-        row.teacher_logprobs = np.where(row.loss_mask, row.inference_logprobs + 0.3, 0).astype(np.float32)
+    rows = [
+        make_row([(5, 6), (4, 7)], [1.0, -1.0], seed=0, temperature=0.5),
+        make_row([(3, 9)], [0.5], seed=1),
+    ]
+    batch = reference_batch(tiny_model_path, 0, rows)
+    at_one = reference_logprobs(tiny_model_path, batch.rows, temperature=1.0)
+    for row, student in zip(batch.rows, at_one, strict=True):
+        row.teacher_logprobs = np.where(row.loss_mask, student + 0.3, 0).astype(np.float32)
     metrics = trainer.train_step(batch)
-    assert metrics["teacher_kl"] == pytest.approx(np.exp(0.3) - 1 - 0.3, rel=1e-3)
+    assert metrics["teacher_kl"] == pytest.approx(np.exp(0.3) - 1 - 0.3, rel=1e-2)
+    trainer.close()
+
+
+def test_dr_grpo_constant_normaliser_divides_the_step_loss(make_cfg, tmp_path, tiny_model_path):
+    constant = 1000
+    loss = {"normalization": "constant", "normalization_constant": constant}
+    trainer = Trainer(make_cfg(loss=loss), tmp_path)
+    rows = [make_row([(5, 6), (4, 7)], [1.0, 2.0], seed=3), make_row([(3, 9)], [0.5], seed=4)]
+    batch = reference_batch(tiny_model_path, 0, rows)
+    # on-policy (ratio 1, kl_tau 0): loss = -sum(A * logprob) / constant, not / the 22 loss tokens
+    expected = -sum(float((r.advantages * r.inference_logprobs)[r.loss_mask].sum()) for r in rows) / constant
+    metrics = trainer.train_step(batch)
+    assert metrics["tokens"] == 22
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-2)
     trainer.close()
 
 

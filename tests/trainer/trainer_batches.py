@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -40,8 +41,44 @@ def make_row(
 
 
 def on_policy_batch(trainer: Any, step: int, rows: list[PackedRow]) -> TrainingBatch:
-    """Batch whose inference logprobs are the trainer's own current logprobs (masked to the loss)."""
+    """Batch whose inference logprobs are the trainer's own current logprobs (masked to the loss):
+    plausible data for a step. Tests of the logprobs themselves use reference_batch instead."""
     for row, lp in zip(rows, trainer.score(rows), strict=True):
+        row.inference_logprobs = np.where(row.loss_mask, lp, 0.0).astype(np.float32)
+    return TrainingBatch(step=step, rows=rows)
+
+
+def reference_logprobs(
+    model_path: Any, rows: list[PackedRow], temperature: float | None = None
+) -> list[np.ndarray]:
+    """Logprobs [num_tokens] of each row from a plain HF forward in float32, independent of the
+    trainer: every sample of a packed row is run on its own (no packing, no chunking, no LoRA; a
+    fresh trainer's LoRA is the identity) and its logits divided by each token's temperature (or
+    by `temperature` when given). 0 where a sample starts."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    out = []
+    for row in rows:
+        lp = np.zeros(len(row.input_ids), np.float32)
+        starts = [*np.flatnonzero(row.position_ids == 0), len(row.input_ids)]
+        for start, end in itertools.pairwise(starts):
+            ids = torch.as_tensor(row.input_ids[start:end], dtype=torch.long)
+            with torch.no_grad():
+                logits = model(input_ids=ids[None]).logits[0, :-1].float()  # [n - 1, V] predicts ids[1:]
+            temps = torch.as_tensor(row.temperatures[start + 1 : end], dtype=torch.float32)
+            if temperature is not None:
+                temps = torch.full_like(temps, temperature)
+            token_lp = torch.log_softmax(logits / temps[:, None], -1).gather(-1, ids[1:, None]).squeeze(-1)
+            lp[start + 1 : end] = token_lp.numpy()
+        out.append(lp)
+    return out
+
+
+def reference_batch(model_path: Any, step: int, rows: list[PackedRow]) -> TrainingBatch:
+    """Batch whose inference logprobs are those of the untrained policy (reference_logprobs)."""
+    for row, lp in zip(rows, reference_logprobs(model_path, rows), strict=True):
         row.inference_logprobs = np.where(row.loss_mask, lp, 0.0).astype(np.float32)
     return TrainingBatch(step=step, rows=rows)
 
