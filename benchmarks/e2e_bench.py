@@ -287,7 +287,7 @@ def run_once(args: argparse.Namespace, mode: str, async_level: int, work: Path) 
 def logged_dtypes(run_dir: Path) -> dict[str, str | None]:
     """The dtypes the run actually used, from its logs: vLLM's resolved model dtype ("auto" is
     resolved there) and the trainer's base weights ("policy ... base torch.X")."""
-    text = "\n".join(log.read_text(errors="replace") for log in sorted(run_dir.glob("*.log")))
+    text = "\n".join(log.read_text(errors="replace") for log in sorted(run_dir.rglob("*.log")))
     engine = re.search(r"dtype=torch\.(\w+)", text)
     trainer = re.search(r"base torch\.(\w+)", text)
     return {"engine": engine and engine.group(1), "trainer": trainer and trainer.group(1)}

@@ -54,7 +54,11 @@ def grpo(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Validate, print the resolved configs and the memory plan, exit."
     ),
-    verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        help="Show tracebacks for errors, and vLLM's logs on the console (else logs/inference.log).",
+    ),
 ) -> None:
     """Run inference, orchestrator and trainer in one process (co-located mode).
 
@@ -86,7 +90,7 @@ def grpo(
             return 0
         from grpo.colocate.runner import run_colocated
 
-        return run_colocated(train_cfg, infer_cfg, orch_cfg, resolved, plan)
+        return run_colocated(train_cfg, infer_cfg, orch_cfg, resolved, plan, engine_logs_to_console=verbose)
 
     guard("grpo", verbose, body)
 

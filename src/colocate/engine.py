@@ -28,7 +28,9 @@ def start_engine(infer: InferenceConfig, model_path: str) -> ServerThread:
     check_borrowing_safe(build_server_args(infer, model_path))
     # The engine subprocess inherits this: on CPU it keeps the dense linear weights the trainer borrows.
     os.environ["GRPO_KEEP_DENSE_WEIGHTS"] = "1"
-    server = ServerThread(infer, model_path)
+    from grpo.colocate.console import engine_logs_to_file
+
+    server = ServerThread(infer, model_path, quiet=engine_logs_to_file())
     server.start()
     try:
         server.wait_ready(SERVER_READY_TIMEOUT_S)

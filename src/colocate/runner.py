@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,8 +60,12 @@ def run_colocated(
     orch: OrchestratorConfig,
     resolved: ResolvedModel,
     plan: MemoryPlan,
+    engine_logs_to_console: bool = False,
 ) -> int:
+    """Run all three parts to the end; vLLM's logs go to the run's logs/inference.log unless
+    `engine_logs_to_console` (grpo.colocate.console)."""
     from grpo.cli.common import write_resolved_configs
+    from grpo.colocate.console import run_summary, send_engine_logs_to_file
     from grpo.colocate.engine import start_engine
     from grpo.colocate.replicas import ReplicaProcesses, free_port, replica_devices, replica_infer_config
     from grpo.orchestrator.checkpoint import resolve_colocated_resume
@@ -69,6 +74,7 @@ def run_colocated(
     if train.max_steps < 0 and orch.max_steps is not None:
         train = train.model_copy(update={"max_steps": orch.max_steps})
     run_dir = Path(orch.output_dir)
+    started = time.monotonic()
     # Before the configs are rewritten (it compares with the run dir's) and before anything starts
     # (it removes what a killed run wrote past the step both sides checkpointed).
     step = resolve_colocated_resume(
@@ -79,6 +85,8 @@ def run_colocated(
     if infer.weight_dirs is None:  # the trainer publishes every policy inside the run directory
         infer = infer.model_copy(update={"weight_dirs": [str(run_dir.resolve())]})
     write_resolved_configs(run_dir, {"train": train, "infer": infer, "orch": orch})
+    if not engine_logs_to_console:
+        log.info("vLLM's logs: %s (grpo --verbose shows them here)", send_engine_logs_to_file(run_dir))
     log.info("memory plan:\n%s", plan.table())
 
     model_path = str(resolved.path)
@@ -95,12 +103,14 @@ def run_colocated(
             if devices[0] is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = devices[0]  # this process's engine: its own GPU
         server = start_engine(replica_infer_config(infer, 0), model_path)
-        return _train_with_server(train, orch, run_dir, model_path, server, replicas)
+        code = _train_with_server(train, orch, run_dir, model_path, server, replicas)
     finally:
         if replicas is not None:
             replicas.stop()
         if server is not None:
             server.stop()
+    log.info("\n".join(run_summary(run_dir, time.monotonic() - started)))
+    return code
 
 
 def _train_with_server(
@@ -164,7 +174,6 @@ def _train_with_server(
             raise trainer.error
         raise RuntimeError(failure)
     del borrowed  # views over the engine's memory must go before the engine does
-    log.info("run finished: %s", run_dir)
     return 0
 
 

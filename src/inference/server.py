@@ -97,9 +97,12 @@ def run_server(cfg: InferenceConfig) -> int:
 class ServerThread:
     """vLLM's API server on a background thread of this process, engine in its subprocess."""
 
-    def __init__(self, cfg: InferenceConfig, model_path: str) -> None:
+    def __init__(self, cfg: InferenceConfig, model_path: str, quiet: bool = False) -> None:
+        """`quiet`: no uvicorn start-up lines, no access-log line per request, no weight-loading
+        progress bar (a co-located run, whose console is for training progress)."""
         self.cfg = cfg
         self.model_path = model_path
+        self.quiet = quiet
         self.engine_client: Any = None
         """vLLM's EngineClient (AsyncLLM); use only through `collective_rpc` or on `self.loop`."""
         self.port: int | None = None
@@ -121,6 +124,9 @@ class ServerThread:
 
     def start(self) -> ServerThread:
         args, self.rules = prepare_server(self.cfg, self.model_path)
+        if self.quiet:
+            args.uvicorn_log_level, args.disable_uvicorn_access_log = "warning", True
+            args.use_tqdm_on_load = False
         self._children_before = {p.pid for p in _children()}
         self.loop = asyncio.new_event_loop()
         self._signal_handlers = vllm_compat.allow_server_in_thread(self.loop)

@@ -238,7 +238,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             log.warning(
                 "step %d: gradient norm is %s; the update is skipped (%d skipped so far), the policy stays as it was",
-                batch.step,
+                batch.step + 1,
                 grad_norm,
                 self.num_skipped_steps,
             )
@@ -266,9 +266,12 @@ class Trainer:
         if self._wandb is not None:
             self._wandb.log(metrics, step=batch.step)
         if batch.step % self.cfg.logging_steps == 0:
+            # Counted from 1 like the orchestrator's line (metrics rows keep `step` from 0).
+            of_total = f"/{self.cfg.max_steps}" if self.cfg.max_steps > 0 else ""
             log.info(
-                "step %d loss %.4f kl %.2e masked %.3f grad_norm %.3f tokens %d %.1fs",
-                batch.step,
+                "step %d%s  loss %.4f  kl %.2e  masked %.3f  grad_norm %.3f  tokens %d  %.1fs",
+                batch.step + 1,
+                of_total,
                 metrics["loss"],
                 metrics["kl"],
                 metrics["masked"],

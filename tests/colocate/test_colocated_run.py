@@ -117,6 +117,12 @@ def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
     assert "borrowed 14 base weights" in result.stderr
     for name in ("train", "infer", "orch"):
         assert (run_dir / "configs" / f"{name}.yaml").exists()
+    # The console is grpo's (steps, summary); vLLM's lines are in the run's engine log.
+    console = result.stdout + result.stderr
+    assert "Available routes are" not in console and "Engine 000" not in console
+    assert "Available routes are" in (run_dir / "logs" / "inference.log").read_text()
+    assert "step 3/3" in console and "run finished in" in console
+    assert len(console.splitlines()) < 60, console
 
 
 def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
