@@ -10,10 +10,7 @@ the two workloads differ only in the prompt length. Offline: the brief ships wit
 
 from __future__ import annotations
 
-import random
-
-from grpo.envs.base import check_num_examples
-from grpo.envs.short_answer import QUESTIONS, short_answer_reward
+from grpo.envs.short_answer import one_word_questions
 from grpo.envs.single_turn import SingleTurnEnv
 
 # About 350 tokens with the SmolLM2 tokenizer (tests/envs/test_long_brief.py holds it there).
@@ -49,12 +46,4 @@ Answer with one word only."""
 
 
 def load_environment(num_examples: int = 1000, seed: int = 0) -> SingleTurnEnv:
-    check_num_examples("long-brief", num_examples)
-    rng = random.Random(seed)
-    examples = [
-        {"prompt": question, "answer": answer, "task": "long-brief"}
-        for question, answer in (rng.choice(QUESTIONS) for _ in range(num_examples))
-    ]
-    return SingleTurnEnv(
-        examples=examples, rewards=[short_answer_reward], system_prompt=BRIEF, name="long-brief"
-    )
+    return one_word_questions("long-brief", BRIEF, num_examples, seed)

@@ -90,12 +90,18 @@ def short_answer_reward(completion: str, answer: str) -> float:
 
 
 def load_environment(num_examples: int = 1000, seed: int = 0) -> SingleTurnEnv:
-    check_num_examples("short-answer", num_examples)
+    return one_word_questions("short-answer", SYSTEM_PROMPT, num_examples, seed)
+
+
+def one_word_questions(name: str, system_prompt: str, num_examples: int, seed: int) -> SingleTurnEnv:
+    """`num_examples` questions drawn from QUESTIONS (seeded), scored by short_answer_reward, asked
+    under `system_prompt`."""
+    check_num_examples(name, num_examples)
     rng = random.Random(seed)
     examples = [
-        {"prompt": question, "answer": answer, "task": "short-answer"}
+        {"prompt": question, "answer": answer, "task": name}
         for question, answer in (rng.choice(QUESTIONS) for _ in range(num_examples))
     ]
     return SingleTurnEnv(
-        examples=examples, rewards=[short_answer_reward], system_prompt=SYSTEM_PROMPT, name="short-answer"
+        examples=examples, rewards=[short_answer_reward], system_prompt=system_prompt, name=name
     )
