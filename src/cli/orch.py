@@ -38,7 +38,6 @@ def orch(
         import asyncio
 
         from grpo.cli.common import write_resolved_configs
-        from grpo.cli.orch_process import wrap_for_resume
         from grpo.inference.client import InferenceClient
         from grpo.models.resolve import resolve_model
         from grpo.transport.factory import batch_sender_for
@@ -53,7 +52,7 @@ def orch(
 
             check_fresh_run_dir(run_dir)
         write_resolved_configs(run_dir, {"orch": cfg})
-        sender = wrap_for_resume(cfg, batch_sender_for(cfg, run_dir), run_dir)
+        sender = batch_sender_for(cfg, run_dir)
         client = InferenceClient(cfg.client, weight_broadcast=cfg.weight_broadcast)
         try:
             asyncio.run(_wait_then_run(cfg, client, sender, run_dir, str(resolved.path)))

@@ -1,15 +1,10 @@
-"""What the stand-alone orchestrator process (`grpo-orch`) adds around the loop: a restart that
-never repeats a delivered batch, and the hand-over of the last collective weight update.
+"""What the stand-alone orchestrator process (`grpo-orch`) adds around the loop: the hand-over of
+the last collective weight update.
 
-(The zmq batch transport keeps that promise itself, see `wrap_for_resume`.)
-
-Restart (ckpt.resume_step set) with the filesystem batch transport: the killed orchestrator may
-have published `rollouts/step_n/` (STABLE) for n >= the resumed step before its checkpoint for
-n + 1 was written. That batch is complete and valid (sampled from policy >= n - max_async_level)
-and the trainer may already be reading or have trained on it. Deleting or overwriting it would
-race with the trainer's read, and sending a second, different batch n would train step n twice
-or not at all. So a resumed orchestrator keeps the first delivery: it skips sending any batch
-whose folder is already STABLE (the freshly sampled duplicate is dropped, logged).
+(A restart never repeats a delivered batch: both batch transports keep that promise themselves. The
+filesystem sender skips steps below the trainer's committed step and folders already STABLE, see
+grpo.transport.batch_filesystem; the zmq sender keeps every uncommitted batch in its spool, see
+grpo.transport.batch_zmq.)
 """
 
 from __future__ import annotations
@@ -22,49 +17,8 @@ from grpo.utils.logging import get_logger
 if TYPE_CHECKING:
     from grpo.config.orchestrator import OrchestratorConfig
     from grpo.inference.client import InferenceClient
-    from grpo.transport.batch import TrainingBatch
-    from grpo.transport.interfaces import BatchSender
 
 log = get_logger("orchestrator")
-
-
-def is_resuming(cfg: OrchestratorConfig) -> bool:
-    return cfg.ckpt.resume_step is not None
-
-
-class ResumeSafeSender:
-    """A filesystem BatchSender that leaves batches delivered before a restart as they are."""
-
-    def __init__(self, inner: BatchSender, run_dir: Path) -> None:
-        self.inner = inner
-        self.run_dir = run_dir
-        self.num_skipped = 0
-
-    def send(self, batch: TrainingBatch) -> None:
-        from grpo.transport.batch_filesystem import step_dir
-        from grpo.utils.atomic import is_stable
-
-        folder = step_dir(self.run_dir, batch.step)
-        if is_stable(folder):
-            self.num_skipped += 1
-            log.info("batch %d was delivered before the restart (%s); keeping that one", batch.step, folder)
-            return
-        self.inner.send(batch)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def wrap_for_resume(cfg: OrchestratorConfig, sender: BatchSender, run_dir: Path) -> BatchSender:
-    """`sender`, made restart-safe when resuming with the filesystem transport.
-
-    zmq needs no wrapper: its sender keeps every batch the trainer has not committed (taken or
-    not) in `rollouts/zmq_unacked/`, re-sends them when resumed, and drops its fresh copy of a
-    step spooled or taken already (grpo.transport.batch_zmq, docs/multi_node.md).
-    """
-    if not is_resuming(cfg) or cfg.rollout_transport.type != "filesystem":
-        return sender
-    return ResumeSafeSender(sender, run_dir)
 
 
 async def deliver_last_collective_policy(

@@ -239,7 +239,15 @@ class TrainerConfig(StrictModel):
     """Must match the orchestrator's; also how many broadcast folders are kept (+1)."""
 
     batch_timeout: float | None = Field(None, gt=0)
-    """Seconds to wait for a batch before failing with a message (null = wait forever)."""
+    """Seconds to wait for a batch before failing with a message (null = wait forever). A batch
+    below the step the trainer committed that the transport no longer holds (it never comes)
+    fails at once, whatever this is."""
+
+    dist_timeout: float = Field(1800.0, gt=0)
+    """(gpus > 1) Seconds a collective between trainer ranks may wait for a rank before the job
+    fails (the process group's timeout). Waiting for batches does not count: while rank 0 waits,
+    the other ranks wait outside any collective. Raise it when one rank's part of a step (writing a
+    checkpoint, publishing a policy) takes longer."""
 
     ckpt: TrainerCheckpointConfig = Field(default_factory=TrainerCheckpointConfig)
     report_to: ReportConfig | None = None

@@ -136,6 +136,9 @@ def save_checkpoint(
     from grpo.trainer.distributed import barrier, gather_bytes
 
     final = checkpoint_dir(run_dir, step)
+    if dist_ctx is not None:
+        # Rank 0 may come late: it alone publishes the policy just before (to inference, over a collective).
+        dist_ctx.gate.pass_gate(f"checkpoint {step}")
     trainable = _whole_trainable(policy)
     # cpu_offload: under torchrun only rank 0 receives the whole state (the others get {}).
     optimizer_state = get_optimizer_state_dict(

@@ -2,7 +2,9 @@
 
 Only rank 0 talks to the orchestrator: it receives each batch and sends it to the other ranks as
 plain tensors (an int64 header, then the per-token arrays), never pickled objects. Every rank then
-holds the whole batch, computes the same balanced split of its rows and trains on its share.
+holds the whole batch, computes the same balanced split of its rows and trains on its share. While
+rank 0 waits for a batch, the other ranks wait outside any collective (grpo.trainer.rank_zero_gate),
+so the process group's timeout (`dist_timeout`) bounds collectives, never that wait.
 
 The loss of every rank is already divided by the loss tokens of the whole step (all ranks), so the
 step gradient is the SUM of the ranks' gradients, never their mean.
@@ -12,10 +14,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from grpo.trainer.rank_zero_gate import RankZeroGate
 from grpo.transport.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
 
 if TYPE_CHECKING:
@@ -35,15 +39,23 @@ class DistContext:
     local_rank: int
     device: torch.device
     """The device this rank trains on (cuda:LOCAL_RANK, or cpu)."""
+    gate: RankZeroGate
+    """Where ranks > 0 wait for rank 0 before a collective it may reach late (the process group's)."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def init_distributed(device_type: str) -> DistContext | None:
+_gate: RankZeroGate | None = None
+"""The gates of the process group init_distributed created (one per process)."""
+
+
+def init_distributed(device_type: str, timeout_s: float) -> DistContext | None:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT);
-    None for a single process. nccl on CUDA, gloo on CPU."""
+    None for a single process. nccl on CUDA, gloo on CPU. A collective fails after `timeout_s`
+    seconds without every rank; the first call in a process creates the group (later ones join it)."""
+    global _gate
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return None
@@ -58,8 +70,19 @@ def init_distributed(device_type: str) -> DistContext | None:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world_size)
-    return DistContext(rank, world_size, local_rank, device)
+        # The rendezvous init_process_group would do itself, done here to keep its store for the gates.
+        timeout = timedelta(seconds=timeout_s)
+        store, rank, world_size = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        dist.init_process_group(
+            "nccl" if device_type == "cuda" else "gloo",
+            store=dist.PrefixStore("default_pg", store),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+        )
+        _gate = RankZeroGate(dist.PrefixStore("grpo_gates", store), rank, world_size)
+    assert _gate is not None, "the trainer's process group is created by init_distributed only"
+    return DistContext(rank, world_size, local_rank, device, _gate)
 
 
 def balance_rows(rows: list[PackedRow], world_size: int) -> list[list[PackedRow]]:
@@ -103,9 +126,11 @@ def _send_or_receive(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
 
 def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch | None:
     """Rank 0 passes its batch (None = stop), the others pass None; all get rank 0's batch back
-    (metadata stays on rank 0: it is only logged there)."""
+    (metadata stays on rank 0: it is only logged there). Ranks > 0 wait for rank 0 to have it
+    outside the collective, however long it waits for the orchestrator."""
     import torch
 
+    ctx.gate.pass_gate("the next batch")
     if ctx.is_main:
         header = _header(batch)
         size = torch.tensor([len(header)], dtype=torch.int64)

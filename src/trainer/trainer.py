@@ -61,7 +61,7 @@ class Trainer:
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.dist = init_distributed(resolve_device(cfg).type)
+        self.dist = init_distributed(resolve_device(cfg).type, cfg.dist_timeout)
         """None for a single process; else this rank's place in the data-parallel group."""
         if cfg.gpus > 1 and self.dist is None:
             raise ValueError(

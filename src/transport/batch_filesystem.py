@@ -14,6 +14,16 @@ Layout and protocol, for batch n:
 - pruning: the orchestrator (the only side that deletes) removes consumed folders below the
   committed step, keeping the `keep_consumed` newest for inspection. Unconsumed folders and those a
   restarted trainer may read again (at or above the committed step) are never deleted.
+
+Restarts (either side, from any checkpoint) rest on two rules, so that no wait is endless:
+
+- the sender writes no batch below the committed step (no trainer asks for it again; an
+  orchestrator resumed from an older checkpoint than the trainer's samples those steps once more
+  and drops them), and never rewrites a STABLE folder (the first delivery wins, a trainer may be
+  reading it);
+- so a trainer waiting for batch n < c, whose folder is not STABLE, waits for something nobody
+  will write: it fails at once (checked on every poll), naming both steps. A folder below c that
+  is still there (kept for inspection) is read as usual.
 """
 
 from __future__ import annotations
@@ -57,6 +67,16 @@ def committed_step(run_dir: str | Path) -> int:
     return int(path.read_text()) if path.exists() else 0
 
 
+def _gone_message(step: int, committed: int, run_dir: Path) -> str:
+    return (
+        f"batch {step} will never come: the trainer committed step {committed} "
+        f"({rollouts_dir(run_dir) / COMMITTED}: every batch below {committed} is in a trainer checkpoint), "
+        f"so the orchestrator deleted batch {step} and writes none below {committed}; resume the trainer "
+        "from its latest checkpoint (ckpt.resume_step -1), or start orchestrator and trainer afresh in a "
+        "new output_dir"
+    )
+
+
 def _published_steps(run_dir: Path) -> list[int]:
     """Steps whose folder is STABLE, ascending."""
     return list(step_dirs(rollouts_dir(run_dir), stable_only=True))
@@ -89,16 +109,27 @@ class FilesystemBatchSender:
         self.max_buffered = max_buffered
         self.keep_consumed = keep_consumed
         self.block_timeout = block_timeout
+        self.num_skipped = 0
+        """Batches not written: below the trainer's committed step, or published before a restart."""
+        self._logged_skips_below: int | None = None
 
     def pending_steps(self, before: int) -> list[int]:
-        """Published earlier batches the trainer has not consumed yet."""
+        """Published earlier batches the trainer has not consumed yet. Those below the committed
+        step are not waited for: no trainer reads them again (folders an older version of this
+        sender rewrote after they had been pruned)."""
+        committed = committed_step(self.run_dir)
         return [
             s
             for s in _published_steps(self.run_dir)
-            if s < before and not (step_dir(self.run_dir, s) / CONSUMED).exists()
+            if committed <= s < before and not (step_dir(self.run_dir, s) / CONSUMED).exists()
         ]
 
     def send(self, batch: TrainingBatch) -> None:
+        """Write batch n, after waiting while `max_buffered` earlier ones are unconsumed. Skipped
+        (logged) when n is below the trainer's committed step or step_n is STABLE already."""
+        if self._skip(batch.step):
+            self.num_skipped += 1
+            return
         self._wait_for_room(batch.step)
         final = step_dir(self.run_dir, batch.step)
         staged = staging_dir(final)
@@ -106,9 +137,32 @@ class FilesystemBatchSender:
         publish_dir(staged, final)
         self._prune_consumed()
 
+    def _skip(self, step: int) -> bool:
+        committed = committed_step(self.run_dir)
+        if step < committed:
+            # An orchestrator resumed from an older checkpoint than the trainer's: it re-samples
+            # steps the trainer has in a checkpoint. Logged once per committed step, not per batch.
+            if self._logged_skips_below != committed:
+                log.info(
+                    "not writing batch %d nor any later one below %d: the trainer committed step %d "
+                    "(those batches are in its checkpoint)",
+                    step,
+                    committed,
+                    committed,
+                )
+                self._logged_skips_below = committed
+            return True
+        folder = step_dir(self.run_dir, step)
+        if is_stable(folder):
+            # Published before a restart of the orchestrator: the trainer may be reading it, or have
+            # trained on it; a second, different batch n would train step n twice or not at all.
+            log.info("batch %d was delivered before the restart (%s); keeping that one", step, folder)
+            return True
+        return False
+
     def _wait_for_room(self, step: int) -> None:
         # Only steps below `step` count: folders from an abandoned earlier run at or above the
-        # resume step will be overwritten and must not block forever.
+        # resume step are kept as delivered (see _skip) and must not block forever.
         start = time.monotonic()
         deadline = None if self.block_timeout is None else start + self.block_timeout
         backoff, next_log = _Backoff(), start + _WAIT_LOG_EVERY_S
@@ -154,15 +208,13 @@ class FilesystemBatchReceiver:
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff, next_log = _Backoff(), time.monotonic() + _WAIT_LOG_EVERY_S
         while not is_stable(folder):
+            # On every poll, not only at the timeout (null by default): the sender writes nothing
+            # below the committed step, and a folder below it, once pruned, never comes back.
+            committed = committed_step(self.run_dir)
+            if step < committed:
+                raise ValueError(_gone_message(step, committed, self.run_dir))
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                committed = committed_step(self.run_dir)
-                if step < committed:
-                    raise TimeoutError(
-                        f"batch {step} is gone: the trainer committed step {committed} (a later checkpoint) "
-                        f"and the orchestrator pruned older batches; resume from the latest checkpoint "
-                        "(ckpt.resume_step -1)"
-                    )
                 raise TimeoutError(
                     f"batch {step} did not arrive within {timeout}s: {folder / 'STABLE'} does not exist; "
                     f"check that grpo-orch is running and uses output_dir {self.run_dir}"

@@ -10,6 +10,11 @@ Usage: torchrun --standalone --nproc_per_node N dist_worker.py SCENARIO MODEL_PA
   resume   OUT_DIR/split resumes from its latest checkpoint and trains steps 2 and 3; then a Trainer
            resumed from OUT_DIR/whole scores `distributed_test_batch()` rows, every rank passing them
            (OUT_DIR/score_rank{r}.safetensors) and rank 0's rows shared (score_shared_rank{r}).
+  late     OUT_DIR/late trains LATE_STEPS steps through grpo.trainer.entry.run with dist_timeout
+           LATE_DIST_TIMEOUT_S, rank 0 getting batch 1 only after LATE_WAIT_S (longer than that), and
+           checkpoints at the end.
+  orphan   (started without torchrun, see `start_without_agent`) rank 0 exits while rank 1 waits
+           for a batch from it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,11 @@ from grpo.transport.batch import TrainingBatch
 NUM_STEPS = 4
 STOP_AT = 2
 CKPT_INTERVAL = 2
+LATE_STEPS = 2
+LATE_DIST_TIMEOUT_S = 5.0
+LATE_WAIT_S = 12.0
+ORPHAN_EXIT_CODE = 3
+DIST_TIMEOUT_S = 300.0
 
 
 def launch(scenario: str, model_path: Path, out_dir: Path, mode: str, num_ranks: int = 2) -> None:
@@ -55,6 +66,27 @@ def launch(scenario: str, model_path: Path, out_dir: Path, mode: str, num_ranks:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-6000:]
+
+
+def start_without_agent(scenario: str, out_dir: Path, master_port: int, num_ranks: int = 2) -> list[Any]:
+    """The ranks of `scenario` as plain processes (env:// as torchrun describes it, but no agent:
+    rank 0 hosts the process group's store, and nobody stops the other ranks when it dies). Each
+    one's output goes to OUT_DIR/rank{r}.log."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WORLD_SIZE": str(num_ranks)}
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)})
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    processes = []
+    for rank in range(num_ranks):
+        with open(out_dir / f"rank{rank}.log", "w") as log:
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, scenario, "-", str(out_dir), "lora"],
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return processes
 
 
 def run_batch(step: int) -> TrainingBatch:
@@ -95,6 +127,40 @@ class StoppingReceiver:
 
     def close(self) -> None:
         pass
+
+
+class LateReceiver:
+    """Delivers run_batch(n), batch 1 only after LATE_WAIT_S (an orchestrator that is slow, or restarting)."""
+
+    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch:
+        if step == 1:
+            time.sleep(LATE_WAIT_S)
+        return run_batch(step)
+
+    def commit(self, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def late(model_path: str, out_dir: Path, mode: str, is_main: bool) -> None:
+    from grpo.trainer.entry import run
+
+    cfg = run_cfg(model_path, out_dir / "late", mode, resume=False)
+    ckpt = cfg.ckpt.model_copy(update={"interval": LATE_STEPS})
+    cfg = cfg.model_copy(update={"max_steps": LATE_STEPS, "dist_timeout": LATE_DIST_TIMEOUT_S, "ckpt": ckpt})
+    run(cfg, Path(cfg.output_dir), LateReceiver() if is_main else None)
+
+
+def orphan(ctx: Any) -> None:
+    from grpo.trainer.distributed import share_batch
+
+    if ctx.is_main:
+        time.sleep(2.0)  # rank 1 is waiting for the first batch by now
+        os._exit(ORPHAN_EXIT_CODE)
+    share_batch(None, ctx)
+    raise AssertionError("rank 1 got a batch from a rank 0 that exited")
 
 
 def _run(cfg: Any, is_main: bool, stop_at: int) -> None:
@@ -169,7 +235,8 @@ def main() -> None:
     from grpo.trainer.distributed import init_distributed
 
     scenario, model_path, out_dir, mode = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
-    ctx = init_distributed("cpu")
+    # The first init_distributed creates the group: the Trainers built later join it as it is.
+    ctx = init_distributed("cpu", LATE_DIST_TIMEOUT_S if scenario == "late" else DIST_TIMEOUT_S)
     assert ctx is not None, "run me under torchrun with more than one process"
     if scenario == "step":
         one_step(model_path, out_dir, mode)
@@ -177,6 +244,10 @@ def main() -> None:
         train(model_path, out_dir, mode, ctx.is_main)
     elif scenario == "resume":
         resume(model_path, out_dir, mode, ctx.rank)
+    elif scenario == "late":
+        late(model_path, out_dir, mode, ctx.is_main)
+    elif scenario == "orphan":
+        orphan(ctx)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.destroy_process_group()

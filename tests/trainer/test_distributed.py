@@ -1,11 +1,23 @@
-"""Data parallel: row balancing, and a 2-rank gloo step equal to the 1-rank step on the same batch."""
+"""Data parallel: row balancing, a 2-rank gloo step equal to the 1-rank step on the same batch, and
+ranks > 0 waiting for rank 0's batches outside collectives."""
 
 from __future__ import annotations
+
+import json
+import socket
+import time
 
 import numpy as np
 import pytest
 import torch
-from dist_worker import launch
+from dist_worker import (
+    LATE_DIST_TIMEOUT_S,
+    LATE_STEPS,
+    LATE_WAIT_S,
+    ORPHAN_EXIT_CODE,
+    launch,
+    start_without_agent,
+)
 from safetensors.torch import load_file
 from trainer_batches import distributed_test_batch, distributed_test_cfg, make_row
 
@@ -67,3 +79,36 @@ def test_two_rank_step_equals_one_rank_step(tiny_model_path, tmp_path, mode):
     assert any(float(p.grad.abs().max()) > 0 for p in trainable.values())
     assert not np.isnan(single_metrics["loss"])
     single.close()
+
+
+@pytest.mark.slow
+def test_a_batch_later_than_the_process_group_timeout_still_trains(tiny_model_path, tmp_path):
+    # Rank 0 waits LATE_WAIT_S for batch 1, more than dist_timeout: rank 1 must not wait in a collective.
+    assert LATE_WAIT_S > 2 * LATE_DIST_TIMEOUT_S
+    launch("late", tiny_model_path, tmp_path, "lora")
+    rows = (tmp_path / "late" / "trainer_metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == list(range(LATE_STEPS))
+    assert json.loads(rows[1])["wait_time"] >= LATE_WAIT_S
+    assert (tmp_path / "late" / "checkpoints" / "trainer" / f"step_{LATE_STEPS}" / "STABLE").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_ranks_waiting_for_a_rank_0_that_died_fail_naming_it(tmp_path):
+    ranks = start_without_agent("orphan", tmp_path, _free_port())
+    try:
+        start = time.monotonic()
+        codes = [rank.wait(timeout=120) for rank in ranks]
+        waited = time.monotonic() - start
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    log = (tmp_path / "rank1.log").read_text()
+    assert codes[0] == ORPHAN_EXIT_CODE
+    assert codes[1] != 0 and "rank 1 lost rank 0 while waiting for it (the next batch)" in log, log[-3000:]
+    assert waited < 60

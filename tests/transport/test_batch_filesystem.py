@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -126,12 +128,81 @@ def test_batches_after_the_last_commit_survive_for_a_restarted_trainer(tmp_path:
     assert not step_dir(tmp_path, 1).exists()
 
 
-def test_asking_for_a_batch_below_the_commit_says_to_resume_from_the_latest(tmp_path: Path) -> None:
+def _train_and_commit(sender: FilesystemBatchSender, steps: range) -> None:
+    receiver = FilesystemBatchReceiver(sender.run_dir)
+    for step in steps:
+        sender.send(synthetic_batch(step, seed=1))
+        receiver.receive(step)
+        receiver.commit(step + 1)  # a checkpoint after every step
+
+
+def test_a_sender_resumed_below_the_committed_step_skips_those_steps_and_never_blocks(tmp_path: Path) -> None:
+    _train_and_commit(FilesystemBatchSender(tmp_path, max_buffered=1, keep_consumed=0), range(6))
+    assert sorted(p.name for p in rollouts_dir(tmp_path).glob("step_*")) == ["step_5"]
+    # An orchestrator resumed from its step-2 checkpoint while the trainer committed step 6.
+    resumed = FilesystemBatchSender(tmp_path, max_buffered=1, block_timeout=0.5)
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("grpo.transport")
+    logger.addHandler(handler)
+    try:
+        for step in range(2, 7):
+            resumed.send(synthetic_batch(step, seed=2))
+    finally:
+        logger.removeHandler(handler)
+    # Pruned steps are not written again (nobody would consume them, and they would block step 6).
+    assert sorted(p.name for p in rollouts_dir(tmp_path).glob("step_*")) == ["step_5", "step_6"]
+    assert resumed.num_skipped == 4
+    assert messages == [  # once, not once per batch
+        "not writing batch 2 nor any later one below 6: the trainer committed step 6 (those batches are "
+        "in its checkpoint)"
+    ]
+    assert_batches_equal(FilesystemBatchReceiver(tmp_path).receive(6, timeout=1), synthetic_batch(6, seed=2))
+
+
+def test_unconsumed_folders_below_the_committed_step_do_not_hold_back_the_sender(tmp_path: Path) -> None:
+    # Left by an orchestrator that rewrote pruned steps: no trainer will consume them.
+    _train_and_commit(FilesystemBatchSender(tmp_path, max_buffered=1, keep_consumed=0), range(4))
+    stale = step_dir(tmp_path, 1)
+    staged = stale.with_name(".stale")
+    staged.mkdir()
+    (staged / BATCH_FILE).write_bytes(b"")
+    staged.rename(stale)
+    (stale / STABLE).write_text("")
+    sender = FilesystemBatchSender(tmp_path, max_buffered=1, block_timeout=0.5)
+    sender.send(synthetic_batch(4))
+    assert (step_dir(tmp_path, 4) / STABLE).exists()
+    assert sender.pending_steps(5) == [4]
+
+
+def test_a_trainer_waiting_below_the_committed_step_fails_at_once_naming_both_steps(tmp_path: Path) -> None:
+    _train_and_commit(FilesystemBatchSender(tmp_path, max_buffered=1, keep_consumed=0), range(5))
+    start = time.monotonic()
+    # A trainer resumed from an older checkpoint (step 2) than the step it committed (5): batch 2
+    # was pruned and no orchestrator writes it again. Long before a timeout (null by default).
+    with pytest.raises(ValueError, match=r"batch 2 will never come: .*committed step 5.*ckpt.resume_step -1"):
+        FilesystemBatchReceiver(tmp_path).receive(2, timeout=10)
+    assert time.monotonic() - start < 5
+
+
+def test_a_kept_folder_below_the_committed_step_is_still_read(tmp_path: Path) -> None:
+    _train_and_commit(FilesystemBatchSender(tmp_path, max_buffered=1, keep_consumed=2), range(5))
+    restarted = FilesystemBatchReceiver(tmp_path)
+    assert_batches_equal(restarted.receive(3, timeout=1), synthetic_batch(3, seed=1))
+    with pytest.raises(ValueError, match=r"batch 0 will never come"):
+        restarted.receive(0, timeout=1)
+
+
+def test_the_committed_step_is_checked_on_every_poll_of_a_wait(tmp_path: Path) -> None:
     receiver = FilesystemBatchReceiver(tmp_path)
     rollouts_dir(tmp_path).mkdir(parents=True)
-    receiver.commit(5)
-    with pytest.raises(TimeoutError, match=r"batch 2 is gone.*committed step 5.*resume_step -1"):
-        receiver.receive(2, timeout=0.05)
+    # Another trainer of this run commits past the awaited step while this one waits.
+    threading.Timer(0.3, FilesystemBatchReceiver(tmp_path).commit, args=(4,)).start()
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"batch 3 will never come: .*committed step 4"):
+        receiver.receive(3, timeout=30)
+    assert time.monotonic() - start < 5
 
 
 def test_receive_timeout_names_step_path_and_what_to_check(tmp_path: Path) -> None:
