@@ -442,10 +442,7 @@ class Orchestrator:
                 "perf/tokens_per_second": num_tokens / step_seconds if step_seconds > 0 else 0.0,
                 "perf/num_inflight_groups": len(self._inflight),
             }
-            # Only the HTTP client knows a server pool (elastic discovery); fakes and in-process clients do not.
-            pool_metrics = getattr(self.client, "pool_metrics", None)
-            if pool_metrics is not None:
-                metrics.update(pool_metrics())
+            metrics.update(self.client.pool_metrics())
             await reporter.log_step(step, metrics, rollouts)
             # After the row: a kill in between leaves a row that the resume cuts, never a checkpoint
             # without its row.

@@ -161,9 +161,7 @@ class RolloutRunner:
             )
         finally:
             # The client keeps each session's server (sticky routing) until told the session ended.
-            end_session = getattr(self.client, "end_session", None)
-            if end_session is not None:
-                end_session(session)
+            self.client.end_session(session)
         return await self._finish(req, rollout, completion, state, failure)
 
     async def _turns(
