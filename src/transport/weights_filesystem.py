@@ -1,7 +1,8 @@
 """Policy weights through the run directory: `{run_dir}/broadcasts/step_{v}/` + `STABLE`.
 
 The trainer builds each version in a staging folder, moves it into place and writes STABLE
-last; the orchestrator waits for STABLE before asking inference servers to load the folder.
+last; the orchestrator waits for STABLE before asking inference servers to load the folder
+(and the folder's NOISY_NORMS_FILE after it, when the trainer wrote one).
 The trainer prunes all but the `keep` newest published versions.
 """
 
@@ -14,6 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grpo.utils.atomic import is_stable, publish_dir, staging_dir, step_dirs
+
+NOISY_NORMS_FILE = "noisy_norms.safetensors"
+"""QeRL: noisy copies of the policy's RMSNorm weights, next to the adapter or full weights of a
+version; the orchestrator applies them on the servers after loading that version."""
 
 
 def broadcasts_dir(run_dir: str | Path) -> Path:
