@@ -321,11 +321,6 @@ def serve_name_as_base_model(app_state: Any, name: str) -> None:
         )
 
 
-def stored_lora_requests(app_state: Any) -> dict[str, Any]:
-    """The server's name -> LoRARequest table (for tests and diagnostics)."""
-    return dict(app_state.openai_serving_models.lora_requests)
-
-
 # ---------------------------------------------------------------------------------------------
 # Engine worker: model access and CPU weight layout
 
