@@ -53,6 +53,12 @@ class InstantServer:
     async def load_lora_adapter(self, name: str, path: str) -> None:
         return None
 
+    def end_session(self, session_id: str) -> None:
+        return None
+
+    def pool_metrics(self) -> dict[str, int]:
+        return {}
+
 
 class InstantTrainer(threading.Thread):
     def __init__(self, run_dir: Path, num_steps: int) -> None:

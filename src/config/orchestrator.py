@@ -123,7 +123,8 @@ class EnvConfig(StrictModel):
     "pkg.module:load_environment" whose function returns an environment."""
 
     name: str | None = None
-    """Human-readable name used in metrics (defaults to id)."""
+    """Human-readable name used in metrics (defaults to id); environments sharing one are told apart
+    by their index in the list (`reverse-text#0`, `reverse-text#1`)."""
 
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the environment's loader."""

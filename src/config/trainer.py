@@ -208,9 +208,10 @@ class TrainerConfig(StrictModel):
     never exist at once."""
 
     zero_level: int = Field(1, ge=0, le=3)
-    """Kept for configs written for the SFT trainer. Multi-rank full-weight training always shards
-    parameters, gradients and optimizer states with FSDP2; LoRA training replicates the (small)
-    adapters on every rank and all-reduces their gradients. The value does not change that."""
+    """Only 1 (the reference trainer's default, accepted so its configs load); any other value is
+    refused, since it would change nothing: multi-rank full-weight training always shards
+    parameters, gradients and optimizer states with FSDP2, and LoRA training replicates the (small)
+    adapters on every rank and all-reduces their gradients."""
 
     seed: int = 42
     """Random seed."""
@@ -257,6 +258,17 @@ class TrainerConfig(StrictModel):
     @classmethod
     def _accept_hyphenated_recipe(cls, value: object) -> object:
         return value.replace("-", "_") if isinstance(value, str) else value
+
+    @field_validator("zero_level")
+    @classmethod
+    def _zero_level_changes_nothing(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                f"zero_level {value} would change nothing: multi-rank full-weight training always shards "
+                "parameters, gradients and optimizer states (FSDP2) and LoRA training replicates the adapters; "
+                "remove zero_level from train.yaml (or set it to 1)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _zmq_secret_off_loopback(self) -> TrainerConfig:

@@ -51,12 +51,16 @@ class GenerateRequest:
 class RolloutClient(Protocol):
     """The orchestrator's view of one or more inference servers."""
 
-    async def wait_until_ready(self, timeout: float) -> None:
-        """Return once every server answers (and serves the model unless skip_model_check)."""
+    async def wait_until_ready(self, timeout: float, model: str | None = None) -> None:
+        """Return once every server answers (and serves `model` unless skip_model_check or None)."""
         ...
 
     async def generate(self, request: GenerateRequest) -> list[Completion]:
         """`request.n` completions of one prompt."""
+        ...
+
+    def end_session(self, session_id: str) -> None:
+        """Forget the server a finished multi-turn session stuck to."""
         ...
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
@@ -67,8 +71,16 @@ class RolloutClient(Protocol):
         """Load full weights from a folder of safetensors on every server."""
         ...
 
+    async def apply_noisy_norms(self, path: str) -> None:
+        """QeRL: copy the RMSNorm weights of a safetensors file into the model on every server."""
+        ...
+
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
         """logprob of each token given its prefix under `model` (teacher scoring); entry 0 is 0.0."""
+        ...
+
+    def pool_metrics(self) -> dict[str, int]:
+        """Server-pool counts worth logging with each step (empty when there is nothing to count)."""
         ...
 
     async def close(self) -> None: ...

@@ -2,7 +2,9 @@
 
 vLLM moves its internals between releases (the OpenAI server moved from
 `vllm.entrypoints.openai` to `vllm.entrypoints.launchers` in 0.32). Everything grpo needs
-from below vLLM's public API lives here, so a new release means reviewing one file.
+from below vLLM's public API lives here, so a new release means reviewing one file. The server
+is reached at its 0.32 places only: serving also needs 0.32's app_state and models modules, so
+falling back to the older places would only move the ImportError.
 
 Nothing here imports vLLM at module import time: the CLI imports this module while parsing.
 """
@@ -55,49 +57,20 @@ def check_vllm_version(version: str | None = None) -> str:
 
 def make_server_arg_parser() -> argparse.ArgumentParser:
     """vLLM's own OpenAI-server argument parser."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:  # vLLM < 0.32 kept the server under entrypoints.openai
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
     parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser())
     return parser
 
 
 def parse_server_args(argv: list[str]) -> argparse.Namespace:
     """Parse and validate server argv exactly as `vllm serve` would."""
-    try:
-        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
-    except ImportError:
-        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
     args = make_server_arg_parser().parse_args(argv)
     validate_parsed_serve_args(args)
     return args
-
-
-def _entry_module() -> Any:
-    try:
-        from vllm.entrypoints.launchers.api_server import entry
-    except ImportError:
-        from vllm.entrypoints.openai import api_server as entry
-    return entry
-
-
-def _launcher_module() -> Any:
-    try:
-        from vllm.entrypoints.launchers import launcher
-    except ImportError:
-        from vllm.entrypoints import launcher
-    return launcher
-
-
-def _build_app(args: argparse.Namespace, supported_tasks: Any, model_config: Any) -> Any:
-    try:
-        from vllm.entrypoints.launchers.app import build_app
-    except ImportError:
-        from vllm.entrypoints.openai.api_server import build_app
-    return build_app(args, supported_tasks, model_config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,10 +97,11 @@ async def serve(
     Mirrors vLLM's run_server/build_and_serve, plus the in-place LoRA flag reset, the actual bound
     port (port 0) and the engine client handed to `on_ready`.
     """
-    entry = _entry_module()
-    launcher = _launcher_module()
     import vllm.envs as envs
+    from vllm.entrypoints.launchers import launcher
+    from vllm.entrypoints.launchers.api_server import entry
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
 
     reset_inplace_flag_after_lora_load()
     end_engine_with_its_parent()
@@ -140,7 +114,7 @@ async def serve(
     async with entry.build_async_engine_client(args) as client:
         engine_client = client
         supported_tasks = await engine_client.get_supported_tasks()
-        app = _build_app(args, supported_tasks, engine_client.model_config)
+        app = build_app(args, supported_tasks, engine_client.model_config)
         if extend_app is not None:
             extend_app(app)
         await init_app_state(engine_client, app.state, args, supported_tasks)
@@ -319,11 +293,6 @@ def serve_name_as_base_model(app_state: Any, name: str) -> None:
         models.base_model_paths.append(
             BaseModelPath(name=name, model_path=models.base_model_paths[0].model_path)
         )
-
-
-def stored_lora_requests(app_state: Any) -> dict[str, Any]:
-    """The server's name -> LoRARequest table (for tests and diagnostics)."""
-    return dict(app_state.openai_serving_models.lora_requests)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 
 from grpo.config.orchestrator import BufferConfig
 from grpo.envs.base import Environment, Example
+from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.types import Group
 from grpo.utils.logging import get_logger
 
@@ -97,19 +98,21 @@ class Buffer:
             self._normal[env_index] = None
 
     def state(self) -> dict[str, Any]:
+        """The pools keyed by environment label (grpo.orchestrator.env_labels)."""
+        labels = env_labels(self.envs)
         return {
             "num_sampled": self.num_sampled,
-            "easy": {env.name: sorted(p) for env, p in zip(self.envs, self.easy, strict=True)},
-            "hard": {env.name: sorted(p) for env, p in zip(self.envs, self.hard, strict=True)},
+            "easy": {label: sorted(p) for label, p in zip(labels, self.easy, strict=True)},
+            "hard": {label: sorted(p) for label, p in zip(labels, self.hard, strict=True)},
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore a checkpointed state, then promote easy/hard fractions back to the normal pool."""
         self.num_sampled = int(state["num_sampled"])
         rng = random.Random(f"{self.seed}:promote:{self.num_sampled}")
-        for i, env in enumerate(self.envs):
-            self.easy[i] = _demote(set(state["easy"].get(env.name, [])), self.cfg.easy_fraction, rng)
-            self.hard[i] = _demote(set(state["hard"].get(env.name, [])), self.cfg.hard_fraction, rng)
+        for i, label in enumerate(env_labels(self.envs)):
+            self.easy[i] = _demote(set(state["easy"].get(label, [])), self.cfg.easy_fraction, rng)
+            self.hard[i] = _demote(set(state["hard"].get(label, [])), self.cfg.hard_fraction, rng)
         self._normal = [None] * len(self.envs)
 
 

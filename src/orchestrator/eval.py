@@ -11,6 +11,7 @@ import asyncio
 from grpo.config.orchestrator import EvalConfig
 from grpo.envs.base import Environment
 from grpo.inference.types import SamplingParams
+from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
 
 
@@ -27,11 +28,11 @@ def should_evaluate(cfg: EvalConfig | None, step: int, resumed_at: int | None) -
 async def evaluate(
     cfg: EvalConfig, envs: list[Environment], runner: RolloutRunner, params: SamplingParams
 ) -> dict[str, float]:
-    """Per eval env: mean reward `eval/<env>/reward`, `eval/<env>/num_rollouts` and
+    """Per eval env (by its label, grpo.orchestrator.env_labels): mean reward `eval/<env>/reward`, `eval/<env>/num_rollouts` and
     `eval/<env>/num_failed` (scoring failed: reward 0.0); plus `eval/policy_version`, the policy the
     servers ran when evaluation started."""
     metrics: dict[str, float] = {"eval/policy_version": float(runner.policy.version)}
-    for env_index, env in enumerate(envs):
+    for env_index, (env, label) in enumerate(zip(envs, env_labels(envs), strict=True)):
         num = len(env.examples) if cfg.num_examples == -1 else min(cfg.num_examples, len(env.examples))
         requests = [
             GroupRequest(env_index, env, i, env.examples[i], cfg.rollouts_per_example, params)
@@ -39,7 +40,7 @@ async def evaluate(
         ]
         groups = await asyncio.gather(*(runner.run_group(r) for r in requests))
         rollouts = [r for g in groups for r in g.rollouts]
-        metrics[f"eval/{env.name}/reward"] = sum(r.reward for r in rollouts) / len(rollouts)
-        metrics[f"eval/{env.name}/num_rollouts"] = float(len(rollouts))
-        metrics[f"eval/{env.name}/num_failed"] = float(sum(r.failure is not None for r in rollouts))
+        metrics[f"eval/{label}/reward"] = sum(r.reward for r in rollouts) / len(rollouts)
+        metrics[f"eval/{label}/num_rollouts"] = float(len(rollouts))
+        metrics[f"eval/{label}/num_failed"] = float(sum(r.failure is not None for r in rollouts))
     return metrics

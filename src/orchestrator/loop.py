@@ -30,6 +30,7 @@ from grpo.inference.types import RolloutClient, SamplingParams
 from grpo.orchestrator import checkpoint
 from grpo.orchestrator.advantage import compute_advantages
 from grpo.orchestrator.buffer import Buffer
+from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.eval import evaluate, should_evaluate
 from grpo.orchestrator.filters import apply_filters
 from grpo.orchestrator.packer import pack_rollouts
@@ -206,8 +207,7 @@ class Orchestrator:
             group = await self._take_freshest(step, stats)
             if group is None:
                 return None
-            env_index = next(i for i, e in enumerate(self.envs) if e.name == group.env_name)
-            self.buffer.update(env_index, group)
+            self.buffer.update(group.env_index, group)
             if not self.buffer.keep_group(group):
                 stats["buffer/num_difficulty_filtered"] += len(group.rollouts)
                 continue
@@ -280,10 +280,12 @@ class Orchestrator:
             "off_policy/max_lag": max(step - r.start_version for r in rollouts),
             "policy/version": self.policy.version,
         }
-        for env in self.envs:
-            env_rewards = [r.reward for r in rollouts if r.env_name == env.name and r.failure is None]
+        for env_index, label in enumerate(env_labels(self.envs)):
+            env_rewards = [
+                r.reward for g in groups if g.env_index == env_index for r in g.rollouts if r.failure is None
+            ]
             if env_rewards:
-                metrics[f"reward/{env.name}"] = statistics.fmean(env_rewards)
+                metrics[f"reward/{label}"] = statistics.fmean(env_rewards)
         return metrics
 
     async def _maybe_eval(self, step: int, resumed_at: int | None) -> dict[str, float]:
@@ -442,10 +444,7 @@ class Orchestrator:
                 "perf/tokens_per_second": num_tokens / step_seconds if step_seconds > 0 else 0.0,
                 "perf/num_inflight_groups": len(self._inflight),
             }
-            # Only the HTTP client knows a server pool (elastic discovery); fakes and in-process clients do not.
-            pool_metrics = getattr(self.client, "pool_metrics", None)
-            if pool_metrics is not None:
-                metrics.update(pool_metrics())
+            metrics.update(self.client.pool_metrics())
             await reporter.log_step(step, metrics, rollouts)
             # After the row: a kill in between leaves a row that the resume cuts, never a checkpoint
             # without its row.

@@ -146,7 +146,7 @@ class RolloutRunner:
             done = await asyncio.gather(
                 *(self._multi_turn(req, messages, prompt_ids, i) for i in range(req.num_rollouts))
             )
-        return Group(req.env.name, req.example, req.example_index, list(done))
+        return Group(req.env_index, req.example, req.example_index, list(done))
 
     async def _multi_turn(
         self, req: GroupRequest, messages: list[Message], prompt_ids: list[int], index: int
@@ -154,16 +154,14 @@ class RolloutRunner:
         history = [dict(m) for m in messages]
         state, failure = await self._env_call(req.env, "reset", req.env.reset, req.example)
         start = self.policy.version
-        session = f"{req.env.name}-{req.example_index}-{index}-{id(state)}"
+        session = f"{req.env.name}#{req.env_index}-{req.example_index}-{index}-{id(state)}"
         try:
             rollout, completion, failure = await self._turns(
                 req, history, prompt_ids, state, start, session, failure
             )
         finally:
             # The client keeps each session's server (sticky routing) until told the session ended.
-            end_session = getattr(self.client, "end_session", None)
-            if end_session is not None:
-                end_session(session)
+            self.client.end_session(session)
         return await self._finish(req, rollout, completion, state, failure)
 
     async def _turns(

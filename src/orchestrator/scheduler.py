@@ -26,7 +26,7 @@ from pathlib import Path
 
 from grpo.inference.types import RolloutClient
 from grpo.orchestrator.types import Group
-from grpo.transport.weights_filesystem import broadcast_dir
+from grpo.transport.weights_filesystem import NOISY_NORMS_FILE, broadcast_dir
 from grpo.utils.atomic import STABLE
 from grpo.utils.logging import get_logger
 
@@ -129,14 +129,21 @@ class PolicyTracker:
         return f"policy-{self.version}"
 
     async def load(self, version: int) -> None:
-        """Switch the servers to `version` (its broadcast must be STABLE)."""
+        """Switch the servers to `version` (its broadcast must be STABLE), with its QeRL noisy norms
+        when the trainer wrote them."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        path = str(broadcast_dir(self.run_dir, version))
+        folder = broadcast_dir(self.run_dir, version)
+        path = str(folder)
         if self.lora_adapter is not None:
             await self.client.load_lora_adapter(self.lora_adapter, path)
         else:
             await self.client.update_weights(path)
+        # After the weights: full weights carry clean norms, and a merged adapter only repacks linear
+        # layers (norms are no LoRA target), so the noise applied last is what the servers run.
+        noisy_norms = folder / NOISY_NORMS_FILE
+        if await asyncio.to_thread(noisy_norms.is_file):
+            await self.client.apply_noisy_norms(str(noisy_norms))
         self.last_update_seconds = loop.time() - started
         self.num_updates += 1
         async with self._changed:

@@ -58,7 +58,8 @@ class Rollout:
 class Group:
     """rollouts_per_example rollouts of one example; advantages compare within a group."""
 
-    env_name: str
+    env_index: int
+    """Its environment's index in the orchestrator's list (names need not be unique)."""
     example: dict[str, Any]
     example_index: int
     rollouts: list[Rollout]

@@ -1,7 +1,8 @@
 """QeRL noise: Gaussian noise on the inference copy of the RMSNorm weights, decaying over training.
 
 The trainer never trains on noisy weights; it publishes noisy copies of the norms next to each
-adapter, and the inference side applies them.
+adapter (grpo.transport.weights_filesystem.NOISY_NORMS_FILE), and the orchestrator has the servers
+apply them after loading that policy (grpo.orchestrator.scheduler.PolicyTracker.load).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from grpo.config.trainer import NoiseSchedulerConfig
-
-NOISY_NORMS_FILE = "noisy_norms.safetensors"
 
 
 def noise_sigma(cfg: NoiseSchedulerConfig, step: int, max_steps: int) -> float:

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo.transport.weights_filesystem import broadcast_dir
+from grpo.transport.weights_filesystem import NOISY_NORMS_FILE, broadcast_dir
 from grpo.utils.atomic import publish_dir, staging_dir, step_dirs
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def publish_policy(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: i
     """Write policy `version` to broadcasts/step_{version}/ (STABLE last) and prune older ones."""
     from safetensors.torch import save_file
 
-    from grpo.trainer.noise import NOISY_NORMS_FILE, noise_sigma, noisy_norms
+    from grpo.trainer.noise import noise_sigma, noisy_norms
 
     final = broadcast_dir(run_dir, version)
     staged = staging_dir(final)

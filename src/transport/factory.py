@@ -1,4 +1,8 @@
-"""Pick a batch transport implementation by kind, or straight from a config."""
+"""Pick a batch transport implementation by kind, or straight from a config.
+
+Only the kinds a config can name: co-located runs pair their in-process transport themselves
+(grpo.transport.batch_memory.memory_transport_pair).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,8 @@ from grpo.transport.interfaces import BatchReceiver, BatchSender
 if TYPE_CHECKING:
     from grpo.config.orchestrator import OrchestratorConfig
     from grpo.config.trainer import TrainerConfig
-    from grpo.transport.batch_memory import MemoryChannel
 
-BatchTransportKind = Literal["filesystem", "zmq", "memory"]
+BatchTransportKind = Literal["filesystem", "zmq"]
 
 DEFAULT_ZMQ_HWM = 10
 
@@ -26,15 +29,13 @@ def make_batch_sender(
     port: int = 5555,
     hwm: int = DEFAULT_ZMQ_HWM,
     max_buffered: int = 2,
-    channel: MemoryChannel | None = None,
     resume: bool = False,
     secret: bytes | None = None,
 ) -> BatchSender:
     """Orchestrator side. `hwm` bounds zmq's batches not yet taken and `max_buffered` the
-    filesystem's unconsumed folders; `channel` (memory only) is shared with the receiver in the
-    same process. zmq spools every batch the trainer has not committed (taken or not) under
-    `rollouts/zmq_unacked/`; `resume` re-sends those an earlier orchestrator of this run left
-    (else they are deleted)."""
+    filesystem's unconsumed folders. zmq spools every batch the trainer has not committed (taken or
+    not) under `rollouts/zmq_unacked/`; `resume` re-sends those an earlier orchestrator of this run
+    left (else they are deleted)."""
     if kind == "filesystem":
         from grpo.transport.batch_filesystem import FilesystemBatchSender
 
@@ -45,13 +46,7 @@ def make_batch_sender(
         return ZmqBatchSender(
             host, port, hwm=hwm, spool_dir=zmq_spool_dir(run_dir), resume=resume, secret=secret
         )
-    if kind == "memory":
-        from grpo.transport.batch_memory import MemoryBatchSender
-
-        if channel is None:
-            raise ValueError("the memory transport needs channel=MemoryChannel(...) shared with the receiver")
-        return MemoryBatchSender(channel)
-    raise ValueError(f"unknown batch transport {kind!r}: choose filesystem, zmq or memory")
+    raise ValueError(f"unknown batch transport {kind!r}: choose filesystem or zmq")
 
 
 def zmq_spool_dir(run_dir: str | Path) -> Path:
@@ -66,7 +61,6 @@ def make_batch_receiver(
     host: str = "localhost",
     port: int = 5555,
     hwm: int = DEFAULT_ZMQ_HWM,
-    channel: MemoryChannel | None = None,
     vocab_size: int | None = None,
     secret: bytes | None = None,
 ) -> BatchReceiver:
@@ -80,13 +74,7 @@ def make_batch_receiver(
         from grpo.transport.batch_zmq import ZmqBatchReceiver
 
         return ZmqBatchReceiver(host, port, hwm=hwm, secret=secret, vocab_size=vocab_size)
-    if kind == "memory":
-        from grpo.transport.batch_memory import MemoryBatchReceiver
-
-        if channel is None:
-            raise ValueError("the memory transport needs channel=MemoryChannel(...) shared with the sender")
-        return MemoryBatchReceiver(channel)
-    raise ValueError(f"unknown batch transport {kind!r}: choose filesystem, zmq or memory")
+    raise ValueError(f"unknown batch transport {kind!r}: choose filesystem or zmq")
 
 
 def batch_sender_for(cfg: OrchestratorConfig, run_dir: str | Path) -> BatchSender:

@@ -1,4 +1,8 @@
-"""Deterministic made-up training batches for transport tests and benchmarks."""
+"""Deterministic made-up training batches for transport tests and benchmarks.
+
+In the package rather than tests/ because benchmarks/transport_bench.py and the sender processes
+the transport tests start (`python -c ...`) import it, and neither has tests/ on its path.
+"""
 
 from __future__ import annotations
 

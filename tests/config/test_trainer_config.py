@@ -81,3 +81,12 @@ def test_grpo_train_refuses_a_public_weight_collective_in_one_line(tmp_path: Pat
         "GRPO_WEIGHTS_SECRET",
         cwd=tmp_path,
     )
+
+
+@pytest.mark.parametrize("level", [0, 2, 3])
+def test_a_zero_level_other_than_1_is_refused_since_it_would_change_nothing(level: int) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(TrainerConfig, {"model": "m", "zero_level": level}, "train.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and f"zero_level {level} would change nothing" in lines[0], lines
+    assert validate(TrainerConfig, {"model": "m", "zero_level": 1}, "train.yaml").zero_level == 1

@@ -32,6 +32,9 @@ class ScriptedClient:
         ids = self.tokenizer.encode(text) + self.tokenizer.encode(self.tokenizer.eos_token)
         return [Completion(ids, [-0.1] * len(ids), text, "stop")]
 
+    def end_session(self, session_id: str) -> None:
+        return None
+
 
 def test_env_replies_extend_the_prompt_and_never_train(embedded_model_path: Path, tmp_path: Path) -> None:
     tokenizer = ChatTokenizer.from_path(str(embedded_model_path))

@@ -7,7 +7,7 @@ import math
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -15,6 +15,8 @@ from grpo.config.orchestrator import ClientConfig
 from grpo.inference.client import InferenceClient
 from grpo.inference.server import ServerThread
 from grpo.inference.types import GenerateRequest, SamplingParams
+from grpo.orchestrator.scheduler import PolicyTracker
+from grpo.utils.atomic import mark_stable
 
 pytestmark = pytest.mark.vllm
 
@@ -149,3 +151,41 @@ def test_noisy_norms_change_outputs_until_clean_weights_return(
 
     with_client(vllm_server, lambda client: client.update_weights(str(tiny_model_path)))
     assert max_abs_diff(score(vllm_server, MODEL), original) < 1e-3
+
+
+def test_a_published_policy_with_noisy_norms_is_served_with_exactly_those_norms(
+    vllm_server: ServerThread,
+    tiny_model_path: Path,
+    adapter_dirs: tuple[Path, Path],
+    shm_records_to_release: list[dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from grpo.inference.weight_handles import rebuild_tensor
+    from grpo.trainer.noise import noisy_norms, rms_norm_weights
+
+    # What the trainer publishes under QeRL: the adapter, and noisy copies of the base model's norms.
+    folder = tmp_path / "broadcasts" / "step_1"
+    shutil.copytree(adapter_dirs[0], folder)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    clean = {name: weight.detach().float() for name, weight in rms_norm_weights(base).items()}
+    noisy = noisy_norms(base, sigma=0.1, seed=0)
+    save_file(noisy, str(folder / "noisy_norms.safetensors"))
+    mark_stable(folder)
+
+    async def load(client: InferenceClient) -> None:
+        await PolicyTracker(tmp_path, client, "policy", MODEL).load(1)
+
+    with_client(vllm_server, load)
+    (records,) = vllm_server.collective_rpc("export_weight_handles")
+    shm_records_to_release.extend(records)
+    served = {r["name"]: rebuild_tensor(r) for r in records if r["name"] in noisy}
+    assert served.keys() == noisy.keys()
+    for name, expected in noisy.items():
+        assert torch.equal(served[name].float(), expected.to(served[name].dtype).float()), name
+        assert not torch.equal(served[name].float(), clean[name]), name
+
+    with_client(vllm_server, lambda client: client.update_weights(str(tiny_model_path)))

@@ -47,7 +47,8 @@ def fake_tokenizer() -> ChatTokenizer:
 
 
 class FakeClient:
-    """Instant (or `delay`-second) server; replies with `reply(prompt_text)` text."""
+    """Instant (or `delay`-second) server (a RolloutClient); replies with `reply` text. Records the
+    policies it loaded and the noisy norms it applied, in order, in `calls`."""
 
     def __init__(self, delay: float = 0.0, num_tokens: int = 4, reply: str = "ok") -> None:
         self.delay = delay
@@ -55,10 +56,18 @@ class FakeClient:
         self.reply = reply
         self.version = 0
         self.loaded: list[tuple[str, str]] = []
+        self.calls: list[tuple[str, str]] = []
+        """(method, path) of every load_lora_adapter, update_weights and apply_noisy_norms."""
         self.requests: list[GenerateRequest] = []
 
-    async def wait_until_ready(self, timeout: float) -> None:
+    async def wait_until_ready(self, timeout: float, model: str | None = None) -> None:
         return None
+
+    def end_session(self, session_id: str) -> None:
+        return None
+
+    def pool_metrics(self) -> dict[str, int]:
+        return {}
 
     async def generate(self, request: GenerateRequest) -> list[Completion]:
         self.requests.append(request)
@@ -75,9 +84,14 @@ class FakeClient:
         assert match is not None, path
         self.version = int(match.group(1))
         self.loaded.append((name, path))
+        self.calls.append(("load_lora_adapter", path))
 
     async def update_weights(self, path: str) -> None:
         await self.load_lora_adapter("<full>", path)
+        self.calls[-1] = ("update_weights", path)
+
+    async def apply_noisy_norms(self, path: str) -> None:
+        self.calls.append(("apply_noisy_norms", path))
 
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
         return [0.0] + [-1.0] * (len(token_ids) - 1)

@@ -14,7 +14,7 @@ def _env(name: str, num: int) -> SingleTurnEnv:
 
 def _group(example: dict, rewards: list[float]) -> Group:
     rollouts = [Rollout("a", 0, [], [], [], [], 1.0, 0, 0, reward=r) for r in rewards]
-    return Group("a", example, 0, rollouts)
+    return Group(0, example, 0, rollouts)
 
 
 def test_sampling_is_reproducible_from_the_seed() -> None:

@@ -60,6 +60,15 @@ def test_evaluate_scores_the_first_num_examples_of_each_env(tmp_path: Path) -> N
     assert len(prompts) == 4 + 4 + 2  # every chosen example once, as one group
 
 
+def test_eval_environments_with_the_same_name_are_reported_apart(tmp_path: Path) -> None:
+    client = FakeClient(reply="ok")
+    runner = RolloutRunner(client, fake_tokenizer(), PolicyTracker(tmp_path, client, "default", "m"))
+    envs = [_env("toy", num_right=10), _env("toy", num_right=0)]
+    metrics = asyncio.run(evaluate(_eval_cfg(num_examples=2), envs, runner, SamplingParams()))  # type: ignore[arg-type]
+    assert (metrics["eval/toy#0/reward"], metrics["eval/toy#1/reward"]) == (1.0, 0.0)
+    assert "eval/toy/reward" not in metrics
+
+
 def test_evaluate_counts_failed_scoring(tmp_path: Path) -> None:
     def broken(completion: str) -> float:
         raise ValueError("bad reward")

@@ -14,8 +14,8 @@ from grpo.orchestrator.types import Group, Rollout
 from grpo.utils.jsonl import read_jsonl
 
 
-def _env(rewards: list | None = None) -> SingleTurnEnv:
-    examples = [{"prompt": f"question {i}", "answer": "ok"} for i in range(20)]
+def _env(rewards: list | None = None, prompt: str = "question") -> SingleTurnEnv:
+    examples = [{"prompt": f"{prompt} {i}", "answer": "ok"} for i in range(20)]
 
     def exact(completion: str, answer: str) -> float:
         return float(completion == answer)
@@ -35,12 +35,17 @@ def _cfg(**overrides: object) -> OrchestratorConfig:
 
 
 def _run(
-    cfg: OrchestratorConfig, run_dir: Path, client: FakeClient, env: SingleTurnEnv, train_seconds: float = 0.0
+    cfg: OrchestratorConfig,
+    run_dir: Path,
+    client: FakeClient,
+    env: SingleTurnEnv | list[SingleTurnEnv],
+    train_seconds: float = 0.0,
 ):
     sender = QueueSender(maxsize=1)
     trainer = FakeTrainer(sender, run_dir, cfg.max_steps or 0, train_seconds)
     trainer.start()
-    orch = Orchestrator(cfg, client, sender, run_dir, fake_tokenizer(), [env])
+    envs = env if isinstance(env, list) else [env]
+    orch = Orchestrator(cfg, client, sender, run_dir, fake_tokenizer(), envs)
     asyncio.run(asyncio.wait_for(orch.run(), timeout=60))
     trainer.join(timeout=30)
     assert trainer.error is None, trainer.error
@@ -119,7 +124,7 @@ def _group(version: int) -> Group:
         Rollout("toy", 0, [1], [2], [True], [-0.5], 1.0, start_version=version, end_version=version)
         for _ in range(2)
     ]
-    return Group("toy", {"prompt": "question 0", "answer": "ok"}, 0, rollouts)
+    return Group(0, {"prompt": "question 0", "answer": "ok"}, 0, rollouts)
 
 
 def test_servers_switch_to_each_new_policy_adapter(tmp_path: Path) -> None:
@@ -154,6 +159,20 @@ def test_metrics_have_one_record_per_step(tmp_path: Path) -> None:
     assert first["frac_reward_zero_std"] == 1.0
     assert first["completion_len/max"] == 4
     assert 0 < first["packing/efficiency"] <= 1
+
+
+def test_environments_with_the_same_name_keep_their_own_pools_and_metrics(tmp_path: Path) -> None:
+    # Two `toy` environments (like two reverse-text entries with different args): the fake server's
+    # "ok" is right for the first and wrong for the second.
+    envs = [_env(), _env(rewards=[lambda completion: 0.0], prompt="other")]
+    cfg = _cfg(max_steps=3, buffer={"hard_threshold": 0.5})
+    orch, _trainer = _run(cfg, tmp_path, FakeClient(reply="ok"), envs)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert {r["reward/toy#0"] for r in records if "reward/toy#0" in r} == {1.0}
+    assert {r["reward/toy#1"] for r in records if "reward/toy#1" in r} == {0.0}
+    assert not any("reward/toy" in r for r in records)
+    assert not orch.buffer.hard[0] and orch.buffer.hard[1]  # only the second's examples are hard
+    assert set(orch.buffer.state()["hard"]) == {"toy#0", "toy#1"}
 
 
 def test_resume_restores_step_and_buffer(tmp_path: Path) -> None:

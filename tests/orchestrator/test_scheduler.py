@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-from grpo.orchestrator.scheduler import is_acceptable, newest_stable, required_policy
+import pytest
+from orchestrator_fakes import FakeClient
+
+from grpo.orchestrator.scheduler import PolicyTracker, is_acceptable, newest_stable, required_policy
+from grpo.transport.weights_filesystem import NOISY_NORMS_FILE
 from grpo.utils.atomic import mark_stable
 
 
@@ -26,3 +31,33 @@ def test_newest_stable_ignores_unfinished_broadcasts(tmp_path: Path) -> None:
     (tmp_path / "broadcasts" / "step_4").mkdir()
     assert newest_stable(tmp_path, 0) == 3
     assert newest_stable(tmp_path, 3) == 3
+
+
+def _publish(run_dir: Path, version: int, noisy_norms: bool) -> Path:
+    folder = run_dir / "broadcasts" / f"step_{version}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    if noisy_norms:
+        (folder / NOISY_NORMS_FILE).write_bytes(b"norms")
+    mark_stable(folder)
+    return folder
+
+
+@pytest.mark.parametrize("lora_adapter", ["policy", None])
+def test_a_policy_with_noisy_norms_gets_them_applied_after_its_weights(
+    tmp_path: Path, lora_adapter: str | None
+) -> None:
+    client = FakeClient()
+    tracker = PolicyTracker(tmp_path, client, lora_adapter, "base")
+    noisy = _publish(tmp_path, 1, noisy_norms=True)
+    clean = _publish(tmp_path, 2, noisy_norms=False)
+
+    asyncio.run(tracker.load(1))
+    asyncio.run(tracker.load(2))
+
+    load = "load_lora_adapter" if lora_adapter is not None else "update_weights"
+    assert client.calls == [
+        (load, str(noisy)),
+        ("apply_noisy_norms", str(noisy / NOISY_NORMS_FILE)),
+        (load, str(clean)),
+    ]

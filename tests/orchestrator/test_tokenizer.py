@@ -99,6 +99,9 @@ class ScriptedClient:
         ids = self.tokenizer.encode(text) + self.tokenizer.encode(self.turn_end)
         return [Completion(ids, [-0.1] * len(ids), text, "stop")]
 
+    def end_session(self, session_id: str) -> None:
+        return None
+
 
 @pytest.mark.parametrize("name", list(TOKENIZERS))
 def test_each_turn_prompt_is_the_template_rendering_of_the_conversation(name: str, tmp_path: Path) -> None:

@@ -2,18 +2,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from grpo.config.orchestrator import OrchestratorConfig, ZmqRolloutTransport
 from grpo.config.trainer import TrainerConfig
 from grpo.transport.batch_filesystem import FilesystemBatchReceiver, FilesystemBatchSender
-from grpo.transport.batch_memory import MemoryChannel
 from grpo.transport.batch_zmq import ZmqBatchReceiver, ZmqBatchSender
 from grpo.transport.factory import (
     batch_receiver_for,
     batch_sender_for,
     make_batch_receiver,
-    make_batch_sender,
 )
 from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
 
@@ -51,16 +47,3 @@ def test_trainer_zmq_config_binds_its_port(tmp_path: Path) -> None:
         assert isinstance(receiver, ZmqBatchReceiver) and receiver.port == free_port
     finally:
         receiver.close()
-
-
-def test_memory_kind_pairs_through_a_shared_channel(tmp_path: Path) -> None:
-    channel = MemoryChannel(2)
-    sender = make_batch_sender("memory", tmp_path, channel=channel)
-    receiver = make_batch_receiver("memory", tmp_path, channel=channel)
-    sender.send(synthetic_batch(0))
-    assert receiver.receive(0).step == 0
-
-
-def test_memory_kind_without_a_channel_explains_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="channel=MemoryChannel"):
-        make_batch_sender("memory", tmp_path)
