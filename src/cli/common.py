@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from grpo.config.errors import ConfigError
 from grpo.config.loading import apply_overrides, parse_overrides, read_yaml, validate
+from grpo.config.resolved import dump_yaml
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -112,20 +113,6 @@ def load_with_overrides(
 ) -> ModelT:
     data = apply_overrides(read_yaml(path), overrides)
     return validate(model_cls, data, label or str(path))
-
-
-def dump_yaml(config: BaseModel) -> str:
-    import yaml
-
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-
-
-def write_resolved_configs(run_dir: Path, configs: dict[str, BaseModel]) -> None:
-    """Store the configs a run actually used next to its outputs (for resume and for the record)."""
-    from grpo.utils.atomic import write_text_atomic
-
-    for name, config in configs.items():
-        write_text_atomic(run_dir / "configs" / f"{name}.yaml", dump_yaml(config))
 
 
 def print_resolved(configs: dict[str, BaseModel]) -> None:

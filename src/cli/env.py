@@ -28,7 +28,7 @@ def parse_args_json(text: str) -> dict[str, Any]:
 def check_bind(host: str, token_env: str) -> str | None:
     """The token in `$token_env`; refuses a non-loopback bind without one (anyone who reaches
     the port could otherwise reset, step and score, or flood the server)."""
-    from grpo.transport.auth import is_loopback_host, secret_from_env
+    from grpo.utils.auth import is_loopback_host, secret_from_env
 
     token = secret_from_env(token_env)
     if token is None and not is_loopback_host(host):

@@ -32,7 +32,7 @@ def infer(
         return run_server(cfg)
 
     def check(cfg: InferenceConfig) -> None:
-        from grpo.inference.fp8_support import fp8_problems
+        from grpo.config.fp8_support import fp8_problems
 
         problems = fp8_problems(cfg.quantization)
         if problems:

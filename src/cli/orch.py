@@ -37,7 +37,7 @@ def orch(
     def start(cfg: OrchestratorConfig) -> int:
         import asyncio
 
-        from grpo.cli.common import write_resolved_configs
+        from grpo.config.resolved import write_resolved_configs
         from grpo.inference.client import InferenceClient
         from grpo.models.resolve import resolve_model
         from grpo.transport.factory import batch_sender_for

@@ -31,7 +31,7 @@ def train(
     """
 
     def start(cfg: TrainerConfig) -> int:
-        from grpo.cli.common import write_resolved_configs
+        from grpo.config.resolved import write_resolved_configs
         from grpo.models.resolve import resolve_model
         from grpo.trainer.entry import find_run_dir, run
         from grpo.trainer.weights import DiskWeights

@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.colocate.model_shape import ModelShape
-from grpo.colocate.name_map import borrowable_linear_weights
 from grpo.colocate.quantized_views import borrowable_fp8_linears, is_fp8
 from grpo.colocate.verify import verify_against_checkpoint, verify_fp8_against_checkpoint
+from grpo.inference.name_map import borrowable_linear_weights
 from grpo.inference.weight_handles import rebuild_tensor
+from grpo.models.shape import ModelShape
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     import torch
 
-    from grpo.colocate.dequant import FP8BlockWeight
+    from grpo.trainer.dequant import FP8BlockWeight
 
 log = get_logger("colocate")
 

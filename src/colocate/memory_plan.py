@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo.colocate.model_shape import ModelShape
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.trainer import TrainerConfig
+from grpo.models.shape import ModelShape
 
 GIB = 1024**3
 SAFETY_MARGIN = 0.10

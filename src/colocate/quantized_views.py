@@ -6,16 +6,16 @@ vLLM keeps an FP8 linear as `weight` float8_e4m3fn [out, in] plus a float32 scal
 - per-tensor: `weight_scale`, one value (or one per fused part before vLLM merges them).
 Some GPU kernels store the weight transposed ([in, out] view, column-major); that is undone
 with a transposed view. Fused q/k/v and gate/up rows are split like dense weights
-(grpo.colocate.name_map); a part that starts mid-tile keeps that tile's scale via `row_offset`.
+(grpo.inference.name_map); a part that starts mid-tile keeps that tile's scale via `row_offset`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grpo.colocate.dequant import FP8BlockWeight
-from grpo.colocate.model_shape import LINEAR_MODULES, ModelShape
-from grpo.colocate.name_map import FUSED_PARTS, fused_row_sizes, hf_name
+from grpo.inference.name_map import FUSED_PARTS, fused_row_sizes, hf_name
+from grpo.models.shape import LINEAR_MODULES, ModelShape
+from grpo.trainer.dequant import FP8BlockWeight
 
 if TYPE_CHECKING:
     import torch

@@ -64,10 +64,10 @@ def run_colocated(
 ) -> int:
     """Run all three parts to the end; vLLM's logs go to the run's logs/inference.log unless
     `engine_logs_to_console` (grpo.colocate.console)."""
-    from grpo.cli.common import write_resolved_configs
     from grpo.colocate.console import run_summary, send_engine_logs_to_file
     from grpo.colocate.engine import start_engine
     from grpo.colocate.replicas import ReplicaProcesses, free_port, replica_devices, replica_infer_config
+    from grpo.config.resolved import write_resolved_configs
     from grpo.orchestrator.checkpoint import resolve_colocated_resume
 
     infer = plan.apply(infer)

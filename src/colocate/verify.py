@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from grpo.colocate.dequant import FP8BlockWeight
+    from grpo.trainer.dequant import FP8BlockWeight
 
 NUM_CHECKED = 4
 
@@ -48,7 +48,7 @@ def verify_fp8_against_checkpoint(borrowed: dict[str, FP8BlockWeight], model_pat
     import torch
     from safetensors import safe_open
 
-    from grpo.colocate.dequant import dequantize_fp8_block
+    from grpo.trainer.dequant import dequantize_fp8_block
 
     on_disk = _checkpoint_files(model_path)
     names = sorted(n for n in borrowed if f"{n}.weight" in on_disk)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo.config.errors import ConfigError
+from grpo.config.fp8_support import fp8_problems
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.trainer import TrainerConfig
-from grpo.inference.fp8_support import fp8_problems
 
 
 def run_dir_matches(trainer_output_dir: str, orch_output_dir: str) -> bool:

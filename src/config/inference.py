@@ -167,7 +167,7 @@ class InferenceConfig(StrictModel):
 
     @model_validator(mode="after")
     def _public_bind_needs_a_key(self) -> InferenceConfig:
-        from grpo.transport.auth import is_loopback_host, secret_from_env
+        from grpo.utils.auth import is_loopback_host, secret_from_env
 
         # Without a key, anyone who reaches the port can load weights or adapters into the engine.
         if not is_loopback_host(self.bind_host) and secret_from_env(self.api_key_var) is None:

@@ -371,7 +371,7 @@ class ZmqRolloutTransport(StrictModel):
 
     @model_validator(mode="after")
     def _secret_off_loopback(self) -> ZmqRolloutTransport:
-        from grpo.transport.auth import is_loopback_host, secret_from_env
+        from grpo.utils.auth import is_loopback_host, secret_from_env
 
         if not is_loopback_host(self.host) and secret_from_env(self.secret_env) is None:
             raise ValueError(
@@ -414,7 +414,7 @@ class NcclWeightBroadcast(StrictModel):
 
     @model_validator(mode="after")
     def _secret_off_loopback(self) -> NcclWeightBroadcast:
-        from grpo.transport.auth import is_loopback_host, secret_from_env
+        from grpo.utils.auth import is_loopback_host, secret_from_env
 
         if not is_loopback_host(self.host) and secret_from_env(self.secret_env) is None:
             raise ValueError(

@@ -272,7 +272,7 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _zmq_secret_off_loopback(self) -> TrainerConfig:
-        from grpo.transport.auth import is_loopback_host, secret_from_env
+        from grpo.utils.auth import is_loopback_host, secret_from_env
 
         if (
             self.transport_type == "zmq"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.colocate.name_map import FUSED_PARTS
+from grpo.inference.name_map import FUSED_PARTS
 
 if TYPE_CHECKING:
     import torch

@@ -24,6 +24,7 @@ from typing import Any
 
 from grpo.config.orchestrator import CheckpointConfig
 from grpo.orchestrator.report import METRICS_FILE
+from grpo.transport.run_dir import TRAINER_METRICS_FILE, complete_trainer_checkpoints, trainer_checkpoint_root
 from grpo.utils.atomic import publish_dir, staging_dir, step_dirs, write_json_atomic
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
@@ -119,10 +120,6 @@ def resolve_colocated_resume(
     number), and metrics rows of later steps. Call it before the trainer and the orchestrator
     start, and pass the result to both as their ckpt.resume_step.
     """
-    from grpo.trainer.checkpoint import METRICS_FILE as TRAINER_METRICS_FILE
-    from grpo.trainer.checkpoint import checkpoint_root as trainer_root
-    from grpo.trainer.checkpoint import complete_checkpoints
-
     if train_resume_step is None and orch_resume_step is None:
         check_fresh_run_dir(run_dir)
         return None
@@ -136,7 +133,7 @@ def resolve_colocated_resume(
             f"{both}: in one process the trainer and the orchestrator resume from the same step; set both "
             "(e.g. --train.ckpt.resume_step -1 --orch.ckpt.resume_step -1)"
         )
-    trainer_steps = sorted(complete_checkpoints(run_dir))
+    trainer_steps = sorted(complete_trainer_checkpoints(run_dir))
     orch_steps = stable_steps(run_dir)
     available = (
         f"trainer checkpoints {trainer_steps or 'none'}, orchestrator checkpoints {orch_steps or 'none'}"
@@ -170,7 +167,7 @@ def resolve_colocated_resume(
         log.info("ckpt.resume_step %d: nothing to resume in %s, starting at step 0", wanted, run_dir)
     else:
         log.info("co-located resume from step %d (%s)", step, available)
-    _remove_steps_after(trainer_root(run_dir), first)
+    _remove_steps_after(trainer_checkpoint_root(run_dir), first)
     _remove_steps_after(checkpoint_root(run_dir), first)
     # Policy `first` itself stays: it is the resumed one (the trainer republishes it).
     _remove_steps_after(run_dir / "broadcasts", first)
@@ -185,10 +182,8 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     earlier run's policies or checkpoints: its orchestrator would load the old newest policy from
     broadcasts/ and sample from it under that version number, the trainer's new policies would be
     pruned as older than the old ones, and both metrics files would get a second step 0."""
-    from grpo.trainer.checkpoint import complete_checkpoints
-
     policies = list(step_dirs(run_dir / "broadcasts", stable_only=True))
-    trainer_steps = sorted(complete_checkpoints(run_dir))
+    trainer_steps = sorted(complete_trainer_checkpoints(run_dir))
     orch_steps = stable_steps(run_dir)
     if policies or trainer_steps or orch_steps:
         raise ValueError(

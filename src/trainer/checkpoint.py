@@ -34,7 +34,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grpo.trainer.publish import prune_step_dirs
-from grpo.utils.atomic import publish_dir, staging_dir, step_dirs
+from grpo.transport.run_dir import TRAINER_METRICS_FILE as METRICS_FILE
+from grpo.transport.run_dir import complete_trainer_checkpoints as complete_checkpoints
+from grpo.transport.run_dir import trainer_checkpoint_dir as checkpoint_dir
+from grpo.transport.run_dir import trainer_checkpoint_root as checkpoint_root
+from grpo.utils.atomic import publish_dir, staging_dir
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
 
@@ -50,24 +54,10 @@ TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 STATE_FILE = "trainer_state.json"
-METRICS_FILE = "trainer_metrics.jsonl"
-"""The trainer's per-step metrics in the run dir (grpo.trainer.trainer writes it; here: no torch import)."""
 
 
 def rng_file(rank: int) -> str:
     return f"rng_rank{rank}.json"
-
-
-def checkpoint_root(run_dir: Path) -> Path:
-    return run_dir / "checkpoints" / "trainer"
-
-
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return checkpoint_root(run_dir) / f"step_{step}"
-
-
-def complete_checkpoints(run_dir: Path) -> dict[int, Path]:
-    return step_dirs(checkpoint_root(run_dir), stable_only=True)
 
 
 def _whole_state_options(**overrides: bool) -> Any:

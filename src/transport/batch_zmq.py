@@ -27,7 +27,7 @@ DEALER. Protocol:
   step sent before the sender knew this receiver is dropped too (it comes again, in order); a
   higher step sent for this receiver means the sender no longer holds the expected one: an error.
 
-Security: with a shared secret (grpo.transport.auth) every message, hello included, ends with an
+Security: with a shared secret (grpo.utils.auth) every message, hello included, ends with an
 HMAC-SHA256 tag frame over its other frames (length-prefixed), in both directions; a message
 without a valid tag is dropped and logged, so nobody else who reaches the port can stop the trainer
 (`end`), feed it batches, or make the sender drop its spool (`want` with a high `committed`).
@@ -49,11 +49,11 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from grpo.transport.auth import TAG_BYTES, sign, verify
 from grpo.transport.batch import TrainingBatch
 from grpo.transport.batch_zmq_spool import BatchSpool, DiskSpool, MemorySpool
 from grpo.transport.errors import TransportClosed
 from grpo.transport.wire import decode_batch, encode_batch
+from grpo.utils.auth import TAG_BYTES, sign, verify
 from grpo.utils.logging import get_logger
 
 _WAIT_LOG_EVERY_S = 60.0

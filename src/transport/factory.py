@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from grpo.transport.auth import secret_from_env
 from grpo.transport.interfaces import BatchReceiver, BatchSender
+from grpo.utils.auth import secret_from_env
 
 if TYPE_CHECKING:
     from grpo.config.orchestrator import OrchestratorConfig

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from grpo.transport.auth import is_loopback_host, secret_from_env, sign, verify
+from grpo.utils.auth import is_loopback_host, secret_from_env, sign, verify
 
 if TYPE_CHECKING:
     import torch

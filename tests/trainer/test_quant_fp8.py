@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.colocate.dequant import FP8BlockWeight, dequantize_fp8_block
+from grpo.trainer.dequant import FP8BlockWeight, dequantize_fp8_block
 from grpo.trainer.model import Policy, build_policy
 from grpo.trainer.quantized_base import (
     base_linear_bytes,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grpo.colocate.model_shape import LINEAR_MODULES, ModelShape
+from grpo.models.shape import LINEAR_MODULES, ModelShape
 
 if TYPE_CHECKING:
     import torch

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.colocate.model_shape import ModelShape
-from grpo.colocate.name_map import borrowable_linear_weights, hf_name, split_to_hf
+from grpo.inference.name_map import borrowable_linear_weights, hf_name, split_to_hf
+from grpo.models.shape import ModelShape
 
 SHAPE = ModelShape(
     hidden_size=8, intermediate_size=12, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.inference.fp8_support import fp8_problems
+from grpo.config.fp8_support import fp8_problems
 
 
 @pytest.mark.parametrize("method", ["fp8", "fp8_per_tensor"])

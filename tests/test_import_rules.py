@@ -1,0 +1,196 @@
+"""The import rules of docs/design.md ("Import rules"), checked on every `grpo.*` import under src/.
+
+Every import statement counts wherever it is: module level, inside a function (the lazy imports that
+keep `--help` fast), and under `if TYPE_CHECKING:`. A type named in a signature couples two packages as
+much as a call does, and such an import turns into a runtime one the day it leaves the block, so an
+exemption would only hide the cycle until then. Names looked up from strings at run time (vLLM's
+`worker_extension_cls`, user environments) are not imports and are not checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = "grpo"
+"""The package `src/` is imported as; `src/__init__.py` itself counts as package 'grpo'."""
+
+LOWER = ("utils", "models", "config")
+ALLOWED: dict[str, frozenset[str]] = {
+    ROOT: frozenset(),
+    "utils": frozenset(),
+    "models": frozenset({"utils"}),
+    "config": frozenset({"utils"}),
+    "transport": frozenset({"config", "utils"}),
+    "envs": frozenset({"config", "utils"}),
+    "inference": frozenset({"transport", *LOWER}),
+    "trainer": frozenset({"transport", *LOWER}),
+    "orchestrator": frozenset({"inference", "envs", "transport", *LOWER}),
+    "colocate": frozenset({"orchestrator", "trainer", "inference", "envs", "transport", *LOWER}),
+    "cli": frozenset({"colocate", "orchestrator", "trainer", "inference", "envs", "transport", *LOWER}),
+}
+"""Top-level package -> the packages it may import (docs/design.md, "Import rules")."""
+
+WHY: dict[tuple[str, str], str] = {
+    ("orchestrator", "trainer"): "the orchestrator and the trainer meet only through grpo.transport",
+    ("trainer", "orchestrator"): "the orchestrator and the trainer meet only through grpo.transport",
+    (
+        "trainer",
+        "inference",
+    ): "the trainer publishes weights through grpo.transport, it never calls inference",
+    ("inference", "trainer"): "inference receives weights through grpo.transport, it never calls the trainer",
+}
+"""The reason to print for a forbidden edge, where a more precise one than the table's exists."""
+
+
+def reason(source: str, target: str) -> str:
+    if (source, target) in WHY:
+        return WHY[source, target]
+    if target == "cli":
+        return "nothing imports the CLI"
+    if target == "colocate":
+        return "only the CLI imports colocate (it wires trainer, inference and orchestrator)"
+    allowed = ", ".join(f"grpo.{p}" for p in sorted(ALLOWED[source])) or "no other grpo package"
+    return f"grpo.{source} may import only {allowed}"
+
+
+@dataclass(frozen=True)
+class Import:
+    file: Path
+    line: int
+    source: str
+    """Top-level package of the importing file."""
+    target: str
+    """Top-level package imported."""
+    module: str
+    """The dotted name as imported (relative imports resolved)."""
+
+    def where(self) -> str:
+        return f"src/{self.file.relative_to(SRC)}:{self.line} imports {self.module}"
+
+
+def module_parts(file: Path) -> list[str]:
+    """`src/a/b.py` -> ['grpo', 'a', 'b']; `src/a/__init__.py` -> ['grpo', 'a']."""
+    parts = [ROOT, *file.relative_to(SRC).with_suffix("").parts]
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def grpo_imports(file: Path, text: str | None = None) -> list[Import]:
+    """Every `grpo.*` import in `file`, at any depth of the syntax tree."""
+    tree = ast.parse(file.read_text() if text is None else text, filename=str(file))
+    here = module_parts(file)
+    package = here if file.name == "__init__.py" else here[:-1]
+    source = here[1] if len(here) > 1 else ROOT
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            # `from grpo import cli` imports package cli; `from grpo.cli import x` imports from cli.
+            modules = [f"{base}.{a.name}" for a in node.names] if base == ROOT else [base]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == ROOT and len(parts) > 1 and parts[1] != source:
+                found.append(Import(file, node.lineno, source, parts[1], module))
+    return sorted(found, key=lambda i: i.line)
+
+
+def all_imports() -> list[Import]:
+    return [imp for file in sorted(SRC.rglob("*.py")) for imp in grpo_imports(file)]
+
+
+def top_level_packages() -> set[str]:
+    # A folder of modules is a package with or without __init__.py (config/ has none).
+    names = {p.name for p in SRC.iterdir() if p.is_dir() and any(p.rglob("*.py"))}
+    return names | {p.stem for p in SRC.glob("*.py") if p.name != "__init__.py"} | {ROOT}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle [a, b, ..., a] of the directed graph, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_every_package_has_a_rule_and_the_rules_form_no_cycle() -> None:
+    missing = sorted(top_level_packages() - set(ALLOWED))
+    assert not missing, (
+        f"src/ has packages with no import rule: {missing}; add them to ALLOWED here and to "
+        "docs/design.md (Import rules)"
+    )
+    cycle = find_cycle({p: set(targets) for p, targets in ALLOWED.items()})
+    assert cycle is None, f"the import rules themselves allow a cycle: {' -> '.join(cycle or [])}"
+
+
+def test_every_grpo_import_keeps_the_rules() -> None:
+    broken = [
+        f"{imp.where()}: {reason(imp.source, imp.target)}"
+        for imp in all_imports()
+        if imp.target not in ALLOWED[imp.source]
+    ]
+    assert not broken, "imports that break docs/design.md (Import rules):\n" + "\n".join(broken)
+
+
+def test_no_cycle_between_top_level_packages() -> None:
+    imports = all_imports()
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        graph.setdefault(imp.source, set()).add(imp.target)
+    cycle = find_cycle(graph)
+    if cycle is not None:
+        edges = itertools.pairwise(cycle)
+        examples = [next(i.where() for i in imports if (i.source, i.target) == edge) for edge in edges]
+        pytest.fail(f"package cycle {' -> '.join(cycle)}:\n" + "\n".join(examples))
+
+
+def test_the_scan_sees_function_local_type_checking_and_relative_imports() -> None:
+    # The checks above are only as good as this scan: a missed form of import passes silently.
+    text = (
+        "from typing import TYPE_CHECKING\n"
+        "import grpo.utils.atomic\n"
+        "if TYPE_CHECKING:\n"
+        "    from grpo.config.trainer import TrainerConfig\n"
+        "def f():\n"
+        "    from grpo.cli.common import fail\n"
+        "    class C:\n"
+        "        def g(self):\n"
+        "            import grpo.orchestrator.loop as loop\n"
+        "from ..transport import batch\n"
+        "from grpo import colocate\n"
+        "from . import publish\n"
+    )
+    found = grpo_imports(SRC / "trainer" / "example.py", text)
+    assert [(i.line, i.target, i.module) for i in found] == [
+        (2, "utils", "grpo.utils.atomic"),
+        (4, "config", "grpo.config.trainer"),
+        (6, "cli", "grpo.cli.common"),
+        (9, "orchestrator", "grpo.orchestrator.loop"),
+        (10, "transport", "grpo.transport"),
+        (11, "colocate", "grpo.colocate"),
+    ]
