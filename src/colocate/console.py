@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.orchestrator.report import METRICS_FILE
+from grpo.transport.weights_filesystem import broadcasts_dir
 from grpo.utils.atomic import write_text_atomic
 from grpo.utils.jsonl import read_jsonl
 
@@ -85,7 +86,7 @@ def run_summary(run_dir: Path, wall_s: float) -> list[str]:
     lines = [f"run finished in {_duration(wall_s)}: {len(rows)} step(s)"]
     if rewards and all(math.isfinite(r) for r in (rewards[0], rewards[-1])):
         lines[0] += f", reward {rewards[0]:.3f} (step 1) -> {rewards[-1]:.3f} (step {len(rows)})"
-    places = [("metrics", run_dir / METRICS_FILE), ("policies", run_dir / "broadcasts")]
+    places = [("metrics", run_dir / METRICS_FILE), ("policies", broadcasts_dir(run_dir))]
     places += [("checkpoints", run_dir / "checkpoints"), ("engine log", run_dir / ENGINE_LOG)]
     lines += [f"  {name}: {path}" for name, path in places if path.exists()]
     return lines

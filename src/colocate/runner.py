@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo.transport.weights_filesystem import broadcasts_dir
 from grpo.utils.logging import get_logger
 from grpo.utils.signals import interrupt_on_sigterm
 
@@ -82,8 +83,8 @@ def run_colocated(
     )
     train = train.model_copy(update={"ckpt": train.ckpt.model_copy(update={"resume_step": step})})
     orch = orch.model_copy(update={"ckpt": orch.ckpt.model_copy(update={"resume_step": step})})
-    if infer.weight_dirs is None:  # the trainer publishes every policy inside the run directory
-        infer = infer.model_copy(update={"weight_dirs": [str(run_dir.resolve())]})
+    if infer.weight_dirs is None:  # every policy the engine loads is one the trainer published there
+        infer = infer.model_copy(update={"weight_dirs": [str(broadcasts_dir(run_dir).resolve())]})
     write_resolved_configs(run_dir, {"train": train, "infer": infer, "orch": orch})
     if not engine_logs_to_console:
         log.info("vLLM's logs: %s (grpo --verbose shows them here)", send_engine_logs_to_file(run_dir))

@@ -95,7 +95,7 @@ class InferenceConfig(StrictModel):
     /v1/load_lora_adapter included); any other path is refused (HTTP 403), so a client cannot make
     the engine read files the run did not write. Relative paths are read from the server's working
     directory. null: that working directory (where grpo-orch's output_dir usually lies). Co-located
-    runs use the run's output_dir."""
+    runs use the run's broadcasts folder (where the trainer publishes every policy)."""
 
     weight_secret_env: str = "GRPO_WEIGHTS_SECRET"
     """(weight_broadcast_type nccl) Environment variable holding the secret of the trainer's

@@ -25,6 +25,7 @@ from typing import Any
 from grpo.config.orchestrator import CheckpointConfig
 from grpo.orchestrator.report import METRICS_FILE
 from grpo.transport.run_dir import TRAINER_METRICS_FILE, complete_trainer_checkpoints, trainer_checkpoint_root
+from grpo.transport.weights_filesystem import broadcasts_dir
 from grpo.utils.atomic import publish_dir, staging_dir, step_dirs, write_json_atomic
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
@@ -170,7 +171,7 @@ def resolve_colocated_resume(
     _remove_steps_after(trainer_checkpoint_root(run_dir), first)
     _remove_steps_after(checkpoint_root(run_dir), first)
     # Policy `first` itself stays: it is the resumed one (the trainer republishes it).
-    _remove_steps_after(run_dir / "broadcasts", first)
+    _remove_steps_after(broadcasts_dir(run_dir), first)
     for metrics, redone in ((run_dir / METRICS_FILE, is_batch_row), (run_dir / TRAINER_METRICS_FILE, None)):
         if num_cut := drop_metrics_from(metrics, first, redone):
             log.info("%s: dropped %d row(s) of steps >= %d", metrics, num_cut, first)
@@ -182,7 +183,7 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     earlier run's policies or checkpoints: its orchestrator would load the old newest policy from
     broadcasts/ and sample from it under that version number, the trainer's new policies would be
     pruned as older than the old ones, and both metrics files would get a second step 0."""
-    policies = list(step_dirs(run_dir / "broadcasts", stable_only=True))
+    policies = list(step_dirs(broadcasts_dir(run_dir), stable_only=True))
     trainer_steps = sorted(complete_trainer_checkpoints(run_dir))
     orch_steps = stable_steps(run_dir)
     if policies or trainer_steps or orch_steps:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from grpo.inference.types import RolloutClient
 from grpo.orchestrator.types import Group
-from grpo.transport.weights_filesystem import NOISY_NORMS_FILE, broadcast_dir
+from grpo.transport.weights_filesystem import NOISY_NORMS_FILE, broadcast_dir, broadcasts_dir
 from grpo.utils.atomic import STABLE
 from grpo.utils.logging import get_logger
 
@@ -83,7 +83,7 @@ def newest_stable(run_dir: Path, after: int) -> int:
     contiguous). Blocking; call it off the event loop.
     """
     newest = after
-    root = run_dir / "broadcasts"
+    root = broadcasts_dir(run_dir)
     if not root.is_dir():
         return newest
     for entry in os.scandir(root):
