@@ -85,7 +85,7 @@ async def _wait_then_run(
 ) -> None:
     """Wait for the inference servers (up to client.timeout s), run, and with a collective weight
     broadcast hand over the last policy a batch may use before leaving (docs/multi_node.md)."""
-    from grpo.cli.orch_process import deliver_last_collective_policy
+    from grpo.orchestrator.collective_handover import deliver_last_collective_policy
     from grpo.orchestrator.entry import run
     from grpo.utils.logging import get_logger
 

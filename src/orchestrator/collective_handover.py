@@ -1,5 +1,5 @@
-"""What the stand-alone orchestrator process (`grpo-orch`) adds around the loop: the hand-over of
-the last collective weight update.
+"""The stand-alone orchestrator's (`grpo-orch`) hand-over of the last collective weight update
+before it leaves.
 
 (A restart never repeats a delivered batch: both batch transports keep that promise themselves. The
 filesystem sender skips steps below the trainer's committed step and folders already STABLE, see

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
+from grpo.transport.weights_manifest import check_manifest
 from grpo.utils.auth import is_loopback_host, secret_from_env, sign, verify
 
 if TYPE_CHECKING:
@@ -61,21 +62,6 @@ _POLL_S = 0.05
 """Seconds between rendezvous checks; polling (not a blocking wait) lets a waiter name who is missing."""
 _REFUSAL_LINGER_S = 1.0
 """Seconds a sender keeps its store open after refusing a rank, so that rank reads why (many polls)."""
-# dtypes a state dict can hold; names are parsed against this list, never eval'd.
-_DTYPE_NAMES = (
-    "float32",
-    "float16",
-    "bfloat16",
-    "float64",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "uint8",
-    "bool",
-    "float8_e4m3fn",
-    "float8_e5m2",
-)
 
 
 def _ip(host: str) -> str:
@@ -86,17 +72,6 @@ def _default_backend() -> Backend:
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def _dtype_from_name(tensor_name: str, name: str) -> torch.dtype:
-    import torch
-
-    if name not in _DTYPE_NAMES:
-        raise ValueError(
-            f"weight update gives tensor {tensor_name!r} unsupported dtype {name!r}; supported: "
-            f"{', '.join(_DTYPE_NAMES)}"
-        )
-    return getattr(torch, name)
 
 
 def _describe_ranks(ranks: list[int]) -> str:
@@ -125,60 +100,6 @@ def _tag(text: str) -> bytes:
 def _manifest_payload(session_nonce: str, text: str) -> bytes:
     """What an update's tag signs: the document, bound to this session by the sender's nonce."""
     return json.dumps(["manifest", session_nonce, text]).encode()
-
-
-def check_manifest(
-    manifest: object, expected: Mapping[str, Sequence[int]] | None
-) -> tuple[int, list[tuple[str, torch.dtype, list[int]]]]:
-    """The step and (name, dtype, shape) of each tensor an update announces, checked before anything
-    is allocated: a well-formed document, supported dtypes, no name twice; against `expected` (HF
-    name -> shape of the served model's tensors) also only its names, exactly its shapes and
-    floating dtypes. ValueError naming the tensor otherwise. `expected` None checks the document
-    alone (a transport test; a server always passes its model's shapes)."""
-    if not (
-        isinstance(manifest, dict)
-        and type(manifest.get("step")) is int
-        and isinstance(manifest.get("tensors"), list)
-    ):
-        raise ValueError(
-            'weight update manifest is not {"step": int, "tensors": [[name, dtype, shape], ...]}'
-        )
-    entries: list[tuple[str, torch.dtype, list[int]]] = []
-    seen: set[str] = set()
-    for entry in manifest["tensors"]:
-        if not (
-            isinstance(entry, list)
-            and len(entry) == 3
-            and isinstance(entry[0], str)
-            and isinstance(entry[1], str)
-            and isinstance(entry[2], list)
-            and all(type(size) is int and size >= 0 for size in entry[2])
-        ):
-            raise ValueError(
-                f"weight update manifest entry {str(entry)[:200]} is not [name, dtype, [sizes >= 0]]"
-            )
-        name, dtype_name, shape = entry
-        if name in seen:
-            raise ValueError(f"weight update names tensor {name!r} twice")
-        seen.add(name)
-        dtype = _dtype_from_name(name, dtype_name)
-        if expected is not None:
-            if name not in expected:
-                raise ValueError(
-                    f"weight update names tensor {name!r}, which the served model does not have; "
-                    "do the trainer and the inference server run the same model?"
-                )
-            if shape != list(expected[name]):
-                raise ValueError(
-                    f"weight update gives tensor {name!r} shape {shape}, but the served model's is "
-                    f"{list(expected[name])}; do the trainer and the inference server run the same model?"
-                )
-            if not dtype.is_floating_point:
-                raise ValueError(
-                    f"weight update gives tensor {name!r} dtype {dtype_name}; model weights are floating point"
-                )
-        entries.append((name, dtype, shape))
-    return manifest["step"], entries
 
 
 class _CollectiveEndpoint:

@@ -29,8 +29,8 @@ from grpo.transport.weights_collective import (
     DEFAULT_SECRET_ENV,
     CollectiveWeightReceiver,
     CollectiveWeightSender,
-    check_manifest,
 )
+from grpo.transport.weights_manifest import check_manifest
 
 SECRET_ENV = "GRPO_TEST_WEIGHTS_SECRET"
 ROGUE_SECRET_ENV = "GRPO_TEST_ROGUE_SECRET"
