@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from grpo.config.errors import ConfigError
 from grpo.config.loading import apply_overrides, parse_overrides, read_yaml, validate
 from grpo.config.resolved import dump_yaml
+from grpo.utils.errors import UserError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -30,10 +31,15 @@ def fail(prog: str, message: str) -> NoReturn:
 
 
 def guard(prog: str, verbose: bool, body: Callable[[], int | None]) -> NoReturn:
-    """Run `body`; user errors become one line each and exit 2 (traceback only with --verbose)."""
+    """Run `body`; user errors become one line each and exit 2 (traceback only with --verbose).
+
+    Only UserError (ConfigError is one) and FileNotFoundError count as the user's: a plain
+    ValueError may come from a bug in grpo, torch or numpy, or from a malformed message of another
+    process, and keeps its traceback (run_app prints it and exits 1).
+    """
     try:
         code = body()
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
+    except (UserError, FileNotFoundError) as exc:
         if verbose:
             raise
         hint = "" if isinstance(exc, ConfigError) else " (--verbose shows the traceback)"

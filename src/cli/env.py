@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from grpo.cli.common import guard, run_app
+from grpo.utils.errors import UserError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -17,11 +18,11 @@ def parse_args_json(text: str) -> dict[str, Any]:
     try:
         args = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(
+        raise UserError(
             f"--args is not valid JSON ({exc}); write it like '{{\"num_examples\": 100}}'"
         ) from exc
     if not isinstance(args, dict):
-        raise ValueError(f"--args must be a JSON object of keyword arguments, got {type(args).__name__}")
+        raise UserError(f"--args must be a JSON object of keyword arguments, got {type(args).__name__}")
     return args
 
 
@@ -32,7 +33,7 @@ def check_bind(host: str, token_env: str) -> str | None:
 
     token = secret_from_env(token_env)
     if token is None and not is_loopback_host(host):
-        raise ValueError(
+        raise UserError(
             f"--host {host} serves other machines, so clients must authenticate: export {token_env}=<a long "
             f"random string> here and GRPO_ENV_TOKEN=<the same> for the orchestrator, or bind --host 127.0.0.1"
         )
@@ -85,7 +86,7 @@ def env(
         try:
             sock = socket.create_server((host, port))
         except OSError as exc:
-            raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port") from exc
+            raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port") from exc
         return _serve(app, sock, env_id)
 
     guard("grpo-env", verbose, body)

@@ -19,6 +19,7 @@ from grpo.colocate.verify import verify_against_checkpoint, verify_fp8_against_c
 from grpo.inference.name_map import borrowable_linear_weights
 from grpo.inference.weight_handles import rebuild_tensor
 from grpo.models.shape import ModelShape
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def borrow_from_records(records: list[dict[str, Any]], model_path: str | Path) -
     quantized = borrowable_fp8_linears(engine_tensors, shape)
     unsupported = sorted({str(t.dtype) for t in tensors.values()} - DENSE_DTYPES)
     if unsupported:
-        raise ValueError(
+        raise UserError(
             f"the engine holds its base weights as {', '.join(unsupported)}; co-located borrowing supports dense "
             "(bf16/fp16/fp32) and FP8 engine weights: serve the model unquantized or with quantization "
             "fp8_per_block, or use the multi-process mode with qlora_bnb in the trainer"

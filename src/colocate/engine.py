@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from grpo.colocate.guards import check_borrowing_safe
+from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
     from grpo.colocate.borrow import BorrowedBase
@@ -49,7 +50,7 @@ def borrow_base_weights(server: ServerThread, model_path: str) -> tuple[Borrowed
 
     records_per_worker = server.collective_rpc("export_weight_handles")
     if len(records_per_worker) != 1:
-        raise ValueError(
+        raise UserError(
             f"a co-located trainer rank borrows from one engine worker, got {len(records_per_worker)}; "
             "use infer tp: 1 (dp: N runs N engines, one per trainer rank)"
         )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 
+from grpo.utils.errors import UserError
+
 
 def check_borrowing_safe(server_args: list[str]) -> None:
-    """Raise ValueError for settings under which borrowed engine memory is unsafe.
+    """Raise UserError for settings under which borrowed engine memory is unsafe.
 
     - expandable_segments: the CUDA caching allocator then maps memory in ways a CUDA IPC handle
       does not cover, so the trainer would read unmapped or reused memory.
@@ -16,11 +18,11 @@ def check_borrowing_safe(server_args: list[str]) -> None:
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         value = os.environ.get(var, "")
         if "expandable_segments:true" in value.replace(" ", "").lower():
-            raise ValueError(
+            raise UserError(
                 f"{var}={value} enables expandable_segments, which breaks CUDA IPC weight borrowing in co-located "
                 f"mode; unset it (or remove expandable_segments:True)"
             )
     if "--enable-sleep-mode" in server_args:
-        raise ValueError(
+        raise UserError(
             "vLLM sleep mode frees the weights the trainer borrows; co-located mode cannot use it"
         )

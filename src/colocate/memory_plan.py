@@ -19,6 +19,7 @@ from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.trainer import TrainerConfig
 from grpo.models.shape import ModelShape
+from grpo.utils.errors import UserError
 
 GIB = 1024**3
 SAFETY_MARGIN = 0.10
@@ -77,7 +78,7 @@ def _device_memory(train: TrainerConfig) -> tuple[str, int]:
         _free, total = torch.cuda.mem_get_info()
         return f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}", int(total)
     if train.device == "cuda":
-        raise ValueError("train device is 'cuda' but no CUDA device is visible; set device: auto or cpu")
+        raise UserError("train device is 'cuda' but no CUDA device is visible; set device: auto or cpu")
     import psutil
 
     return "cpu", int(psutil.virtual_memory().available)
@@ -151,7 +152,7 @@ def plan_memory(
             plan.notes.append(f"per GPU: each of the {num_replicas} replicas (infer dp) has its own GPU")
         fraction = usable / total
         if fraction <= 0.05:
-            raise ValueError(
+            raise UserError(
                 f"the trainer needs about {plan.trainer_bytes / GIB:.1f} GiB of {total / GIB:.1f} GiB: nothing is left "
                 "for vLLM; lower sequence_len or per_device_train_batch_size, or use qlora_bnb"
             )
@@ -175,7 +176,7 @@ def plan_memory(
     )
     kv_gb = min(cap, room_gb)
     if kv_gb < MIN_CPU_KV_CACHE_GB:
-        raise ValueError(
+        raise UserError(
             f"only {room_gb:.2f} GiB of RAM would be left for vLLM's KV cache; free memory or lower sequence_len"
         )
     plan.kv_cache_space_gb = round(max(kv_gb, MIN_CPU_KV_CACHE_GB), 2)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from grpo.inference.name_map import FUSED_PARTS, fused_row_sizes, hf_name
 from grpo.models.shape import LINEAR_MODULES, ModelShape
 from grpo.trainer.dequant import FP8BlockWeight
+from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +70,7 @@ def _parts(weight: torch.Tensor, scale: torch.Tensor, sizes: list[int], name: st
     block = VLLM_FP8_BLOCK
     expected = (-(-num_out // block), -(-num_in // block))
     if tuple(scale.shape) != expected:
-        raise ValueError(
+        raise UserError(
             f"engine FP8 scale of {name} is {tuple(scale.shape)}, expected {expected} (128x128 blocks) or one "
             "value per tensor; per-channel FP8 is not supported for borrowing, serve with fp8_per_block"
         )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.utils.atomic import write_json_atomic
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def replica_devices(num_replicas: int, on_gpu: bool) -> list[str | None]:
 
         devices = [str(i) for i in range(torch.cuda.device_count())]
     if len(devices) < num_replicas:
-        raise ValueError(
+        raise UserError(
             f"infer dp {num_replicas} co-locates one engine and one trainer rank per GPU, but only "
             f"{len(devices)} GPU(s) are visible ({', '.join(devices) or 'none'}); lower dp or expose more GPUs"
         )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo.utils.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
@@ -23,7 +25,7 @@ def _checkpoint_files(model_path: str | Path) -> dict[str, Path]:
 
     files = sorted(Path(model_path).glob("*.safetensors"))
     if not files:
-        raise ValueError(f"no safetensors in {model_path} to verify the borrowed weights against")
+        raise UserError(f"no safetensors in {model_path} to verify the borrowed weights against")
     on_disk = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from grpo.utils.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """A mistake in a config file or on the command line.
 
     The CLI prints `str(error)` (one line per problem) and exits with code 2; no traceback unless

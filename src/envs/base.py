@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from grpo.utils.errors import UserError
+
 Message = dict[str, Any]
 """A chat message: {"role": ..., "content": ...}."""
 
@@ -73,18 +75,18 @@ def normalise_examples(examples: list[Example]) -> list[Example]:
     out = []
     for i, example in enumerate(examples):
         if not isinstance(example, dict) or "prompt" not in example:
-            raise ValueError(
+            raise UserError(
                 f"example {i} has no 'prompt'; examples are dicts like "
                 "{'prompt': 'question', 'answer': '42'} (prompt may be a list of chat messages)"
             )
         prompt = example["prompt"]
         if not isinstance(prompt, str | list):
-            raise ValueError(
+            raise UserError(
                 f"example {i}: prompt must be a string or a list of chat messages, got {type(prompt)}"
             )
         out.append(dict(example))
     if not out:
-        raise ValueError("an environment needs at least one example")
+        raise UserError("an environment needs at least one example")
     return out
 
 
@@ -96,7 +98,7 @@ def completion_text(completion: list[Message]) -> str:
 def check_num_examples(env_name: str, num_examples: object) -> None:
     """A built-in loader's num_examples must be a positive int."""
     if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-        raise ValueError(
+        raise UserError(
             f"env {env_name}: num_examples must be a whole number >= 1, got {num_examples!r}; "
             "fix env[].args.num_examples"
         )

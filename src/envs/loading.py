@@ -3,7 +3,7 @@ server at env_cfg.address.
 
 `check_environment(env_cfg)` checks the same things without building the examples (what
 `--dry-run` needs): the id resolves, every `env[].args` key is one the loader takes, with the type it
-declares, and a reasoning-gym dataset accepts its arguments. Every mistake is a `ValueError` naming
+declares, and a reasoning-gym dataset accepts its arguments. Every mistake is a `UserError` naming
 the environment, the key and the fix.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 
 from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
 from grpo.envs.base import Environment, check_num_examples
+from grpo.utils.errors import UserError
 
 BUILTIN_IDS = ("reverse-text", "short-answer", "long-brief", "math", "gsm8k-synthetic")
 """Built-in ids besides `reasoning-gym:<dataset>`."""
@@ -53,14 +54,14 @@ def _import_loader(path: str) -> Callable[..., Any]:
         # only the named module itself being absent is a typo; a missing dependency inside it surfaces as is
         if exc.name is None or not module_name.startswith(exc.name):
             raise
-        raise ValueError(
+        raise UserError(
             f"env id {path!r}: no module named {exc.name!r}; check the import path 'pkg.module:function' "
             "and that the package is installed (or on PYTHONPATH)"
         ) from exc
     if not hasattr(module, attr):
         close = _closest_builtin(path)
         hint = f"; did you mean the built-in {close!r}?" if close else ""
-        raise ValueError(f"env id {path!r}: module {module_name} has no attribute {attr!r}{hint}")
+        raise UserError(f"env id {path!r}: module {module_name} has no attribute {attr!r}{hint}")
     return getattr(module, attr)
 
 
@@ -82,7 +83,7 @@ def _verifiers_loader(env_id: str) -> Callable[..., Any]:
         if close is None and "." in env_id:
             close = f"{env_id}:load_environment"  # a module path missing its function
         hint = f"did you mean {close!r}? " if close else ""
-        raise ValueError(
+        raise UserError(
             f"env id {env_id!r} is not built-in; {hint}built-in ids: {', '.join(BUILTIN_IDS)}, "
             "reasoning-gym:<dataset> (e.g. reasoning-gym:chain_sum); or an import path "
             "'pkg.module:load_environment'; verifiers environments need the optional extra: "
@@ -110,10 +111,10 @@ def check_args(
         close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
         suggestion = f"did you mean {close[0]!r}? " if close else ""
         takes = ", ".join(accepted) if accepted else "none"
-        raise ValueError(f"env {where}: unknown arg {key!r} (env[].args); {suggestion}its args are: {takes}")
+        raise UserError(f"env {where}: unknown arg {key!r} (env[].args); {suggestion}its args are: {takes}")
     missing = [k for k, default in params.items() if default is inspect.Parameter.empty and k not in args]
     if missing:
-        raise ValueError(f"env {where}: missing required arg {missing[0]!r}; add it under env[].args")
+        raise UserError(f"env {where}: missing required arg {missing[0]!r}; add it under env[].args")
     out = dict(args)
     for key, value in args.items():
         declared = hints.get(key)
@@ -128,7 +129,7 @@ def check_args(
         except ValidationError:
             default = params.get(key, inspect.Parameter.empty)
             example = "" if default is inspect.Parameter.empty else f" (default {default!r})"
-            raise ValueError(
+            raise UserError(
                 f"env {where}: arg {key!r} must be {_type_name(declared)}{example}, got {value!r} "
                 f"({type(value).__name__}); fix env[].args.{key}"
             ) from None
@@ -201,7 +202,7 @@ def _check_remote(env_cfg: EnvConfig, address: str) -> None:
     from grpo.envs.remote import base_url
 
     if env_cfg.args:
-        raise ValueError(
+        raise UserError(
             f"env {env_cfg.display_name}: args go to the server (grpo-env {env_cfg.id} --args JSON), "
             f"not to a client of {address}; remove env[].args or env[].address"
         )
@@ -237,7 +238,7 @@ def load_environment(env_cfg: EnvConfig) -> Environment:
     build, _ = _resolve(env_cfg)
     env = build()
     if not isinstance(env, Environment):
-        raise ValueError(
+        raise UserError(
             f"env {env_cfg.id!r}: the loader returned {type(env).__name__}, which is not an environment "
             "(needs name, examples, max_turns, prompt_messages, reset, step, score); return a SingleTurnEnv"
         )

@@ -12,6 +12,7 @@ from typing import Any
 from grpo.envs.base import EnvReply, Example, Message
 from grpo.envs.rewards import RewardFn
 from grpo.envs.single_turn import SingleTurnEnv
+from grpo.utils.errors import UserError
 
 
 class MultiTurnEnv(SingleTurnEnv):
@@ -27,7 +28,7 @@ class MultiTurnEnv(SingleTurnEnv):
     ) -> None:
         super().__init__(examples, rewards, weights, system_prompt, name, reward_timeout)
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise UserError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
 
     async def reset(self, example: Example) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from grpo.envs.base import check_num_examples
 from grpo.envs.single_turn import SingleTurnEnv
+from grpo.utils.errors import UserError
 
 SYSTEM_PROMPT = "Think briefly, then give the final answer inside <answer></answer> tags."
 
@@ -58,7 +59,7 @@ def _dataset_names() -> list[str]:
 
 def check_task_args(task: str, task_args: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     """Check that `task` is a reasoning-gym dataset and `task_args` fit its config; returns the args
-    converted to the config's field types. Raises ValueError naming the key and the fix."""
+    converted to the config's field types. Raises UserError naming the key and the fix."""
     import reasoning_gym.factory
 
     from grpo.envs.loading import check_args
@@ -66,19 +67,19 @@ def check_task_args(task: str, task_args: dict[str, Any], seed: int = 0) -> dict
     where = f"reasoning-gym:{task}"
     names = _dataset_names()
     if not task:
-        raise ValueError(
+        raise UserError(
             "env id 'reasoning-gym:' needs a dataset name: id: reasoning-gym:<dataset>, e.g. "
             f"reasoning-gym:chain_sum ({len(names)} datasets: {', '.join(names[:8])}, ...)"
         )
     if task not in reasoning_gym.factory.DATASETS:
         close = difflib.get_close_matches(task, names, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-        raise ValueError(
+        raise UserError(
             f"env id {where!r}: reasoning-gym has no dataset {task!r}; {hint}list them with: "
             "python -c 'import reasoning_gym; print(sorted(reasoning_gym.factory.DATASETS))'"
         )
     if "size" in task_args:
-        raise ValueError(
+        raise UserError(
             f"env {where}: use env[].args.num_examples instead of 'size' (the number of examples)"
         )
     _, config_cls = reasoning_gym.factory.DATASETS[task]
@@ -94,7 +95,7 @@ def check_task_args(task: str, task_args: dict[str, Any], seed: int = 0) -> dict
         if hasattr(config, "validate"):
             config.validate()
     except (AssertionError, ValueError, TypeError) as exc:
-        raise ValueError(
+        raise UserError(
             f"env {where}: reasoning-gym refused env[].args {task_args}: {exc or type(exc).__name__}; "
             f"see the fields of {config_cls.__name__}"
         ) from None

@@ -18,6 +18,7 @@ import httpx
 
 from grpo.envs.base import EnvReply, Example, Message, Score
 from grpo.envs.rewards import FailureLog
+from grpo.utils.errors import UserError
 
 CONNECT_RETRY_S = 10.0
 """How long loading waits for a server that does not answer yet (it may still be starting)."""
@@ -87,7 +88,7 @@ def base_url(address: str) -> str:
         return address.rstrip("/")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"env address {address!r} is not host:port; write it like 127.0.0.1:8100")
+        raise UserError(f"env address {address!r} is not host:port; write it like 127.0.0.1:8100")
     return f"http://{address}"
 
 
@@ -106,25 +107,25 @@ def fetch_info(address: str, env_id: str, retry_s: float, token: str | None = No
             break
         except httpx.TransportError as exc:
             if time.monotonic() >= deadline:
-                raise ValueError(
+                raise UserError(
                     f"env {env_id}: no environment server answers at {address} ({type(exc).__name__} "
                     f"after {retry_s:g} s); start it with `grpo-env {env_id} --port {address.rsplit(':', 1)[-1]}` "
                     "(add --args JSON for the loader's arguments), or remove env[].address to run it in-process"
                 ) from exc
             time.sleep(_RETRY_INTERVAL_S)
     if response.status_code == 401:
-        raise ValueError(
+        raise UserError(
             f"env {env_id}: the server at {address} refused the token; export {TOKEN_ENV} with the token "
             "the grpo-env server was started with"
         )
     info = _info_or_none(response)
     if info is None:
-        raise ValueError(
+        raise UserError(
             f"env {env_id}: {url} answered HTTP {response.status_code} but not like a grpo-env server; "
             f"is env[].address ({address}) the port `grpo-env {env_id}` listens on?"
         )
     if info["id"] != env_id:
-        raise ValueError(
+        raise UserError(
             f"env {env_id}: the server at {address} serves {info['id']!r}; set env[].id to "
             f"{info['id']!r} or start `grpo-env {env_id}` there"
         )

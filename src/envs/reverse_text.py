@@ -10,6 +10,7 @@ import random
 
 from grpo.envs.base import check_num_examples
 from grpo.envs.single_turn import SingleTurnEnv
+from grpo.utils.errors import UserError
 
 _WORDS = [
     "apple",
@@ -71,7 +72,7 @@ def load_environment(
 ) -> SingleTurnEnv:
     check_num_examples("reverse-text", num_examples)
     if min_words < 1 or max_words < min_words:
-        raise ValueError(
+        raise UserError(
             f"env reverse-text: needs 1 <= min_words <= max_words, got min_words {min_words}, max_words "
             f"{max_words}; fix env[].args"
         )

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from starlette.requests import Request  # module level: FastAPI resolves route annotations here
 
 from grpo.envs.base import Environment, Example, Message
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def info_payload(env: Environment, env_id: str) -> dict[str, Any]:
         try:
             json.dumps({"example": example, "prompt": prompt}, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise ValueError(
+            raise UserError(
                 f"env {env_id}: example {i} (or its prompt messages) has no JSON form ({exc}); an "
                 "environment served by grpo-env needs JSON examples (str, numbers, lists, dicts)"
             ) from exc

@@ -34,6 +34,7 @@ from grpo.inference.weight_routes import (
     UPDATE_WEIGHTS_ROUTE,
 )
 from grpo.transport.weights_announce import read_collective_manifest
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 RETRY_BASE_DELAY_S = 0.5
@@ -72,12 +73,12 @@ class InferenceClient:
         resolver: Resolver = resolve_dns,
     ) -> None:
         if cfg.elastic is not None and "base_url" in cfg.model_fields_set:
-            raise ValueError(
+            raise UserError(
                 "client.base_url and client.elastic are both set; keep one: a fixed list of servers "
                 "(base_url) or DNS discovery (elastic)"
             )
         if cfg.elastic is None and not cfg.base_url:
-            raise ValueError(
+            raise UserError(
                 "client.base_url is empty; list at least one server, e.g. http://localhost:8000/v1"
             )
         self.cfg = cfg
@@ -397,14 +398,14 @@ class InferenceClient:
             await self._post_all(UPDATE_WEIGHTS_PATH, {"path": path})
             return
         if self._pool is not None:
-            raise ValueError(
+            raise UserError(
                 f"{path} announces policy {manifest['version']} over the collective, which has a fixed set of "
                 "servers, but client.elastic makes the pool change; use weight_broadcast type filesystem "
                 "(in orch.yaml and train.yaml) with an elastic pool"
             )
         wb = self.weight_broadcast
         if wb.type != "nccl":
-            raise ValueError(
+            raise UserError(
                 f"{path} announces policy {manifest['version']} over the collective (trainer weight_broadcast "
                 "type nccl) but the orchestrator's weight_broadcast.type is filesystem; set weight_broadcast "
                 "{type: nccl, host, port} in orch.yaml to the trainer's address "

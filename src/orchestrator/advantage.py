@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from grpo.config.orchestrator import AdvantageConfig
+from grpo.utils.errors import UserError
 
 _EPS = 1e-6
 
@@ -122,7 +123,7 @@ _ESTIMATORS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray
 def _import(path: str) -> Callable[..., Any]:
     module_name, _, attr = path.partition(":")
     if not attr:
-        raise ValueError(f"advantage.import_path {path!r} must look like 'pkg.module:function'")
+        raise UserError(f"advantage.import_path {path!r} must look like 'pkg.module:function'")
     return getattr(importlib.import_module(module_name), attr)
 
 
@@ -144,11 +145,11 @@ def compute_advantages(
         filled = np.where(valid, rewards, _group_mean(rewards, lengths, False, valid))
         out = np.asarray(_import(cfg.import_path)(filled, lengths, **cfg.kwargs), dtype=np.float64)
         if out.shape != rewards.shape:
-            raise ValueError(
+            raise UserError(
                 f"custom advantage {cfg.import_path} returned shape {out.shape}, expected {rewards.shape}"
             )
         if not np.all(np.isfinite(out[valid])):
-            raise ValueError(
+            raise UserError(
                 f"custom advantage {cfg.import_path} returned non-finite values for finite rewards; "
                 "it must return finite advantages (guard divisions by a zero std)"
             )

@@ -27,6 +27,7 @@ from grpo.orchestrator.report import METRICS_FILE
 from grpo.transport.run_dir import TRAINER_METRICS_FILE, complete_trainer_checkpoints, trainer_checkpoint_root
 from grpo.transport.weights_filesystem import broadcasts_dir
 from grpo.utils.atomic import publish_dir, staging_dir, step_dirs, write_json_atomic
+from grpo.utils.errors import UserError
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
 
@@ -74,7 +75,7 @@ def resolve_resume_step(run_dir: Path, resume_step: int | None) -> int | None:
     if resume_step == -1:
         return steps[-1] if steps else None
     if resume_step not in steps:
-        raise ValueError(
+        raise UserError(
             f"ckpt.resume_step={resume_step} but {checkpoint_root(run_dir)} has no STABLE step_{resume_step} "
             f"(available: {steps or 'none'}); use -1 for the latest"
         )
@@ -110,7 +111,7 @@ def resolve_colocated_resume(
     train_config: dict[str, Any] | None = None,
 ) -> int | None:
     """The one step a co-located run resumes from (None = start at step 0), from both ckpt.resume_step
-    values; ValueError (one line, with the fix) when they disagree or no step fits, or when
+    values; UserError (one line, with the fix) when they disagree or no step fits, or when
     `train_config` (this run's train.yaml as a dict) differs in WEIGHT_KEYS from the configs/train.yaml
     the run dir was written with (its checkpoints and adapters would not fit this model).
 
@@ -130,7 +131,7 @@ def resolve_colocated_resume(
         or orch_resume_step is None
         or (-1 not in (train_resume_step, orch_resume_step) and train_resume_step != orch_resume_step)
     ):
-        raise ValueError(
+        raise UserError(
             f"{both}: in one process the trainer and the orchestrator resume from the same step; set both "
             "(e.g. --train.ckpt.resume_step -1 --orch.ckpt.resume_step -1)"
         )
@@ -147,7 +148,7 @@ def resolve_colocated_resume(
         elif not trainer_steps and not orch_steps:
             step = None
         else:
-            raise ValueError(
+            raise UserError(
                 f"{both}: no step of {run_dir} has both a trainer and an orchestrator checkpoint ({available}); "
                 "in one process both must checkpoint the same steps: give train.yaml and orch.yaml the same "
                 "ckpt.interval, and orch.yaml ckpt.keep_last >= max_async_level + 2 (its checkpoints run ahead)"
@@ -155,7 +156,7 @@ def resolve_colocated_resume(
     elif wanted == 0:
         step = None
     elif wanted not in common:
-        raise ValueError(
+        raise UserError(
             f"{both}: step {wanted} of {run_dir} has no complete checkpoint on both sides ({available}); "
             f"use one of {common or 'none'}, or -1 for the newest"
         )
@@ -179,7 +180,7 @@ def resolve_colocated_resume(
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:
-    """ValueError (one line) when a run that does not resume would start in a run dir holding an
+    """UserError (one line) when a run that does not resume would start in a run dir holding an
     earlier run's policies or checkpoints: its orchestrator would load the old newest policy from
     broadcasts/ and sample from it under that version number, the trainer's new policies would be
     pruned as older than the old ones, and both metrics files would get a second step 0."""
@@ -187,7 +188,7 @@ def check_fresh_run_dir(run_dir: Path) -> None:
     trainer_steps = sorted(complete_trainer_checkpoints(run_dir))
     orch_steps = stable_steps(run_dir)
     if policies or trainer_steps or orch_steps:
-        raise ValueError(
+        raise UserError(
             f"{run_dir} holds an earlier run (policies {policies or 'none'}, trainer checkpoints "
             f"{trainer_steps or 'none'}, orchestrator checkpoints {orch_steps or 'none'}): resume it with "
             "ckpt.resume_step -1 in train.yaml and orch.yaml, or use a new output_dir (or delete this one)"
@@ -204,7 +205,7 @@ def _check_same_weights(run_dir: Path, train_config: dict[str, Any]) -> None:
     changed = [k for k in WEIGHT_KEYS if k in before and before[k] != train_config.get(k, before[k])]
     if changed:
         what = ", ".join(f"{k} {before[k]!r} -> {train_config.get(k)!r}" for k in changed)
-        raise ValueError(
+        raise UserError(
             f"{run_dir} was trained with other weights than this train.yaml ({what}); resume it with the "
             "train.yaml it was written with, or use a new output_dir"
         )

@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 from grpo.envs.base import Message
+from grpo.utils.errors import UserError
 
 # Probe contents for finding the template's end of turn: text no template rewrites or shares a
 # prefix with what follows it.
@@ -30,7 +31,7 @@ class ChatTokenizer:
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         if self.hf.chat_template is None:
-            raise ValueError(
+            raise UserError(
                 "the model's tokenizer has no chat template; use a chat/instruct model or set one in "
                 "tokenizer_config.json"
             )

@@ -39,6 +39,7 @@ from grpo.transport.run_dir import complete_trainer_checkpoints as complete_chec
 from grpo.transport.run_dir import trainer_checkpoint_dir as checkpoint_dir
 from grpo.transport.run_dir import trainer_checkpoint_root as checkpoint_root
 from grpo.utils.atomic import publish_dir, staging_dir
+from grpo.utils.errors import UserError
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
 
@@ -166,7 +167,7 @@ def find_resume_checkpoint(run_dir: Path, resume_step: int | None) -> tuple[int,
     if resume_step == 0:
         return None
     if resume_step not in found:
-        raise ValueError(
+        raise UserError(
             f"ckpt.resume_step {resume_step}: no complete checkpoint {checkpoint_root(run_dir)}/step_{resume_step}; "
             f"available: {sorted(found) or 'none'} (use resume_step: -1 for the latest)"
         )
@@ -190,7 +191,7 @@ def load_checkpoint(
     trainable = load_file(str(folder / TRAINABLE_FILE))
     expected = {n: tuple(p.shape) for n, p in policy.model.named_parameters() if p.requires_grad}
     if set(trainable) != set(expected):
-        raise ValueError(
+        raise UserError(
             f"checkpoint {folder} was written for different trainable parameters (another model or LoRA config?); "
             "resume with the train.yaml it was written with, or start a new run dir"
         )
@@ -198,7 +199,7 @@ def load_checkpoint(
     reshaped = [n for n, shape in expected.items() if tuple(trainable[n].shape) != shape]
     if reshaped:
         name = reshaped[0]
-        raise ValueError(
+        raise UserError(
             f"checkpoint {folder} was written for other shapes ({name}: {tuple(trainable[name].shape)} in the "
             f"checkpoint, {expected[name]} now; another model or lora_rank?); resume with the train.yaml it was "
             "written with, or start a new run dir"

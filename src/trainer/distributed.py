@@ -21,6 +21,7 @@ import numpy as np
 
 from grpo.trainer.rank_zero_gate import RankZeroGate
 from grpo.transport.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
+from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +192,7 @@ def shard_full_model(causal_lm: torch.nn.Module) -> None:
 
     layers = getattr(causal_lm.get_decoder(), "layers", None)
     if layers is None:
-        raise ValueError(
+        raise UserError(
             f"{type(causal_lm).__name__} has no decoder .layers to shard; train it with lora: true"
         )
     for layer in layers:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def uses_collective(cfg: TrainerConfig) -> bool:
         log.info("weight_broadcast nccl carries full weights only; LoRA adapters go through broadcasts/")
         return False
     if cfg.max_steps < 0:
-        raise ValueError(
+        raise UserError(
             "weight_broadcast type nccl needs max_steps >= 1 in train.yaml: the trainer must know which "
             "policy is the last one (it is written to disk, no inference server waits for it)"
         )

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo.utils.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
@@ -133,7 +135,7 @@ def grpo_loss(
     import torch
 
     if teacher_lp is None and cfg.teacher_tau > 0:
-        raise ValueError(
+        raise UserError(
             "loss.teacher_tau > 0 but the batch has no teacher logprobs; configure teacher_model in "
             "orch.yaml or set loss.teacher_tau: 0"
         )

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Policy:
                 )
                 return out.last_hidden_state[0]
             if self.uses_varlen_attention:
-                raise ValueError(
+                raise UserError(
                     "shared-prefix rows need attention that takes a mask (sdpa or eager), but the "
                     "trainer's model uses flash attention; set shared_prefix: false in orch.yaml"
                 )
@@ -103,7 +104,7 @@ def resolve_device(cfg: TrainerConfig) -> torch.device:
     import torch
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer device: cuda but no CUDA device is visible; use device: auto or cpu")
+        raise UserError("trainer device: cuda but no CUDA device is visible; use device: auto or cpu")
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     return torch.device("cuda" if use_cuda else "cpu")
 
@@ -126,11 +127,11 @@ def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
     for what, (major, minor) in needs:
         if capability is None or capability < (major, minor):
             found = f"SM{capability[0]}{capability[1]}" if capability else device.type.upper()
-            raise ValueError(
+            raise UserError(
                 f"{what} needs a CUDA GPU with compute capability SM{major}{minor}+, found {found}; "
                 "use recipe: bf16 with qlora_fp8 (weight-only FP8, any device), qlora_bnb (NF4) or plain LoRA"
             )
-        raise ValueError(
+        raise UserError(
             f"{what} is not implemented by this trainer yet; use recipe: bf16 with qlora_fp8, qlora_bnb or LoRA"
         )
 
@@ -160,7 +161,7 @@ def _lora_targets(cfg: TrainerConfig) -> str | list[str]:
     targets = cfg.lora_target_modules
     if "all-linear" in targets:
         if len(targets) > 1:
-            raise ValueError('lora_target_modules: "all-linear" cannot be combined with module names')
+            raise UserError('lora_target_modules: "all-linear" cannot be combined with module names')
         return "all-linear"
     return list(targets)
 
@@ -177,11 +178,11 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     borrowed_quantized = source.borrowed_quantized()
     dtype = _borrowed_dtype(borrowed) if borrowed else choose_dtype(device)
     if (borrowed or borrowed_quantized) and not cfg.lora:
-        raise ValueError(
+        raise UserError(
             "borrowed base weights are frozen; full-parameter training (lora: false) cannot use them"
         )
     if (borrowed or borrowed_quantized) and (cfg.qlora_bnb or cfg.qlora_fp8):
-        raise ValueError(
+        raise UserError(
             "qlora_bnb / qlora_fp8 quantize the base from disk, but this run borrows the engine's base weights; "
             "turn the trainer's quantization off (the borrowed weights are used as the engine holds them)"
         )

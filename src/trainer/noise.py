@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grpo.utils.errors import UserError
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -22,7 +24,7 @@ def noise_sigma(cfg: NoiseSchedulerConfig, step: int, max_steps: int) -> float:
     if not cfg.enabled:
         return 0.0
     if max_steps <= 0:
-        raise ValueError(
+        raise UserError(
             "noise_scheduler needs max_steps > 0 to lay out its stages; set max_steps in train.yaml"
         )
     stage = min(step * cfg.num_stages // max_steps, cfg.num_stages - 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ def build_optimizer(
     import torch
 
     if not params:
-        raise ValueError(
+        raise UserError(
             "no trainable parameters: check lora_target_modules names against the model's modules"
         )
     kwargs = dict(

@@ -62,7 +62,7 @@ def publish_over_collective(policy: Policy, cfg: TrainerConfig, run_dir: Path, v
     """Announce `version` in broadcasts/step_{version}/ (STABLE last), then send it to the
     weight_broadcast.num_servers inference workers the orchestrator sends to
     weight_broadcast.host:port, over a fresh collective session. Blocks until all received it;
-    TimeoutError naming the missing ranks after weight_broadcast.timeout, ValueError naming a rank
+    TimeoutError naming the missing ranks after weight_broadcast.timeout, UserError naming a rank
     that does not prove the secret."""
     from grpo.transport.weights_announce import write_collective_manifest
     from grpo.transport.weights_collective import CollectiveWeightSender

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from grpo.models.shape import LINEAR_MODULES
 from grpo.trainer.dequant import DequantBuffers, FP8BlockWeight, NF4Weight, dequant_linear
+from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -178,7 +179,7 @@ def quantize_base_linears_fp8(model: nn.Module, compute_dtype: torch.dtype) -> i
     """Quantize every decoder-layer linear of `model` to FP8 block-scaled, in place; returns the count."""
     names = decoder_linear_names(model)
     if not names:
-        raise ValueError(
+        raise UserError(
             "qlora_fp8 found no decoder-layer linear modules (q_proj ... down_proj) to quantize; "
             "this model architecture is not supported by qlora_fp8, use qlora_bnb"
         )

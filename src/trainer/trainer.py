@@ -34,6 +34,7 @@ from grpo.trainer.checkpoint import METRICS_FILE
 from grpo.trainer.loss import LossSums, grpo_loss
 from grpo.trainer.packing import split_micro_batches
 from grpo.transport.batch import TrainingBatch
+from grpo.utils.errors import UserError
 from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.logging import get_logger
 
@@ -64,7 +65,7 @@ class Trainer:
         self.dist = init_distributed(resolve_device(cfg).type, cfg.dist_timeout)
         """None for a single process; else this rank's place in the data-parallel group."""
         if cfg.gpus > 1 and self.dist is None:
-            raise ValueError(
+            raise UserError(
                 f"train gpus is {cfg.gpus} but this trainer is a single process; launch it with "
                 f"torchrun --nproc_per_node {cfg.gpus} $(which grpo-train) train.yaml (or set gpus: 1)"
             )

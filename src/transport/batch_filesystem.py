@@ -41,6 +41,7 @@ from grpo.utils.atomic import (
     step_dirs,
     write_text_atomic,
 )
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 BATCH_FILE = "batch.safetensors"
@@ -212,7 +213,7 @@ class FilesystemBatchReceiver:
             # below the committed step, and a folder below it, once pruned, never comes back.
             committed = committed_step(self.run_dir)
             if step < committed:
-                raise ValueError(_gone_message(step, committed, self.run_dir))
+                raise UserError(_gone_message(step, committed, self.run_dir))
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise TimeoutError(
@@ -225,7 +226,7 @@ class FilesystemBatchReceiver:
             backoff.sleep(deadline)
         batch = decode_batch((folder / BATCH_FILE).read_bytes(), self.vocab_size)
         if batch.step != step:
-            raise ValueError(
+            raise UserError(
                 f"{folder / BATCH_FILE} holds batch {batch.step}, not {step}: the rollouts folder was "
                 "modified by hand; remove it and restart the orchestrator"
             )

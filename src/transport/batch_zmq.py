@@ -54,6 +54,7 @@ from grpo.transport.batch_zmq_spool import BatchSpool, DiskSpool, MemorySpool
 from grpo.transport.errors import TransportClosed
 from grpo.transport.wire import decode_batch, encode_batch
 from grpo.utils.auth import TAG_BYTES, sign, verify
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 _WAIT_LOG_EVERY_S = 60.0
@@ -428,7 +429,7 @@ class ZmqBatchReceiver:
             self._socket.bind(f"tcp://{_ip(host)}:{port if port else '*'}")
         except zmq.ZMQError as err:
             self.close()
-            raise ValueError(
+            raise UserError(
                 f"cannot bind the batch socket on {host}:{port} ({err}): choose a free zmq_port, or stop "
                 "the process using it"
             ) from err
@@ -492,7 +493,7 @@ class ZmqBatchReceiver:
                 continue
             if header["kind"] == "missing":
                 if header.get("for") == self.receiver_id and header["step"] == step:
-                    raise ValueError(
+                    raise UserError(
                         f"batch {step} is gone: a trainer of this run committed (checkpointed) every step "
                         f"below {header['committed']} and the orchestrator deleted those batches; resume the "
                         "trainer from its latest checkpoint (ckpt.resume_step -1), or start orchestrator and "
@@ -504,7 +505,7 @@ class ZmqBatchReceiver:
                 continue  # a re-sent copy of a batch already taken
             if sent_step > step:
                 if header.get("for") == self.receiver_id:
-                    raise ValueError(
+                    raise UserError(
                         f"received batch {sent_step} while expecting batch {step}: the orchestrator no longer "
                         f"holds batch {step}, so orchestrator and trainer disagree on the step; resume both "
                         "from the same checkpoint step"

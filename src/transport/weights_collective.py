@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from grpo.transport.weights_manifest import check_manifest
 from grpo.utils.auth import is_loopback_host, secret_from_env, sign, verify
+from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +125,7 @@ class _CollectiveEndpoint:
         self.secret_env = secret_env
         self._secret = secret_from_env(secret_env)
         if self._secret is None and not is_loopback_host(host):
-            raise ValueError(
+            raise UserError(
                 f"weight {self.role} at {self.address}: {host} is not a loopback address, so the trainer and the "
                 f"inference servers must prove a shared secret, but ${secret_env} is unset: export "
                 f"{secret_env}=<the same long random string> for grpo-train and every grpo-infer, or use "
@@ -344,7 +345,7 @@ class CollectiveWeightSender(_CollectiveEndpoint):
         """Tell `rank` why it is refused, and end this session."""
         store.set(f"rank{rank}_verdict", json.dumps({"refused": problem}))
         time.sleep(_REFUSAL_LINGER_S)
-        raise ValueError(f"weight sender at {self.address}: {problem}")
+        raise UserError(f"weight sender at {self.address}: {problem}")
 
     def send(self, step: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Broadcast one full set of weights for policy `step` (blocks until every receiver has them)."""
@@ -408,7 +409,7 @@ class CollectiveWeightReceiver(_CollectiveEndpoint):
     def _join(self, store: Any, deadline: float) -> None:
         """Claim this rank, answer the sender's challenge and check its proof."""
         if store.add(f"rank{self.rank}_claims", 1) > 1:
-            raise ValueError(
+            raise UserError(
                 f"weight receiver at {self.address}: rank {self.rank} was already taken in this session; an "
                 "inference server runs more than one worker (tp or dp > 1: the collective needs tp=1, dp=1, "
                 "start one server per replica instead) or two servers were given the same rank"
@@ -416,7 +417,7 @@ class CollectiveWeightReceiver(_CollectiveEndpoint):
         self._await_keys(store, {SENDER_RANK: _SENDER_KEY}, deadline)
         sender = _json_object(store.get(_SENDER_KEY), {"nonce": str, "world_size": int})
         if sender is None:
-            raise ValueError(self._not_the_trainer("wrote a malformed challenge"))
+            raise UserError(self._not_the_trainer("wrote a malformed challenge"))
         self._session_nonce = sender["nonce"]
         nonce = secrets.token_hex(_NONCE_BYTES)
         hello = {
@@ -427,7 +428,7 @@ class CollectiveWeightReceiver(_CollectiveEndpoint):
         # Written even when the world sizes differ, so the trainer names this rank too.
         store.set(f"rank{self.rank}_hello", json.dumps(hello))
         if sender["world_size"] != self.world_size:
-            raise ValueError(
+            raise UserError(
                 f"weight receiver rank {self.rank} at {self.address}: the orchestrator gave world size "
                 f"{self.world_size} ({self.world_size - 1} server(s)), but the trainer's weight_broadcast.num_servers "
                 f"is {sender['world_size'] - 1}; set num_servers to the number of servers in client.base_url, "
@@ -438,16 +439,14 @@ class CollectiveWeightReceiver(_CollectiveEndpoint):
         raw_verdict = store.get(verdict_key)
         refusal = _json_object(raw_verdict, {"refused": str})
         if refusal is not None:
-            raise ValueError(
+            raise UserError(
                 f"weight receiver rank {self.rank} at {self.address} was refused by the trainer: {refusal['refused']}"
             )
         verdict = _json_object(raw_verdict, {"proof": str})
         if verdict is None:
-            raise ValueError(self._not_the_trainer("answered with a malformed proof"))
+            raise UserError(self._not_the_trainer("answered with a malformed proof"))
         if self._secret is not None and not self._proven("sender", nonce, self.rank, verdict["proof"]):
-            raise ValueError(
-                self._not_the_trainer(f"did not prove it holds the secret in ${self.secret_env}")
-            )
+            raise UserError(self._not_the_trainer(f"did not prove it holds the secret in ${self.secret_env}"))
 
     def _not_the_trainer(self, what: str) -> str:
         return (

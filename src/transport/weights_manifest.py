@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from grpo.utils.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
@@ -78,12 +80,12 @@ def check_manifest(
         dtype = _dtype_from_name(name, dtype_name)
         if expected is not None:
             if name not in expected:
-                raise ValueError(
+                raise UserError(
                     f"weight update names tensor {name!r}, which the served model does not have; "
                     "do the trainer and the inference server run the same model?"
                 )
             if shape != list(expected[name]):
-                raise ValueError(
+                raise UserError(
                     f"weight update gives tensor {name!r} shape {shape}, but the served model's is "
                     f"{list(expected[name])}; do the trainer and the inference server run the same model?"
                 )

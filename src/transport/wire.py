@@ -22,6 +22,7 @@ from safetensors.numpy import load, save
 
 from grpo.transport.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
 from grpo.transport.validate import check_batch_values
+from grpo.utils.errors import UserError
 
 WIRE_FORMAT = "grpo.training_batch"
 WIRE_VERSION = "1"
@@ -97,7 +98,7 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
     if header is None or step is None:
         raise ValueError(f"training batch ({where}) is corrupt or truncated: unreadable safetensors header")
     if header.get("format") != WIRE_FORMAT or header.get("version") != WIRE_VERSION:
-        raise ValueError(
+        raise UserError(
             f"training batch ({where}) has format {header.get('format')!r} version {header.get('version')!r}, "
             f"expected {WIRE_FORMAT!r} version {WIRE_VERSION!r}: run orchestrator and trainer from the "
             "same grpo version"
