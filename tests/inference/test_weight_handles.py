@@ -48,6 +48,34 @@ def test_cpu_record_gives_another_process_a_view_of_the_same_memory() -> None:
     assert torch.all(view == 7.0) and torch.all(weight[0] == torch.tensor([0.0, 1.0, 2.0]))
 
 
+# Maps the record, says so, waits until the exporter has released the name, then reads the view.
+MAP_THEN_READ = """
+import json, sys
+from grpo.inference.weight_handles import rebuild_tensor
+tensor = rebuild_tensor(json.loads(sys.stdin.readline()))
+print("mapped", flush=True)
+sys.stdin.readline()
+print(float(tensor.float().sum()), flush=True)
+"""
+
+
+def test_a_mapped_view_stays_valid_after_its_shared_memory_name_is_released() -> None:
+    weight = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    record = export_record("layer.weight", weight)
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", MAP_THEN_READ], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert receiver.stdin is not None and receiver.stdout is not None
+    receiver.stdin.write(json.dumps(record) + "\n")
+    receiver.stdin.flush()
+    assert receiver.stdout.readline().strip() == "mapped"
+    assert release_shared_names([record]) > 0  # the name leaves /dev/shm ...
+    receiver.stdin.write("go\n")
+    receiver.stdin.flush()
+    assert float(receiver.stdout.readline()) == float(weight.sum())  # ... the mapping stays
+    assert receiver.wait(timeout=60) == 0
+
+
 @pytest.mark.gpu
 def test_cuda_record_gives_another_process_a_view_of_the_same_memory() -> None:
     weight = torch.arange(12, dtype=torch.bfloat16, device="cuda").reshape(4, 3)
