@@ -167,10 +167,10 @@ class InferenceConfig(StrictModel):
 
     @model_validator(mode="after")
     def _public_bind_needs_a_key(self) -> InferenceConfig:
-        from grpo.utils.auth import is_loopback_host, secret_from_env
+        from grpo.utils.auth import open_without_secret
 
         # Without a key, anyone who reaches the port can load weights or adapters into the engine.
-        if not is_loopback_host(self.bind_host) and secret_from_env(self.api_key_var) is None:
+        if open_without_secret(self.bind_host, self.api_key_var):
             raise ValueError(
                 f"host {self.host} serves other machines, but ${self.api_key_var} (api_key_var) is unset: "
                 f"anyone reaching the port could replace the policy; export {self.api_key_var}=<secret> on "

@@ -371,9 +371,9 @@ class ZmqRolloutTransport(StrictModel):
 
     @model_validator(mode="after")
     def _secret_off_loopback(self) -> ZmqRolloutTransport:
-        from grpo.utils.auth import is_loopback_host, secret_from_env
+        from grpo.utils.auth import open_without_secret
 
-        if not is_loopback_host(self.host) and secret_from_env(self.secret_env) is None:
+        if open_without_secret(self.host, self.secret_env):
             raise ValueError(
                 f"batches to {self.host} cross the network, so they must be signed: export "
                 f"{self.secret_env}=<the secret grpo-train uses> for grpo-orch, or use host: 127.0.0.1"
@@ -414,9 +414,9 @@ class NcclWeightBroadcast(StrictModel):
 
     @model_validator(mode="after")
     def _secret_off_loopback(self) -> NcclWeightBroadcast:
-        from grpo.utils.auth import is_loopback_host, secret_from_env
+        from grpo.utils.auth import open_without_secret
 
-        if not is_loopback_host(self.host) and secret_from_env(self.secret_env) is None:
+        if open_without_secret(self.host, self.secret_env):
             raise ValueError(
                 f"weight_broadcast host {self.host} is reachable from other machines, so the trainer and the "
                 f"inference servers must prove a shared secret: export {self.secret_env}=<a long random string> "

@@ -272,13 +272,9 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _zmq_secret_off_loopback(self) -> TrainerConfig:
-        from grpo.utils.auth import is_loopback_host, secret_from_env
+        from grpo.utils.auth import open_without_secret
 
-        if (
-            self.transport_type == "zmq"
-            and not is_loopback_host(self.zmq_host)
-            and secret_from_env(self.zmq_secret_env) is None
-        ):
+        if self.transport_type == "zmq" and open_without_secret(self.zmq_host, self.zmq_secret_env):
             raise ValueError(
                 f"zmq_host {self.zmq_host} accepts batches from other machines, so frames must be signed: "
                 f"export {self.zmq_secret_env}=<a long random string> for grpo-train and grpo-orch, "

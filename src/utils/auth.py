@@ -34,6 +34,12 @@ def secret_from_env(var: str | None) -> bytes | None:
     return value.encode() if value else None
 
 
+def open_without_secret(host: str, var: str | None) -> bool:
+    """Whether an endpoint at `host` would be reachable from other machines with no secret in
+    `$var`: the combination every grpo server and sender refuses at load."""
+    return not is_loopback_host(host) and secret_from_env(var) is None
+
+
 def sign(secret: bytes, payload: bytes) -> bytes:
     """HMAC-SHA256 tag of `payload` (TAG_BYTES long)."""
     return hmac.new(secret, payload, hashlib.sha256).digest()
