@@ -7,7 +7,6 @@ Each test serves the base weights again when it ends (unmerge_lora), for the tes
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import Iterator
@@ -18,9 +17,9 @@ import httpx
 import pytest
 import torch
 from safetensors.torch import save_file
+from server_client import with_client
 
-from grpo.config.orchestrator import ClientConfig
-from grpo.inference.client import MERGE_LORA_PATH, InferenceClient
+from grpo.inference.client import MERGE_LORA_PATH
 from grpo.inference.lora_merge import merge_plan, merged_weight
 from grpo.inference.server import ServerThread
 from grpo.inference.types import GenerateRequest, SamplingParams
@@ -123,17 +122,6 @@ def test_the_cpu_kernel_computes_with_the_merged_weight_and_the_parameter_is_not
 # -- a real engine ----------------------------------------------------------------------------
 
 
-def run(server: ServerThread, action):  # type: ignore[no-untyped-def]
-    async def main():  # type: ignore[no-untyped-def]
-        client = InferenceClient(ClientConfig(base_url=[server.base_url], max_retries=0, timeout=120))
-        try:
-            return await action(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(main())
-
-
 def sample(server: ServerThread, model: str) -> tuple[list[int], list[float]]:
     request = GenerateRequest(
         prompt_token_ids=PROMPT,
@@ -141,12 +129,12 @@ def sample(server: ServerThread, model: str) -> tuple[list[int], list[float]]:
         model=model,
         cache_salt=f"salt-{model}",
     )
-    (completion,) = run(server, lambda client: client.generate(request))
+    (completion,) = with_client(server, lambda client: client.generate(request))
     return completion.token_ids, completion.logprobs
 
 
 def score(server: ServerThread, model: str, token_ids: list[int]) -> list[float]:
-    return list(run(server, lambda client: client.prompt_logprobs(token_ids, model)))
+    return list(with_client(server, lambda client: client.prompt_logprobs(token_ids, model)))
 
 
 def merge(server: ServerThread, name: str, adapter: Path) -> None:
@@ -177,7 +165,7 @@ def test_merged_weights_sample_the_adapters_tokens_with_its_logprobs(
     adapter_a, _ = adapter_dirs
     base_tokens, _ = sample(server, MODEL)
     base_scores = score(server, MODEL, PROMPT + base_tokens)
-    run(server, lambda client: client.load_lora_adapter("merge-test-lora", str(adapter_a)))
+    with_client(server, lambda client: client.load_lora_adapter("merge-test-lora", str(adapter_a)))
     lora_tokens, lora_logprobs = sample(server, "merge-test-lora")
     lora_scores = score(server, "merge-test-lora", PROMPT + lora_tokens)
 

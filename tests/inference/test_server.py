@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import shutil
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from server_client import with_client
 
-from grpo.config.orchestrator import ClientConfig
 from grpo.inference.client import InferenceClient
 from grpo.inference.server import ServerThread
 from grpo.inference.types import GenerateRequest, SamplingParams
@@ -20,20 +18,8 @@ from grpo.utils.atomic import mark_stable
 
 pytestmark = pytest.mark.vllm
 
-T = TypeVar("T")
 MODEL = "tiny"
 PROMPT = [1, 504, 3458, 282, 4195, 314, 260, 3436, 28, 1159]
-
-
-def with_client(server: ServerThread, action: Callable[[InferenceClient], Awaitable[T]]) -> T:
-    async def main() -> T:
-        client = InferenceClient(ClientConfig(base_url=[server.base_url], max_retries=0, timeout=120))
-        try:
-            return await action(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(main())
 
 
 def score(server: ServerThread, model: str, token_ids: list[int] = PROMPT) -> list[float]:
