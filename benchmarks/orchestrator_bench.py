@@ -29,7 +29,7 @@ from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs import load_environment
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.models import embedded
-from grpo.orchestrator.loop import Orchestrator
+from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.transport.batch import TrainingBatch
 from grpo.utils.atomic import publish_dir, staging_dir

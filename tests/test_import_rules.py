@@ -180,7 +180,7 @@ def test_the_scan_sees_function_local_type_checking_and_relative_imports() -> No
         "    from grpo.cli.common import fail\n"
         "    class C:\n"
         "        def g(self):\n"
-        "            import grpo.orchestrator.loop as loop\n"
+        "            import grpo.orchestrator.orchestrator as loop\n"
         "from ..transport import batch\n"
         "from grpo import colocate\n"
         "from . import publish\n"
@@ -190,7 +190,7 @@ def test_the_scan_sees_function_local_type_checking_and_relative_imports() -> No
         (2, "utils", "grpo.utils.atomic"),
         (4, "config", "grpo.config.trainer"),
         (6, "cli", "grpo.cli.common"),
-        (9, "orchestrator", "grpo.orchestrator.loop"),
+        (9, "orchestrator", "grpo.orchestrator.orchestrator"),
         (10, "transport", "grpo.transport"),
         (11, "colocate", "grpo.colocate"),
     ]

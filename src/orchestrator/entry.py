@@ -8,7 +8,7 @@ from pathlib import Path
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.loading import load_environment
 from grpo.inference.types import RolloutClient
-from grpo.orchestrator.loop import Orchestrator
+from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.transport.interfaces import BatchSender
 

@@ -44,20 +44,28 @@ import time
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from grpo.transport.batch import TrainingBatch
+from grpo.transport.batch_zmq_frames import (
+    WAIT_LOG_EVERY_S,
+    DropLog,
+    check_hint,
+    parse_header,
+    parse_want,
+    seal,
+    unseal,
+    wait_for,
+    zmq_ip,
+)
 from grpo.transport.batch_zmq_spool import BatchSpool, DiskSpool, MemorySpool
 from grpo.transport.errors import TransportClosed
 from grpo.transport.wire import decode_batch, encode_batch
-from grpo.utils.auth import TAG_BYTES, sign, verify
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
-_WAIT_LOG_EVERY_S = 60.0
 _IO_TICK_MS = 20
 """How often the sender's I/O thread looks for new batches to send while no message arrives."""
 _END_LINGER_MS = 2000
@@ -70,69 +78,8 @@ MAX_MESSAGE_BYTES = 1 << 30
 """Largest frame the trainer accepts (a batch blob); larger ones are refused by ZMQ."""
 _MAX_WANT_BYTES = 64 * 1024
 """The trainer only ever sends small JSON acknowledgements to the sender."""
-_DROP_LOG_EVERY = 100
 
 log = get_logger("transport")
-
-
-def _ip(host: str) -> str:
-    # "localhost" may resolve to ::1 on one side and 127.0.0.1 on the other; pin IPv4 loopback.
-    return "127.0.0.1" if host == "localhost" else host
-
-
-def _check_hint(host: str, port: int) -> str:
-    return (
-        f"check that grpo-train (transport_type: zmq, zmq_host: {host}, zmq_port: {port}) and grpo-orch "
-        f"(rollout_transport: {{type: zmq, host: {host}, port: {port}}}) are both running"
-    )
-
-
-def _mac_input(frames: list[bytes]) -> bytes:
-    # Length-prefixed, so that moving bytes between frames changes the tag.
-    return b"".join(len(f).to_bytes(8, "little") + bytes(f) for f in frames)
-
-
-def seal(secret: bytes | None, frames: list[bytes]) -> list[bytes]:
-    """`frames` plus their tag frame (unchanged without a secret)."""
-    return frames if secret is None else [*frames, sign(secret, _mac_input(frames))]
-
-
-def unseal(secret: bytes | None, frames: list[bytes]) -> list[bytes] | None:
-    """The frames without their tag, or None when the tag is missing or wrong."""
-    if secret is None:
-        return frames
-    if len(frames) < 2 or len(frames[-1]) != TAG_BYTES:
-        return None
-    body = frames[:-1]
-    return body if verify(secret, _mac_input(body), frames[-1]) else None
-
-
-class _DropLog:
-    """Counts unauthenticated messages; logs the first and then every _DROP_LOG_EVERY-th."""
-
-    def __init__(self, side: str, hint: str) -> None:
-        self.side, self.hint, self.count = side, hint, 0
-
-    def __call__(self) -> None:
-        self.count += 1
-        if self.count == 1 or self.count % _DROP_LOG_EVERY == 0:
-            log.warning(
-                "%s dropped %d zmq message(s) without a valid signature; %s", self.side, self.count, self.hint
-            )
-
-
-def _wait_for(socket: zmq.Socket, event: int, timeout: float | None, on_slow: str) -> bool:
-    """Poll until `event` is ready; False on timeout. Logs `on_slow` every minute of waiting."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        slice_s = (
-            _WAIT_LOG_EVERY_S if deadline is None else min(_WAIT_LOG_EVERY_S, deadline - time.monotonic())
-        )
-        if socket.poll(max(0, int(slice_s * 1000)), event):
-            return True
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
-        log.info(on_slow)
 
 
 class ZmqBatchSender:
@@ -158,14 +105,14 @@ class ZmqBatchSender:
         those a previous run left (else they are deleted). `secret`: sign and check every message
         (the trainer must hold the same one)."""
         self.secret = secret
-        self._dropped = _DropLog(
+        self._dropped = DropLog(
             "the orchestrator", "the trainer must use the same secret (GRPO_ZMQ_SECRET) as grpo-orch"
         )
         if hwm < 1:
             raise ValueError(f"rollout_transport.hwm must be >= 1, got {hwm}")
         self.host, self.port, self.send_timeout, self.close_linger = host, port, send_timeout, close_linger
         self.hwm = hwm
-        self.endpoint = f"tcp://{_ip(host)}:{port}"
+        self.endpoint = f"tcp://{zmq_ip(host)}:{port}"
         self.num_skipped = 0
         """Batches not sent because the trainer already took that step or the spool holds it."""
         self._spool: BatchSpool = MemorySpool() if spool_dir is None else DiskSpool(spool_dir, resume=resume)
@@ -217,13 +164,13 @@ class ZmqBatchSender:
             if self._drop_if_delivered(step):
                 return
             while len(self._untaken_steps()) >= self.hwm:
-                remaining = _WAIT_LOG_EVERY_S if deadline is None else deadline - time.monotonic()
+                remaining = WAIT_LOG_EVERY_S if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(
                         f"batch {step} not accepted within {self.send_timeout}s: the queue to {self.endpoint} "
-                        f"is full ({self.hwm} batches not taken); {_check_hint(self.host, self.port)}"
+                        f"is full ({self.hwm} batches not taken); {check_hint(self.host, self.port)}"
                     )
-                if not self._changed.wait(min(remaining, _WAIT_LOG_EVERY_S)):
+                if not self._changed.wait(min(remaining, WAIT_LOG_EVERY_S)):
                     log.info("batch %d waits: the trainer at %s is not taking batches", step, self.endpoint)
                 self._raise_if_failed()
             if self._drop_if_delivered(step):
@@ -309,7 +256,7 @@ class ZmqBatchSender:
             if frames is None:
                 self._dropped()
                 continue
-            want = _parse_want(frames)
+            want = parse_want(frames)
             with self._changed:
                 self._acknowledge(want["step"], want["committed"], want["receiver"])
                 self._changed.notify_all()
@@ -380,7 +327,7 @@ class ZmqBatchSender:
                         self.close_linger,
                     )
                     break
-                if not self._changed.wait(min(remaining, _WAIT_LOG_EVERY_S)):
+                if not self._changed.wait(min(remaining, WAIT_LOG_EVERY_S)):
                     log.info("waiting for the trainer to take batches %s", untaken)
             self._end_requested = True
         self._thread.join(_END_SEND_S + _JOIN_SLACK_S)
@@ -411,7 +358,7 @@ class ZmqBatchReceiver:
         self.host = host
         self.secret = secret
         self.vocab_size = vocab_size
-        self._dropped = _DropLog(
+        self._dropped = DropLog(
             "the trainer",
             "a process that is not this run's grpo-orch, or one without the same GRPO_ZMQ_SECRET",
         )
@@ -426,7 +373,7 @@ class ZmqBatchReceiver:
         self._socket.setsockopt(zmq.LINGER, _RECEIVER_LINGER_MS)
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         try:
-            self._socket.bind(f"tcp://{_ip(host)}:{port if port else '*'}")
+            self._socket.bind(f"tcp://{zmq_ip(host)}:{port if port else '*'}")
         except zmq.ZMQError as err:
             self.close()
             raise UserError(
@@ -468,10 +415,10 @@ class ZmqBatchReceiver:
         slow = f"waiting for batch {step} on {self.endpoint}"
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not _wait_for(self._socket, zmq.POLLIN, remaining, slow):
+            if not wait_for(self._socket, zmq.POLLIN, remaining, slow):
                 raise TimeoutError(
                     f"batch {step} did not arrive within {timeout}s on {self.endpoint}: "
-                    f"{_check_hint(self.host, self.port)}"
+                    f"{check_hint(self.host, self.port)}"
                 )
             peer, *received = self._socket.recv_multipart()
             frames = unseal(self.secret, received)
@@ -483,7 +430,7 @@ class ZmqBatchReceiver:
                 self._want(step, [peer])
             if frames == [b""]:
                 continue
-            header = _parse_header(frames)
+            header = parse_header(frames)
             if header["kind"] == "end":
                 if step >= header["next"]:
                     raise TransportClosed(f"no batch {step}: the orchestrator finished sending")
@@ -523,35 +470,3 @@ class ZmqBatchReceiver:
         if not self._socket.closed:
             self._socket.close()
         self._context.term()
-
-
-def _parse_want(frames: list[bytes]) -> dict[str, Any]:
-    try:
-        want = json.loads(frames[0]) if len(frames) == 1 else None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        want = None
-    if (
-        not isinstance(want, dict)
-        or want.get("kind") != "want"
-        or not isinstance(want.get("step"), int)
-        or not isinstance(want.get("committed"), int)
-        or not isinstance(want.get("receiver"), str)
-    ):
-        raise ValueError(f"corrupt message from the trainer: {frames[0][:200]!r}")
-    return want
-
-
-def _parse_header(frames: list[bytes]) -> dict[str, Any]:
-    try:
-        header = json.loads(frames[0]) if len(frames) == 2 else None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        header = None
-    if not isinstance(header, dict) or header.get("kind") not in ("batch", "end", "missing"):
-        raise ValueError(f"corrupt zmq batch message (unknown step): {len(frames)} frames, bad header")
-    if header["kind"] in ("batch", "missing") and not isinstance(header.get("step"), int):
-        raise ValueError("corrupt zmq batch message (unknown step): header has no integer step")
-    if header["kind"] == "missing" and not isinstance(header.get("committed"), int):
-        raise ValueError("corrupt zmq missing-batch message: header has no integer committed step")
-    if header["kind"] == "end" and not isinstance(header.get("next"), int):
-        raise ValueError("corrupt zmq end message: header has no integer next step")
-    return header

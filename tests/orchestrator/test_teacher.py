@@ -10,7 +10,7 @@ from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokeni
 
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs import SingleTurnEnv
-from grpo.orchestrator.loop import Orchestrator
+from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.transport.batch import TrainingBatch
 
 

@@ -9,7 +9,7 @@ from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokeni
 
 from grpo.config.orchestrator import CheckpointConfig, OrchestratorConfig
 from grpo.envs import SingleTurnEnv
-from grpo.orchestrator.loop import Orchestrator
+from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.types import Group, Rollout
 from grpo.utils.jsonl import read_jsonl
 

@@ -11,7 +11,7 @@ from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.envs.loading import load_environment
 from grpo.envs.server import BackgroundServer, build_app
-from grpo.orchestrator.loop import Orchestrator
+from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.utils.jsonl import read_jsonl
 
 
