@@ -481,6 +481,14 @@ class OrchestratorConfig(StrictModel):
     (long, multi-turn, or oversampled leftovers) train in a later batch until then. At least
     max_async_level; strictly on-policy training is both 0."""
 
+    partial_rollouts: bool = False
+    """Continue a rollout that is still generating when a new policy reaches inference under that
+    policy instead of finishing it on the old one: generation streams, stops at the update (vLLM
+    aborts the request), keeps its tokens and their logprobs, and resumes from them (token in, the
+    remaining max_tokens) once the servers run the new policy. Each token trains with the logprob of
+    the policy that sampled it, and max_off_policy_steps judges a rollout by its oldest token. Metrics
+    partial/num_resumed_rollouts and partial/num_recovered_tokens. Evaluation rollouts never resume."""
+
     oversampling_factor: float = Field(1.0, ge=1.0)
     """Groups launched as a multiple of the groups still needed: this batch's missing ones plus those of
     every later batch the current policy may serve (max_async_level). Groups in flight and finished ones

@@ -25,6 +25,7 @@ import httpx
 
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
+from grpo.inference.streaming import StreamStatusError, stream_completions
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.inference.weight_routes import (
     APPLY_NOISY_NORMS_ROUTE,
@@ -349,29 +350,39 @@ class InferenceClient:
         return {card["id"] for card in response.json().get("data", [])}
 
     async def generate(self, request: GenerateRequest) -> list[Completion]:
-        params = request.params
-        body: dict[str, Any] = {
-            "model": request.model,
-            "prompt": request.prompt_token_ids,
-            "n": request.n,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "max_tokens": params.max_tokens,
-            "min_tokens": params.min_tokens,
-            "repetition_penalty": params.repetition_penalty,
-            "seed": params.seed,
-            "stop": list(params.stop),
-            "logprobs": 0,
-            "return_token_ids": True,
-            **request.extra,
-        }
-        if request.cache_salt is not None:
-            body["cache_salt"] = request.cache_salt
-        response = await self._post_routed("/completions", body, request.session_id)
+        response = await self._post_routed("/completions", _completion_body(request), request.session_id)
         return [
             _completion_from_choice(choice)
             for choice in sorted(response["choices"], key=lambda c: c["index"])
         ]
+
+    async def generate_interruptible(
+        self, request: GenerateRequest, interrupt: asyncio.Event
+    ) -> list[Completion]:
+        """As `generate`, streamed (grpo.inference.streaming): once `interrupt` is set the stream is
+        closed, vLLM aborts the request, and each unfinished choice comes back with its tokens so far
+        (finish_reason ABORTED). A failure is retried like `generate`'s, from the start."""
+        body = _completion_body(request)
+        url = ""
+        for attempt in range(self.cfg.max_retries + 1):
+            await self._wait_for_server(self.cfg.timeout)
+            url = self.pick_server(
+                request.session_id, avoid=url if attempt > 0 and self._pool is not None else None
+            )
+            self.num_in_flight[url] += 1
+            try:
+                return await stream_completions(self._http, url + "/completions", body, request.n, interrupt)
+            except (httpx.TransportError, StreamStatusError) as error:
+                if isinstance(error, StreamStatusError) and not error.retryable:
+                    raise
+                if attempt == self.cfg.max_retries:
+                    raise TransientServerError(
+                        f"{url}/completions (streamed) failed after {attempt + 1} attempt(s): {error}"
+                    ) from error
+            finally:
+                self.num_in_flight[url] -= 1
+            await asyncio.sleep(min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S))
+        raise AssertionError("unreachable: the loop returns or raises")
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Serve adapter folder `path` as model `name` on every server, each the way it serves LoRA
@@ -483,3 +494,26 @@ def _completion_from_choice(choice: dict[str, Any]) -> Completion:
     return Completion(
         token_ids=token_ids, logprobs=logprobs, text=choice["text"], finish_reason=choice["finish_reason"]
     )
+
+
+def _completion_body(request: GenerateRequest) -> dict[str, Any]:
+    """The /completions body of `request`: token ids in, sampled token ids and their logprobs out."""
+    params = request.params
+    body: dict[str, Any] = {
+        "model": request.model,
+        "prompt": request.prompt_token_ids,
+        "n": request.n,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+        "min_tokens": params.min_tokens,
+        "repetition_penalty": params.repetition_penalty,
+        "seed": params.seed,
+        "stop": list(params.stop),
+        "logprobs": 0,
+        "return_token_ids": True,
+        **request.extra,
+    }
+    if request.cache_salt is not None:
+        body["cache_salt"] = request.cache_salt
+    return body

@@ -7,8 +7,12 @@ training and multi-turn prompts extend previous token ids exactly.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+ABORTED = "abort"
+"""finish_reason of a choice stopped before it finished (its tokens so far are kept)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,13 @@ class RolloutClient(Protocol):
 
     async def generate(self, request: GenerateRequest) -> list[Completion]:
         """`request.n` completions of one prompt."""
+        ...
+
+    async def generate_interruptible(
+        self, request: GenerateRequest, interrupt: asyncio.Event
+    ) -> list[Completion]:
+        """As `generate`, but once `interrupt` is set the request stops and every unfinished choice
+        comes back with the tokens and logprobs it has so far, finish_reason ABORTED."""
         ...
 
     def end_session(self, session_id: str) -> None:

@@ -34,6 +34,7 @@ from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.eval import evaluate, should_evaluate
 from grpo.orchestrator.filters import apply_filters
 from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.partial import UpdateGate, partial_metrics
 from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
 from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_acceptable, required_policy
@@ -69,8 +70,11 @@ class Orchestrator:
         self.stop = stop or asyncio.Event()
         self.buffer = Buffer(envs, cfg.buffer, cfg.seed)
         self.client = client
-        self.policy = PolicyTracker(run_dir, client, cfg.model.lora_adapter, cfg.model.name or "")
-        self.runner = RolloutRunner(client, tokenizer, self.policy, teacher_client)
+        gate = UpdateGate() if cfg.partial_rollouts else None
+        self.policy = PolicyTracker(
+            run_dir, client, cfg.model.lora_adapter, cfg.model.name or "", update_gate=gate
+        )
+        self.runner = RolloutRunner(client, tokenizer, self.policy, teacher_client, gate)
         self.vocab_size = tokenizer.vocab_size
         self.step = 0
         self.num_inflight_target = max(1, math.ceil(cfg.num_groups_per_step * cfg.oversampling_factor))
@@ -135,6 +139,7 @@ class Orchestrator:
                 self._params(),
                 self.cfg.buffer.skip_verification,
                 teacher,
+                resume_across_updates=self.cfg.partial_rollouts,
             )
             self.counters["num_groups_launched"] += 1
             self._num_pending += 1
@@ -280,6 +285,8 @@ class Orchestrator:
             "off_policy/max_lag": max(step - r.start_version for r in rollouts),
             "policy/version": self.policy.version,
         }
+        if self.cfg.partial_rollouts:
+            metrics.update(partial_metrics(rollouts))
         for env_index, label in enumerate(env_labels(self.envs)):
             env_rewards = [
                 r.reward for g in groups if g.env_index == env_index for r in g.rollouts if r.failure is None

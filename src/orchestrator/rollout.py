@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 from grpo.envs.base import Environment, EnvReply, Example, Message
 from grpo.envs.rewards import FailureLog
-from grpo.inference.types import Completion, GenerateRequest, RolloutClient, SamplingParams
+from grpo.inference.types import GenerateRequest, RolloutClient, SamplingParams
+from grpo.orchestrator.partial import Resumed, ResumingGenerator, UpdateGate
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Group, Rollout
@@ -29,6 +30,9 @@ class GroupRequest:
     skip_verification: bool = False
     teacher_model: str | None = None
     """Served name of the teacher; None = no teacher logprobs."""
+    resume_across_updates: bool = False
+    """partial_rollouts (training rollouts only): generation stopped at a policy update resumes
+    under the new policy; needs the runner's update gate."""
 
 
 class RolloutRunner:
@@ -38,12 +42,20 @@ class RolloutRunner:
         tokenizer: ChatTokenizer,
         policy: PolicyTracker,
         teacher_client: RolloutClient | None = None,
+        update_gate: UpdateGate | None = None,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
         self.policy = policy
         self.teacher_client = teacher_client or client
         self.failures = FailureLog()
+        self.resumer = (
+            None
+            if update_gate is None
+            else ResumingGenerator(
+                client, update_gate, lambda: policy.version, self._request, tokenizer.decode
+            )
+        )
 
     async def _env_call(
         self, env: Environment, what: str, fn: Callable[..., Awaitable[T]], *args: Any
@@ -110,7 +122,23 @@ class RolloutRunner:
             rollout.teacher_logprobs = teacher
         return rollout
 
-    def _rollout(self, req: GroupRequest, prompt_ids: list[int], c: Completion, start: int) -> Rollout:
+    def _resumes(self, req: GroupRequest) -> bool:
+        return req.resume_across_updates and self.resumer is not None
+
+    async def _generate(
+        self, req: GroupRequest, prompt_ids: list[int], n: int, session: str | None
+    ) -> list[Resumed]:
+        """`n` completions of `prompt_ids`; resumed across policy updates when the request asks."""
+        if self._resumes(req):
+            assert self.resumer is not None
+            return await self.resumer.generate(prompt_ids, req.params, n, session)
+        version = self.policy.version
+        completions = await self.client.generate(self._request(prompt_ids, req.params, n, session))
+        return [Resumed(c, [version] * len(c.token_ids), version) for c in completions]
+
+    def _rollout(self, req: GroupRequest, prompt_ids: list[int], choice: Resumed, start: int) -> Rollout:
+        c = choice.completion
+        resumes = self._resumes(req)
         return Rollout(
             env_name=req.env.name,
             example_index=req.example_index,
@@ -119,10 +147,14 @@ class RolloutRunner:
             completion_mask=[True] * len(c.token_ids),
             completion_logprobs=list(c.logprobs),
             temperature=req.params.temperature,
-            start_version=start,
+            # resumed: the first request's version, its oldest tokens'
+            start_version=choice.start_version if resumes else start,
             end_version=self.policy.version,
             completion_text=c.text,
             truncated=c.finish_reason == "length",
+            completion_versions=list(choice.versions) if resumes else None,
+            num_resumes=choice.num_resumes,
+            num_recovered_tokens=choice.num_recovered_tokens,
         )
 
     async def run_group(self, req: GroupRequest) -> Group:
@@ -130,12 +162,10 @@ class RolloutRunner:
         prompt_ids = self.tokenizer.prompt_ids(messages)
         if req.env.max_turns == 1:
             start = self.policy.version
-            completions = await self.client.generate(
-                self._request(prompt_ids, req.params, req.num_rollouts, None)
-            )
-            rollouts = [self._rollout(req, prompt_ids, c, start) for c in completions]
+            choices = await self._generate(req, prompt_ids, req.num_rollouts, None)
+            rollouts = [self._rollout(req, prompt_ids, c, start) for c in choices]
             resets = [await self._env_call(req.env, "reset", req.env.reset, req.example) for _ in rollouts]
-            texts = [[{"role": "assistant", "content": c.text}] for c in completions]
+            texts = [[{"role": "assistant", "content": c.completion.text}] for c in choices]
             done = await asyncio.gather(
                 *(
                     self._finish(req, r, t, state, failure)
@@ -179,9 +209,10 @@ class RolloutRunner:
         completion: list[Message] = []
         for turn in range(req.env.max_turns):
             context = prompt_ids if rollout is None else prompt_ids + rollout.completion_ids
-            (c,) = await self.client.generate(self._request(context, req.params, 1, session))
+            (choice,) = await self._generate(req, context, 1, session)
+            c = choice.completion
             if rollout is None:
-                rollout = self._rollout(req, prompt_ids, c, start)
+                rollout = self._rollout(req, prompt_ids, choice, start)
             else:
                 rollout.completion_ids += c.token_ids
                 rollout.completion_mask += [True] * len(c.token_ids)
@@ -189,6 +220,10 @@ class RolloutRunner:
                 rollout.completion_text += c.text
                 rollout.truncated = c.finish_reason == "length"
                 rollout.end_version = self.policy.version
+                if rollout.completion_versions is not None:
+                    rollout.completion_versions += choice.versions
+                rollout.num_resumes += choice.num_resumes
+                rollout.num_recovered_tokens += choice.num_recovered_tokens
             reply_msg = {"role": "assistant", "content": c.text}
             history.append(reply_msg)
             completion.append(reply_msg)
@@ -204,5 +239,7 @@ class RolloutRunner:
             rollout.completion_ids += env_ids
             rollout.completion_mask += [False] * len(env_ids)
             rollout.completion_logprobs += [0.0] * len(env_ids)
+            if rollout.completion_versions is not None:
+                rollout.completion_versions += [self.policy.version] * len(env_ids)
         assert rollout is not None  # max_turns >= 1
         return rollout, completion, failure

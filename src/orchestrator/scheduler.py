@@ -13,11 +13,14 @@ Two knobs, two rules (docs/design.md, "Step semantics"):
   max_off_policy_steps >= max_async_level, so a rollout that arrives in time is never dropped.
 - A batch takes the freshest finished groups first (FinishedGroups), so oversampling's surplus
   lowers a batch's lag instead of raising it; the older surplus is what goes stale.
+- With partial_rollouts a rollout's tokens can come from several policies (grpo.orchestrator.partial);
+  its start_version is its oldest token's, so both rules judge it by that token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import os
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grpo.inference.types import RolloutClient
+from grpo.orchestrator.partial import UpdateGate
 from grpo.orchestrator.types import Group
 from grpo.transport.weights_filesystem import NOISY_NORMS_FILE, broadcast_dir, broadcasts_dir
 from grpo.utils.atomic import STABLE
@@ -105,6 +109,7 @@ class PolicyTracker:
         base_model: str,
         version: int = 0,
         poll_interval: float = 0.05,
+        update_gate: UpdateGate | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.client = client
@@ -116,6 +121,8 @@ class PolicyTracker:
         self._task: asyncio.Task[None] | None = None
         self.num_updates = 0
         self.last_update_seconds = 0.0
+        self.update_gate = update_gate
+        """partial_rollouts: generation stops for each update and resumes on the new policy."""
 
     @property
     def model_name(self) -> str:
@@ -135,20 +142,22 @@ class PolicyTracker:
         started = loop.time()
         folder = broadcast_dir(self.run_dir, version)
         path = str(folder)
-        if self.lora_adapter is not None:
-            await self.client.load_lora_adapter(self.lora_adapter, path)
-        else:
-            await self.client.update_weights(path)
-        # After the weights: full weights carry clean norms, and a merged adapter only repacks linear
-        # layers (norms are no LoRA target), so the noise applied last is what the servers run.
-        noisy_norms = folder / NOISY_NORMS_FILE
-        if await asyncio.to_thread(noisy_norms.is_file):
-            await self.client.apply_noisy_norms(str(noisy_norms))
-        self.last_update_seconds = loop.time() - started
-        self.num_updates += 1
-        async with self._changed:
-            self.version = version
-            self._changed.notify_all()
+        gate = self.update_gate.update() if self.update_gate is not None else contextlib.nullcontext()
+        async with gate:  # the version changes inside: requests resume under the new one
+            if self.lora_adapter is not None:
+                await self.client.load_lora_adapter(self.lora_adapter, path)
+            else:
+                await self.client.update_weights(path)
+            # After the weights: full weights carry clean norms, and a merged adapter only repacks linear
+            # layers (norms are no LoRA target), so the noise applied last is what the servers run.
+            noisy_norms = folder / NOISY_NORMS_FILE
+            if await asyncio.to_thread(noisy_norms.is_file):
+                await self.client.apply_noisy_norms(str(noisy_norms))
+            self.last_update_seconds = loop.time() - started
+            self.num_updates += 1
+            async with self._changed:
+                self.version = version
+                self._changed.notify_all()
         log.debug("inference now runs policy %d (%.2fs)", version, self.last_update_seconds)
 
     async def poll_once(self) -> None:

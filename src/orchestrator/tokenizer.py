@@ -42,6 +42,10 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
 
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of sampled tokens, special tokens left out (as vLLM's completion text)."""
+        return str(self.hf.decode(token_ids, skip_special_tokens=True))
+
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True))
 

@@ -40,6 +40,14 @@ class Rollout:
     """No loss on its tokens: it failed (`fail`), or a filter with enforce=true flagged it."""
     teacher_logprobs: list[float] | None = None
     """Teacher logprob of each prompt + completion token (entry 0 is 0.0)."""
+    completion_versions: list[int] | None = None
+    """With partial_rollouts: the policy version that sampled each completion token (an environment
+    token carries the version the servers ran at its turn); None otherwise. Its first entry, the
+    oldest, is `start_version`."""
+    num_resumes: int = 0
+    """Times generation stopped at a policy update and resumed under the new policy with tokens kept."""
+    num_recovered_tokens: int = 0
+    """Model tokens kept at those updates (per turn, those it had when it last resumed)."""
 
     @property
     def num_model_tokens(self) -> int:
