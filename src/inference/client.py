@@ -18,6 +18,7 @@ merged weights"); requests name the adapter either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -381,7 +382,10 @@ class InferenceClient:
                     ) from error
             finally:
                 self.num_in_flight[url] -= 1
-            await asyncio.sleep(min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S))
+            # an interrupt ends the wait: the next attempt returns at once, and the update goes on
+            with contextlib.suppress(TimeoutError):
+                delay = min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S)
+                await asyncio.wait_for(interrupt.wait(), delay)
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
