@@ -44,8 +44,9 @@ class DecodingTokenizer(FakeHfTokenizer):
 
 class StreamingClient(FakeClient):
     """Streams one token per tick to each unfinished choice, under the policy it ran when the request
-    came in. Choice c of a prompt ends with EOS after lengths[c] tokens; a resumed request (n=1) is
-    told apart by its last token. `on_tick(num_ticks)` runs after every tick (the test's updates)."""
+    came in. Choice c of a prompt (a turn) ends with EOS after lengths[c] tokens; a resumed request
+    (n=1) is told apart by the sampled tokens that end its prompt. `on_tick(num_ticks)` runs after
+    every tick (the test's updates)."""
 
     def __init__(
         self, lengths: list[int], on_tick: Callable[[int], None] = lambda _n: None, tick_seconds: float = 0.0
@@ -55,8 +56,6 @@ class StreamingClient(FakeClient):
         self.on_tick = on_tick
         self.tick_seconds = tick_seconds
         self.num_ticks = 0
-        self.prompt_len: int | None = None
-        """The first prompt's length: positions count from it."""
         self.num_streaming = 0
         self.streaming_at_load: list[int] = []
         """Requests still streaming at each policy load (the gate must have stopped them all)."""
@@ -77,9 +76,7 @@ class StreamingClient(FakeClient):
 
     async def _stream(self, request: GenerateRequest, interrupt: asyncio.Event) -> list[Completion]:
         prompt = request.prompt_token_ids
-        if self.prompt_len is None:
-            self.prompt_len = len(prompt)
-        kept = len(prompt) - self.prompt_len
+        kept = next(i for i, t in enumerate(reversed(prompt)) if t < CHOICE_BASE)
         version = self.version
         choices = [Completion([], [], "", ABORTED) for _ in range(request.n)]
         index = [(prompt[-1] // CHOICE_BASE - 1) if kept else c for c in range(request.n)]
@@ -136,6 +133,10 @@ def _group(
     return group.rollouts, client
 
 
+def _prompt_len(client: StreamingClient) -> int:
+    return len(client.requests[0].prompt_token_ids)
+
+
 def _expected(choice: int, prompt_len: int, length: int, max_tokens: int) -> tuple[list[int], str]:
     if length <= max_tokens:
         return [token(choice, prompt_len + i) for i in range(length - 1)] + [EOS], "stop"
@@ -147,8 +148,7 @@ def test_a_resumed_rollout_is_its_kept_tokens_then_the_new_ones_with_aligned_log
 ) -> None:
     # the update comes after 3 tokens of each; one then ends on eos, the other on the max_tokens budget
     rollouts, client = _group(tmp_path, [6, 20], {3: 1}, SamplingParams(max_tokens=10, min_tokens=5))
-    prompt_len = client.prompt_len
-    assert prompt_len is not None
+    prompt_len = _prompt_len(client)
     for choice, (rollout, length) in enumerate(zip(rollouts, [6, 20], strict=True)):
         ids, reason = _expected(choice, prompt_len, length, 10)
         assert rollout.completion_ids == ids  # nothing repeated or dropped at the seam, one eos
@@ -172,8 +172,7 @@ def test_a_resumed_rollout_is_its_kept_tokens_then_the_new_ones_with_aligned_log
 
 def test_a_choice_that_ended_in_the_chunk_before_the_update_is_not_resumed(tmp_path: Path) -> None:
     rollouts, client = _group(tmp_path, [2, 5], {2: 1}, SamplingParams(max_tokens=10))
-    prompt_len = client.prompt_len
-    assert prompt_len is not None
+    prompt_len = _prompt_len(client)
     assert rollouts[0].completion_ids == [token(0, prompt_len), EOS]
     assert rollouts[0].completion_versions == [0, 0] and rollouts[0].num_resumes == 0
     assert rollouts[1].completion_ids == _expected(1, prompt_len, 5, 10)[0]
@@ -183,8 +182,7 @@ def test_a_choice_that_ended_in_the_chunk_before_the_update_is_not_resumed(tmp_p
 
 def test_a_rollout_resumes_at_every_update_and_its_oldest_token_sets_its_staleness(tmp_path: Path) -> None:
     rollouts, client = _group(tmp_path, [12], {2: 1, 5: 2}, SamplingParams(max_tokens=12))
-    prompt_len = client.prompt_len
-    assert prompt_len is not None
+    prompt_len = _prompt_len(client)
     (rollout,) = rollouts
     assert rollout.completion_ids == _expected(0, prompt_len, 12, 12)[0]
     assert rollout.completion_versions == [0, 0] + [1] * 3 + [2] * 7
@@ -194,11 +192,11 @@ def test_a_rollout_resumes_at_every_update_and_its_oldest_token_sets_its_stalene
     assert not is_acceptable(2, rollout.start_version, max_off_policy_steps=1)
 
 
-def test_a_generation_stopped_before_its_first_token_restarts_under_the_new_policy(tmp_path: Path) -> None:
-    box: list[PolicyTracker] = []
+def test_a_generation_started_during_an_update_waits_for_it_and_runs_under_the_new_policy(
+    tmp_path: Path,
+) -> None:
     client = StreamingClient([4])
     runner, policy = _runner(client, tmp_path)
-    box.append(policy)
     env = SingleTurnEnv(examples=[{"prompt": "q"}], rewards=[lambda completion: 1.0])
     req = GroupRequest(
         0, env, 0, env.examples[0], 1, SamplingParams(max_tokens=8), resume_across_updates=True
@@ -226,27 +224,12 @@ class GuessEnv(MultiTurnEnv):
 
 def test_a_multi_turn_rollout_resumes_the_turn_the_update_stopped(tmp_path: Path) -> None:
     env = GuessEnv(examples=[{"prompt": "q"}], rewards=[lambda completion: 1.0], max_turns=2)
-    # turn 1: 3 tokens ending in eos (ticks 1-3); turn 2 stopped after its 2nd token (tick 5)
+    # each turn: 4 tokens ending in eos; turn 1 takes ticks 1-4, turn 2 is stopped after its 2nd (tick 6)
     box: list[PolicyTracker] = []
-    client = StreamingClient([3], _update_at({5: 1}, box))
+    client = StreamingClient([4], _update_at({6: 1}, box))
     runner, policy = _runner(client, tmp_path)
     box.append(policy)
 
-    def lengths_by_turn(request: GenerateRequest) -> None:
-        # turn 2's prompt holds turn 1 and the env reply; make it end after 4 more tokens
-        if client.prompt_len is not None and len(client.requests) == 2:
-            client.prompt_len = len(request.prompt_token_ids)
-            client.lengths = [4]
-
-    original = client.generate_interruptible
-
-    async def generate(request: GenerateRequest, interrupt: asyncio.Event) -> list[Completion]:
-        client.requests.append(request)
-        lengths_by_turn(request)
-        client.requests.pop()
-        return await original(request, interrupt)
-
-    client.generate_interruptible = generate  # type: ignore[method-assign]
     req = GroupRequest(
         0, env, 0, env.examples[0], 1, SamplingParams(max_tokens=8), resume_across_updates=True
     )
@@ -254,7 +237,7 @@ def test_a_multi_turn_rollout_resumes_the_turn_the_update_stopped(tmp_path: Path
     mask = np.array(rollout.completion_mask)
     versions = np.array(rollout.completion_versions)
     model_versions = versions[mask].tolist()
-    assert model_versions == [0, 0, 0, 0, 0, 1, 1]  # turn 1 (3), turn 2: 2 kept + 2 resumed
+    assert model_versions == [0, 0, 0, 0, 0, 0, 1, 1]  # turn 1 (4); turn 2: 2 kept, 2 resumed
     assert rollout.completion_ids[-1] == EOS and rollout.completion_ids.count(EOS) == 2
     assert (
         len(rollout.completion_versions or [])
