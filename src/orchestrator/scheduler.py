@@ -20,7 +20,6 @@ Two knobs, two rules (docs/design.md, "Step semantics"):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import os
@@ -138,26 +137,32 @@ class PolicyTracker:
     async def load(self, version: int) -> None:
         """Switch the servers to `version` (its broadcast must be STABLE), with its QeRL noisy norms
         when the trainer wrote them."""
+        if self.update_gate is None:
+            await self._load(version)
+            return
+        # generation stops first and resumes once `version` is set: every token has one policy
+        async with self.update_gate.update():
+            await self._load(version)
+
+    async def _load(self, version: int) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         folder = broadcast_dir(self.run_dir, version)
         path = str(folder)
-        gate = self.update_gate.update() if self.update_gate is not None else contextlib.nullcontext()
-        async with gate:  # the version changes inside: requests resume under the new one
-            if self.lora_adapter is not None:
-                await self.client.load_lora_adapter(self.lora_adapter, path)
-            else:
-                await self.client.update_weights(path)
-            # After the weights: full weights carry clean norms, and a merged adapter only repacks linear
-            # layers (norms are no LoRA target), so the noise applied last is what the servers run.
-            noisy_norms = folder / NOISY_NORMS_FILE
-            if await asyncio.to_thread(noisy_norms.is_file):
-                await self.client.apply_noisy_norms(str(noisy_norms))
-            self.last_update_seconds = loop.time() - started
-            self.num_updates += 1
-            async with self._changed:
-                self.version = version
-                self._changed.notify_all()
+        if self.lora_adapter is not None:
+            await self.client.load_lora_adapter(self.lora_adapter, path)
+        else:
+            await self.client.update_weights(path)
+        # After the weights: full weights carry clean norms, and a merged adapter only repacks linear
+        # layers (norms are no LoRA target), so the noise applied last is what the servers run.
+        noisy_norms = folder / NOISY_NORMS_FILE
+        if await asyncio.to_thread(noisy_norms.is_file):
+            await self.client.apply_noisy_norms(str(noisy_norms))
+        self.last_update_seconds = loop.time() - started
+        self.num_updates += 1
+        async with self._changed:
+            self.version = version
+            self._changed.notify_all()
         log.debug("inference now runs policy %d (%.2fs)", version, self.last_update_seconds)
 
     async def poll_once(self) -> None:
