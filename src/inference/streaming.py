@@ -98,4 +98,7 @@ async def stream_completions(
         await asyncio.gather(reader, stopper, return_exceptions=True)
     if not reader.cancelled():
         reader.result()  # its error, if it failed before the interrupt
+        unfinished = [i for i, choice in enumerate(choices) if choice.finish_reason is None]
+        if unfinished:  # only an interrupt may leave a choice unfinished (it is then resumed)
+            raise RuntimeError(f"{url}: the stream ended without a finish_reason for choice(s) {unfinished}")
     return [choice.completion() for choice in choices]

@@ -152,3 +152,18 @@ def test_a_server_error_is_retried_and_a_client_error_is_not() -> None:
     assert not isinstance(raised.value, TransientServerError)
     with pytest.raises(TransientServerError, match="3 attempt"):
         asyncio.run(main(lambda req: httpx.Response(500, text="down")))
+
+
+def test_a_stream_that_ends_without_finishing_a_choice_is_an_error_not_a_stop() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=chunk(0, [7]) + b"data: [DONE]\n\n")
+
+    async def main() -> list:
+        client = make_client(handler)
+        try:
+            return await client.generate_interruptible(request(n=1), asyncio.Event())
+        finally:
+            await client.close()
+
+    with pytest.raises(RuntimeError, match="without a finish_reason"):
+        asyncio.run(main())
