@@ -72,8 +72,6 @@ def run_colocated(
     from grpo.orchestrator.checkpoint import resolve_colocated_resume
 
     infer = plan.apply(infer)
-    if train.max_steps < 0 and orch.max_steps is not None:
-        train = train.model_copy(update={"max_steps": orch.max_steps})
     run_dir = Path(orch.output_dir)
     started = time.monotonic()
     # Before the configs are rewritten (it compares with the run dir's) and before anything starts

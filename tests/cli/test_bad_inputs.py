@@ -160,9 +160,15 @@ CASES = [
     ),
     (
         "cross-file: different models",
-        _demo_grpo("--infer.model", "other/model"),
+        _demo_grpo("--infer.model", "other/model", "--train.model", "HuggingFaceTB/SmolLM2-135M-Instruct"),
         {},
-        "differs",
+        "model differs",
+    ),
+    (
+        "cross-file: batch transports differ",
+        _demo_grpo("--train.transport_type", "zmq", "--orch.rollout_transport.type", "filesystem"),
+        {},
+        "train.yaml transport_type",
     ),
     (
         "co-located: per-tensor FP8 on a machine without CUDA",
