@@ -126,6 +126,7 @@ def _train_with_server(
     from grpo.trainer.entry import run as run_trainer
     from grpo.trainer.weights import BorrowedWeights
     from grpo.transport.batch_memory import memory_transport_pair
+    from grpo.utils.progress import StepDisplay, install
 
     borrowed, shared_files = borrow_base_weights(server, model_path)
     base_urls = [server.base_url]
@@ -144,6 +145,8 @@ def _train_with_server(
     base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
     trainer = TrainerThread(lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights))
     client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls}))
+    display = StepDisplay(orch.max_steps, orch.ckpt.resume_step or 0, with_trainer=True)  # both parts' steps
+    install(display)
     trainer.start()
     failure: str | None = "interrupted"
     try:
@@ -168,6 +171,8 @@ def _train_with_server(
         # After a failure or an interrupt nobody waits for a trainer mid-step: the thread is a
         # daemon and the process is leaving.
         trainer.join(timeout=60 if failure is None else 5)
+        install(None)
+        display.close()
     if failure is not None:
         if trainer.error is not None:
             raise trainer.error
