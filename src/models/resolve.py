@@ -34,7 +34,7 @@ class ResolvedModel:
 
 
 def resolve_model(name: str, allow_download: bool = True, build_embedded: bool = True) -> ResolvedModel:
-    """Find `name` locally, or raise ValueError saying where it looked and what to do."""
+    """Find `name` locally, or raise UserError saying where it looked and what to do."""
     local = Path(name).expanduser()
     if local.exists():
         if not (local / "config.json").exists():

@@ -255,3 +255,16 @@ def test_verbose_shows_the_traceback(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "Traceback" in result.stderr
+
+
+def test_grpo_env_refuses_an_empty_session_store_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(BIN / "grpo-env"), "reverse-text", "--port", "0", "--max-sessions", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("grpo-env: error: --max-sessions 0"), lines
