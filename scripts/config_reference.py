@@ -5,6 +5,7 @@ Run: .venv/bin/python scripts/config_reference.py   (tests check the file is up 
 
 from __future__ import annotations
 
+import re
 import sys
 import typing
 from pathlib import Path
@@ -34,8 +35,7 @@ def _models(annotation: object) -> list[type[BaseModel]]:
 def _type_name(annotation: object) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation).replace("typing.", "")
-    for prefix in ("grpo.config.orchestrator.", "grpo.config.trainer.", "grpo.config.inference."):
-        text = text.replace(prefix, "")
+    text = re.sub(r"grpo\.config\.\w+\.", "", text)
     return text.replace("|", "\\|")
 
 
