@@ -76,9 +76,8 @@ def run_colocated(
     started = time.monotonic()
     # Before the configs are rewritten (it compares with the run dir's) and before anything starts
     # (it removes what a killed run wrote past the step both sides checkpointed).
-    step = resolve_colocated_resume(
-        run_dir, train.ckpt.resume_step, orch.ckpt.resume_step, train.model_dump(mode="json")
-    )
+    # One value for both sides (grpo.config.shared_facts reconciled them).
+    step = resolve_colocated_resume(run_dir, orch.ckpt.resume_step, train.model_dump(mode="json"))
     train = train.model_copy(update={"ckpt": train.ckpt.model_copy(update={"resume_step": step})})
     orch = orch.model_copy(update={"ckpt": orch.ckpt.model_copy(update={"resume_step": step})})
     if infer.weight_dirs is None:  # every policy the engine loads is one the trainer published there

@@ -39,11 +39,6 @@ def run_dir_matches(trainer_output_dir: Any, orch_output_dir: Any) -> bool:
     return orch == train or orch.parent == train
 
 
-def _same_resume_step(first: Any, other: Any) -> bool:
-    # -1 (the newest common checkpoint) on one side and a step on the other resume from that step.
-    return bool(first == other or -1 in (first, other))
-
-
 def _equal(first: Any, other: Any) -> bool:
     return bool(first == other)
 
@@ -168,7 +163,6 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
         (Place("train", "ckpt.resume_step"), Place("orch", "ckpt.resume_step")),
         "not compared: each process resumes from its own checkpoints",
         checked_by_trainer=False,
-        agree=_same_resume_step,
     ),
 )
 """Ordered so that a section's type is shared before the keys that exist only for that type."""
