@@ -58,7 +58,15 @@ def train(
         return 0
 
     run_single(
-        "grpo-train", "train", TrainerConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model
+        prog="grpo-train",
+        name="train",
+        model_cls=TrainerConfig,
+        config_path=config,
+        extra_args=ctx.args,
+        dry_run=dry_run,
+        verbose=verbose,
+        start=start,
+        model_of=lambda c: c.model,
     )
 
 

@@ -40,7 +40,7 @@ def resolve_model(name: str, allow_download: bool = True, build_embedded: bool =
         if not (local / "config.json").exists():
             raise UserError(f"model path {local} exists but has no config.json; point at a HF model folder")
         prov = embedded.provenance(local)
-        return ResolvedModel(name, local.resolve(), "local", str(prov["note"]) if prov else "")
+        return ResolvedModel(name, local.resolve(), "local", note=str(prov["note"]) if prov else "")
     if name.startswith(("/", "./", "../", "~")):
         raise UserError(f"model path {name} does not exist")
 
@@ -51,7 +51,7 @@ def resolve_model(name: str, allow_download: bool = True, build_embedded: bool =
     if name == embedded.EMBEDDED_MODEL_ID and (embedded.is_built() or build_embedded):
         path = embedded.build()
         prov = embedded.provenance(path) or {}
-        return ResolvedModel(name, path, "embedded", str(prov.get("note", "")))
+        return ResolvedModel(name, path, "embedded", note=str(prov.get("note", "")))
 
     if allow_download and os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
         try:

@@ -38,7 +38,15 @@ async def run(
         assert cfg.teacher_model is not None and cfg.teacher_model.client is not None
         teacher_client = InferenceClient(cfg.teacher_model.client)
     orchestrator = Orchestrator(
-        cfg, client, sender, Path(run_dir), tokenizer, envs, eval_envs, stop, teacher_client
+        cfg,
+        client,
+        sender,
+        Path(run_dir),
+        tokenizer,
+        envs,
+        eval_envs=eval_envs,
+        stop=stop,
+        teacher_client=teacher_client,
     )
     try:
         await orchestrator.run()
