@@ -80,7 +80,9 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
     SharedFact(
         "model",
         (Place("train", "model"), Place("orch", "model.name"), Place("infer", "model")),
-        f"{TRAINER_CHECKS}; grpo-orch waits until every server lists model.name",
+        "grpo-orch waits until every server lists model.name; the trainer's is not compared (each "
+        "machine may name the model by a local path of its own)",
+        checked_by_trainer=False,
     ),
     SharedFact(
         "output_dir",
