@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from grpo.config.errors import ConfigError
+from grpo.config.loading import validate
 
 File = Literal["train", "infer", "orch"]
 FILE_NAMES: dict[File, str] = {"train": "train.yaml", "infer": "infer.yaml", "orch": "orch.yaml"}
@@ -228,14 +229,12 @@ def _mismatch(
     other: Place,
     other_value: Any,
     sources: Mapping[File, str] | None = None,
+    fix: str = "set it in one file (the others take it) or the same value in both",
 ) -> str:
     def where(place: Place) -> str:
         return f"{(sources or FILE_NAMES).get(place.file, FILE_NAMES[place.file])} {place.key}"
 
-    return (
-        f"{fact.name} differs: {where(first)} is {first_value!r}, {where(other)} is {other_value!r}; "
-        "set it in one file (the others take it) or the same value in both"
-    )
+    return f"{fact.name} differs: {where(first)} is {first_value!r}, {where(other)} is {other_value!r}; {fix}"
 
 
 def reconcile(
@@ -247,8 +246,6 @@ def reconcile(
     `sources` names the files in messages (their paths); propagated values are validated as if
     written in the receiving file.
     """
-    from grpo.config.loading import validate
-
     configs = dict(configs)
     problems: list[str] = []
     for fact in SHARED_FACTS:
@@ -302,5 +299,6 @@ def conflicts_with_orchestrator(train: BaseModel, orch: Mapping[str, Any]) -> li
         if other_value is _MISSING or other_value in theirs.unset:
             continue
         if not fact.agree(value, other_value):
-            problems.append(_mismatch(fact, mine, value, theirs, other_value) + " (the run's orchestrator)")
+            fix = "set the same value in both (orch.yaml as the run's orchestrator resolved it)"
+            problems.append(_mismatch(fact, mine, value, theirs, other_value, fix=fix))
     return problems
