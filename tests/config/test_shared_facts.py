@@ -4,9 +4,11 @@ conflicting values are refused, in the one-shot command and across processes."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from grpo.config.errors import ConfigError
@@ -161,3 +163,16 @@ def test_unset_values_do_not_conflict() -> None:
     train = TrainerConfig(model="m", max_steps=-1)
     configs = reconcile({"train": train, "orch": OrchestratorConfig(max_steps=4)})
     assert configs["train"].max_steps == 4  # type: ignore[attr-defined]
+
+
+def test_grpo_train_checks_the_run_dirs_orch_yaml_at_start(tmp_path: Path) -> None:
+    from grpo.cli.train import _check_against_orchestrator
+
+    (tmp_path / "configs").mkdir()
+    orch = OrchestratorConfig(max_async_level=1, max_steps=4).model_dump(mode="json")
+    (tmp_path / "configs" / "orch.yaml").write_text(yaml.safe_dump(orch))
+    with pytest.raises(ConfigError) as error:
+        _check_against_orchestrator(TrainerConfig(model="m", max_async_level=2), tmp_path)
+    (line,) = str(error.value).splitlines()
+    assert "train.yaml max_async_level is 2, orch.yaml max_async_level is 1" in line
+    _check_against_orchestrator(TrainerConfig(model="m", max_steps=4), tmp_path)  # unset async level: fine
