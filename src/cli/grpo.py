@@ -23,7 +23,7 @@ from grpo.cli.common import (
 from grpo.config.crosscheck import check_colocated
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.shared_facts import share_overrides
+from grpo.config.shared_facts import File, share_overrides
 from grpo.config.trainer import TrainerConfig
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -59,7 +59,7 @@ def grpo(
         train_cfg = load_with_overrides(TrainerConfig, train, overrides["train"])
         infer_cfg = load_with_overrides(InferenceConfig, infer, overrides["infer"])
         orch_cfg = load_with_overrides(OrchestratorConfig, orch, overrides["orch"])
-        sources = {"train": str(train), "infer": str(infer), "orch": str(orch)}
+        sources: dict[File, str] = {"train": str(train), "infer": str(infer), "orch": str(orch)}
         train_cfg, infer_cfg, orch_cfg = check_colocated(train_cfg, infer_cfg, orch_cfg, sources)
         from grpo.envs.loading import check_environments
 
