@@ -65,6 +65,11 @@ class StepDisplay:
         if sys.stdout.isatty():
             self._start_live()
 
+    @property
+    def is_live(self) -> bool:
+        """Whether a live line is shown (stdout is a terminal)."""
+        return self._live is not None
+
     # -- what the parts report
 
     def on_batch(self, step: int, metrics: Mapping[str, Any]) -> None:

@@ -61,3 +61,26 @@ def test_an_installed_display_is_the_one_both_parts_report_to() -> None:
     finally:
         progress.install(None)
     assert progress.installed() is None
+
+
+def test_on_a_terminal_finished_steps_print_above_a_live_line_and_logging_is_restored(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+    import sys
+
+    from grpo.utils.logging import get_logger
+
+    get_logger("test")  # the grpo handler exists
+    handlers = [h for h in logging.getLogger("grpo").handlers if isinstance(h, logging.StreamHandler)]
+    streams = [h.stream for h in handlers]
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    display = StepDisplay(max_steps=2, with_trainer=True)
+    assert display.is_live, "a terminal gets the live line"
+    display.on_batch(0, BATCH)
+    display.on_trained(0, TRAINED)
+    display.close()
+    assert not display.is_live
+    assert [h.stream for h in handlers] == streams
+    out = capsys.readouterr().out
+    assert "step 1/2  reward 0.250" in out
