@@ -5,6 +5,7 @@ Run: .venv/bin/python scripts/config_reference.py   (tests check the file is up 
 
 from __future__ import annotations
 
+import re
 import sys
 import typing
 from pathlib import Path
@@ -14,10 +15,15 @@ from pydantic_core import PydanticUndefined
 
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.shared_facts import SHARED_FACTS, File, other_places
 from grpo.config.trainer import TrainerConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"
-FILES = [("infer.yaml", InferenceConfig), ("orch.yaml", OrchestratorConfig), ("train.yaml", TrainerConfig)]
+FILES: list[tuple[File, type[BaseModel]]] = [
+    ("infer", InferenceConfig),
+    ("orch", OrchestratorConfig),
+    ("train", TrainerConfig),
+]
 
 
 def _models(annotation: object) -> list[type[BaseModel]]:
@@ -29,8 +35,7 @@ def _models(annotation: object) -> list[type[BaseModel]]:
 def _type_name(annotation: object) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation).replace("typing.", "")
-    for prefix in ("grpo.config.orchestrator.", "grpo.config.trainer.", "grpo.config.inference."):
-        text = text.replace(prefix, "")
+    text = re.sub(r"grpo\.config\.\w+\.", "", text)
     return text.replace("|", "\\|")
 
 
@@ -47,12 +52,20 @@ def _default(field: object) -> str:
     return "null" if value is None else f"`{value}`"
 
 
-def _rows(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+def _shared_note(file: File, key: str) -> str:
+    places = other_places(file, key)
+    if not places:
+        return ""
+    return " Shared with " + ", ".join(f"{p.file}.yaml `{p.key}`" for p in places) + " (see the table above)."
+
+
+def _rows(file: File, model: type[BaseModel], prefix: str, out: list[str]) -> None:
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         subs = _models(field.annotation)
         doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
+        doc = (doc + _shared_note(file, key)).strip()
         if subs:
             is_list = typing.get_origin(field.annotation) is list
             nested += [(f"{key}[]." if is_list else f"{key}.", sub) for sub in subs]
@@ -60,7 +73,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str]) -> None:
                 continue
         out.append(f"| `{key}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
     for sub_prefix, sub in nested:
-        _rows(sub, sub_prefix, out)
+        _rows(file, sub, sub_prefix, out)
 
 
 def render() -> str:
@@ -72,9 +85,24 @@ def render() -> str:
         "line: `--key.subkey VALUE` (one-shot `grpo`: `--train.KEY`, `--infer.KEY`, `--orch.KEY`).",
         "",
     ]
-    for file_name, model in FILES:
-        lines += [f"## {file_name}", "", "| key | type | default | description |", "|---|---|---|---|"]
-        _rows(model, "", lines)
+    lines += [
+        "## Settings several files share",
+        "",
+        "One fact of a run under a key in each file that needs it (names as in the reference spec), owned by",
+        "`grpo.config.shared_facts`. One-shot `grpo`: an override of any of a fact's keys sets them all; a value",
+        "set in one file reaches the files that leave it unset; two files setting different values stop the run",
+        "with one line naming both.",
+        "",
+        "| fact | keys | multi-process |",
+        "|---|---|---|",
+    ]
+    for fact in SHARED_FACTS:
+        keys = ", ".join(f"{p.file}.yaml `{p.key}`" for p in fact.places)
+        lines.append(f"| {fact.name} | {keys} | {fact.multi_process} |")
+    lines.append("")
+    for file, model in FILES:
+        lines += [f"## {file}.yaml", "", "| key | type | default | description |", "|---|---|---|---|"]
+        _rows(file, model, "", lines)
         lines.append("")
     return "\n".join(lines)
 

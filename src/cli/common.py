@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import logging
+import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -134,9 +137,6 @@ def run_app(app: Any, prog: str) -> NoReturn:
     triton objects otherwise print pages of shutdown noise ("leaked instances", __del__ errors) after
     the run's real last line.
     """
-    import logging
-    import os
-
     import typer
     from typer.exceptions import TyperException
 
@@ -155,8 +155,6 @@ def run_app(app: Any, prog: str) -> NoReturn:
         print(f"{prog}: error: {first} (see {prog} --help)", file=sys.stderr)
         code = USAGE_ERROR
     except BaseException:
-        import traceback
-
         traceback.print_exc()
         code = 1
     logging.shutdown()

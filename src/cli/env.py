@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
 from typing import Any
 
 import typer
@@ -67,8 +69,6 @@ def env(
     """
 
     def body() -> int:
-        import socket
-
         from grpo.config.orchestrator import EnvConfig
         from grpo.envs.loading import load_environment
         from grpo.envs.server import build_app
@@ -93,8 +93,6 @@ def env(
 
 
 def _serve(app: Any, sock: Any, env_id: str) -> int:
-    import signal
-
     import uvicorn
 
     from grpo.utils.logging import get_logger

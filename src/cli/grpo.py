@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -24,25 +23,12 @@ from grpo.cli.common import (
 from grpo.config.crosscheck import check_colocated
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.shared_facts import File, share_overrides
 from grpo.config.trainer import TrainerConfig
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 OPTIONS = ["--train", "--infer", "--orch", "--dry-run", "--verbose", "--help"]
-
-SHARED_KEYS = ("max_steps", "output_dir", "max_async_level", "ckpt.resume_step", "ckpt.interval")
-"""Keys train.yaml and orch.yaml must agree on: in one process, overriding one side sets both."""
-
-
-def share_overrides(overrides: dict[str, list[tuple[str, Any]]]) -> dict[str, list[tuple[str, Any]]]:
-    """Copy an override of a SHARED_KEYS key given for only one of train/orch to the other."""
-    shared = {side: dict(overrides[side]) for side in ("train", "orch")}
-    result = {side: list(items) for side, items in overrides.items()}
-    for key in SHARED_KEYS:
-        for side, other in (("train", "orch"), ("orch", "train")):
-            if key in shared[side] and key not in shared[other]:
-                result[other].append((key, shared[side][key]))
-    return result
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -63,8 +49,9 @@ def grpo(
     """Run inference, orchestrator and trainer in one process (co-located mode).
 
     Override keys per file with --train.KEY, --infer.KEY, --orch.KEY, e.g.
-    --orch.sampling.temperature 0.7 --train.learning_rate 1e-5. max_steps, output_dir,
-    max_async_level, ckpt.resume_step and ckpt.interval given for one of train/orch apply to both.
+    --orch.sampling.temperature 0.7 --train.learning_rate 1e-5. A setting two files share (max_steps,
+    output_dir, max_async_level, the LoRA rank, ...; docs/config_reference.md) given in one file or
+    override reaches the others; two different values are an error.
     """
 
     def body() -> int:
@@ -72,7 +59,8 @@ def grpo(
         train_cfg = load_with_overrides(TrainerConfig, train, overrides["train"])
         infer_cfg = load_with_overrides(InferenceConfig, infer, overrides["infer"])
         orch_cfg = load_with_overrides(OrchestratorConfig, orch, overrides["orch"])
-        orch_cfg = check_colocated(train_cfg, infer_cfg, orch_cfg)
+        sources: dict[File, str] = {"train": str(train), "infer": str(infer), "orch": str(orch)}
+        train_cfg, infer_cfg, orch_cfg = check_colocated(train_cfg, infer_cfg, orch_cfg, sources)
         from grpo.envs.loading import check_environments
 
         # Before the engine starts: a bad env[] should not cost a minute of start-up to learn about.

@@ -39,16 +39,16 @@ def infer(
             raise ConfigError("\n".join(problems))
 
     run_single(
-        "grpo-infer",
-        "infer",
-        InferenceConfig,
-        config,
-        ctx.args,
-        dry_run,
-        verbose,
-        start,
-        lambda c: c.model,
-        check,
+        prog="grpo-infer",
+        name="infer",
+        model_cls=InferenceConfig,
+        config_path=config,
+        extra_args=ctx.args,
+        dry_run=dry_run,
+        verbose=verbose,
+        start=start,
+        model_of=lambda c: c.model,
+        check=check,
     )
 
 

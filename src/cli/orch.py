@@ -61,16 +61,16 @@ def orch(
         return 0
 
     run_single(
-        "grpo-orch",
-        "orch",
-        OrchestratorConfig,
-        config,
-        ctx.args,
-        dry_run,
-        verbose,
-        start,
-        lambda c: c.model.name,
-        _check_environments,
+        prog="grpo-orch",
+        name="orch",
+        model_cls=OrchestratorConfig,
+        config_path=config,
+        extra_args=ctx.args,
+        dry_run=dry_run,
+        verbose=verbose,
+        start=start,
+        model_of=lambda c: c.model.name,
+        check=_check_environments,
     )
 
 

@@ -58,17 +58,28 @@ def train(
         return 0
 
     run_single(
-        "grpo-train", "train", TrainerConfig, config, ctx.args, dry_run, verbose, start, lambda c: c.model
+        prog="grpo-train",
+        name="train",
+        model_cls=TrainerConfig,
+        config_path=config,
+        extra_args=ctx.args,
+        dry_run=dry_run,
+        verbose=verbose,
+        start=start,
+        model_of=lambda c: c.model,
     )
 
 
 def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> None:
-    """The checks that need the orchestrator's config, here its resolved copy in the run dir."""
+    """The checks that need the orchestrator's config, here its resolved copy in the run dir: the
+    settings both files hold (grpo.config.shared_facts) and Dr. GRPO's loss normaliser."""
     from grpo.config.crosscheck import loss_normalization_problem
     from grpo.config.errors import ConfigError
     from grpo.config.loading import read_yaml
+    from grpo.config.shared_facts import conflicts_with_orchestrator
 
     orch = read_yaml(run_dir / "configs" / "orch.yaml")
+    problems = conflicts_with_orchestrator(cfg, orch)
     problem = loss_normalization_problem(
         orch.get("advantage", {}).get("type", "default"),
         cfg,
@@ -76,7 +87,9 @@ def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> None:
         orch.get("sampling", {}).get("max_tokens"),
     )
     if problem is not None:
-        raise ConfigError(f"config mismatch: {problem}")
+        problems.append(problem)
+    if problems:
+        raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
 
 
 def main() -> None:

@@ -73,7 +73,9 @@ def borrow_from_records(records: list[dict[str, Any]], model_path: str | Path) -
     checked = verify_against_checkpoint(tensors, model_path) if tensors else []
     if quantized:
         checked += verify_fp8_against_checkpoint(quantized, model_path)
-    borrowed = BorrowedBase(tensors, quantized, engine_tensors, checked)
+    borrowed = BorrowedBase(
+        tensors=tensors, quantized=quantized, engine_tensors=engine_tensors, checked=checked
+    )
     log.info(
         "borrowed %d base weights (%d FP8) (%.1f MiB) from the engine without copying; checked %d against the "
         "checkpoint",

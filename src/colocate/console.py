@@ -5,7 +5,9 @@ vLLM logs its route table, every engine step's throughput and one access-log lin
 trainer's loss, errors. vLLM configures logging in each of its processes from the file named by
 VLLM_LOGGING_CONFIG_PATH, and the engine processes inherit this process's environment, so one
 config sends the API server's, the engine core's and the workers' logs to `logs/inference.log`;
-errors still reach the console. `grpo --verbose` leaves all of it on the console.
+errors still reach the console. `grpo --verbose` leaves all of it on the console. grpo's own
+step lines come from one grpo.utils.progress display the runner installs for the orchestrator and
+the trainer; `run_summary` ends the run.
 """
 
 from __future__ import annotations

@@ -72,15 +72,12 @@ def run_colocated(
     from grpo.orchestrator.checkpoint import resolve_colocated_resume
 
     infer = plan.apply(infer)
-    if train.max_steps < 0 and orch.max_steps is not None:
-        train = train.model_copy(update={"max_steps": orch.max_steps})
     run_dir = Path(orch.output_dir)
     started = time.monotonic()
     # Before the configs are rewritten (it compares with the run dir's) and before anything starts
     # (it removes what a killed run wrote past the step both sides checkpointed).
-    step = resolve_colocated_resume(
-        run_dir, train.ckpt.resume_step, orch.ckpt.resume_step, train.model_dump(mode="json")
-    )
+    # One value for both sides (grpo.config.shared_facts reconciled them).
+    step = resolve_colocated_resume(run_dir, orch.ckpt.resume_step, train.model_dump(mode="json"))
     train = train.model_copy(update={"ckpt": train.ckpt.model_copy(update={"resume_step": step})})
     orch = orch.model_copy(update={"ckpt": orch.ckpt.model_copy(update={"resume_step": step})})
     if infer.weight_dirs is None:  # every policy the engine loads is one the trainer published there
@@ -128,6 +125,7 @@ def _train_with_server(
     from grpo.trainer.entry import run as run_trainer
     from grpo.trainer.weights import BorrowedWeights
     from grpo.transport.batch_memory import memory_transport_pair
+    from grpo.utils.progress import StepDisplay, install
 
     borrowed, shared_files = borrow_base_weights(server, model_path)
     base_urls = [server.base_url]
@@ -146,6 +144,8 @@ def _train_with_server(
     base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
     trainer = TrainerThread(lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights))
     client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls}))
+    display = StepDisplay(orch.max_steps, orch.ckpt.resume_step or 0, with_trainer=True)  # both parts' steps
+    install(display)
     trainer.start()
     failure: str | None = "interrupted"
     try:
@@ -170,6 +170,8 @@ def _train_with_server(
         # After a failure or an interrupt nobody waits for a trainer mid-step: the thread is a
         # daemon and the process is leaving.
         trainer.join(timeout=60 if failure is None else 5)
+        install(None)
+        display.close()
     if failure is not None:
         if trainer.error is not None:
             raise trainer.error

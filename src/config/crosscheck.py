@@ -1,33 +1,23 @@
 """Checks across the three config files of one run.
 
 Each file can be valid on its own and the run still be broken: a trainer waiting forever for a
-batch written to another folder, an adapter rank the server cannot load. These checks catch such
-combinations at load time, before anything starts.
+batch written to another folder, an adapter rank the server cannot load. Settings two files hold
+(max_steps, the transports, ...) are reconciled by grpo.config.shared_facts; the relations between
+different settings (seq_len within sequence_len, a LoRA rank the server can load) are checked here,
+at load time, before anything starts.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping
+from typing import cast
 
 from grpo.config.errors import ConfigError
 from grpo.config.fp8_support import fp8_problems
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.shared_facts import File, reconcile
 from grpo.config.trainer import TrainerConfig
-
-
-def run_dir_matches(trainer_output_dir: str, orch_output_dir: str) -> bool:
-    """The trainer's output_dir is the run dir itself or its parent (docs/design.md)."""
-    train = Path(trainer_output_dir).expanduser().resolve()
-    orch = Path(orch_output_dir).expanduser().resolve()
-    return orch == train or orch.parent == train
-
-
-def fill_orchestrator_model(orch: OrchestratorConfig, model: str) -> OrchestratorConfig:
-    """`orch.model.name` defaults to the trainer's model."""
-    if orch.model.name is None:
-        return orch.model_copy(update={"model": orch.model.model_copy(update={"name": model})})
-    return orch
 
 
 def loss_normalization_problem(
@@ -43,63 +33,29 @@ def loss_normalization_problem(
     )
 
 
-def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig, colocated: bool) -> list[str]:
+def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig) -> list[str]:
+    """Relations between train.yaml and orch.yaml (the settings both hold are grpo.config.shared_facts')."""
     problems = []
     normalization = loss_normalization_problem(
         orch.advantage.type, train, orch.batch_size, orch.sampling.max_tokens
     )
     if normalization is not None:
         problems.append(normalization)
-    if orch.model.name is not None and orch.model.name != train.model:
-        problems.append(
-            f"orch model.name '{orch.model.name}' differs from train model '{train.model}'; use the same model in both"
-        )
-    if train.lora:
-        if orch.model.lora_adapter is None:
-            problems.append("train lora is true but orch model.lora_adapter is null; set it (e.g. 'default')")
-        if orch.model.lora_rank is not None and orch.model.lora_rank != train.lora_rank:
-            problems.append(
-                f"orch model.lora_rank ({orch.model.lora_rank}) differs from train lora_rank ({train.lora_rank})"
-            )
-        if orch.model.lora_alpha is not None and orch.model.lora_alpha != train.lora_alpha:
-            problems.append(
-                f"orch model.lora_alpha ({orch.model.lora_alpha}) differs from train lora_alpha ({train.lora_alpha})"
-            )
-    elif orch.model.lora_adapter is not None:
+    if train.lora and orch.model.lora_adapter is None:
+        problems.append("train lora is true but orch model.lora_adapter is null; set it (e.g. 'default')")
+    if not train.lora and orch.model.lora_adapter is not None:
         problems.append(
             "train lora is false (full fine-tuning) but orch model.lora_adapter is set; set it to null"
-        )
-    if train.max_async_level != orch.max_async_level:
-        problems.append(
-            f"max_async_level differs: train {train.max_async_level}, orch {orch.max_async_level}; set the same value"
         )
     if orch.seq_len > train.sequence_len:
         problems.append(
             f"orch seq_len ({orch.seq_len}) exceeds train sequence_len ({train.sequence_len}); "
             "packed rows would not fit the trainer"
         )
-    if train.max_steps != -1 and orch.max_steps is not None and train.max_steps != orch.max_steps:
-        problems.append(f"max_steps differs: train {train.max_steps}, orch {orch.max_steps}")
-    if not run_dir_matches(train.output_dir, orch.output_dir):
-        problems.append(
-            f"train output_dir '{train.output_dir}' is neither orch output_dir '{orch.output_dir}' nor its parent; "
-            "the trainer would wait for batches in the wrong folder"
-        )
     if train.loss.teacher_tau > 0 and orch.teacher_model is None:
         problems.append(
             "train loss.teacher_tau > 0 needs orch teacher_model (the teacher's logprobs come from it)"
         )
-    if not colocated:
-        if train.transport_type != orch.rollout_transport.type:
-            problems.append(
-                f"batch transport differs: train transport_type '{train.transport_type}', "
-                f"orch rollout_transport.type '{orch.rollout_transport.type}'"
-            )
-        if train.weight_broadcast.type != orch.weight_broadcast.type:
-            problems.append(
-                f"weight broadcast differs: train weight_broadcast.type '{train.weight_broadcast.type}', "
-                f"orch weight_broadcast.type '{orch.weight_broadcast.type}'"
-            )
     return problems
 
 
@@ -107,20 +63,12 @@ def check_inference(
     infer: InferenceConfig, train: TrainerConfig | None, orch: OrchestratorConfig
 ) -> list[str]:
     problems = []
-    model = orch.model.name
-    if model is not None and infer.model != model:
-        problems.append(f"infer model '{infer.model}' differs from orch model.name '{model}'")
     if orch.model.lora_adapter is not None and not infer.enable_lora:
         problems.append("orch serves a LoRA adapter but infer enable_lora is false; set enable_lora: true")
     rank = train.lora_rank if train is not None and train.lora else orch.model.lora_rank
     if infer.enable_lora and rank is not None and infer.served_lora_rank < rank:
         problems.append(
             f"infer max_lora_rank ({infer.max_lora_rank}) is below the LoRA rank ({rank}); set max_lora_rank >= {rank}"
-        )
-    if infer.weight_broadcast_type != orch.weight_broadcast.type:
-        problems.append(
-            f"infer weight_broadcast_type '{infer.weight_broadcast_type}' differs from orch weight_broadcast.type "
-            f"'{orch.weight_broadcast.type}'"
         )
     max_tokens = orch.sampling.max_tokens
     if infer.max_model_len is not None and max_tokens is not None and max_tokens >= infer.max_model_len:
@@ -141,16 +89,19 @@ BORROWABLE_QUANTIZATIONS = frozenset({"fp8", "fp8_per_block"})
 
 
 def check_colocated(
-    train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig
-) -> OrchestratorConfig:
-    """Validate the three files of a one-shot run; returns orch with defaults filled from train."""
-    orch = fill_orchestrator_model(orch, train.model)
-    problems = []
-    if train.model != infer.model:
-        problems.append(
-            f"train model '{train.model}' differs from infer model '{infer.model}'; use the same model"
-        )
-    problems += check_trainer_orchestrator(train, orch, colocated=True)
+    train: TrainerConfig,
+    infer: InferenceConfig,
+    orch: OrchestratorConfig,
+    sources: Mapping[File, str] | None = None,
+) -> tuple[TrainerConfig, InferenceConfig, OrchestratorConfig]:
+    """Validate the three files of a one-shot run: the settings they share reconciled (a value set in
+    one file reaches the others, grpo.config.shared_facts), then the relations between them.
+    `sources` names the files in messages. Returns the reconciled configs."""
+    shared = reconcile({"train": train, "infer": infer, "orch": orch}, sources)
+    train = cast(TrainerConfig, shared["train"])
+    infer = cast(InferenceConfig, shared["infer"])
+    orch = cast(OrchestratorConfig, shared["orch"])
+    problems = check_trainer_orchestrator(train, orch)
     problems += check_inference(infer, train, orch)
     if infer.quantization is not None and infer.quantization not in BORROWABLE_QUANTIZATIONS:
         problems.append(
@@ -163,12 +114,7 @@ def check_colocated(
             "the engine's quantized weights as they are; set qlora_bnb and qlora_fp8 to false"
         )
     problems += fp8_problems(infer.quantization)
-    if train.ckpt.interval != orch.ckpt.interval:
-        problems.append(
-            f"ckpt.interval differs: train {train.ckpt.interval}, orch {orch.ckpt.interval}; a co-located run "
-            "resumes from a step both sides checkpointed: set the same value (e.g. --train.ckpt.interval N)"
-        )
-    elif orch.ckpt.keep_last is not None and orch.ckpt.interval is not None:
+    if orch.ckpt.keep_last is not None and orch.ckpt.interval is not None:
         min_keep = orch.max_async_level + 2
         if orch.ckpt.keep_last < min_keep:
             problems.append(
@@ -193,4 +139,4 @@ def check_colocated(
         )
     if problems:
         raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
-    return orch
+    return train, infer, orch

@@ -6,6 +6,7 @@ the key as they wrote it, the file it is in, and the closest valid key.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 import types
@@ -79,8 +80,6 @@ def parse_overrides(args: list[str], source: str = "command line") -> list[tuple
 
 def apply_overrides(data: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
     """Set each dotted key in a copy of `data` (creating intermediate mappings)."""
-    import copy
-
     out = copy.deepcopy(data)
     for dotted, value in overrides:
         node = out

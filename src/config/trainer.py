@@ -291,6 +291,18 @@ class TrainerConfig(StrictModel):
             raise ValueError(f"{chosen[0]} needs lora: true (quantized base weights are frozen)")
         return self
 
+    @model_validator(mode="after")
+    def _noise_travels_with_filesystem_broadcasts(self) -> TrainerConfig:
+        # The collective carries full weights only; the noisy norms are a file in the broadcast
+        # folder, which servers on other machines may not see.
+        if self.noise_scheduler.enabled and self.weight_broadcast.type == "nccl" and not self.lora:
+            raise ValueError(
+                "noise_scheduler.enabled with weight_broadcast type nccl and lora false: the QeRL noisy "
+                "norms reach the servers only with filesystem broadcasts; set weight_broadcast type "
+                "filesystem (here and in orch.yaml), train LoRA adapters, or noise_scheduler.enabled false"
+            )
+        return self
+
     @property
     def quantization(self) -> Literal["none", "nf4", "fp8", "nvfp4"]:
         if self.qlora_bnb:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import re
 import typing
 from typing import Any
@@ -104,8 +105,6 @@ def check_task_args(task: str, task_args: dict[str, Any], seed: int = 0) -> dict
 
 def _default(f: dataclasses.Field[Any]) -> Any:
     """A dataclass field's default, or inspect.Parameter.empty when it has none."""
-    import inspect
-
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpo.envs.base import Score
+from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 log = get_logger("envs")
@@ -109,9 +110,12 @@ class RewardSet:
         timeout: float = 60.0,
     ) -> None:
         if weights is not None and len(weights) != len(rewards):
-            raise ValueError(f"got {len(weights)} reward weights for {len(rewards)} reward functions")
+            raise UserError(
+                f"env {env_name}: {len(weights)} reward weights for {len(rewards)} reward functions; give one "
+                "weight per function"
+            )
         if timeout <= 0:
-            raise ValueError(f"reward timeout must be > 0 seconds, got {timeout}")
+            raise UserError(f"env {env_name}: reward timeout must be > 0 seconds, got {timeout}")
         self.env_name = env_name
         self.fns = list(rewards)
         self.weights = list(weights) if weights is not None else [1.0] * len(self.fns)

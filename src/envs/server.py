@@ -71,7 +71,9 @@ class SessionStore:
     ) -> None:
         per_client = max_sessions if max_sessions_per_client is None else max_sessions_per_client
         if max_sessions < 1 or per_client < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {max_sessions} (per client {per_client})")
+            raise UserError(
+                f"--max-sessions {max_sessions} / --max-sessions-per-client {per_client}: both must be >= 1"
+            )
         self.env_name = env_name
         self.max_sessions = max_sessions
         self.max_sessions_per_client = per_client

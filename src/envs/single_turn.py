@@ -7,6 +7,7 @@ from typing import Any
 
 from grpo.envs.base import EnvReply, Example, Message, Score, completion_text, normalise_examples
 from grpo.envs.rewards import RewardFn, RewardSet
+from grpo.utils.errors import UserError
 
 
 class SingleTurnEnv:
@@ -29,7 +30,9 @@ class SingleTurnEnv:
         reward_timeout: float = 60.0,
     ) -> None:
         if not rewards:
-            raise ValueError("an environment needs at least one reward function: rewards=[fn, ...]")
+            raise UserError(
+                f"env {name}: an environment needs at least one reward function: rewards=[fn, ...]"
+            )
         self.name = name
         self.examples = normalise_examples(list(examples))
         self.system_prompt = system_prompt

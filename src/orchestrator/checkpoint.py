@@ -105,13 +105,11 @@ def is_batch_row(row: dict[str, Any]) -> bool:
 
 
 def resolve_colocated_resume(
-    run_dir: Path,
-    train_resume_step: int | None,
-    orch_resume_step: int | None,
-    train_config: dict[str, Any] | None = None,
+    run_dir: Path, resume_step: int | None, train_config: dict[str, Any] | None = None
 ) -> int | None:
-    """The one step a co-located run resumes from (None = start at step 0), from both ckpt.resume_step
-    values; UserError (one line, with the fix) when they disagree or no step fits, or when
+    """The one step a co-located run resumes from (None = start at step 0), from ckpt.resume_step
+    (one value for both sides: grpo.config.shared_facts); UserError (one line, with the fix) when no
+    step fits, or when
     `train_config` (this run's train.yaml as a dict) differs in WEIGHT_KEYS from the configs/train.yaml
     the run dir was written with (its checkpoints and adapters would not fit this model).
 
@@ -122,26 +120,16 @@ def resolve_colocated_resume(
     number), and metrics rows of later steps. Call it before the trainer and the orchestrator
     start, and pass the result to both as their ckpt.resume_step.
     """
-    if train_resume_step is None and orch_resume_step is None:
+    if resume_step is None:
         check_fresh_run_dir(run_dir)
         return None
-    both = f"train.yaml ckpt.resume_step {train_resume_step}, orch.yaml ckpt.resume_step {orch_resume_step}"
-    if (
-        train_resume_step is None
-        or orch_resume_step is None
-        or (-1 not in (train_resume_step, orch_resume_step) and train_resume_step != orch_resume_step)
-    ):
-        raise UserError(
-            f"{both}: in one process the trainer and the orchestrator resume from the same step; set both "
-            "(e.g. --train.ckpt.resume_step -1 --orch.ckpt.resume_step -1)"
-        )
+    wanted = resume_step
     trainer_steps = sorted(complete_trainer_checkpoints(run_dir))
     orch_steps = stable_steps(run_dir)
     available = (
         f"trainer checkpoints {trainer_steps or 'none'}, orchestrator checkpoints {orch_steps or 'none'}"
     )
     common = sorted(set(trainer_steps) & set(orch_steps))
-    wanted = max(train_resume_step, orch_resume_step)
     if wanted == -1:
         if common:
             step: int | None = common[-1]
@@ -149,7 +137,7 @@ def resolve_colocated_resume(
             step = None
         else:
             raise UserError(
-                f"{both}: no step of {run_dir} has both a trainer and an orchestrator checkpoint ({available}); "
+                f"ckpt.resume_step {wanted}: no step of {run_dir} has both a trainer and an orchestrator checkpoint ({available}); "
                 "in one process both must checkpoint the same steps: give train.yaml and orch.yaml the same "
                 "ckpt.interval, and orch.yaml ckpt.keep_last >= max_async_level + 2 (its checkpoints run ahead)"
             )
@@ -157,7 +145,7 @@ def resolve_colocated_resume(
         step = None
     elif wanted not in common:
         raise UserError(
-            f"{both}: step {wanted} of {run_dir} has no complete checkpoint on both sides ({available}); "
+            f"ckpt.resume_step {wanted}: step {wanted} of {run_dir} has no complete checkpoint on both sides ({available}); "
             f"use one of {common or 'none'}, or -1 for the newest"
         )
     else:

@@ -9,6 +9,8 @@ grpo.transport.batch_zmq.)
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,9 +34,6 @@ async def deliver_last_collective_policy(
     Receiving is idempotent (the worker skips a version it runs), so asking again is harmless.
     The final policy (max_steps) is written to disk by the trainer and needs nobody.
     """
-    import asyncio
-    import time
-
     from grpo.transport.weights_filesystem import broadcast_dir, latest_broadcast
 
     if cfg.weight_broadcast.type != "nccl" or cfg.model.lora_adapter is not None or cfg.max_steps is None:

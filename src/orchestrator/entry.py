@@ -26,8 +26,9 @@ async def run(
     a teacher client is built here from teacher_model.client unless one is given."""
     tokenizer = await asyncio.to_thread(ChatTokenizer.from_path, tokenizer_path)
     envs = await asyncio.to_thread(lambda: [load_environment(e) for e in cfg.env])
+    eval_cfg = cfg.eval
     eval_envs = (
-        await asyncio.to_thread(lambda: [load_environment(e) for e in cfg.eval.env]) if cfg.eval else []
+        await asyncio.to_thread(lambda: [load_environment(e) for e in eval_cfg.env]) if eval_cfg else []
     )
     own_teacher = (
         teacher_client is None and cfg.teacher_model is not None and cfg.teacher_model.client is not None
@@ -38,7 +39,15 @@ async def run(
         assert cfg.teacher_model is not None and cfg.teacher_model.client is not None
         teacher_client = InferenceClient(cfg.teacher_model.client)
     orchestrator = Orchestrator(
-        cfg, client, sender, Path(run_dir), tokenizer, envs, eval_envs, stop, teacher_client
+        cfg,
+        client,
+        sender,
+        Path(run_dir),
+        tokenizer,
+        envs,
+        eval_envs=eval_envs,
+        stop=stop,
+        teacher_client=teacher_client,
     )
     try:
         await orchestrator.run()

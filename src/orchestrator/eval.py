@@ -35,7 +35,14 @@ async def evaluate(
     for env_index, (env, label) in enumerate(zip(envs, env_labels(envs), strict=True)):
         num = len(env.examples) if cfg.num_examples == -1 else min(cfg.num_examples, len(env.examples))
         requests = [
-            GroupRequest(env_index, env, i, env.examples[i], cfg.rollouts_per_example, params)
+            GroupRequest(
+                env_index=env_index,
+                env=env,
+                example_index=i,
+                example=env.examples[i],
+                num_rollouts=cfg.rollouts_per_example,
+                params=params,
+            )
             for i in range(num)
         ]
         groups = await asyncio.gather(*(runner.run_group(r) for r in requests))

@@ -96,4 +96,11 @@ def pack_rollouts(
         rows.append(PackedRow(**fields))
     num_tokens = sum(r.num_tokens for r in rows)
     efficiency = num_tokens / (len(rows) * seq_len) if rows else 0.0
-    return rows, PackStats(len(rows), num_tokens, num_sample_tokens, num_truncated, efficiency)
+    stats = PackStats(
+        num_rows=len(rows),
+        num_tokens=num_tokens,
+        num_sample_tokens=num_sample_tokens,
+        num_truncated=num_truncated,
+        efficiency=efficiency,
+    )
+    return rows, stats

@@ -83,7 +83,7 @@ def init_distributed(device_type: str, timeout_s: float) -> DistContext | None:
         )
         _gate = RankZeroGate(dist.PrefixStore("grpo_gates", store), rank, world_size)
     assert _gate is not None, "the trainer's process group is created by init_distributed only"
-    return DistContext(rank, world_size, local_rank, device, _gate)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device, gate=_gate)
 
 
 def balance_rows(rows: list[PackedRow], world_size: int) -> list[list[PackedRow]]:

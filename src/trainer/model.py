@@ -15,6 +15,7 @@ so it needs no FP8-capable GPU.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -61,8 +62,6 @@ class Policy:
 
     def hidden_states(self, batch: MicroBatch) -> torch.Tensor:
         """Final (normed) hidden states [T, H] of a packed micro-batch."""
-        import contextlib
-
         import torch
 
         precision = contextlib.ExitStack()
@@ -239,7 +238,14 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         model = get_peft_model(causal_lm, lora_cfg, autocast_adapter_dtype=True)
     model.train()
     autocast_dtype = dtype if dtype != torch.float32 else None
-    policy = Policy(model, causal_lm, device, dtype, autocast_dtype, cfg.lora)
+    policy = Policy(
+        model=model,
+        causal_lm=causal_lm,
+        device=device,
+        dtype=dtype,
+        autocast_dtype=autocast_dtype,
+        is_lora=cfg.lora,
+    )
     num_trainable = sum(p.numel() for p in policy.trainable_parameters())
     log.info(
         "policy %s on %s, base %s%s, %d trainable parameters%s",

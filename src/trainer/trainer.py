@@ -37,6 +37,7 @@ from grpo.transport.batch import TrainingBatch
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.logging import get_logger
+from grpo.utils.progress import installed as installed_display
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
@@ -266,7 +267,9 @@ class Trainer:
         self._metrics.write({"step": batch.step, **metrics})
         if self._wandb is not None:
             self._wandb.log(metrics, step=batch.step)
-        if batch.step % self.cfg.logging_steps == 0:
+        if (display := installed_display()) is not None:  # co-located: one line per step for both parts
+            display.on_trained(batch.step, metrics)
+        elif batch.step % self.cfg.logging_steps == 0:
             # Counted from 1 like the orchestrator's line (metrics rows keep `step` from 0).
             of_total = f"/{self.cfg.max_steps}" if self.cfg.max_steps > 0 else ""
             log.info(

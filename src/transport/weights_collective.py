@@ -280,7 +280,15 @@ class CollectiveWeightSender(_CollectiveEndpoint):
     ) -> None:
         if num_servers < 1:
             raise ValueError(f"num_servers is {num_servers}; the weights go to at least one inference server")
-        super().__init__(host, port, timeout, SENDER_RANK, 1 + num_servers, backend, secret_env)
+        super().__init__(
+            host,
+            port,
+            timeout,
+            rank=SENDER_RANK,
+            world_size=1 + num_servers,
+            backend=backend,
+            secret_env=secret_env,
+        )
 
     def _make_store(self) -> Any:
         import torch.distributed as dist
@@ -396,7 +404,9 @@ class CollectiveWeightReceiver(_CollectiveEndpoint):
                 f"receiver rank {rank} is outside 1..{world_size - 1} (world size {world_size} = the trainer + "
                 "one rank per inference server); give the i-th server rank i"
             )
-        super().__init__(host, port, timeout, rank, world_size, backend, secret_env)
+        super().__init__(
+            host, port, timeout, rank=rank, world_size=world_size, backend=backend, secret_env=secret_env
+        )
 
     def _make_store(self) -> Any:
         import torch.distributed as dist

@@ -160,9 +160,15 @@ CASES = [
     ),
     (
         "cross-file: different models",
-        _demo_grpo("--infer.model", "other/model"),
+        _demo_grpo("--infer.model", "other/model", "--train.model", "HuggingFaceTB/SmolLM2-135M-Instruct"),
         {},
-        "differs",
+        "model differs",
+    ),
+    (
+        "cross-file: batch transports differ",
+        _demo_grpo("--train.transport_type", "zmq", "--orch.rollout_transport.type", "filesystem"),
+        {},
+        "train.yaml transport_type",
     ),
     (
         "co-located: per-tensor FP8 on a machine without CUDA",
@@ -249,3 +255,16 @@ def test_verbose_shows_the_traceback(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "Traceback" in result.stderr
+
+
+def test_grpo_env_refuses_an_empty_session_store_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(BIN / "grpo-env"), "reverse-text", "--port", "0", "--max-sessions", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("grpo-env: error: --max-sessions 0"), lines

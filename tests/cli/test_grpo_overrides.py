@@ -44,3 +44,21 @@ def test_one_sided_overrides_reach_both_resolved_configs(tmp_path: Path) -> None
     orch = yaml.safe_load(orch_text.split("memory plan")[0])
     assert (train["max_steps"], orch["max_steps"]) == (2, 2)
     assert (train["output_dir"], orch["output_dir"]) == ("runs/b", "runs/b")
+
+
+def test_a_shared_key_one_file_sets_reaches_the_file_that_leaves_it_out(tmp_path: Path) -> None:
+    demo = REPO / "configs" / "demo"
+    orch = yaml.safe_load((demo / "orch.yaml").read_text())
+    del orch["max_steps"], orch["max_async_level"]
+    (tmp_path / "orch.yaml").write_text(yaml.safe_dump(orch))
+    result = subprocess.run(
+        [
+            str(BIN / "grpo"), "--train", str(demo / "train.yaml"), "--infer", str(demo / "infer.yaml"),
+            "--orch", str(tmp_path / "orch.yaml"), "--dry-run",
+        ],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    orch_text = result.stdout.split("# ---- orch.yaml (resolved) ----")[1]
+    resolved = yaml.safe_load(orch_text.split("memory plan")[0])
+    assert (resolved["max_steps"], resolved["max_async_level"]) == (15, 0)  # train.yaml's

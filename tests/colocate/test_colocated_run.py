@@ -122,6 +122,9 @@ def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
     assert "Available routes are" not in console and "Engine 000" not in console
     assert "Available routes are" in (run_dir / "logs" / "inference.log").read_text()
     assert "step 3/3" in console and "run finished in" in console
+    # One line per step, shared by both parts: the orchestrator's reward and the trainer's loss.
+    (step_2,) = [line for line in console.splitlines() if "step 2/3" in line]
+    assert "reward" in step_2 and "lag 0" in step_2 and "loss" in step_2, step_2
     assert len(console.splitlines()) < 60, console
 
 

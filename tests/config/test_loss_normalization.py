@@ -48,10 +48,10 @@ def test_a_constant_normaliser_needs_its_value_and_only_it_uses_one() -> None:
 
 
 def test_dr_grpo_without_the_constant_normaliser_is_a_mismatch() -> None:
-    problems = check_trainer_orchestrator(_train(), _orch("dr_grpo"), colocated=True)
+    problems = check_trainer_orchestrator(_train(), _orch("dr_grpo"))
     assert any("loss.normalization: constant and loss.normalization_constant: 512" in p for p in problems)
-    assert check_trainer_orchestrator(_train(**CONSTANT), _orch("dr_grpo"), colocated=True) == []
-    assert check_trainer_orchestrator(_train(), _orch("default"), colocated=True) == []
+    assert check_trainer_orchestrator(_train(**CONSTANT), _orch("dr_grpo")) == []
+    assert check_trainer_orchestrator(_train(), _orch("default")) == []
 
 
 def test_grpo_train_checks_dr_grpo_against_the_run_dirs_orch_config(tmp_path: Path) -> None:

@@ -90,3 +90,20 @@ def test_a_zero_level_other_than_1_is_refused_since_it_would_change_nothing(leve
     lines = str(err.value).splitlines()
     assert len(lines) == 1 and f"zero_level {level} would change nothing" in lines[0], lines
     assert validate(TrainerConfig, {"model": "m", "zero_level": 1}, "train.yaml").zero_level == 1
+
+
+def test_qerl_noise_with_full_weights_over_the_collective_is_refused_in_one_line() -> None:
+    noisy = {**_collective("127.0.0.1"), "noise_scheduler": {"enabled": True}}
+    with pytest.raises(ConfigError) as err:
+        validate(TrainerConfig, noisy, "train.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1, lines
+    assert "noise_scheduler.enabled" in lines[0] and "weight_broadcast type filesystem" in lines[0], lines
+
+
+def test_qerl_noise_loads_where_the_norms_travel_as_files() -> None:
+    """LoRA adapters (and their noisy norms) go through broadcasts/ even with weight_broadcast nccl."""
+    lora = {**_collective("127.0.0.1"), "lora": True, "noise_scheduler": {"enabled": True}}
+    assert validate(TrainerConfig, lora, "train.yaml").noise_scheduler.enabled
+    files = {"model": "m", "lora": False, "noise_scheduler": {"enabled": True}}
+    assert validate(TrainerConfig, files, "train.yaml").weight_broadcast.type == "filesystem"

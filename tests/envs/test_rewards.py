@@ -55,3 +55,15 @@ def test_a_hung_reward_does_not_keep_the_process_alive() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "timed out" in result.stdout, result.stderr
+
+
+def test_a_user_environments_reward_mistakes_are_user_errors_naming_the_env() -> None:
+    from grpo.envs.single_turn import SingleTurnEnv
+    from grpo.utils.errors import UserError
+
+    with pytest.raises(UserError, match="env mine: an environment needs at least one reward function"):
+        SingleTurnEnv([{"prompt": "p"}], rewards=[], name="mine")
+    with pytest.raises(UserError, match="env mine: 2 reward weights for 1 reward functions"):
+        RewardSet("mine", [lambda completion: 1.0], weights=[1.0, 2.0])
+    with pytest.raises(UserError, match="reward timeout must be > 0"):
+        RewardSet("mine", [lambda completion: 1.0], timeout=0)

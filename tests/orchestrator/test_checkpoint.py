@@ -82,7 +82,7 @@ def test_colocated_resume_picks_the_newest_step_both_sides_checkpointed_and_drop
     _write_rows(tmp_path / "metrics.jsonl", [0, 1, 2, 3])
     _write_rows(tmp_path / "trainer_metrics.jsonl", [0, 1, 2])
 
-    assert resolve_colocated_resume(tmp_path, -1, -1) == 2
+    assert resolve_colocated_resume(tmp_path, -1) == 2
     assert stable_steps(tmp_path) == [1, 2]
     assert sorted(complete_checkpoints(tmp_path)) == [1, 2]
     assert sorted(p.name for p in (tmp_path / "broadcasts").iterdir()) == ["step_1", "step_2"]
@@ -93,31 +93,26 @@ def test_colocated_resume_picks_the_newest_step_both_sides_checkpointed_and_drop
 def test_colocated_resume_of_a_run_killed_before_its_first_checkpoint_starts_clean(tmp_path: Path) -> None:
     _broadcast(tmp_path, 1)  # policy 1 was published, checkpoint 1 never finished
     _write_rows(tmp_path / "trainer_metrics.jsonl", [0])
-    assert resolve_colocated_resume(tmp_path, -1, -1) is None
+    assert resolve_colocated_resume(tmp_path, -1) is None
     # else the new run would sample from the old policy 1
     assert not list((tmp_path / "broadcasts").iterdir())
     assert read_jsonl(tmp_path / "trainer_metrics.jsonl") == []
-    assert resolve_colocated_resume(tmp_path, None, None) is None
+    assert resolve_colocated_resume(tmp_path, None) is None
 
 
 @pytest.mark.parametrize(
-    ("train_step", "orch_step", "match"),
-    [
-        (-1, None, "resume from the same step; set both"),
-        (None, 3, "resume from the same step; set both"),
-        (2, 3, "resume from the same step; set both"),
-        (3, -1, r"step 3 of .* no complete checkpoint on both sides .* use one of \[1, 2\]"),
-    ],
+    ("resume_step", "match"),
+    [(3, r"step 3 of .* no complete checkpoint on both sides .* use one of \[1, 2\]")],
 )
 def test_colocated_resume_mistakes_are_one_line_value_errors(
-    tmp_path: Path, train_step: int | None, orch_step: int | None, match: str
+    tmp_path: Path, resume_step: int, match: str
 ) -> None:
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, step, {}, {}, CheckpointConfig(interval=1))
     for step in (1, 2):
         _trainer_checkpoint(tmp_path, step)
     with pytest.raises(ValueError, match=match) as error:
-        resolve_colocated_resume(tmp_path, train_step, orch_step)
+        resolve_colocated_resume(tmp_path, resume_step)
     assert "\n" not in str(error.value)
     assert stable_steps(tmp_path) == [1, 2, 3]  # a refused resume deletes nothing
 
@@ -130,7 +125,7 @@ def test_colocated_resume_without_a_common_step_says_how_to_checkpoint(tmp_path:
     for step in (1, 2):
         _trainer_checkpoint(tmp_path, step)
     with pytest.raises(ValueError, match=r"same ckpt.interval.*keep_last >= max_async_level \+ 2"):
-        resolve_colocated_resume(tmp_path, -1, -1)
+        resolve_colocated_resume(tmp_path, -1)
 
 
 def test_colocated_resume_refuses_a_run_dir_of_other_weights(tmp_path: Path) -> None:
@@ -139,20 +134,20 @@ def test_colocated_resume_refuses_a_run_dir_of_other_weights(tmp_path: Path) -> 
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "train.yaml").write_text("model: /models/a\nlora_rank: 8\nlearning_rate: 0.1\n")
     with pytest.raises(ValueError, match=r"other weights .*model '/models/a' -> '/models/b'"):
-        resolve_colocated_resume(tmp_path, -1, -1, {"model": "/models/b", "lora_rank": 8})
+        resolve_colocated_resume(tmp_path, -1, {"model": "/models/b", "lora_rank": 8})
     # Hyperparameters that leave the weights' shapes alone may change on resume.
     assert (
-        resolve_colocated_resume(tmp_path, -1, -1, {"model": "/models/a", "lora_rank": 8, "learning_rate": 1})
+        resolve_colocated_resume(tmp_path, -1, {"model": "/models/a", "lora_rank": 8, "learning_rate": 1})
         == 1
     )
 
 
 def test_a_fresh_colocated_run_refuses_a_run_dir_holding_an_earlier_run(tmp_path: Path) -> None:
     (tmp_path / "configs").mkdir()  # a run killed during start-up leaves only its configs: fine
-    assert resolve_colocated_resume(tmp_path, None, None) is None
+    assert resolve_colocated_resume(tmp_path, None) is None
     _broadcast(tmp_path, 6)  # a finished run: a new one would sample from its policy 6
     with pytest.raises(ValueError, match=r"holds an earlier run \(policies \[6\].*resume_step -1"):
-        resolve_colocated_resume(tmp_path, None, None)
+        resolve_colocated_resume(tmp_path, None)
 
 
 def test_loading_the_last_checkpoint_keeps_the_final_evaluation_row(tmp_path: Path) -> None:

@@ -1,0 +1,167 @@
+"""The per-step progress a person reads on the console: one line per step, numbered from 1.
+
+The orchestrator reports each batch it sends (reward, generation tokens/s, policy lag) and the
+trainer each step it trains (loss, KL); batch n and training step n are the same step, so one line
+carries both. `grpo-orch` alone shows the batch part as soon as it is sent; a co-located run (both
+in one process) installs one display for the two (`install`) and prints a step's line once the
+trainer has trained it.
+
+On a terminal a rich live line under the finished steps shows what is in flight and the ETA;
+otherwise (CI, pipes, files) each finished step is one plain log line, nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from grpo.utils.logging import get_logger
+
+log = get_logger("progress")
+
+_installed: StepDisplay | None = None
+
+
+def install(display: StepDisplay | None) -> None:
+    """Make `display` the one the orchestrator and the trainer of this process report to (None:
+    each reports alone again)."""
+    global _installed
+    _installed = display
+
+
+def installed() -> StepDisplay | None:
+    return _installed
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class StepDisplay:
+    """Collects a step's orchestrator and trainer metrics and shows the step once both are in
+    (`with_trainer`) or once the batch is sent (the orchestrator alone). Thread-safe: in a
+    co-located run the trainer reports from its own thread."""
+
+    def __init__(self, max_steps: int | None, first_step: int = 0, with_trainer: bool = False) -> None:
+        self.max_steps = max_steps
+        self.first_step = first_step
+        """The step this process started at (after a resume, the ETA counts the steps since)."""
+        self.with_trainer = with_trainer
+        self.started = time.monotonic()
+        self._batches: dict[int, Mapping[str, Any]] = {}
+        self._last_sent: int | None = None
+        self._last_done: int | None = None
+        self._lock = threading.Lock()
+        self._live: Any = None
+        self._handlers: list[tuple[logging.StreamHandler[Any], Any]] = []
+        if sys.stdout.isatty():
+            self._start_live()
+
+    @property
+    def is_live(self) -> bool:
+        """Whether a live line is shown (stdout is a terminal)."""
+        return self._live is not None
+
+    # -- what the parts report
+
+    def on_batch(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """The orchestrator sent batch `step` (0-based)."""
+        with self._lock:
+            self._last_sent = step
+            if self.with_trainer:
+                self._batches[step] = dict(metrics)
+                self._refresh()
+            else:
+                self._finish(step, metrics, None)
+
+    def on_trained(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """The trainer finished step `step` (0-based)."""
+        with self._lock:
+            self._finish(step, self._batches.pop(step, {}), metrics)
+
+    def show(self, line: str) -> None:
+        """A line of its own (the final policy's evaluation)."""
+        with self._lock:
+            self._print(line)
+
+    # -- rendering
+
+    def line(self, step: int, batch: Mapping[str, Any], trained: Mapping[str, Any] | None) -> str:
+        total = "?" if self.max_steps is None else str(self.max_steps)
+        parts = [f"step {step + 1}/{total}"]
+        if batch:
+            parts += [
+                f"reward {float(batch.get('reward/mean', 0.0)):.3f}",
+                f"tokens/s {float(batch.get('perf/tokens_per_second', 0.0)):.0f}",
+                f"lag {int(batch.get('off_policy/max_lag', 0))}",
+            ]
+            failed = int(batch.get("failed/num_rollouts", 0))
+            if failed:  # masked, not trained: say so where the reward is read
+                parts.append(f"failed {failed} (masked)")
+        if trained is not None:
+            parts += [
+                f"loss {float(trained.get('loss', 0.0)):.4f}",
+                f"kl {float(trained.get('kl', 0.0)):.1e}",
+            ]
+        parts.append(f"ETA {self._eta()}")
+        return "  ".join(parts)
+
+    def _eta(self) -> str:
+        if self.max_steps is None or self._last_done is None or self._last_done < self.first_step:
+            return "-"
+        per_step = (time.monotonic() - self.started) / (self._last_done + 1 - self.first_step)
+        return _duration(per_step * max(self.max_steps - self._last_done - 1, 0))
+
+    def _finish(self, step: int, batch: Mapping[str, Any], trained: Mapping[str, Any] | None) -> None:
+        self._last_done = step
+        self._print(self.line(step, batch, trained))
+        self._refresh()
+
+    def _print(self, line: str) -> None:
+        if self._live is not None:
+            self._live.console.print(line, highlight=False, markup=False)
+        else:
+            log.info(line)
+
+    def _refresh(self) -> None:
+        if self._live is None:
+            return
+        from rich.text import Text
+
+        total = "?" if self.max_steps is None else str(self.max_steps)
+        done = 0 if self._last_done is None else self._last_done + 1
+        status = f"{done}/{total} steps done"
+        if self.with_trainer and self._last_sent is not None and self._last_sent + 1 > done:
+            status += f", step {self._last_sent + 1} training"
+        status += f"  elapsed {_duration(time.monotonic() - self.started)}  ETA {self._eta()}"
+        self._live.update(Text(status, style="bold"), refresh=True)
+
+    def _start_live(self) -> None:
+        from rich.live import Live
+
+        self._live = Live(auto_refresh=False, transient=True, redirect_stderr=True)
+        self._live.start()
+        # Log handlers hold the stderr they were made with; point grpo's at the live console's
+        # proxy so log lines print above the live line instead of through it.
+        for handler in logging.getLogger("grpo").handlers:
+            if isinstance(handler, logging.StreamHandler):
+                self._handlers.append((handler, handler.stream))
+                handler.setStream(sys.stderr)
+        self._refresh()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._live is None:
+                return
+            for handler, stream in self._handlers:
+                handler.setStream(stream)
+            self._live.stop()
+            self._live = None
