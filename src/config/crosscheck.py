@@ -13,6 +13,7 @@ from grpo.config.errors import ConfigError
 from grpo.config.fp8_support import fp8_problems
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.streaming import streaming_trainer_problem
 from grpo.config.trainer import TrainerConfig
 
 
@@ -85,6 +86,9 @@ def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig, c
             f"train output_dir '{train.output_dir}' is neither orch output_dir '{orch.output_dir}' nor its parent; "
             "the trainer would wait for batches in the wrong folder"
         )
+    streaming = streaming_trainer_problem(orch.streaming.groups_per_part, train.gpus)
+    if streaming is not None:
+        problems.append(streaming)
     if train.loss.teacher_tau > 0 and orch.teacher_model is None:
         problems.append(
             "train loss.teacher_tau > 0 needs orch teacher_model (the teacher's logprobs come from it)"
@@ -186,6 +190,9 @@ def check_colocated(
             f"infer tp {infer.tp}: a co-located trainer rank borrows the weights of one engine worker; set tp: 1 "
             "(dp: N runs N engines, one per trainer rank), or use the multi-process mode"
         )
+    streaming = streaming_trainer_problem(orch.streaming.groups_per_part, infer.dp)
+    if streaming is not None:
+        problems.append(streaming)
     if infer.dp > 1 and not train.lora:
         problems.append(
             f"infer dp {infer.dp} with train lora false: co-located data parallelism trains LoRA adapters over "
