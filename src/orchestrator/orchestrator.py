@@ -9,8 +9,9 @@ that no batch could accept. At most batch_size * oversampling_factor rollouts ar
 The main coroutine fills batch n with the freshest finished groups first (dropping ones more than
 max_off_policy_steps policies old, or that carry no signal), computes advantages, applies filters, packs, and hands the batch to the
 sender in a worker thread while generation carries on; with streaming.groups_per_part it does so for
-each part of that many groups as soon as they have finished (grpo.transport.batch_parts). With eval configured, once the last batch is
-sent it waits for the final policy (max_steps) to reach inference and evaluates it.
+each part of that many groups as soon as they have finished (grpo.transport.batch_parts). With eval
+configured, once the last batch is sent it waits for the final policy (max_steps) to reach inference
+and evaluates it.
 """
 
 from __future__ import annotations
