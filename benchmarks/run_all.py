@@ -53,12 +53,14 @@ def component_commands(quick: bool, label: str) -> dict[str, list[str]]:
                 label,
             ],
             "transport": ["transport_bench.py", "--rows", "32", "--repeats", "3", "--machine", label],
+            "streaming": ["streaming_bench.py", "--steps", "3", "--repeats", "1", "--machine", label],
         }
     return {
         "inference": ["inference_bench.py", "--embedded", "--machine", label],
         "orchestrator": ["orchestrator_bench.py", "--machine", label],
         "transport": ["transport_bench.py", "--machine", label],
         "trainer": ["trainer_bench.py"],
+        "streaming": ["streaming_bench.py", "--machine", label],
     }
 
 
@@ -104,6 +106,16 @@ def component_rows(label: str) -> list[dict[str, Any]]:
                 "result": f"encode {transport['encode_mb_per_s']:.0f} MB/s; filesystem "
                 f"{transport['filesystem_latency']['median_ms']:.0f} ms, zmq "
                 f"{transport['zmq_latency']['median_ms']:.0f} ms median",
+            }
+        )
+    if streaming := load(f"streaming_{label}.json"):
+        found = streaming["summary"]
+        rows.append(
+            {
+                "bench": "streaming micro-batches (long-tail synthetic rollouts, real trainer)",
+                "result": f"trainer idle {found['trainer_idle_frac_off']:.1%} -> {found['trainer_idle_frac_on']:.1%}; "
+                f"step {found['step_seconds_off']:.1f} -> {found['step_seconds_on']:.1f} s "
+                f"({found['step_seconds_ratio_on_off']:.2f}x)",
             }
         )
     if not label.endswith("-quick") and (trainer := load(f"trainer_{label}.json")):

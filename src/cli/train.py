@@ -41,7 +41,7 @@ def train(
         log_model(resolved)
         # batch_timeout also bounds the wait for the orchestrator's run directory.
         run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
-        _check_against_orchestrator(cfg, run_dir)
+        num_parts = _check_against_orchestrator(cfg, run_dir)
         # Under torchrun only rank 0 talks to the orchestrator; the other ranks get their rows from it.
         is_rank_zero = int(os.environ.get("RANK", "0")) == 0
         if is_rank_zero:
@@ -51,7 +51,7 @@ def train(
         vocab_size = model_config.get("vocab_size")
         receiver = batch_receiver_for(cfg, run_dir, vocab_size=vocab_size) if is_rank_zero else None
         try:
-            run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path))
+            run(cfg, run_dir, receiver, base_weights=DiskWeights(resolved.path), num_parts=num_parts)
         finally:
             if receiver is not None:
                 receiver.close()
@@ -70,16 +70,25 @@ def train(
     )
 
 
-def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> None:
+def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> int:
     """The checks that need the orchestrator's config, here its resolved copy in the run dir: the
-    settings both files hold (grpo.config.shared_facts) and Dr. GRPO's loss normaliser."""
+    settings both files hold (grpo.config.shared_facts), streaming and Dr. GRPO's loss normaliser.
+    Returns the parts each step arrives in (orch streaming; 1 when off)."""
     from grpo.config.crosscheck import loss_normalization_problem
     from grpo.config.errors import ConfigError
     from grpo.config.loading import read_yaml
+    from grpo.config.orchestrator import OrchestratorConfig
     from grpo.config.shared_facts import conflicts_with_orchestrator
+    from grpo.config.streaming import StreamingConfig, streaming_trainer_problem
 
     orch = read_yaml(run_dir / "configs" / "orch.yaml")
     problems = conflicts_with_orchestrator(cfg, orch)
+    streaming = StreamingConfig.model_validate(orch.get("streaming") or {})
+    if (problem := streaming_trainer_problem(streaming.groups_per_part, cfg.gpus)) is not None:
+        problems.append(problem)
+    defaults = OrchestratorConfig.model_fields
+    batch_size = orch.get("batch_size", defaults["batch_size"].default)
+    num_parts = streaming.num_parts(batch_size // orch.get("rollouts_per_example", 1))
     problem = loss_normalization_problem(
         orch.get("advantage", {}).get("type", "default"),
         cfg,
@@ -90,6 +99,7 @@ def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> None:
         problems.append(problem)
     if problems:
         raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
+    return num_parts
 
 
 def main() -> None:

@@ -139,10 +139,13 @@ def _train_with_server(
             return "the inference server stopped"
         return None if replicas is None else replicas.failure()
 
-    sender, receiver = memory_transport_pair(capacity=orch.max_async_level + 1)
+    num_parts = orch.num_parts_per_step
+    sender, receiver = memory_transport_pair(capacity=(orch.max_async_level + 1) * num_parts)
     stop_trainer = threading.Event()
     base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
-    trainer = TrainerThread(lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights))
+    trainer = TrainerThread(
+        lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights, num_parts=num_parts)
+    )
     client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls}))
     display = StepDisplay(orch.max_steps, orch.ckpt.resume_step or 0, with_trainer=True)  # both parts' steps
     install(display)

@@ -17,6 +17,7 @@ from grpo.config.fp8_support import fp8_problems
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.shared_facts import File, reconcile
+from grpo.config.streaming import streaming_trainer_problem
 from grpo.config.trainer import TrainerConfig
 
 
@@ -52,6 +53,9 @@ def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig) -
             f"orch seq_len ({orch.seq_len}) exceeds train sequence_len ({train.sequence_len}); "
             "packed rows would not fit the trainer"
         )
+    streaming = streaming_trainer_problem(orch.streaming.groups_per_part, train.gpus)
+    if streaming is not None:
+        problems.append(streaming)
     if train.loss.teacher_tau > 0 and orch.teacher_model is None:
         problems.append(
             "train loss.teacher_tau > 0 needs orch teacher_model (the teacher's logprobs come from it)"
@@ -132,6 +136,9 @@ def check_colocated(
             f"infer tp {infer.tp}: a co-located trainer rank borrows the weights of one engine worker; set tp: 1 "
             "(dp: N runs N engines, one per trainer rank), or use the multi-process mode"
         )
+    streaming = streaming_trainer_problem(orch.streaming.groups_per_part, infer.dp)
+    if streaming is not None:
+        problems.append(streaming)
     if infer.dp > 1 and not train.lora:
         problems.append(
             f"infer dp {infer.dp} with train lora false: co-located data parallelism trains LoRA adapters over "

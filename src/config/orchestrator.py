@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from grpo.config.base import StrictModel
 from grpo.config.sampling import SamplingConfig
 from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
+from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
 from grpo.config.transport import (
     FilesystemRolloutTransport,
     FilesystemWeightBroadcast,
@@ -369,6 +370,16 @@ class OrchestratorConfig(StrictModel):
     teacher_model: TeacherModelConfig | None = None
     """Teacher for on-policy distillation (null = none)."""
 
+    streaming: StreamingConfig = Field(default_factory=StreamingConfig)
+    """Streaming micro-batches: the trainer trains on a step's groups as they finish."""
+
+    @model_validator(mode="after")
+    def _streaming_is_exact(self) -> OrchestratorConfig:
+        problem = streaming_advantage_problem(self.streaming.groups_per_part, self.advantage.type)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
     @model_validator(mode="after")
     def _groups_fill_batch(self) -> OrchestratorConfig:
         if self.batch_size % self.rollouts_per_example != 0:
@@ -409,3 +420,8 @@ class OrchestratorConfig(StrictModel):
     @property
     def num_groups_per_step(self) -> int:
         return self.batch_size // self.rollouts_per_example
+
+    @property
+    def num_parts_per_step(self) -> int:
+        """Batches (parts) each step reaches the trainer in: 1 unless streaming."""
+        return self.streaming.num_parts(self.num_groups_per_step)

@@ -8,8 +8,10 @@ of being launched again, generation for batch n + 1 overlaps training on batch n
 that no batch could accept. At most batch_size * oversampling_factor rollouts are in flight at once.
 The main coroutine fills batch n with the freshest finished groups first (dropping ones more than
 max_off_policy_steps policies old, or that carry no signal), computes advantages, applies filters, packs, and hands the batch to the
-sender in a worker thread while generation carries on. With eval configured, once the last batch is
-sent it waits for the final policy (max_steps) to reach inference and evaluates it.
+sender in a worker thread while generation carries on; with streaming.groups_per_part it does so for
+each part of that many groups as soon as they have finished (grpo.transport.batch_parts). With eval
+configured, once the last batch is sent it waits for the final policy (max_steps) to reach inference
+and evaluates it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_accept
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batch import TrainingBatch
+from grpo.transport.batch_parts import PartSender
 from grpo.transport.interfaces import BatchSender
 from grpo.utils.logging import get_logger
 
@@ -64,6 +67,8 @@ class Orchestrator:
     ) -> None:
         self.cfg = cfg
         self.sender = sender
+        self.parts = PartSender(sender, cfg.num_parts_per_step)
+        """Sends each step as one batch, or (streaming) as its parts."""
         self.run_dir = run_dir
         self.envs = envs
         self.eval_envs = eval_envs or []
@@ -206,9 +211,13 @@ class Orchestrator:
             return None
         return _group_or_raise(getter.result())
 
-    async def _collect(self, step: int, stats: dict[str, float]) -> list[Group] | None:
+    async def _collect(
+        self, step: int, stats: dict[str, float], num_groups: int | None = None
+    ) -> list[Group] | None:
+        """`num_groups` (default: the step's) finished groups batch `step` keeps; None on stop."""
+        num_groups = self.cfg.num_groups_per_step if num_groups is None else num_groups
         groups: list[Group] = []
-        while len(groups) < self.cfg.num_groups_per_step:
+        while len(groups) < num_groups:
             group = await self._take_freshest(step, stats)
             if group is None:
                 return None
@@ -256,16 +265,55 @@ class Orchestrator:
         for group, row in zip(groups, advantages, strict=True):
             for rollout, adv in zip(group.rollouts, row, strict=True):
                 rollout.advantage = float(adv)
-        stats.update(apply_filters(rollouts, self.cfg.filters, self.vocab_size))
+        for key, count in apply_filters(rollouts, self.cfg.filters, self.vocab_size).items():
+            stats[key] = stats.get(key, 0) + count
         rows, pack = pack_rollouts(rollouts, self.cfg.seq_len, share_prefixes=self.cfg.shared_prefix)
-        stats["packing/efficiency"] = pack.efficiency
-        stats["packing/shared_frac"] = 1.0 - pack.num_tokens / max(pack.num_sample_tokens, 1)
-        stats["packing/num_rows"] = pack.num_rows
-        stats["packing/num_truncated"] = pack.num_truncated
-        stats["advantage/mean"] = float(advantages.mean())
-        stats["advantage/std"] = float(advantages.std())
+        # Sums over the step's parts (one part unless streaming); _pack_metrics turns them into rates.
+        for key, value in (
+            ("packing/num_rows", pack.num_rows),
+            ("packing/num_truncated", pack.num_truncated),
+            ("packing/num_tokens", pack.num_tokens),
+            ("packing/num_sample_tokens", pack.num_sample_tokens),
+        ):
+            stats[key] = stats.get(key, 0) + value
         batch = TrainingBatch(step=step, rows=rows, metadata={"policy_version": self.policy.version})
         return batch, rollouts
+
+    def _pack_metrics(self, stats: dict[str, float], rollouts: list[Rollout]) -> None:
+        """The step's packing and advantage metrics from the sums its parts left in `stats`."""
+        num_tokens = stats.pop("packing/num_tokens")
+        stats["packing/efficiency"] = num_tokens / max(stats["packing/num_rows"] * self.cfg.seq_len, 1)
+        stats["packing/shared_frac"] = 1.0 - num_tokens / max(stats.pop("packing/num_sample_tokens"), 1)
+        advantages = np.array([r.advantage for r in rollouts], dtype=np.float64)
+        stats["advantage/mean"] = float(advantages.mean())
+        stats["advantage/std"] = float(advantages.std())
+
+    async def _collect_and_send(
+        self, step: int, stats: dict[str, float]
+    ) -> tuple[list[Group], list[Rollout], float] | None:
+        """Collect batch `step`'s groups and send them: in one batch, or (streaming) in parts of
+        streaming.groups_per_part groups, each sent as soon as its groups have finished. Advantages
+        are per group and filters per rollout, so the parts hold what the one batch would. Returns
+        the groups, their rollouts and the seconds spent building and sending; None on stop."""
+        num_parts = self.parts.num_parts
+        per_part = self.cfg.streaming.groups_per_part or self.cfg.num_groups_per_step
+        groups: list[Group] = []
+        rollouts: list[Rollout] = []
+        send_seconds = 0.0
+        for part in range(num_parts):
+            num_groups = min(per_part, self.cfg.num_groups_per_step - len(groups))
+            part_groups = await self._collect(step, stats, num_groups)
+            if part_groups is None:
+                return None
+            collected = time.monotonic()
+            # advantages, filters and packing are CPU work on finished groups: keep the loop free
+            batch, part_rollouts = await asyncio.to_thread(self._build_batch, step, part_groups, stats)
+            await asyncio.to_thread(self.parts.send, batch, part)
+            send_seconds += time.monotonic() - collected
+            groups += part_groups
+            rollouts += part_rollouts
+        self._pack_metrics(stats, rollouts)
+        return groups, rollouts, send_seconds
 
     def _rollout_metrics(self, step: int, groups: list[Group], rollouts: list[Rollout]) -> dict[str, float]:
         # Failed rollouts have no reward (they are masked): they are counted, not averaged in.
@@ -424,13 +472,10 @@ class Orchestrator:
             started = time.monotonic()
             eval_metrics = await self._maybe_eval(step, resumed_at)
             stats: dict[str, float] = {"off_policy/num_dropped": 0, "buffer/num_difficulty_filtered": 0}
-            groups = await self._collect(step, stats)
-            if groups is None:
+            sending = await self._collect_and_send(step, stats)
+            if sending is None:
                 return
-            collected = time.monotonic()
-            # advantages, filters and packing are CPU work on finished groups: keep the loop free
-            batch, rollouts = await asyncio.to_thread(self._build_batch, step, groups, stats)
-            await asyncio.to_thread(self.sender.send, batch)
+            groups, rollouts, send_seconds = sending
             sent = time.monotonic()
             self.step = step + 1
             self._num_taken = 0
@@ -444,8 +489,8 @@ class Orchestrator:
                 **stats,
                 **eval_metrics,
                 "time/step": step_seconds,
-                "time/collect": collected - started,
-                "time/send": sent - collected,
+                "time/collect": sent - started - send_seconds,
+                "time/send": send_seconds,
                 "time/group_mean": statistics.fmean(group_seconds) if group_seconds else 0.0,
                 "time/weight_update": self.policy.last_update_seconds,
                 "perf/tokens_per_second": num_tokens / step_seconds if step_seconds > 0 else 0.0,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from grpo.trainer.trainer import Trainer
     from grpo.trainer.weights import BaseWeightSource
     from grpo.transport.batch import TrainingBatch
+    from grpo.transport.batch_parts import PartReceiver
     from grpo.transport.interfaces import BatchReceiver
 
 log = get_logger("trainer")
@@ -27,16 +28,21 @@ _STOP_POLL_S = 1.0
 
 
 def _receive(
-    receiver: BatchReceiver, step: int, timeout: float | None, stop: threading.Event | None
+    receiver: PartReceiver,
+    step: int,
+    timeout: float | None,
+    stop: threading.Event | None,
+    part: int = 0,
 ) -> TrainingBatch | None:
-    """Batch `step`, or None when `stop` is set first. TimeoutError after `timeout` seconds."""
+    """Batch `step` (its part `part` when streaming), or None when `stop` is set first.
+    TimeoutError after `timeout` seconds."""
     if stop is None:
-        return receiver.receive(step, timeout)
+        return receiver.receive(step, timeout, part)
     deadline = None if timeout is None else time.monotonic() + timeout
     while not stop.is_set():
         wait = _STOP_POLL_S if deadline is None else min(_STOP_POLL_S, deadline - time.monotonic())
         try:
-            return receiver.receive(step, max(wait, 0.0))
+            return receiver.receive(step, max(wait, 0.0), part)
         except TimeoutError:
             if deadline is not None and time.monotonic() >= deadline:
                 raise
@@ -49,12 +55,16 @@ def run(
     receiver: BatchReceiver | None,
     stop: threading.Event | None = None,
     base_weights: BaseWeightSource | None = None,
+    num_parts: int = 1,
 ) -> None:
     """Train until max_steps batches are done (or `stop` is set); resume per cfg.ckpt.resume_step.
 
     Under torchrun only rank 0 receives batches (others pass receiver=None) and shares each one.
+    `num_parts` > 1 (orch streaming): each step arrives in that many parts (grpo.transport.batch_parts),
+    trained as they come; the optimizer steps after the last (single process only: config checks).
     """
     from grpo.trainer.trainer import Trainer
+    from grpo.transport.batch_parts import PartReceiver
 
     over_collective = uses_collective(cfg)
     trainer = Trainer(cfg, run_dir, base_weights)
@@ -64,32 +74,59 @@ def run(
             _follow_rank_zero(trainer)
             return
         assert receiver is not None, "rank 0 needs a batch receiver"
+        assert num_parts == 1 or trainer.dist is None, "streaming needs one trainer process (config checks)"
+        parts = PartReceiver(receiver, num_parts)
         if step > 0:
             # The orchestrator may be waiting for this version's STABLE; a restart must not strand it.
             # On disk even with a collective: a resumed trainer cannot know who still needs it.
             trainer.publish(step)
         while cfg.max_steps < 0 or step < cfg.max_steps:
-            waited_from = time.perf_counter()
-            # A stop (None) reaches the other ranks through this share: they end with rank 0.
-            batch = trainer.share_batch(_receive(receiver, step, cfg.batch_timeout, stop))
-            if batch is None:
-                log.info("stop requested while waiting for batch %d", step)
-                return
-            if batch.step != step:
-                raise ValueError(f"expected batch {step} but the transport delivered batch {batch.step}")
-            trainer.train_step(batch, wait_time=time.perf_counter() - waited_from)
+            if num_parts > 1:
+                if not _train_streamed_step(trainer, parts, step, cfg.batch_timeout, stop):
+                    return
+            else:
+                waited_from = time.perf_counter()
+                # A stop (None) reaches the other ranks through this share: they end with rank 0.
+                batch = trainer.share_batch(_receive(parts, step, cfg.batch_timeout, stop))
+                if batch is None:
+                    log.info("stop requested while waiting for batch %d", step)
+                    return
+                if batch.step != step:
+                    raise ValueError(f"expected batch {step} but the transport delivered batch {batch.step}")
+                trainer.train_step(batch, wait_time=time.perf_counter() - waited_from)
             step += 1
             # The final policy goes to disk: no batch is sampled from it, so no receiver may come.
             trainer.publish(step, over_collective=over_collective and step != cfg.max_steps)
             if _checkpoint_due(cfg, step):
                 trainer.save_checkpoint()
-                receiver.commit(step)  # every batch below `step` is in that checkpoint
+                parts.commit(step)  # every batch below `step` is in that checkpoint
             elif cfg.ckpt.interval is None:
-                receiver.commit(step)  # no checkpoints: a restart begins at step 0 anyway
+                parts.commit(step)  # no checkpoints: a restart begins at step 0 anyway
         log.info("trainer done after %d steps", step)
         trainer.share_batch(None)  # releases the other ranks (a no-op for one process)
     finally:
         trainer.close()
+
+
+def _train_streamed_step(
+    trainer: Trainer, parts: PartReceiver, step: int, timeout: float | None, stop: threading.Event | None
+) -> bool:
+    """Train step `step` part by part as the parts arrive, then step the optimizer; False when stop
+    was requested first (the step is abandoned: its gradients are dropped by the next begin_step,
+    and a resume trains it again from part 0)."""
+    constant = trainer.cfg.loss.normalization == "constant"
+    trainer.begin_step(step, trainer.cfg.loss.loss_scale(0) if constant else None)
+    wait_time = 0.0
+    for part in range(parts.num_parts):
+        waited_from = time.perf_counter()
+        batch = _receive(parts, step, timeout, stop, part)
+        wait_time += time.perf_counter() - waited_from
+        if batch is None:
+            log.info("stop requested while waiting for part %d of batch %d", part, step)
+            return False
+        trainer.accumulate(batch)
+    trainer.finish_step(wait_time)
+    return True
 
 
 def _follow_rank_zero(trainer: Trainer) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,22 @@ if TYPE_CHECKING:
     from grpo.transport.batch import PackedRow
 
 log = get_logger("trainer")
+
+
+@dataclass
+class _OpenStep:
+    """What a step adds up over its batches (parts) until finish_step."""
+
+    step: int
+    loss_scale: int | None
+    """The normaliser each micro-batch loss is divided by; None: 1 now, the step's at the end."""
+    lr: float
+    totals: LossSums = field(default_factory=LossSums)
+    num_loss_tokens: int = 0
+    """Over every part and rank: the normaliser when loss_scale is None."""
+    num_tokens: int = 0
+    num_sequence_tokens: int = 0
+    compute_seconds: float = 0.0
 
 
 class Trainer:
@@ -90,6 +107,8 @@ class Trainer:
         """Optimizer steps taken = the version of the current policy."""
         self.num_skipped_steps = 0
         """Steps whose gradient was not finite and was dropped (the weights stayed as they were)."""
+        self._open: _OpenStep | None = None
+        """The step between begin_step and finish_step."""
         self._metrics = JsonlWriter(self.run_dir / METRICS_FILE) if self.is_main else None
         self._wandb: Any = None
         if cfg.report_to is not None and self.is_main:
@@ -196,16 +215,28 @@ class Trainer:
         return out
 
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
+        """One optimizer step on a whole batch."""
+        self.begin_step(batch.step, self.cfg.loss.loss_scale(batch.num_loss_tokens))
+        self.accumulate(batch)
+        return self.finish_step(wait_time)
+
+    def begin_step(self, step: int, loss_scale: int | None = None) -> None:
+        """Start step `step`; `accumulate` its batches (parts), then `finish_step`. `loss_scale`: the
+        step's normaliser when known up front; None (streaming: the step's loss tokens are known only
+        once its last part is in) backpropagates the plain token sums, and `finish_step` divides the
+        summed gradients by the normaliser before clipping, which is the same update."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._open = _OpenStep(step, loss_scale, float(self.scheduler.get_last_lr()[0]))
+
+    def accumulate(self, batch: TrainingBatch) -> None:
+        """Forward and backward every row of `batch` (a whole step, or one part of it), adding to the
+        step's gradients."""
+        state = self._open
+        assert state is not None and batch.step == state.step, "begin_step(batch.step) comes first"
         batch.validate()
         started = time.perf_counter()
-        num_loss_tokens = batch.num_loss_tokens
-        if num_loss_tokens == 0:
-            log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch.step)
-        loss_scale = self.cfg.loss.loss_scale(num_loss_tokens)
-        lr = float(self.scheduler.get_last_lr()[0])
-        self.optimizer.zero_grad(set_to_none=True)
-        totals = LossSums()
-        num_tokens = num_sequence_tokens = 0
+        state.num_loss_tokens += batch.num_loss_tokens
+        loss_scale = 1 if state.loss_scale is None else state.loss_scale
         micro_batches = self._micro_batches(self._local_rows(batch.rows))
         for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
             group_loss = None
@@ -214,11 +245,29 @@ class Trainer:
                 # Under FSDP every rank must join every backward, even with no loss tokens (zero loss).
                 if sums.num_loss_tokens > 0 or self._sharded:
                     group_loss = loss if group_loss is None else group_loss + loss
-                totals.add(sums)
-                num_tokens += mb.num_tokens
-                num_sequence_tokens += mb.num_sequence_tokens
+                state.totals.add(sums)
+                state.num_tokens += mb.num_tokens
+                state.num_sequence_tokens += mb.num_sequence_tokens
             if group_loss is not None:
                 group_loss.backward()
+        state.compute_seconds += time.perf_counter() - started
+
+    def finish_step(self, wait_time: float = 0.0) -> dict[str, float]:
+        """Clip, step the optimizer and the schedule, write the step's metrics; `wait_time`: seconds
+        the step waited for its batch (or parts)."""
+        state, self._open = self._open, None
+        assert state is not None, "begin_step comes first"
+        started = time.perf_counter()
+        batch_step, lr = state.step, state.lr
+        if state.num_loss_tokens == 0:
+            log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch_step)
+        totals, num_tokens, num_sequence_tokens = state.totals, state.num_tokens, state.num_sequence_tokens
+        if state.loss_scale is None:
+            scale = self.cfg.loss.loss_scale(state.num_loss_tokens)
+            for param in self.params:
+                if param.grad is not None:
+                    param.grad.div_(scale)
+            totals.loss /= scale
         if self.dist is not None:
             totals, num_tokens, num_sequence_tokens = self._sum_over_ranks(
                 totals, num_tokens, num_sequence_tokens
@@ -240,7 +289,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             log.warning(
                 "step %d: gradient norm is %s; the update is skipped (%d skipped so far), the policy stays as it was",
-                batch.step + 1,
+                batch_step + 1,
                 grad_norm,
                 self.num_skipped_steps,
             )
@@ -251,7 +300,7 @@ class Trainer:
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
             self.scheduler.step()
         self.num_steps_done += 1
-        step_time = time.perf_counter() - started
+        step_time = state.compute_seconds + time.perf_counter() - started
         metrics = {
             **totals.metrics(),
             "grad_norm": grad_norm,
@@ -264,17 +313,17 @@ class Trainer:
         }
         if self._metrics is None:
             return metrics
-        self._metrics.write({"step": batch.step, **metrics})
+        self._metrics.write({"step": batch_step, **metrics})
         if self._wandb is not None:
-            self._wandb.log(metrics, step=batch.step)
+            self._wandb.log(metrics, step=batch_step)
         if (display := installed_display()) is not None:  # co-located: one line per step for both parts
-            display.on_trained(batch.step, metrics)
-        elif batch.step % self.cfg.logging_steps == 0:
+            display.on_trained(batch_step, metrics)
+        elif batch_step % self.cfg.logging_steps == 0:
             # Counted from 1 like the orchestrator's line (metrics rows keep `step` from 0).
             of_total = f"/{self.cfg.max_steps}" if self.cfg.max_steps > 0 else ""
             log.info(
                 "step %d%s  loss %.4f  kl %.2e  masked %.3f  grad_norm %.3f  tokens %d  %.1fs",
-                batch.step + 1,
+                batch_step + 1,
                 of_total,
                 metrics["loss"],
                 metrics["kl"],

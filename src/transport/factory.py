@@ -79,19 +79,21 @@ def make_batch_receiver(
 
 def batch_sender_for(cfg: OrchestratorConfig, run_dir: str | Path) -> BatchSender:
     """The sender `cfg.rollout_transport` asks for. The filesystem lets the orchestrator run
-    max_async_level + 1 batches ahead of the trainer before it blocks."""
+    max_async_level + 1 batches ahead of the trainer before it blocks. Streaming sends each step
+    as num_parts_per_step batches (grpo.transport.batch_parts), so both bounds count parts."""
     transport = cfg.rollout_transport
+    num_parts = cfg.num_parts_per_step
     if transport.type == "zmq":
         return make_batch_sender(
             "zmq",
             run_dir,
             host=transport.host,
             port=transport.port,
-            hwm=transport.hwm,
+            hwm=transport.hwm * num_parts,
             resume=cfg.ckpt.resume_step is not None,
             secret=secret_from_env(transport.secret_env),
         )
-    return make_batch_sender("filesystem", run_dir, max_buffered=cfg.max_async_level + 1)
+    return make_batch_sender("filesystem", run_dir, max_buffered=(cfg.max_async_level + 1) * num_parts)
 
 
 def batch_receiver_for(

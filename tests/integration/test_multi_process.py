@@ -120,14 +120,29 @@ def test_zmq_and_collective_full_weights_reach_two_servers_started_last(
     assert launcher.stop("infer0") == 0 and launcher.stop("infer1") == 0
 
 
-@pytest.mark.parametrize("transport", ["filesystem", "zmq"])
+@pytest.mark.parametrize(
+    ("transport", "groups_per_part"),
+    [("filesystem", None), ("zmq", None), ("filesystem", 1), ("zmq", 1)],
+    ids=["filesystem", "zmq", "filesystem-streamed", "zmq-streamed"],
+)
 def test_orchestrator_killed_mid_run_resumes_without_losing_or_repeating_a_step(
-    lora_server: str, launcher: Launcher, tiny_model_path: Path, tmp_path: Path, transport: str
+    lora_server: str,
+    launcher: Launcher,
+    tiny_model_path: Path,
+    tmp_path: Path,
+    transport: str,
+    groups_per_part: int | None,
 ) -> None:
     run_dir = tmp_path / "run"
     orch_transport, train_transport = batch_transport(transport)
     cfg = orch_config(
-        tiny_model_path, run_dir, lora_server, lora=True, ckpt={"interval": 1}, **orch_transport
+        tiny_model_path,
+        run_dir,
+        lora_server,
+        lora=True,
+        ckpt={"interval": 1},
+        streaming={"groups_per_part": groups_per_part},
+        **orch_transport,
     )
     orch = write_yaml(tmp_path / "orch.yaml", cfg)
     train_cfg = train_config(tiny_model_path, run_dir, lora=True, **train_transport)

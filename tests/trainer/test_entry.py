@@ -11,6 +11,7 @@ from trainer_batches import default_rows
 
 from grpo.trainer.entry import _receive, find_run_dir, run
 from grpo.transport.batch import TrainingBatch
+from grpo.transport.batch_parts import PartReceiver
 
 
 def _make_run(path, mtime=None):
@@ -57,12 +58,12 @@ class _NeverReceiver:
 def test_stop_event_ends_the_wait_for_a_batch():
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
-    assert _receive(_NeverReceiver(), 0, None, stop) is None
+    assert _receive(PartReceiver(_NeverReceiver(), 1), 0, None, stop) is None
 
 
 def test_batch_timeout_still_raises_with_a_stop_event():
     with pytest.raises(TimeoutError):
-        _receive(_NeverReceiver(), 0, 0.2, threading.Event())
+        _receive(PartReceiver(_NeverReceiver(), 1), 0, 0.2, threading.Event())
 
 
 class _RecordingReceiver:
