@@ -8,19 +8,48 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
-    from grpo.trainer.trainer import Trainer
     from grpo.trainer.weights import BaseWeightSource
     from grpo.transport.batch import TrainingBatch
     from grpo.transport.interfaces import BatchReceiver
 
 log = get_logger("trainer")
+
+
+class TrainerLoop(Protocol):
+    """What the loop below drives: grpo.trainer.trainer.Trainer (backend hf) or
+    grpo.trainer.megatron.trainer.MegatronTrainer (backend megatron)."""
+
+    cfg: TrainerConfig
+    num_steps_done: int
+
+    @property
+    def is_main(self) -> bool: ...
+    def share_batch(self, batch: TrainingBatch | None) -> TrainingBatch | None: ...
+    def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]: ...
+    def publish(self, version: int, over_collective: bool = False) -> Path | None: ...
+    def save_checkpoint(self) -> Path: ...
+    def maybe_resume(self) -> int: ...
+    def close(self) -> None: ...
+
+
+def build_trainer(
+    cfg: TrainerConfig, run_dir: Path, base_weights: BaseWeightSource | None = None
+) -> TrainerLoop:
+    """The trainer of cfg.backend."""
+    if cfg.backend == "megatron":
+        from grpo.trainer.megatron.trainer import MegatronTrainer
+
+        return MegatronTrainer(cfg, run_dir, base_weights)
+    from grpo.trainer.trainer import Trainer
+
+    return Trainer(cfg, run_dir, base_weights)
 
 # How often a stop event is checked while waiting for a batch.
 _STOP_POLL_S = 1.0
@@ -54,10 +83,8 @@ def run(
 
     Under torchrun only rank 0 receives batches (others pass receiver=None) and shares each one.
     """
-    from grpo.trainer.trainer import Trainer
-
     over_collective = uses_collective(cfg)
-    trainer = Trainer(cfg, run_dir, base_weights)
+    trainer = build_trainer(cfg, run_dir, base_weights)
     try:
         step = trainer.maybe_resume()
         if not trainer.is_main:
@@ -92,7 +119,7 @@ def run(
         trainer.close()
 
 
-def _follow_rank_zero(trainer: Trainer) -> None:
+def _follow_rank_zero(trainer: TrainerLoop) -> None:
     """Ranks > 0: train on the share of each batch rank 0 hands out until it says stop (None), and
     join rank 0 in everything collective: publishing (FSDP2) and checkpoints. The republish of a
     resumed step comes first, like on rank 0."""
