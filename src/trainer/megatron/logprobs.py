@@ -50,8 +50,8 @@ def _chunk(
     logits, _ = model.module.output_layer(hidden[:, None, :], weight=model.output_weight())  # [C, 1, V/tp]
     raw = logits[:, 0, :].float()
     tempered = raw / temperatures.float()[:, None]  # a new tensor: the cross entropy writes into it
+    entropy = _vocab_parallel_entropy(tempered.detach())  # before the cross entropy overwrites it
     token_lp = -vocab_parallel_cross_entropy(tempered[:, None, :], targets.long()[:, None])[:, 0]
-    entropy = _vocab_parallel_entropy(tempered.detach())
     plain = raw.new_zeros(0)
     if untempered:
         import torch
