@@ -2,14 +2,15 @@
 
 Each parameter's tensor-parallel parts are all-gathered over the tensor-parallel group and merged
 (grpo.trainer.megatron.convert.tp_merge), then renamed to HF names; rank 0 writes them. The
-filesystem transport gets size-bounded safetensors files (`model-0000i-of-0000n.safetensors`,
-at most BUCKET_BYTES each: vLLM's update route loads one file at a time, so its transient memory
-is one bucket) plus the checkpoint's config.json; the collective transport gets the tensors
+filesystem transport gets an HF model folder: size-bounded safetensors files (at most
+BUCKET_BYTES each, with HF's index file when there are several: vLLM's update route loads one file
+at a time, so its transient memory is one bucket) and the checkpoint's config.json; the collective transport gets the tensors
 themselves (grpo.trainer.publish.publish_over_collective's sender).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,8 +74,17 @@ def write_hf_folder(
     from safetensors.torch import save_file
 
     groups = buckets(tensors, max_bytes)
-    for i, group in enumerate(groups):
-        save_file(group, str(folder / f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"), {"format": "pt"})
+    if len(groups) == 1:
+        save_file(groups[0], str(folder / "model.safetensors"), {"format": "pt"})
+    else:
+        weight_map = {}
+        for i, group in enumerate(groups):
+            file = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+            save_file(group, str(folder / file), {"format": "pt"})
+            weight_map.update(dict.fromkeys(group, file))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     shutil.copy2(model_path / "config.json", folder / "config.json")
 
 
