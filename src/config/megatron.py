@@ -21,7 +21,8 @@ class MegatronConfig(StrictModel):
     the attention heads and the KV heads."""
 
     pipeline_model_parallel_size: int = Field(1, ge=1)
-    """Ranks that split the decoder layers into consecutive stages. Must divide the layers."""
+    """Ranks that split the decoder layers into consecutive stages. Must divide the layers. The
+    trainer does not run pipeline stages yet: only 1 is accepted."""
 
     use_distributed_optimizer: bool = True
     """Shard the fp32 main weights and Adam moments over the data-parallel ranks (ZeRO-1)."""

@@ -303,7 +303,14 @@ class TrainerConfig(StrictModel):
     @model_validator(mode="after")
     def _megatron_trains_full_weights(self) -> TrainerConfig:
         if self.backend == "megatron" and self.lora:
-            raise ValueError("backend megatron trains full weights; set lora: false (or backend: hf for LoRA)")
+            raise ValueError(
+                "backend megatron trains full weights; set lora: false (or backend: hf for LoRA)"
+            )
+        if self.backend == "megatron" and self.megatron.pipeline_model_parallel_size > 1:
+            raise ValueError(
+                "megatron pipeline_model_parallel_size > 1 is not implemented by the trainer yet; set it to 1 "
+                "(tensor and data parallelism work)"
+            )
         if self.backend == "megatron" and self.ckpt.interval is not None:
             raise ValueError(
                 "backend megatron does not write checkpoints yet; remove ckpt.interval (or use backend: hf)"

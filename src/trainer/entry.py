@@ -51,6 +51,7 @@ def build_trainer(
 
     return Trainer(cfg, run_dir, base_weights)
 
+
 # How often a stop event is checked while waiting for a batch.
 _STOP_POLL_S = 1.0
 

@@ -60,13 +60,13 @@ def patch_cuda_module() -> None:
 
     assert needed(), "the CPU compatibility layer is for machines without CUDA"
     cpu = torch.device("cpu")
-    torch.cuda.current_device = lambda: cpu  # type: ignore[assignment,return-value]
+    torch.cuda.current_device = lambda: cpu
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.empty_cache = lambda: None
-    torch.cuda.Stream = _Stream  # type: ignore[assignment,misc]
-    torch.cuda.current_stream = lambda *args, **kwargs: _Stream()  # type: ignore[assignment,return-value]
-    torch.cuda.default_stream = lambda *args, **kwargs: _Stream()  # type: ignore[assignment,return-value]
-    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()  # type: ignore[assignment,return-value]
+    torch.cuda.Stream = _Stream
+    torch.cuda.current_stream = lambda *args, **kwargs: _Stream()
+    torch.cuda.default_stream = lambda *args, **kwargs: _Stream()
+    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
     _install_rng_tracker()
 
 

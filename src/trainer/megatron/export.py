@@ -39,7 +39,9 @@ def whole_megatron_state_dict(model: MegatronModel) -> dict[str, torch.Tensor]:
         tensor = param.detach()
         if model.ranks.tp_size > 1:
             parts = [torch.empty_like(tensor) for _ in range(model.ranks.tp_size)]
-            torch.distributed.all_gather(parts, tensor.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+            torch.distributed.all_gather(
+                parts, tensor.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+            )
             tensor = tp_merge(names[local], parts)
         out[names[local]] = tensor
     return out

@@ -57,7 +57,9 @@ def _chunk(
         import torch
 
         with torch.no_grad():
-            plain = -vocab_parallel_cross_entropy(raw.detach().clone()[:, None, :], targets.long()[:, None])[:, 0]
+            plain = -vocab_parallel_cross_entropy(raw.detach().clone()[:, None, :], targets.long()[:, None])[
+                :, 0
+            ]
     return token_lp, entropy, plain
 
 

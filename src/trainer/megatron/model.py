@@ -66,7 +66,11 @@ def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, d
     mp = cfg.megatron
     recompute: dict[str, Any] = {}
     if mp.recompute == "full":
-        recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        recompute = {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
     elif mp.recompute == "selective":
         recompute = {"recompute_granularity": "selective"}
     return TransformerConfig(
@@ -137,7 +141,9 @@ class MegatronModel:
                 name = global_layer_name(local, self.layer_offset)
                 source = tp_slice(name, whole[name], self.ranks.tp_rank, self.ranks.tp_size)
                 if source.shape != param.shape:
-                    raise ValueError(f"{name}: checkpoint slice {tuple(source.shape)}, model {tuple(param.shape)}")
+                    raise ValueError(
+                        f"{name}: checkpoint slice {tuple(source.shape)}, model {tuple(param.shape)}"
+                    )
                 param.copy_(source)
 
     def hidden_states(self, mb: MicroBatch) -> torch.Tensor:
@@ -183,7 +189,9 @@ def read_hf_weights(model_path: Path) -> dict[str, torch.Tensor]:
 
     files = sorted(model_path.glob("*.safetensors"))
     if not files:
-        raise UserError(f"no *.safetensors weights in {model_path}; backend megatron loads safetensors checkpoints")
+        raise UserError(
+            f"no *.safetensors weights in {model_path}; backend megatron loads safetensors checkpoints"
+        )
     weights: dict[str, torch.Tensor] = {}
     for file in files:
         weights.update(load_file(str(file)))

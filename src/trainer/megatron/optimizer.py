@@ -30,7 +30,9 @@ def build_ddp_and_optimizer(cfg: TrainerConfig, model: MegatronModel) -> tuple[A
 
     mp = cfg.megatron
     if cfg.optimizer == "adamw_8bit":
-        get_logger("trainer").info("backend megatron uses Megatron's Adam (fp32 moments); optimizer adamw_8bit is ignored")
+        get_logger("trainer").info(
+            "backend megatron uses Megatron's Adam (fp32 moments); optimizer adamw_8bit is ignored"
+        )
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=mp.grad_reduce_in_fp32,
         overlap_grad_reduce=False,
@@ -49,9 +51,7 @@ def build_ddp_and_optimizer(cfg: TrainerConfig, model: MegatronModel) -> tuple[A
         clip_grad=cfg.max_grad_norm,
     )
     with on_cpu():
-        ddp = DistributedDataParallel(
-            config=model.module.config, ddp_config=ddp_config, module=model.module
-        )
+        ddp = DistributedDataParallel(config=model.module.config, ddp_config=ddp_config, module=model.module)
         optimizer = get_megatron_optimizer(optimizer_config, [ddp])
     return ddp, optimizer
 

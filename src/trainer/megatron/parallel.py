@@ -74,6 +74,28 @@ def check_layout(mp: MegatronConfig, hf_config: Any, world_size: int) -> None:
         )
 
 
+_FALLBACK_NOTICES = (
+    "Transformer Engine and Apex are not installed",
+    "Apex is not installed",
+    "full scope is deprecated",
+    r"`torch.distributed.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+)
+"""megatron-core's notices that it uses plain torch kernels (no Apex/TransformerEngine: the CPU
+path, by design), that a default of its own config is deprecated, and torch's deprecation of
+collectives megatron-core 0.16 calls: nothing a user can act on."""
+
+
+def silence_fallback_notices() -> None:
+    import warnings
+
+    for message in _FALLBACK_NOTICES:
+        warnings.filterwarnings("ignore", message=message)
+    # Its zero_grad reads `.grad` of the main-weight shards, which are views (never given a .grad).
+    warnings.filterwarnings(
+        "ignore", message="The .grad attribute of a Tensor that is not a leaf", module="megatron"
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -51,9 +51,10 @@ class MegatronTrainer:
         from grpo.trainer.distributed import init_distributed
         from grpo.trainer.megatron.model import build_model
         from grpo.trainer.megatron.optimizer import build_ddp_and_optimizer
-        from grpo.trainer.megatron.parallel import check_layout, init_model_parallel
+        from grpo.trainer.megatron.parallel import check_layout, init_model_parallel, silence_fallback_notices
         from grpo.trainer.model import choose_dtype, resolve_device
 
+        silence_fallback_notices()
         assert cfg.backend == "megatron" and not cfg.lora, "the config validator guarantees it"
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -66,14 +67,11 @@ class MegatronTrainer:
                 f"torchrun --nproc_per_node {cfg.gpus} $(which grpo-train) train.yaml (or set gpus: 1)"
             )
         if base_weights is not None and base_weights.borrowed_tensors():
-            raise UserError("backend megatron trains its own copy of the weights; it cannot borrow the engine's")
+            raise UserError(
+                "backend megatron trains its own copy of the weights; it cannot borrow the engine's"
+            )
         model_path = base_weights.model_path if base_weights is not None else resolve_model(cfg.model).path
         check_layout(cfg.megatron, AutoConfig.from_pretrained(model_path), world_size)
-        if cfg.megatron.pipeline_model_parallel_size > 1:
-            raise UserError(
-                "megatron pipeline_model_parallel_size > 1 is not implemented by the trainer yet; use 1 "
-                "(tensor and data parallelism work)"
-            )
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.ranks = init_model_parallel(cfg.megatron, device.type)
@@ -146,7 +144,12 @@ class MegatronTrainer:
                 (mb,) = self._micro_batches([row])
                 hidden = self.model.hidden_states(mb)
                 lp = every_token_logprobs(
-                    self.model, hidden, mb.input_ids, mb.parent_ids, mb.temperatures, self.cfg.logprob_chunk_size
+                    self.model,
+                    hidden,
+                    mb.input_ids,
+                    mb.parent_ids,
+                    mb.temperatures,
+                    self.cfg.logprob_chunk_size,
                 )
                 out.append(lp.float().cpu().numpy())
         return out
@@ -324,10 +327,14 @@ class MegatronTrainer:
         tensors = self.hf_state_dict()
         if tensors is None:
             return None
-        return publish_full_weights(tensors, self.model_path, self.cfg, self.run_dir, version, over_collective)
+        return publish_full_weights(
+            tensors, self.model_path, self.cfg, self.run_dir, version, over_collective
+        )
 
     def save_checkpoint(self) -> Path:
-        raise UserError("backend megatron does not write checkpoints yet; remove ckpt.interval from train.yaml")
+        raise UserError(
+            "backend megatron does not write checkpoints yet; remove ckpt.interval from train.yaml"
+        )
 
     def maybe_resume(self) -> int:
         """0: nothing to resume (checkpoints are refused at load, so none of this backend exist)."""

@@ -18,7 +18,11 @@ def tiny_llama_tp2_path(model_cache_dir: Path) -> Path:
     from grpo.models.tiny import build_tiny_model
 
     return build_tiny_model(
-        model_cache_dir / "tiny-llama-tp2", num_heads=4, num_kv_heads=2, hidden_size=256, tie_word_embeddings=False
+        model_cache_dir / "tiny-llama-tp2",
+        num_heads=4,
+        num_kv_heads=2,
+        hidden_size=256,
+        tie_word_embeddings=False,
     )
 
 

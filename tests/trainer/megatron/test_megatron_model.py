@@ -11,17 +11,17 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
 
-from trainer_batches import make_row, reference_logprobs  # noqa: E402
+from trainer_batches import make_row, reference_logprobs
 
-from grpo.config.trainer import TrainerConfig  # noqa: E402
-from grpo.trainer.megatron.convert import (  # noqa: E402
+from grpo.config.trainer import TrainerConfig
+from grpo.trainer.megatron.convert import (
     DecoderShape,
     hf_to_megatron,
     megatron_to_hf,
     tp_merge,
     tp_slice,
 )
-from grpo.trainer.megatron.model import read_hf_weights  # noqa: E402
+from grpo.trainer.megatron.model import read_hf_weights
 
 
 def _shape(model_path: Path) -> DecoderShape:

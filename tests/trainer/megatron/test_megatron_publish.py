@@ -12,10 +12,10 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
 
-from trainer_batches import make_row, on_policy_batch, reference_logprobs  # noqa: E402
+from trainer_batches import make_row, on_policy_batch, reference_logprobs
 
-from grpo.config.trainer import TrainerConfig  # noqa: E402
-from grpo.trainer.megatron.export import buckets  # noqa: E402
+from grpo.config.trainer import TrainerConfig
+from grpo.trainer.megatron.export import buckets
 
 
 @pytest.mark.usefixtures("float32_compute")
@@ -46,7 +46,9 @@ def test_buckets_hold_at_most_the_bound_and_keep_every_tensor_once() -> None:
     assert all(sum(t.numel() * 4 for t in g.values()) <= 160 or len(g) == 1 for g in groups)
 
 
-def test_a_folder_of_several_buckets_loads_into_hf_as_one_checkpoint(tiny_model_path: Path, tmp_path: Path) -> None:
+def test_a_folder_of_several_buckets_loads_into_hf_as_one_checkpoint(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
     from transformers import AutoModelForCausalLM
 
     from grpo.trainer.megatron.export import write_hf_folder

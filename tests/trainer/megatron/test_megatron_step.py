@@ -12,9 +12,9 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
 
-from trainer_batches import make_row, on_policy_batch  # noqa: E402
+from trainer_batches import make_row, on_policy_batch
 
-from grpo.config.trainer import TrainerConfig  # noqa: E402
+from grpo.config.trainer import TrainerConfig
 
 
 def _batch(hf_trainer: object) -> object:
