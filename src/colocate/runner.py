@@ -129,7 +129,9 @@ def _train_with_server(
     from grpo.trainer.weights import BorrowedWeights
     from grpo.transport.batch_memory import memory_transport_pair
 
-    borrowed, shared_files = borrow_base_weights(server, model_path)
+    # A Megatron trainer trains its own copy of every weight: nothing to borrow.
+    borrowing = train.backend != "megatron"
+    borrowed, shared_files = borrow_base_weights(server, model_path) if borrowing else (None, [])
     base_urls = [server.base_url]
     if replicas is not None:
         announce_replica(run_dir, 0, server.base_url, shared_files)
@@ -143,7 +145,9 @@ def _train_with_server(
 
     sender, receiver = memory_transport_pair(capacity=orch.max_async_level + 1)
     stop_trainer = threading.Event()
-    base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
+    base_weights = (
+        None if borrowed is None else BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
+    )
     trainer = TrainerThread(lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights))
     client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls}))
     trainer.start()

@@ -231,7 +231,10 @@ def build_model(
             position_embedding_type="rope",
             rotary_base=int(_rope_theta(hf_config)),
         )
-    module.to(device)
+    # Every weight in the compute dtype, norms included (torch's RMSNorm keeps fp32 weights
+    # otherwise, and a bf16 input with an fp32 weight misses its fused kernel), as Megatron's own
+    # Float16Module does; the optimizer keeps the fp32 main weights.
+    module.to(device=device, dtype=dtype)
     norms = TE_SPEC_NORMS if use_te else LOCAL_SPEC_NORMS
     model = MegatronModel(module, shape, norms, ranks, device, dtype)
     model.load_whole(hf_to_megatron(read_hf_weights(model_path), shape, norms))
