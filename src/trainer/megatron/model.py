@@ -24,6 +24,7 @@ from grpo.trainer.megatron.convert import (
     NormNames,
     global_layer_name,
     hf_to_megatron,
+    split_dim,
     tp_slice,
 )
 from grpo.utils.errors import UserError
@@ -132,6 +133,20 @@ class MegatronModel:
             name: global_layer_name(name, self.layer_offset) for name, _ in self.module.named_parameters()
         }
 
+    def mark_tensor_parallel(self) -> None:
+        """Tag each split parameter as megatron-core's initialisers do. With perform_initialization
+        off (the checkpoint's weights are loaded instead) they never run, and without the tags the
+        optimizer counts a split weight as a replica: the gradient norm would see rank 0's parts only."""
+        from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+        for local, param in self.module.named_parameters():
+            dim = split_dim(global_layer_name(local, self.layer_offset))
+            if dim is not None and not getattr(param, "tensor_model_parallel", False):
+                for attribute in ("tensor_model_parallel", "partition_dim", "partition_stride"):
+                    if hasattr(param, attribute):
+                        delattr(param, attribute)
+                set_tensor_model_parallel_attributes(param, True, dim, 1)
+
     def load_whole(self, whole: dict[str, torch.Tensor]) -> None:
         """Copy this rank's slice of a whole Megatron state dict into the parameters."""
         import torch
@@ -237,5 +252,6 @@ def build_model(
     module.to(device=device, dtype=dtype)
     norms = TE_SPEC_NORMS if use_te else LOCAL_SPEC_NORMS
     model = MegatronModel(module, shape, norms, ranks, device, dtype)
+    model.mark_tensor_parallel()
     model.load_whole(hf_to_megatron(read_hf_weights(model_path), shape, norms))
     return model

@@ -1,13 +1,12 @@
 """Megatron's process groups (tensor, pipeline, data parallel) and the layout checks behind them.
 
 megatron-core needs torch.distributed even for one process, so a single trainer process starts a
-one-rank gloo group of its own on a free loopback port. Under torchrun the group is the one
+one-rank group of its own over an in-process store. Under torchrun the group is the one
 grpo.trainer.distributed.init_distributed joined. Data parallel = world / (tensor x pipeline).
 """
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,12 +95,6 @@ def silence_fallback_notices() -> None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def init_model_parallel(mp: MegatronConfig, device_type: str) -> ParallelRanks:
     """Create (or reuse, when the sizes match) Megatron's groups over the default process group."""
     import torch
@@ -109,11 +102,9 @@ def init_model_parallel(mp: MegatronConfig, device_type: str) -> ParallelRanks:
     from megatron.core import parallel_state
 
     if not dist.is_initialized():
+        # One process: an in-process store (a TCP one would, under torchrun, look for the agent's).
         dist.init_process_group(
-            "nccl" if device_type == "cuda" else "gloo",
-            init_method=f"tcp://127.0.0.1:{_free_port()}",
-            rank=0,
-            world_size=1,
+            "nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
         )
     tp, pp = mp.tensor_model_parallel_size, mp.pipeline_model_parallel_size
     if parallel_state.model_parallel_is_initialized():
