@@ -52,3 +52,7 @@ def test_pipeline_stages_are_refused_until_the_trainer_runs_them() -> None:
     assert "pipeline_model_parallel_size" in _refusal(
         {"lora": False, "megatron": {"pipeline_model_parallel_size": 2}}
     )
+
+
+def test_rmsnorm_noise_is_refused_until_the_backend_publishes_it() -> None:
+    assert "noise_scheduler" in _refusal({"lora": False, "noise_scheduler": {"enabled": True}})
