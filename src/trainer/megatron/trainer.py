@@ -59,6 +59,11 @@ class MegatronTrainer:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         device = resolve_device(cfg)
+        if device.type == "cpu" and torch.cuda.is_available():
+            # megatron-core places its buffers on the GPU whenever there is one.
+            raise UserError(
+                "backend megatron trains on the GPU where CUDA is present; set device: auto or cuda"
+            )
         self.dist = init_distributed(device.type, cfg.dist_timeout)
         world_size = 1 if self.dist is None else self.dist.world_size
         if cfg.gpus > 1 and self.dist is None:

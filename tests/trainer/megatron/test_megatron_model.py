@@ -103,3 +103,18 @@ def test_megatron_logprobs_equal_the_hf_models_on_smollm2(
     trainer.close()
     for lp, ref in zip(got, reference_logprobs(embedded_model_path, rows), strict=True):
         np.testing.assert_allclose(lp, ref, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_compute")
+def test_megatron_logprobs_on_cuda_equal_the_hf_models(
+    tiny_llama_tp2_path: Path, megatron_cfg: Callable[..., TrainerConfig], tmp_path: Path
+) -> None:
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+
+    rows = _rows()
+    trainer = MegatronTrainer(megatron_cfg(model=str(tiny_llama_tp2_path), device="cuda"), tmp_path)
+    got = trainer.score(rows)
+    trainer.close()
+    for lp, ref in zip(got, reference_logprobs(tiny_llama_tp2_path, rows), strict=True):
+        np.testing.assert_allclose(lp, ref, atol=1e-4)  # TF32/cuBLAS reductions differ from the CPU's
