@@ -9,8 +9,8 @@ GPUs, with gloo as the collective backend.
 
 Two parts:
 - `patch_cuda_module()`: process-wide, once: `torch.cuda.current_device()` names the CPU, streams
-  and synchronisation are no-ops, and megatron-core's RNG tracker (CUDA generator states, forked
-  for dropout) is one that forks nothing. On a machine without CUDA these functions could only raise, so
+  and synchronisation are no-ops, megatron-core's RNG tracker (CUDA generator states, forked
+  for dropout) is one that forks nothing, and activation recomputation saves no CUDA generator. On a machine without CUDA these functions could only raise, so
   nothing else that runs in the process loses behaviour.
 - `on_cpu()`: a thread-local TorchFunctionMode for the trainer's Megatron calls: a `device` that
   names CUDA becomes the CPU, `.cuda()` is the identity, and `Tensor.type()` reports the CUDA type
@@ -96,6 +96,10 @@ def _install_rng_tracker() -> None:
 
     random._CUDA_RNG_STATE_TRACKER = _CpuRngTracker()
     random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    # Activation recomputation saves and restores the CUDA generator beside the CPU's (which it
+    # handles itself): without CUDA there is none.
+    random._get_cuda_rng_state = lambda *args, **kwargs: None
+    random._set_cuda_rng_state = lambda *args, **kwargs: None
 
 
 def _is_cuda_device(device: Any) -> bool:

@@ -77,10 +77,12 @@ _FALLBACK_NOTICES = (
     "Transformer Engine and Apex are not installed",
     "Apex is not installed",
     "full scope is deprecated",
+    "If you are using transformer_engine as the transformer implementation",
     r"`torch.distributed.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
 )
 """megatron-core's notices that it uses plain torch kernels (no Apex/TransformerEngine: the CPU
-path, by design), that a default of its own config is deprecated, and torch's deprecation of
+path, by design), that a default of its own config is deprecated, that TransformerEngine's fused
+attention needs no selective recomputation (a hint for TE users, printed for every spec), and torch's deprecation of
 collectives megatron-core 0.16 calls: nothing a user can act on."""
 
 

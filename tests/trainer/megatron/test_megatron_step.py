@@ -72,3 +72,37 @@ def test_one_megatron_update_equals_the_hf_backends_full_update(
         torch.testing.assert_close(tensor, hf_after[name], atol=1e-6, rtol=0, msg=name)  # lr is 1e-3
     hf.close()
     megatron.close()
+
+
+@pytest.mark.usefixtures("float32_compute")
+def test_activation_recomputation_changes_no_number_of_the_step(
+    tiny_llama_tp2_path: Path,
+    make_cfg: Callable[..., TrainerConfig],
+    megatron_cfg: Callable[..., TrainerConfig],
+    tmp_path: Path,
+) -> None:
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+    from grpo.trainer.trainer import Trainer
+
+    hf = Trainer(make_cfg(model=str(tiny_llama_tp2_path), lora=False), tmp_path / "hf")
+    batch = _batch(hf)
+    hf.close()
+    results = {}
+    for recompute in ("none", "full", "selective"):
+        cfg = megatron_cfg(model=str(tiny_llama_tp2_path), megatron={"recompute": recompute})
+        trainer = MegatronTrainer(cfg, tmp_path / recompute)
+        metrics = trainer.train_step(copy.deepcopy(batch))
+        weights = trainer.hf_state_dict()
+        assert weights is not None
+        results[recompute] = (metrics, {k: v.clone() for k, v in weights.items()})
+        trainer.close()
+    plain_metrics, plain_weights = results["none"]
+    for recompute in ("full", "selective"):
+        metrics, weights = results[recompute]
+        assert metrics["loss"] == plain_metrics["loss"] and metrics["grad_norm"] == pytest.approx(
+            plain_metrics["grad_norm"], rel=1e-6
+        )
+        for name, tensor in weights.items():
+            torch.testing.assert_close(
+                tensor, plain_weights[name], atol=1e-7, rtol=0, msg=f"{recompute}: {name}"
+            )
