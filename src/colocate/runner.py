@@ -127,7 +127,9 @@ def _train_with_server(
     from grpo.transport.batch_memory import memory_transport_pair
     from grpo.utils.progress import StepDisplay, install
 
-    borrowed, shared_files = borrow_base_weights(server, model_path)
+    # A Megatron trainer trains its own copy of every weight: nothing to borrow.
+    borrowing = train.backend != "megatron"
+    borrowed, shared_files = borrow_base_weights(server, model_path) if borrowing else (None, [])
     base_urls = [server.base_url]
     if replicas is not None:
         announce_replica(run_dir, 0, server.base_url, shared_files)
@@ -142,7 +144,9 @@ def _train_with_server(
     num_parts = orch.num_parts_per_step
     sender, receiver = memory_transport_pair(capacity=(orch.max_async_level + 1) * num_parts)
     stop_trainer = threading.Event()
-    base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
+    base_weights = (
+        None if borrowed is None else BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
+    )
     trainer = TrainerThread(
         lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights, num_parts=num_parts)
     )

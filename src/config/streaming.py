@@ -43,8 +43,17 @@ def streaming_advantage_problem(groups_per_part: int | None, advantage_type: str
     )
 
 
-def streaming_trainer_problem(groups_per_part: int | None, num_trainer_ranks: int) -> str | None:
-    if groups_per_part is None or num_trainer_ranks <= 1:
+def streaming_trainer_problem(
+    groups_per_part: int | None, num_trainer_ranks: int, backend: str = "hf"
+) -> str | None:
+    if groups_per_part is None:
+        return None
+    if backend != "hf":
+        return (
+            f"orch streaming.groups_per_part needs the hf trainer backend (train backend is {backend}); "
+            "set streaming.groups_per_part: null, or train with backend: hf"
+        )
+    if num_trainer_ranks <= 1:
         return None
     return (
         f"orch streaming.groups_per_part streams parts of a step to one trainer process, but the trainer "

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from grpo.config.base import StrictModel
+from grpo.config.megatron import MegatronConfig
 from grpo.config.orchestrator import FilesystemWeightBroadcast, ReportConfig, WeightBroadcastConfig
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -129,6 +130,14 @@ class TrainerConfig(StrictModel):
     gpus: int = Field(1, ge=1)
     """GPUs to train on (data parallel). More than 1 needs a launch through torchrun with as many
     processes; the trainer refuses to start as a single process otherwise."""
+
+    backend: Literal["hf", "megatron"] = "hf"
+    """Training engine. hf: the HF model (LoRA/QLoRA or full; FSDP2 data parallel). megatron:
+    full-parameter updates on megatron-core (tensor, pipeline and data parallel; `megatron:`);
+    needs lora: false and the `megatron` extra (pip install grpo[megatron])."""
+
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """(backend megatron) Parallel sizes and Megatron's knobs."""
 
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """Where to train: auto = CUDA when present, else CPU."""
@@ -300,6 +309,34 @@ class TrainerConfig(StrictModel):
                 "noise_scheduler.enabled with weight_broadcast type nccl and lora false: the QeRL noisy "
                 "norms reach the servers only with filesystem broadcasts; set weight_broadcast type "
                 "filesystem (here and in orch.yaml), train LoRA adapters, or noise_scheduler.enabled false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _megatron_trains_full_weights(self) -> TrainerConfig:
+        if self.backend == "megatron" and self.lora:
+            raise ValueError(
+                "backend megatron trains full weights; set lora: false (or backend: hf for LoRA)"
+            )
+        if self.backend == "megatron" and self.megatron.pipeline_model_parallel_size > 1:
+            raise ValueError(
+                "megatron pipeline_model_parallel_size > 1 is not implemented by the trainer yet; set it to 1 "
+                "(tensor and data parallelism work)"
+            )
+        if self.backend == "megatron" and self.noise_scheduler.enabled:
+            raise ValueError(
+                "noise_scheduler is not implemented for backend megatron yet; disable it (or use backend: hf)"
+            )
+        if self.backend == "megatron" and self.ckpt.interval is not None:
+            raise ValueError(
+                "backend megatron does not write checkpoints yet; remove ckpt.interval (or use backend: hf)"
+            )
+        if self.backend == "megatron" and self.gpus % self.megatron.model_parallel_size != 0:
+            mp = self.megatron
+            raise ValueError(
+                f"gpus {self.gpus} is not a multiple of megatron tensor_model_parallel_size x "
+                f"pipeline_model_parallel_size ({mp.tensor_model_parallel_size} x "
+                f"{mp.pipeline_model_parallel_size}); set gpus to a multiple of {mp.model_parallel_size}"
             )
         return self
 

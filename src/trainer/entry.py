@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
@@ -22,6 +22,37 @@ if TYPE_CHECKING:
     from grpo.transport.interfaces import BatchReceiver
 
 log = get_logger("trainer")
+
+
+class TrainerLoop(Protocol):
+    """What the loop below drives: grpo.trainer.trainer.Trainer (backend hf) or
+    grpo.trainer.megatron.trainer.MegatronTrainer (backend megatron)."""
+
+    cfg: TrainerConfig
+    num_steps_done: int
+
+    @property
+    def is_main(self) -> bool: ...
+    def share_batch(self, batch: TrainingBatch | None) -> TrainingBatch | None: ...
+    def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]: ...
+    def publish(self, version: int, over_collective: bool = False) -> Path | None: ...
+    def save_checkpoint(self) -> Path: ...
+    def maybe_resume(self) -> int: ...
+    def close(self) -> None: ...
+
+
+def build_trainer(
+    cfg: TrainerConfig, run_dir: Path, base_weights: BaseWeightSource | None = None
+) -> TrainerLoop:
+    """The trainer of cfg.backend."""
+    if cfg.backend == "megatron":
+        from grpo.trainer.megatron.trainer import MegatronTrainer
+
+        return MegatronTrainer(cfg, run_dir, base_weights)
+    from grpo.trainer.trainer import Trainer
+
+    return Trainer(cfg, run_dir, base_weights)
+
 
 # How often a stop event is checked while waiting for a batch.
 _STOP_POLL_S = 1.0
@@ -63,18 +94,16 @@ def run(
     `num_parts` > 1 (orch streaming): each step arrives in that many parts (grpo.transport.batch_parts),
     trained as they come; the optimizer steps after the last (single process only: config checks).
     """
-    from grpo.trainer.trainer import Trainer
     from grpo.transport.batch_parts import PartReceiver
 
     over_collective = uses_collective(cfg)
-    trainer = Trainer(cfg, run_dir, base_weights)
+    trainer = build_trainer(cfg, run_dir, base_weights)
     try:
         step = trainer.maybe_resume()
         if not trainer.is_main:
             _follow_rank_zero(trainer)
             return
         assert receiver is not None, "rank 0 needs a batch receiver"
-        assert num_parts == 1 or trainer.dist is None, "streaming needs one trainer process (config checks)"
         parts = PartReceiver(receiver, num_parts)
         if step > 0:
             # The orchestrator may be waiting for this version's STABLE; a restart must not strand it.
@@ -82,6 +111,12 @@ def run(
             trainer.publish(step)
         while cfg.max_steps < 0 or step < cfg.max_steps:
             if num_parts > 1:
+                from grpo.trainer.trainer import Trainer
+
+                # Config checks: streaming needs the hf backend in one trainer process.
+                assert isinstance(trainer, Trainer) and trainer.dist is None, (
+                    "streaming: one hf trainer process"
+                )
                 if not _train_streamed_step(trainer, parts, step, cfg.batch_timeout, stop):
                     return
             else:
@@ -129,7 +164,7 @@ def _train_streamed_step(
     return True
 
 
-def _follow_rank_zero(trainer: Trainer) -> None:
+def _follow_rank_zero(trainer: TrainerLoop) -> None:
     """Ranks > 0: train on the share of each batch rank 0 hands out until it says stop (None), and
     join rank 0 in everything collective: publishing (FSDP2) and checkpoints. The republish of a
     resumed step comes first, like on rank 0."""

@@ -64,12 +64,19 @@ def publish_over_collective(policy: Policy, cfg: TrainerConfig, run_dir: Path, v
     weight_broadcast.host:port, over a fresh collective session. Blocks until all received it;
     TimeoutError naming the missing ranks after weight_broadcast.timeout, UserError naming a rank
     that does not prove the secret."""
+    assert not policy.is_lora, "the collective path carries full weights only"
+    return send_over_collective(full_state_dict(policy), cfg, run_dir, version)
+
+
+def send_over_collective(
+    tensors: list[tuple[str, torch.Tensor]], cfg: TrainerConfig, run_dir: Path, version: int
+) -> Path:
+    """publish_over_collective for HF-named full weights from any backend."""
     from grpo.transport.weights_announce import write_collective_manifest
     from grpo.transport.weights_collective import CollectiveWeightSender
 
     wb = cfg.weight_broadcast
-    assert wb.type == "nccl" and not policy.is_lora, "the collective path carries full weights only"
-    tensors = full_state_dict(policy)
+    assert wb.type == "nccl", "the collective path needs weight_broadcast type nccl"
     final = broadcast_dir(run_dir, version)
     staged = staging_dir(final)
     num_bytes = sum(t.numel() * t.element_size() for _, t in tensors)

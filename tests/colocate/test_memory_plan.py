@@ -37,3 +37,17 @@ def test_each_of_dp_engines_gets_a_cache_for_its_share_of_the_batch(tiny_model_p
 
 def test_a_user_kv_cache_size_is_an_upper_bound(tiny_model_path: Path) -> None:
     assert _plan(tiny_model_path, kv_cache_space_gb=0.3).kv_cache_space_gb == 0.3
+
+
+def test_a_megatron_trainer_is_planned_with_its_own_copy_of_every_weight(embedded_model_path: Path) -> None:
+    from grpo.colocate.memory_plan import MEGATRON_BYTES, trainer_rows
+    from grpo.models.shape import ModelShape
+
+    shape = ModelShape.from_folder(embedded_model_path)
+    fields = {"model": str(embedded_model_path), "device": "cpu", "lora": False}
+    hf = dict((name, size) for name, size, _ in trainer_rows(TrainerConfig(**fields), shape, on_gpu=False))
+    megatron = TrainerConfig(**fields, backend="megatron")
+    rows = {name: size for name, size, _ in trainer_rows(megatron, shape, on_gpu=False)}
+    assert rows["megatron parameters"] > hf["full parameters"]  # plus its own bf16 copy of the weights
+    # SmolLM2-135M: about 134.5M parameters (tied embeddings counted once).
+    assert rows["megatron parameters"] == pytest.approx(134.5e6 * MEGATRON_BYTES, rel=0.01)

@@ -42,11 +42,9 @@ def test_advantages_that_see_the_whole_batch_are_refused_with_streaming(advantag
 
 def test_a_data_parallel_trainer_is_refused_with_streaming(tmp_path: Path) -> None:
     train = TrainerConfig(model="m", output_dir="out", gpus=2)
-    problems = check_trainer_orchestrator(train, _orch(2), colocated=False)
+    problems = check_trainer_orchestrator(train, _orch(2))
     assert any("2 data-parallel ranks" in p for p in problems)
-    assert not any(
-        "data-parallel" in p for p in check_trainer_orchestrator(train, _orch(None), colocated=False)
-    )
+    assert not any("data-parallel" in p for p in check_trainer_orchestrator(train, _orch(None)))
     # grpo-train checks the run dir's resolved orch.yaml the same way, and learns the parts per step.
     (tmp_path / "configs").mkdir()
     orch_yaml = tmp_path / "configs" / "orch.yaml"
@@ -54,3 +52,11 @@ def test_a_data_parallel_trainer_is_refused_with_streaming(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match=r"streaming\.groups_per_part: null"):
         _check_against_orchestrator(train, tmp_path)
     assert _check_against_orchestrator(TrainerConfig(model="m", output_dir="out"), tmp_path) == 4
+
+
+def test_the_megatron_backend_is_refused_with_streaming() -> None:
+    # Streaming accumulates parts through the hf Trainer's begin_step/accumulate/finish_step.
+    train = TrainerConfig(model="m", output_dir="out", backend="megatron", lora=False)
+    problems = check_trainer_orchestrator(train, _orch(2))
+    assert any("needs the hf trainer backend" in p for p in problems)
+    assert not any("streaming" in p for p in check_trainer_orchestrator(train, _orch(None)))

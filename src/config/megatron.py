@@ -1,0 +1,40 @@
+"""`train.yaml` `megatron:`: the parallel layout and knobs of the Megatron backend (`backend: megatron`).
+
+Checks that need only the config run at load time (grpo.config.trainer); those that need the
+model's shape (heads, KV heads and layers against the parallel sizes, the architecture) or the
+world size run when the trainer starts (grpo.trainer.megatron.setup.check_layout), before any
+weight is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from grpo.config.base import StrictModel
+
+
+class MegatronConfig(StrictModel):
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    """Ranks that split each layer's matmuls (attention heads, MLP columns, vocabulary). Must divide
+    the attention heads and the KV heads."""
+
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    """Ranks that split the decoder layers into consecutive stages. Must divide the layers. The
+    trainer does not run pipeline stages yet: only 1 is accepted."""
+
+    use_distributed_optimizer: bool = True
+    """Shard the fp32 main weights and Adam moments over the data-parallel ranks (ZeRO-1)."""
+
+    grad_reduce_in_fp32: bool = True
+    """Accumulate and reduce gradients in fp32 (else in the compute dtype)."""
+
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: none; selective (attention's core only); full (each layer's
+    activations, recomputed in backward: least memory)."""
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks holding one copy of the model (tensor x pipeline); data parallel = world / this."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size

@@ -1,0 +1,217 @@
+"""HF <-> Megatron parameter names and layouts for Llama-style decoders, and tensor-parallel slicing.
+
+Three forms of the same weights:
+- HF: the checkpoint's names (`model.layers.3.self_attn.q_proj.weight`, ...).
+- whole Megatron: megatron-core's names with global layer numbers and unsplit tensors.
+- local Megatron: one rank's slice (its tensor-parallel part of its pipeline stage's layers, layer
+  numbers counted within the stage), what the rank's GPTModel holds.
+
+Layouts that differ from HF:
+- `linear_qkv` fuses q, k and v grouped per KV head: for each KV group, its q heads, then its k
+  head, then its v head ([groups x (q_per_group + 2) x head_dim, hidden]); a tensor-parallel rank
+  holds whole groups, so the fused tensor splits evenly along dim 0.
+- `linear_fc1` fuses [gate; up]; a tensor-parallel rank holds [its gate rows; its up rows], so
+  splitting and merging re-slice gate and up separately.
+- Row-parallel linears (`linear_proj`, `linear_fc2`) split along dim 1; column-parallel ones, the
+  embedding and the output layer along dim 0; norms are replicated.
+Norm names depend on the layer spec: the local spec has `input_layernorm` / `pre_mlp_layernorm`,
+TransformerEngine's fuses them into `linear_qkv.layer_norm_weight` / `linear_fc1.layer_norm_weight`.
+
+This mapping is ours rather than a conversion library's (see README: Megatron backend): it is the
+whole of what the supported architectures need, and it covers both layer specs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tied_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, config: object) -> DecoderShape:
+        heads = int(config.num_attention_heads)  # type: ignore[attr-defined]
+        hidden = int(config.hidden_size)  # type: ignore[attr-defined]
+        return cls(
+            num_layers=int(config.num_hidden_layers),  # type: ignore[attr-defined]
+            num_heads=heads,
+            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+            tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+    @property
+    def q_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+@dataclass(frozen=True)
+class NormNames:
+    """Where the two per-layer norms live in a layer spec (suffixes after `decoder.layers.{i}.`)."""
+
+    attention: str
+    mlp: str
+
+
+LOCAL_SPEC_NORMS = NormNames("input_layernorm.weight", "pre_mlp_layernorm.weight")
+TE_SPEC_NORMS = NormNames("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.layer_norm_weight")
+
+# Megatron layer suffix -> HF layer suffix, for tensors that map one to one.
+_ONE_TO_ONE = {
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+}
+_QKV = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
+_FC1 = "mlp.linear_fc1.weight"
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: DecoderShape) -> torch.Tensor:
+    """HF q [heads*d, ...], k, v [kv_heads*d, ...] -> Megatron grouped [groups*(qpg+2)*d, ...]."""
+    import torch
+
+    d, groups = shape.head_dim, shape.num_kv_heads
+    rest = q.shape[1:]
+    q = q.reshape(groups, shape.q_per_group * d, *rest)
+    k = k.reshape(groups, d, *rest)
+    v = v.reshape(groups, d, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+
+
+def _split_qkv(qkv: torch.Tensor, shape: DecoderShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    d, groups, qpg = shape.head_dim, shape.num_kv_heads, shape.q_per_group
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(groups, (qpg + 2) * d, *rest)
+    q = grouped[:, : qpg * d].reshape(-1, *rest)
+    k = grouped[:, qpg * d : (qpg + 1) * d].reshape(-1, *rest)
+    v = grouped[:, (qpg + 1) * d :].reshape(-1, *rest)
+    return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def hf_to_megatron(
+    hf: dict[str, torch.Tensor], shape: DecoderShape, norms: NormNames = LOCAL_SPEC_NORMS
+) -> dict[str, torch.Tensor]:
+    """HF state dict -> whole Megatron state dict (no lm_head when the embeddings are tied)."""
+    import torch
+
+    out = {
+        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+    }
+    if not shape.tied_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    for i in range(shape.num_layers):
+        hf_prefix, prefix = f"model.layers.{i}.", f"decoder.layers.{i}."
+        attn = hf_prefix + "self_attn."
+        out[prefix + norms.attention] = hf[hf_prefix + "input_layernorm.weight"]
+        out[prefix + norms.mlp] = hf[hf_prefix + "post_attention_layernorm.weight"]
+        for megatron_suffix, hf_suffix in _ONE_TO_ONE.items():
+            out[prefix + megatron_suffix] = hf[hf_prefix + hf_suffix]
+        for kind in ("weight", "bias"):
+            if attn + f"q_proj.{kind}" in hf:
+                q, k, v = (hf[attn + f"{p}_proj.{kind}"] for p in "qkv")
+                out[prefix + f"self_attention.linear_qkv.{kind}"] = _fuse_qkv(q, k, v, shape)
+        mlp = hf_prefix + "mlp."
+        out[prefix + _FC1] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
+    return out
+
+
+def megatron_to_hf(
+    whole: dict[str, torch.Tensor], shape: DecoderShape, norms: NormNames = LOCAL_SPEC_NORMS
+) -> dict[str, torch.Tensor]:
+    """Whole Megatron state dict -> HF state dict (lm_head left out when tied: loaders re-tie it)."""
+    out = {
+        "model.embed_tokens.weight": whole["embedding.word_embeddings.weight"],
+        "model.norm.weight": whole["decoder.final_layernorm.weight"],
+    }
+    if not shape.tied_embeddings:
+        out["lm_head.weight"] = whole["output_layer.weight"]
+    hf_norms = {norms.attention: "input_layernorm.weight", norms.mlp: "post_attention_layernorm.weight"}
+    for name, tensor in whole.items():
+        match = _LAYER.match(name)
+        if match is None:
+            continue
+        hf_prefix, suffix = f"model.layers.{match[1]}.", match[2]
+        if suffix in hf_norms:
+            out[hf_prefix + hf_norms[suffix]] = tensor
+        elif suffix in _ONE_TO_ONE:
+            out[hf_prefix + _ONE_TO_ONE[suffix]] = tensor
+        elif suffix in _QKV:
+            kind = suffix.rsplit(".", 1)[1]
+            for p, part in zip("qkv", _split_qkv(tensor, shape), strict=True):
+                out[hf_prefix + f"self_attn.{p}_proj.{kind}"] = part
+        elif suffix == _FC1:
+            gate, up = tensor.chunk(2)
+            out[hf_prefix + "mlp.gate_proj.weight"] = gate.contiguous()
+            out[hf_prefix + "mlp.up_proj.weight"] = up.contiguous()
+        elif not suffix.endswith("_extra_state"):
+            raise KeyError(f"no HF name for Megatron parameter {name}")
+    return out
+
+
+def split_dim(name: str) -> int | None:
+    """The dimension tensor parallelism splits `name` along (None: replicated on every rank)."""
+    if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        return 1
+    if name.endswith(
+        (
+            "word_embeddings.weight",
+            "output_layer.weight",
+            "linear_qkv.weight",
+            "linear_qkv.bias",
+            "linear_fc1.weight",
+        )
+    ):
+        return 0
+    return None
+
+
+def tp_slice(name: str, tensor: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """This rank's part of the whole tensor `name`."""
+    import torch
+
+    dim = split_dim(name)
+    if dim is None or tp_size == 1:
+        return tensor
+    if name.endswith(_FC1):
+        gate, up = tensor.chunk(2)
+        return torch.cat([gate.chunk(tp_size)[tp_rank], up.chunk(tp_size)[tp_rank]]).contiguous()
+    return tensor.chunk(tp_size, dim=dim)[tp_rank].contiguous()
+
+
+def tp_merge(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """The whole tensor `name` from every tensor-parallel rank's part, in rank order."""
+    import torch
+
+    dim = split_dim(name)
+    if dim is None or len(parts) == 1:
+        return parts[0]
+    if name.endswith(_FC1):
+        gates, ups = zip(*(part.chunk(2) for part in parts), strict=True)
+        return torch.cat([*gates, *ups])
+    return torch.cat(parts, dim=dim)
+
+
+def global_layer_name(local_name: str, layer_offset: int) -> str:
+    """A stage's parameter name (layers counted within the stage) -> the whole model's name."""
+    match = _LAYER.match(local_name)
+    if match is None:
+        return local_name
+    return f"decoder.layers.{int(match[1]) + layer_offset}.{match[2]}"
+
+
+def hf_layer_index(hf_name: str) -> int | None:
+    match = _HF_LAYER.match(hf_name)
+    return None if match is None else int(match[1])

@@ -1,0 +1,115 @@
+"""Megatron policy -> HF-named full weights -> the existing weight transports.
+
+Each parameter's tensor-parallel parts are all-gathered over the tensor-parallel group and merged
+(grpo.trainer.megatron.convert.tp_merge), then renamed to HF names; rank 0 writes them. The
+filesystem transport gets an HF model folder: size-bounded safetensors files (at most
+BUCKET_BYTES each, with HF's index file when there are several: vLLM's update route loads one file
+at a time, so its transient memory is one bucket) and the checkpoint's config.json; the collective transport gets the tensors
+themselves (grpo.trainer.publish.publish_over_collective's sender).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from grpo.trainer.megatron.convert import megatron_to_hf, tp_merge
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.megatron.model import MegatronModel
+
+BUCKET_BYTES = 512 * 1024**2
+
+
+def whole_megatron_state_dict(model: MegatronModel) -> dict[str, torch.Tensor]:
+    """Every parameter of this pipeline stage, tensor-parallel parts merged (collective over the
+    tensor-parallel group; every rank of the group gets the whole tensors)."""
+    import torch
+    from megatron.core import parallel_state
+
+    assert model.ranks.pp_size == 1, "pipeline stages are not gathered yet (the trainer refuses pp > 1)"
+    names = model.local_names()
+    out = {}
+    for local, param in model.module.named_parameters():
+        tensor = param.detach()
+        if model.ranks.tp_size > 1:
+            parts = [torch.empty_like(tensor) for _ in range(model.ranks.tp_size)]
+            torch.distributed.all_gather(
+                parts, tensor.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+            )
+            tensor = tp_merge(names[local], parts)
+        out[names[local]] = tensor
+    return out
+
+
+def gather_hf_state_dict(model: MegatronModel, is_main: bool) -> dict[str, torch.Tensor] | None:
+    """The whole policy under HF names on the main rank, None on the others (collective)."""
+    whole = whole_megatron_state_dict(model)
+    if not is_main:
+        return None
+    return {name: t.contiguous() for name, t in megatron_to_hf(whole, model.shape, model.norms).items()}
+
+
+def buckets(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Consecutive groups of tensors of at most `max_bytes` each (a larger tensor alone)."""
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        num_bytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + num_bytes > max_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][name] = tensor
+        size += num_bytes
+    return groups
+
+
+def write_hf_folder(
+    tensors: dict[str, torch.Tensor], model_path: Path, folder: Path, max_bytes: int = BUCKET_BYTES
+) -> None:
+    """HF-named safetensors in size-bounded files, and the checkpoint's config.json, into `folder`."""
+    from safetensors.torch import save_file
+
+    groups = buckets(tensors, max_bytes)
+    if len(groups) == 1:
+        save_file(groups[0], str(folder / "model.safetensors"), {"format": "pt"})
+    else:
+        weight_map = {}
+        for i, group in enumerate(groups):
+            file = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+            save_file(group, str(folder / file), {"format": "pt"})
+            weight_map.update(dict.fromkeys(group, file))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    shutil.copy2(model_path / "config.json", folder / "config.json")
+
+
+def publish_full_weights(
+    tensors: dict[str, torch.Tensor],
+    model_path: Path,
+    cfg: TrainerConfig,
+    run_dir: Path,
+    version: int,
+    over_collective: bool,
+) -> Path:
+    """Write (or announce and send) policy `version` as grpo.trainer.publish does for the HF backend."""
+    from grpo.trainer.publish import prune_step_dirs
+    from grpo.transport.weights_filesystem import broadcast_dir
+    from grpo.utils.atomic import publish_dir, staging_dir
+
+    if over_collective:
+        from grpo.trainer.publish import send_over_collective
+
+        return send_over_collective(list(tensors.items()), cfg, run_dir, version)
+    final = broadcast_dir(run_dir, version)
+    staged = staging_dir(final)
+    write_hf_folder(tensors, model_path, staged)
+    publish_dir(staged, final)
+    prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
+    return final

@@ -1,0 +1,257 @@
+"""megatron-core GPTModel from an HF Llama-style checkpoint: build, load, forward, export.
+
+The layer spec is TransformerEngine's on CUDA where transformer_engine imports, else megatron-core's
+local spec (plain torch modules: what runs on CPU). Weights are held in the compute dtype (bf16
+where the hardware has it, see grpo.trainer.model.choose_dtype); with bf16, Megatron's optimizer
+keeps fp32 main weights, so updates do not round away.
+
+Forward runs the embedding and the decoder on the padded pieces grpo.trainer.packing builds, with
+the pieces' tree masks and RoPE at each token's own position (a shared prefix's branches repeat
+positions, so positions are not the index in the piece). The output layer then runs only on the
+hidden states that predict a needed token (grpo.trainer.megatron.logprobs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo.trainer.megatron.convert import (
+    LOCAL_SPEC_NORMS,
+    TE_SPEC_NORMS,
+    DecoderShape,
+    NormNames,
+    global_layer_name,
+    hf_to_megatron,
+    split_dim,
+    tp_slice,
+)
+from grpo.utils.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.megatron.parallel import ParallelRanks
+    from grpo.trainer.packing import MicroBatch
+
+
+def _use_transformer_engine(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def _rope_theta(hf_config: Any) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise UserError(
+            f"backend megatron supports plain RoPE; the model uses rope_type {rope_type!r}: use backend: hf"
+        )
+    theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None)
+    assert theta is not None, "a Llama-style config names rope_theta"
+    return float(theta)
+
+
+def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, device: torch.device) -> Any:
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    shape = DecoderShape.from_hf_config(hf_config)
+    mp = cfg.megatron
+    recompute: dict[str, Any] = {}
+    if mp.recompute == "full":
+        recompute = {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
+    elif mp.recompute == "selective":
+        recompute = {"recompute_granularity": "selective"}
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=int(hf_config.hidden_size),
+        ffn_hidden_size=int(hf_config.intermediate_size),
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(hf_config.rms_norm_eps),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=bool(getattr(hf_config, "attention_bias", False))
+        or hf_config.architectures[0] == "Qwen2ForCausalLM",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        attention_softmax_in_fp32=True,
+        tensor_model_parallel_size=mp.tensor_model_parallel_size,
+        pipeline_model_parallel_size=mp.pipeline_model_parallel_size,
+        sequence_parallel=False,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        pipeline_dtype=dtype,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        # Each rank's loss is divided by the whole step's loss tokens: DDP must sum, not average.
+        calculate_per_token_loss=True,
+        **recompute,
+    )
+
+
+@dataclass
+class MegatronModel:
+    """One rank's GPTModel (its tensor-parallel slice of its pipeline stage) and how to fill it."""
+
+    module: Any
+    """The GPTModel (not yet wrapped in Megatron's DDP)."""
+    shape: DecoderShape
+    norms: NormNames
+    ranks: ParallelRanks
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def layer_offset(self) -> int:
+        return self.ranks.pp_rank * (self.shape.num_layers // self.ranks.pp_size)
+
+    def local_names(self) -> dict[str, str]:
+        """Local parameter name -> whole-model Megatron name."""
+        return {
+            name: global_layer_name(name, self.layer_offset) for name, _ in self.module.named_parameters()
+        }
+
+    def mark_tensor_parallel(self) -> None:
+        """Tag each split parameter as megatron-core's initialisers do. With perform_initialization
+        off (the checkpoint's weights are loaded instead) they never run, and without the tags the
+        optimizer counts a split weight as a replica: the gradient norm would see rank 0's parts only."""
+        from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+        for local, param in self.module.named_parameters():
+            dim = split_dim(global_layer_name(local, self.layer_offset))
+            if dim is not None and not getattr(param, "tensor_model_parallel", False):
+                for attribute in ("tensor_model_parallel", "partition_dim", "partition_stride"):
+                    if hasattr(param, attribute):
+                        delattr(param, attribute)
+                set_tensor_model_parallel_attributes(param, True, dim, 1)
+
+    def load_whole(self, whole: dict[str, torch.Tensor]) -> None:
+        """Copy this rank's slice of a whole Megatron state dict into the parameters."""
+        import torch
+
+        with torch.no_grad():
+            for local, param in self.module.named_parameters():
+                name = global_layer_name(local, self.layer_offset)
+                source = tp_slice(name, whole[name], self.ranks.tp_rank, self.ranks.tp_size)
+                if source.shape != param.shape:
+                    raise ValueError(
+                        f"{name}: checkpoint slice {tuple(source.shape)}, model {tuple(param.shape)}"
+                    )
+                param.copy_(source)
+
+    def hidden_states(self, mb: MicroBatch) -> torch.Tensor:
+        """Final (normed) hidden states [T, H] of a packed micro-batch (last pipeline stage)."""
+        import torch
+
+        from grpo.trainer.megatron.cpu_compat import on_cpu
+
+        assert mb.forwards is not None, "the Megatron backend runs padded pieces with masks"
+        gpt = self.module
+        parts, tokens = [], []
+        with on_cpu():
+            for forward in mb.forwards:
+                embedded = gpt.embedding(input_ids=forward.input_ids, position_ids=forward.position_ids)
+                hidden = gpt.decoder(
+                    hidden_states=embedded,  # [L, B, H]
+                    attention_mask=~forward.attention_mask,  # Megatron masks where True
+                    rotary_pos_emb=self._rope(forward.position_ids),
+                )  # [L, B, H]
+                flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
+                parts.append(flat[forward.slots])
+                tokens.append(forward.tokens)
+        order = torch.cat(tokens)
+        return torch.cat(parts)[torch.argsort(order)]
+
+    def _rope(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """[B, L] positions -> [L, B, 1, head_dim] rotary angles (Megatron's non-interleaved layout)."""
+        import torch
+
+        inv_freq = self.module.rotary_pos_emb.inv_freq.to(position_ids.device)  # [head_dim / 2]
+        freqs = position_ids.t().float()[..., None] * inv_freq.float()  # [L, B, head_dim / 2]
+        return torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+
+    def output_weight(self) -> torch.Tensor | None:
+        """The embedding matrix when the output layer shares it, else None (the layer's own)."""
+        if self.module.share_embeddings_and_output_weights:
+            return self.module.shared_embedding_or_output_weight()
+        return None
+
+
+def read_hf_weights(model_path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise UserError(
+            f"no *.safetensors weights in {model_path}; backend megatron loads safetensors checkpoints"
+        )
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    return weights
+
+
+def build_model(
+    cfg: TrainerConfig, model_path: Path, ranks: ParallelRanks, device: torch.device, dtype: torch.dtype
+) -> MegatronModel:
+    """This rank's GPTModel with the checkpoint's weights."""
+    from megatron.core.models.gpt import GPTModel
+    from transformers import AutoConfig
+
+    from grpo.trainer.megatron.cpu_compat import on_cpu
+
+    hf_config = AutoConfig.from_pretrained(model_path)
+    shape = DecoderShape.from_hf_config(hf_config)
+    config = transformer_config(cfg, hf_config, dtype, device)
+    use_te = _use_transformer_engine(device)
+    if use_te:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec()
+    else:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    with on_cpu():
+        module = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=int(hf_config.vocab_size),
+            max_sequence_length=int(hf_config.max_position_embeddings),
+            pre_process=ranks.is_first_stage,
+            post_process=ranks.is_last_stage,
+            share_embeddings_and_output_weights=shape.tied_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(_rope_theta(hf_config)),
+        )
+    # Every weight in the compute dtype, norms included (torch's RMSNorm keeps fp32 weights
+    # otherwise, and a bf16 input with an fp32 weight misses its fused kernel), as Megatron's own
+    # Float16Module does; the optimizer keeps the fp32 main weights.
+    module.to(device=device, dtype=dtype)
+    norms = TE_SPEC_NORMS if use_te else LOCAL_SPEC_NORMS
+    model = MegatronModel(module, shape, norms, ranks, device, dtype)
+    model.mark_tensor_parallel()
+    model.load_whole(hf_to_megatron(read_hf_weights(model_path), shape, norms))
+    return model

@@ -1,0 +1,134 @@
+"""Megatron's process groups (tensor, pipeline, data parallel) and the layout checks behind them.
+
+megatron-core needs torch.distributed even for one process, so a single trainer process starts a
+one-rank group of its own over an in-process store. Under torchrun the group is the one
+grpo.trainer.distributed.init_distributed joined. Data parallel = world / (tensor x pipeline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from grpo.utils.errors import UserError
+
+if TYPE_CHECKING:
+    from grpo.config.megatron import MegatronConfig
+
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+"""Llama-style decoders: RMSNorm, RoPE, grouped-query attention, gated SiLU MLP (Qwen2 adds q/k/v
+biases). Others need their own name and layout mapping (grpo.trainer.megatron.convert)."""
+
+
+@dataclass(frozen=True)
+class ParallelRanks:
+    """This process's place in Megatron's groups."""
+
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    dp_rank: int
+    dp_size: int
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+
+def check_layout(mp: MegatronConfig, hf_config: Any, world_size: int) -> None:
+    """UserError (one line with the fix) when the model cannot be split as `mp` asks."""
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
+        raise UserError(
+            f"backend megatron supports {sorted(SUPPORTED_ARCHITECTURES)}, the model is {architectures or 'unknown'}; "
+            "use backend: hf for it"
+        )
+    tp, pp = mp.tensor_model_parallel_size, mp.pipeline_model_parallel_size
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads % tp or kv_heads % tp:
+        raise UserError(
+            f"megatron tensor_model_parallel_size {tp} must divide the model's {heads} attention heads and "
+            f"{kv_heads} KV heads; pick a common divisor"
+        )
+    if hf_config.vocab_size % tp:
+        raise UserError(
+            f"megatron tensor_model_parallel_size {tp} must divide the vocabulary ({hf_config.vocab_size}); "
+            "pick a divisor"
+        )
+    if hf_config.num_hidden_layers % pp:
+        raise UserError(
+            f"megatron pipeline_model_parallel_size {pp} must divide the model's {hf_config.num_hidden_layers} "
+            "layers; pick a divisor"
+        )
+    if world_size % (tp * pp):
+        raise UserError(
+            f"{world_size} trainer ranks cannot hold whole copies of a model split {tp} (tensor) x {pp} "
+            f"(pipeline) ways; launch a multiple of {tp * pp} ranks"
+        )
+
+
+_FALLBACK_NOTICES = (
+    "Transformer Engine and Apex are not installed",
+    "Apex is not installed",
+    "full scope is deprecated",
+    "If you are using transformer_engine as the transformer implementation",
+    r"`torch.distributed.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+)
+"""megatron-core's notices that it uses plain torch kernels (no Apex/TransformerEngine: the CPU
+path, by design), that a default of its own config is deprecated, that TransformerEngine's fused
+attention needs no selective recomputation (a hint for TE users, printed for every spec), and torch's deprecation of
+collectives megatron-core 0.16 calls: nothing a user can act on."""
+
+
+def silence_fallback_notices() -> None:
+    import warnings
+
+    for message in _FALLBACK_NOTICES:
+        warnings.filterwarnings("ignore", message=message)
+    # Its zero_grad reads `.grad` of the main-weight shards, which are views (never given a .grad).
+    warnings.filterwarnings(
+        "ignore", message="The .grad attribute of a Tensor that is not a leaf", module="megatron"
+    )
+
+
+def init_model_parallel(mp: MegatronConfig, device_type: str) -> ParallelRanks:
+    """Create (or reuse, when the sizes match) Megatron's groups over the default process group."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        # One process: an in-process store (a TCP one would, under torchrun, look for the agent's).
+        dist.init_process_group(
+            "nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+        )
+    tp, pp = mp.tensor_model_parallel_size, mp.pipeline_model_parallel_size
+    if parallel_state.model_parallel_is_initialized():
+        same = (
+            parallel_state.get_tensor_model_parallel_world_size() == tp
+            and parallel_state.get_pipeline_model_parallel_world_size() == pp
+        )
+        if not same:
+            parallel_state.destroy_model_parallel()
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        )
+    if device_type == "cuda":
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(int(torch.initial_seed()) % (2**31))
+    return ParallelRanks(
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        tp_size=tp,
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        pp_size=pp,
+        dp_rank=parallel_state.get_data_parallel_rank(),
+        dp_size=parallel_state.get_data_parallel_world_size(),
+    )

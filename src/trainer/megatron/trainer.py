@@ -1,0 +1,358 @@
+"""The Megatron trainer (`backend: megatron`): the same loop contract as grpo.trainer.trainer.Trainer.
+
+grpo.trainer.entry.run drives either through the same methods (share_batch, train_step, publish,
+save_checkpoint, maybe_resume, close); metrics have the same names and meanings.
+
+A step: rank 0's batch is shared with every rank; each data-parallel rank trains on its balanced
+share of the rows (all tensor-parallel ranks of one replica take the same rows); each micro-batch's
+GRPO loss (grpo.trainer.loss, already divided by the whole step's loss tokens) is backpropagated,
+Megatron's DDP sums the gradients over data-parallel ranks (calculate_per_token_loss: a sum, not a
+mean), then Megatron's optimizer (DistributedOptimizer by default) clips and steps. A step whose
+gradient norm is not finite is skipped, as in the HF backend.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from grpo.trainer.checkpoint import METRICS_FILE
+from grpo.trainer.loss import LossSums, grpo_loss
+from grpo.trainer.packing import split_micro_batches
+from grpo.transport.batch import TrainingBatch
+from grpo.utils.errors import UserError
+from grpo.utils.jsonl import JsonlWriter
+from grpo.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.megatron.model import MegatronModel
+    from grpo.trainer.packing import MicroBatch
+    from grpo.trainer.weights import BaseWeightSource
+    from grpo.transport.batch import PackedRow
+
+log = get_logger("trainer")
+
+
+class MegatronTrainer:
+    def __init__(
+        self, cfg: TrainerConfig, run_dir: str | Path, base_weights: BaseWeightSource | None = None
+    ) -> None:
+        import torch
+        from transformers import AutoConfig
+
+        from grpo.models.resolve import resolve_model
+        from grpo.trainer.distributed import init_distributed
+        from grpo.trainer.megatron.model import build_model
+        from grpo.trainer.megatron.optimizer import build_ddp_and_optimizer
+        from grpo.trainer.megatron.parallel import check_layout, init_model_parallel, silence_fallback_notices
+        from grpo.trainer.model import choose_dtype, resolve_device
+
+        silence_fallback_notices()
+        assert cfg.backend == "megatron" and not cfg.lora, "the config validator guarantees it"
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        device = resolve_device(cfg)
+        if device.type == "cpu" and torch.cuda.is_available():
+            # megatron-core places its buffers on the GPU whenever there is one.
+            raise UserError(
+                "backend megatron trains on the GPU where CUDA is present; set device: auto or cuda"
+            )
+        self.dist = init_distributed(device.type, cfg.dist_timeout)
+        world_size = 1 if self.dist is None else self.dist.world_size
+        if cfg.gpus > 1 and self.dist is None:
+            raise UserError(
+                f"train gpus is {cfg.gpus} but this trainer is a single process; launch it with "
+                f"torchrun --nproc_per_node {cfg.gpus} $(which grpo-train) train.yaml (or set gpus: 1)"
+            )
+        if base_weights is not None and base_weights.borrowed_tensors():
+            raise UserError(
+                "backend megatron trains its own copy of the weights; it cannot borrow the engine's"
+            )
+        model_path = base_weights.model_path if base_weights is not None else resolve_model(cfg.model).path
+        check_layout(cfg.megatron, AutoConfig.from_pretrained(model_path), world_size)
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.ranks = init_model_parallel(cfg.megatron, device.type)
+        self.model: MegatronModel = build_model(cfg, model_path, self.ranks, device, choose_dtype(device))
+        self.model_path = model_path
+        self.ddp, self.optimizer = build_ddp_and_optimizer(cfg, self.model)
+        self.num_steps_done = 0
+        """Optimizer steps taken = the version of the current policy."""
+        self.num_skipped_steps = 0
+        self._metrics = JsonlWriter(self.run_dir / METRICS_FILE) if self.is_main else None
+        self._wandb: Any = None
+        if cfg.report_to is not None and self.is_main:
+            import wandb
+
+            self._wandb = wandb.init(
+                project=cfg.report_to.project,
+                name=cfg.report_to.name,
+                mode="offline" if cfg.report_to.offline else "online",
+                dir=str(self.run_dir),
+                job_type="trainer",
+            )
+        num_params = sum(p.numel() for p in self.model.module.parameters())
+        log.info(
+            "megatron policy %s on %s, %s, tp %d pp %d dp %d, %d parameters on this rank%s",
+            model_path.name,
+            device,
+            self.model.dtype,
+            self.ranks.tp_size,
+            self.ranks.pp_size,
+            self.ranks.dp_size,
+            num_params,
+            ", distributed optimizer" if cfg.megatron.use_distributed_optimizer else "",
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist is None or self.dist.is_main
+
+    def share_batch(self, batch: TrainingBatch | None) -> TrainingBatch | None:
+        if self.dist is None:
+            return batch
+        from grpo.trainer.distributed import share_batch
+
+        return share_batch(batch, self.dist)
+
+    def _micro_batches(self, rows: list[PackedRow]) -> list[MicroBatch]:
+        from grpo.trainer.packing import build_micro_batch
+
+        return [
+            build_micro_batch(group, self.model.device, varlen_attention=False)
+            for group in split_micro_batches(rows, self.cfg.per_device_train_batch_size)
+        ]
+
+    def score(self, rows: list[PackedRow] | None, share_rows: bool = False) -> list[np.ndarray]:
+        """Current-policy logprobs [num_tokens] (float32) of each row, as Trainer.score. Every rank
+        scores every row (the tensor-parallel ranks of a replica must run the same forwards)."""
+        import torch
+
+        from grpo.trainer.megatron.logprobs import every_token_logprobs
+
+        if share_rows and self.dist is not None:
+            shared = self.share_batch(TrainingBatch(step=0, rows=rows or []) if self.is_main else None)
+            assert shared is not None
+            rows = shared.rows
+        if rows is None:
+            raise ValueError("score() needs rows (or share_rows=True on every rank, with rows on rank 0)")
+        out = []
+        with torch.no_grad():
+            for row in rows:
+                (mb,) = self._micro_batches([row])
+                hidden = self.model.hidden_states(mb)
+                lp = every_token_logprobs(
+                    self.model,
+                    hidden,
+                    mb.input_ids,
+                    mb.parent_ids,
+                    mb.temperatures,
+                    self.cfg.logprob_chunk_size,
+                )
+                out.append(lp.float().cpu().numpy())
+        return out
+
+    def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
+        from grpo.trainer.distributed import balance_rows
+        from grpo.trainer.megatron.cpu_compat import on_cpu
+        from grpo.trainer.megatron.optimizer import set_learning_rate
+
+        batch.validate()
+        started = time.perf_counter()
+        if batch.num_loss_tokens == 0:
+            log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch.step)
+        loss_scale = self.cfg.loss.loss_scale(batch.num_loss_tokens)
+        lr = set_learning_rate(self.cfg, self.optimizer, self.num_steps_done)
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        rows = balance_rows(batch.rows, self.ranks.dp_size)[self.ranks.dp_rank]
+        totals = LossSums()
+        num_tokens = num_sequence_tokens = 0
+        micro_batches = self._micro_batches(rows)
+        for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
+            group_loss = None
+            for mb in group:
+                loss, sums = self._micro_batch_loss(mb, loss_scale)
+                group_loss = loss if group_loss is None else group_loss + loss
+                totals.add(sums)
+                num_tokens += mb.num_tokens
+                num_sequence_tokens += mb.num_sequence_tokens
+            if group_loss is not None:
+                with on_cpu():
+                    group_loss.backward()
+        totals, num_tokens, num_sequence_tokens = self._sum_over_data_parallel(
+            totals, num_tokens, num_sequence_tokens
+        )
+        grad_norm = self._optimizer_step()
+        self.num_steps_done += 1
+        step_time = time.perf_counter() - started
+        metrics = {
+            **totals.metrics(),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "step_time": step_time,
+            "wait_time": wait_time,
+            "tokens_per_s": num_tokens / max(step_time, 1e-9),
+            "sequence_tokens_per_s": num_sequence_tokens / max(step_time, 1e-9),
+            "skipped_steps": float(self.num_skipped_steps),
+        }
+        self._report(batch.step, metrics, totals.num_loss_tokens)
+        return metrics
+
+    def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
+        import torch
+
+        from grpo.trainer.megatron.logprobs import token_logprobs
+
+        hidden = self.model.hidden_states(mb)
+        tokens = mb.loss
+        if tokens.targets.numel() == 0:
+            # A zero that still depends on every weight the forward used: every rank joins the reduction.
+            return hidden.sum() * 0.0, LossSums()
+        has_teacher = tokens.teacher_logprobs is not None
+        lp, entropy, untempered_lp = token_logprobs(
+            self.model,
+            hidden[tokens.predicted_from],
+            tokens.targets,
+            tokens.temperatures,
+            self.cfg.logprob_chunk_size,
+            untempered=has_teacher,
+        )
+        return grpo_loss(
+            lp,
+            tokens.inference_logprobs,
+            tokens.advantages,
+            torch.ones_like(tokens.targets, dtype=torch.bool),
+            tokens.sequence_ids,
+            self.cfg.loss,
+            loss_scale,
+            teacher_lp=tokens.teacher_logprobs,
+            entropy=entropy,
+            untempered_lp=untempered_lp if has_teacher else None,
+        )
+
+    def _optimizer_step(self) -> float:
+        """Reduce gradients, clip, step (or skip a non-finite step); the norm before clipping."""
+        from megatron.core.distributed import finalize_model_grads
+
+        from grpo.trainer.megatron.cpu_compat import on_cpu
+
+        with on_cpu():
+            finalize_model_grads([self.ddp])
+            self.optimizer.prepare_grads()
+            if self.cfg.max_grad_norm > 0:
+                grad_norm = float(self.optimizer.clip_grad_norm(self.cfg.max_grad_norm))
+            else:
+                grad_norm = float(self.optimizer.get_grad_norm())
+            # One non-finite gradient would reach every weight through Adam's moments.
+            if math.isfinite(grad_norm):
+                self.optimizer.step_with_ready_grads()
+            else:
+                self.num_skipped_steps += 1
+                log.warning(
+                    "step %d: gradient norm is %s; the update is skipped (%d skipped so far)",
+                    self.num_steps_done + 1,
+                    grad_norm,
+                    self.num_skipped_steps,
+                )
+        return grad_norm
+
+    def _sum_over_data_parallel(
+        self, totals: LossSums, num_tokens: int, num_sequence_tokens: int
+    ) -> tuple[LossSums, int, int]:
+        if self.ranks.dp_size == 1:
+            return totals, num_tokens, num_sequence_tokens
+        import torch
+        from megatron.core import parallel_state
+
+        values = torch.tensor(
+            [
+                totals.loss,
+                totals.num_loss_tokens,
+                totals.num_masked_tokens,
+                totals.kl_sum,
+                totals.entropy_sum,
+                totals.teacher_kl_sum,
+                float(totals.has_teacher),
+                num_tokens,
+                num_sequence_tokens,
+            ],
+            dtype=torch.float64,
+        )
+        torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
+        s = values.tolist()
+        merged = LossSums(
+            loss=s[0],
+            num_loss_tokens=round(s[1]),
+            num_masked_tokens=round(s[2]),
+            kl_sum=s[3],
+            entropy_sum=s[4],
+            teacher_kl_sum=s[5],
+            has_teacher=s[6] > 0,
+        )
+        return merged, round(s[7]), round(s[8])
+
+    def _report(self, step: int, metrics: dict[str, float], num_loss_tokens: int) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.write({"step": step, **metrics})
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if step % self.cfg.logging_steps == 0:
+            of_total = f"/{self.cfg.max_steps}" if self.cfg.max_steps > 0 else ""
+            log.info(
+                "step %d%s  loss %.4f  kl %.2e  masked %.3f  grad_norm %.3f  tokens %d  %.1fs",
+                step + 1,
+                of_total,
+                metrics["loss"],
+                metrics["kl"],
+                metrics["masked"],
+                metrics["grad_norm"],
+                num_loss_tokens,
+                metrics["step_time"],
+            )
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole policy under HF names on rank 0 (None elsewhere); collective."""
+        from grpo.trainer.megatron.export import gather_hf_state_dict
+
+        return gather_hf_state_dict(self.model, self.is_main)
+
+    def publish(self, version: int, over_collective: bool = False) -> Path | None:
+        """Publish policy `version` to broadcasts/step_{version}/ (collective; rank 0 writes)."""
+        from grpo.trainer.megatron.export import publish_full_weights
+
+        tensors = self.hf_state_dict()
+        if tensors is None:
+            return None
+        return publish_full_weights(
+            tensors, self.model_path, self.cfg, self.run_dir, version, over_collective
+        )
+
+    def save_checkpoint(self) -> Path:
+        raise UserError(
+            "backend megatron does not write checkpoints yet; remove ckpt.interval from train.yaml"
+        )
+
+    def maybe_resume(self) -> int:
+        """0: nothing to resume (checkpoints are refused at load, so none of this backend exist)."""
+        from grpo.trainer.checkpoint import find_resume_checkpoint
+
+        if self.is_main and find_resume_checkpoint(self.run_dir, self.cfg.ckpt.resume_step) is not None:
+            raise UserError(
+                "backend megatron cannot resume from a checkpoint yet; start a new run dir or use backend: hf"
+            )
+        return 0
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,0 +1,58 @@
+"""train.yaml `backend: megatron`: what is refused at load, in one line with the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from grpo.config.errors import ConfigError
+from grpo.config.loading import validate
+from grpo.config.trainer import TrainerConfig
+
+
+def _refusal(fields: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate(TrainerConfig, {"model": "m", "backend": "megatron", **fields}, "train.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_the_default_backend_is_hf_with_megatron_defaults_unused() -> None:
+    cfg = validate(TrainerConfig, {"model": "m"}, "train.yaml")
+    assert cfg.backend == "hf" and cfg.megatron.model_parallel_size == 1
+
+
+def test_megatron_with_full_weights_loads_its_parallel_sizes() -> None:
+    fields = {"model": "m", "backend": "megatron", "lora": False, "gpus": 4}
+    fields["megatron"] = {"tensor_model_parallel_size": 2, "recompute": "full"}
+    cfg = validate(TrainerConfig, fields, "train.yaml")
+    assert cfg.megatron.tensor_model_parallel_size == 2 and cfg.megatron.recompute == "full"
+
+
+def test_megatron_with_lora_is_refused() -> None:
+    assert "lora: false" in _refusal({})
+
+
+def test_gpus_that_no_whole_model_copies_fit_are_refused() -> None:
+    line = _refusal({"lora": False, "gpus": 3, "megatron": {"tensor_model_parallel_size": 2}})
+    assert "multiple of 2" in line
+
+
+def test_a_megatron_key_typo_is_refused() -> None:
+    assert "tensor_parallel" in _refusal({"lora": False, "megatron": {"tensor_parallel": 2}})
+
+
+def test_checkpoints_are_refused_until_the_backend_writes_them() -> None:
+    assert "ckpt.interval" in _refusal({"lora": False, "ckpt": {"interval": 2}})
+
+
+def test_pipeline_stages_are_refused_until_the_trainer_runs_them() -> None:
+    assert "pipeline_model_parallel_size" in _refusal(
+        {"lora": False, "megatron": {"pipeline_model_parallel_size": 2}}
+    )
+
+
+def test_rmsnorm_noise_is_refused_until_the_backend_publishes_it() -> None:
+    assert "noise_scheduler" in _refusal({"lora": False, "noise_scheduler": {"enabled": True}})
