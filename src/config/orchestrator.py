@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from grpo.config.base import StrictModel
+from grpo.config.supervisor import ServerRecoveryConfig
 
 
 class ModelConfig(StrictModel):
@@ -166,6 +167,9 @@ class ClientConfig(StrictModel):
 
     elastic: ElasticConfig | None = None
     """Discover servers by DNS instead of a fixed base_url list."""
+
+    recovery: ServerRecoveryConfig = Field(default_factory=ServerRecoveryConfig)
+    """Route around a dead or hung server and bring it back to the current policy."""
 
 
 class BufferConfig(StrictModel):
