@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -97,6 +98,7 @@ def run_colocated(
     interrupt_on_sigterm()
     replicas: ReplicaProcesses | None = None
     server: ServerThread | None = None
+    engine_death: str | None = None
     try:
         if num_replicas > 1:
             master_port = free_port()
@@ -104,13 +106,24 @@ def run_colocated(
             if devices[0] is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = devices[0]  # this process's engine: its own GPU
         server = start_engine(replica_infer_config(infer, 0), model_path)
-        code = _train_with_server(train, orch, run_dir, model_path, server, replicas)
+        try:
+            code = _train_with_server(train, orch, run_dir, model_path, server, replicas)
+        except Exception as error:
+            if server.is_running():
+                raise
+            # The engine died: the trainer's base weights were its memory, so the run cannot go on;
+            # it ends like any other failure, then says how to resume.
+            engine_death, code = str(error), 1
     finally:
         if replicas is not None:
             replicas.stop()
         if server is not None:
             server.stop()
     log.info("\n".join(run_summary(run_dir, time.monotonic() - started)))
+    if engine_death is not None:
+        from grpo.colocate.crash import engine_crash_message
+
+        log.error("%s", engine_crash_message(run_dir, engine_death, sys.argv))
     return code
 
 

@@ -32,7 +32,7 @@ class ServerDownError(RuntimeError):
     """A request was aborted because its server was taken out of routing."""
 
 
-class ServerLostError(RuntimeError):
+class ServerLostError(TimeoutError):
     """A server taken out of routing did not serve again within client.recovery.deadline_s."""
 
 
