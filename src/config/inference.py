@@ -126,7 +126,9 @@ class InferenceConfig(StrictModel):
     """Env var holding the API key the server requires; unset or empty = no key."""
 
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
-    """(grpo-infer) Restart the vLLM server when it dies or hangs; off by default."""
+    """grpo-infer only: restart the vLLM server when it dies or hangs; off by default. A co-located
+    run cannot restart its engine (the trainer borrows its weights): it ends and prints the command
+    that resumes it."""
 
     @field_validator("max_lora_rank")
     @classmethod

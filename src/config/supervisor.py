@@ -47,8 +47,8 @@ class ServerRecoveryConfig(StrictModel):
     """Seconds between /health checks of each server that takes requests."""
 
     health_timeout_s: float = Field(30.0, gt=0)
-    """A server whose /health does not answer 200 within this many seconds is taken out of routing
-    (a refused connection takes it out at once)."""
+    """A server whose /health does not answer within this many seconds is taken out of routing (a
+    refused connection or a 5xx answer takes it out at once)."""
 
     deadline_s: float = Field(900.0, gt=0)
     """A server out of routing that does not serve again (with the current policy) within this many

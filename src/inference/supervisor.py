@@ -91,6 +91,8 @@ class Supervisor:
                 return 0
             failed_at = time.monotonic()
             self._kill_all(child)
+            if self.stop.is_set():  # it exited because the same Ctrl-C reached it first
+                return 0
             if self.num_restarts >= self.cfg.max_restarts:
                 log.error(
                     "inference server %s; supervisor.max_restarts %d reached, giving up (exit 1)",

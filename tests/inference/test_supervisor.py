@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +96,7 @@ def gone(pid: int, timeout: float = 10.0) -> bool:
 
 
 @pytest.fixture
-def supervise(tmp_path: Path) -> Iterator[callable]:  # type: ignore[valid-type]
+def supervise(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
     started: list[Supervised] = []
 
     def start(**cfg: object) -> Supervised:
@@ -124,7 +124,9 @@ def supervise(tmp_path: Path) -> Iterator[callable]:  # type: ignore[valid-type]
             assert gone(server) and gone(engine), "a fake server or its engine outlived the test"
 
 
-def test_a_killed_server_is_restarted_and_its_engine_process_does_not_outlive_it(supervise) -> None:  # type: ignore[no-untyped-def]
+def test_a_killed_server_is_restarted_and_its_engine_process_does_not_outlive_it(
+    supervise: Callable[..., Supervised],
+) -> None:
     supervised = supervise()
     ((server, engine, restart),) = supervised.wait_for_servers(1)
     assert restart == 0
@@ -138,7 +140,9 @@ def test_a_killed_server_is_restarted_and_its_engine_process_does_not_outlive_it
     assert len(supervised.supervisor.recovery_seconds) == 1
 
 
-def test_a_frozen_server_is_killed_with_its_engine_after_the_health_timeout_and_restarted(supervise) -> None:  # type: ignore[no-untyped-def]
+def test_a_frozen_server_is_killed_with_its_engine_after_the_health_timeout_and_restarted(
+    supervise: Callable[..., Supervised],
+) -> None:
     supervised = supervise()
     ((server, engine, _),) = supervised.wait_for_servers(1)
     supervised.wait_serving(0)
@@ -151,7 +155,9 @@ def test_a_frozen_server_is_killed_with_its_engine_after_the_health_timeout_and_
     assert supervised.supervisor.num_restarts == 1
 
 
-def test_past_max_restarts_the_supervisor_gives_up_with_exit_code_1_leaving_no_process(supervise) -> None:  # type: ignore[no-untyped-def]
+def test_past_max_restarts_the_supervisor_gives_up_with_exit_code_1_leaving_no_process(
+    supervise: Callable[..., Supervised],
+) -> None:
     supervised = supervise(max_restarts=1)
     for count in (1, 2):
         server, _engine, _ = supervised.wait_for_servers(count)[-1]
@@ -163,7 +169,7 @@ def test_past_max_restarts_the_supervisor_gives_up_with_exit_code_1_leaving_no_p
         assert gone(server) and gone(engine)
 
 
-def test_stop_ends_the_server_gracefully_and_returns_0(supervise) -> None:  # type: ignore[no-untyped-def]
+def test_stop_ends_the_server_gracefully_and_returns_0(supervise: Callable[..., Supervised]) -> None:
     supervised = supervise()
     ((server, engine, _),) = supervised.wait_for_servers(1)
     supervised.supervisor.stop.set()
