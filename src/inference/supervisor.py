@@ -44,6 +44,8 @@ STARTUP_POLL_S = 0.25
 """Seconds between /health probes of a child that is starting (recovery time counts them)."""
 STOP_GRACE_S = 30.0
 """On SIGTERM, how long the child may take to stop its engine before everything is SIGKILLed."""
+LEFTOVER_GRACE_S = 5.0
+"""After the child stopped, how long the processes it started may take to end by themselves."""
 RESTART_ENV = "GRPO_SERVER_RESTART"
 """Set in the child's environment: how many restarts came before it (0 for the first)."""
 _PR_SET_PDEATHSIG = 1
@@ -188,7 +190,10 @@ class Supervisor:
             child.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(STOP_GRACE_S)
-        if any(p.is_running() for p in tree):
+        # Helpers that end on their own once the server is gone (multiprocessing's resource
+        # tracker cleans up shared memory then) get a moment before anything is killed.
+        _gone, alive = psutil.wait_procs(tree, timeout=LEFTOVER_GRACE_S)
+        if alive:
             self._kill_all(child)
 
 
