@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 log = get_logger("colocate")
 
 WATCHDOG_INTERVAL_S = 1.0
+DEAD_ENGINE_STOP_S = 10.0
+"""How long the server thread of a dead engine gets to stop before its processes are ended."""
 REPLICA_FINISH_TIMEOUT_S = 120.0
 """After the last step, how long replicas may take to stop their engines and exit."""
 
@@ -109,16 +111,22 @@ def run_colocated(
         try:
             code = _train_with_server(train, orch, run_dir, model_path, server, replicas)
         except Exception as error:
-            if server.is_running():
+            if server.is_running() and not engine_dead(server):
                 raise
             # The engine died: the trainer's base weights were its memory, so the run cannot go on;
             # it ends like any other failure, then says how to resume.
-            engine_death, code = str(error), 1
+            engine_death = (
+                "its process exited"
+                if server.engine_died or engine_dead(server)
+                else f"its server thread ended: {error}"
+            )
+            code = 1
     finally:
         if replicas is not None:
             replicas.stop()
         if server is not None:
-            server.stop()
+            # vLLM's server may wait out its shutdown timeouts on a dead engine: nothing to save there.
+            server.stop(**({} if engine_death is None else {"timeout": DEAD_ENGINE_STOP_S}))
     log.info("\n".join(run_summary(run_dir, time.monotonic() - started)))
     if engine_death is not None:
         from grpo.colocate.crash import engine_crash_message
@@ -150,7 +158,7 @@ def _train_with_server(
         join_trainer_group(0, replicas.num_replicas, replicas.master_port)
 
     def failure_of_peers() -> str | None:
-        if not server.is_running():
+        if not server.is_running() or engine_dead(server):
             return "the inference server stopped"
         return None if replicas is None else replicas.failure()
 
@@ -158,7 +166,10 @@ def _train_with_server(
     stop_trainer = threading.Event()
     base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
     trainer = TrainerThread(lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights))
-    client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls}))
+    # No engine here comes back after a crash (the trainer borrows its weights): the watchdog ends
+    # the run instead of the client waiting for a recovery.
+    recovery = orch.client.recovery.model_copy(update={"enabled": False})
+    client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls, "recovery": recovery}))
     trainer.start()
     failure: str | None = "interrupted"
     try:
@@ -189,6 +200,12 @@ def _train_with_server(
         raise RuntimeError(failure)
     del borrowed  # views over the engine's memory must go before the engine does
     return 0
+
+
+def engine_dead(server: ServerThread) -> bool:
+    """Whether the engine behind a running server thread died: vLLM's API server keeps serving
+    (/health answers 503) until a request fails on the dead engine, which may never come."""
+    return server.engine_client is not None and bool(server.engine_client.errored)
 
 
 async def _orchestrate(

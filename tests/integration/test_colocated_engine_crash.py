@@ -54,7 +54,9 @@ def test_an_engine_crash_ends_the_run_cleanly_with_a_resume_command_that_finishe
         orch_ckpt={"wait_for_weights_timeout": 120},
     )
     tag = uuid.uuid4().hex
-    env = {**os.environ, TAG_VAR: tag, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    # The printed command names `grpo` as a user types it: from PATH.
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, TAG_VAR: tag, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "PATH": path}
     log_path = tmp_path / "first.log"
     with log_path.open("w") as log:
         first = subprocess.Popen([str(BIN / "grpo"), *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
