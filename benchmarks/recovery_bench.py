@@ -47,8 +47,9 @@ def _server_process(supervisor: subprocess.Popen[bytes]) -> psutil.Process:
 
 
 async def _measure(
-    url: str, supervisor: subprocess.Popen[bytes], adapter: Path, kinds: list[str]
-) -> list[dict]:
+    url: str, supervisor: subprocess.Popen[bytes], adapter: Path, kinds: list[str], launched: float
+) -> tuple[float, list[dict]]:
+    """(seconds from launch to the first start answering, one entry per round)."""
     from grpo.config.orchestrator import ClientConfig
     from grpo.inference.client import InferenceClient
     from grpo.inference.types import GenerateRequest, SamplingParams
@@ -64,6 +65,7 @@ async def _measure(
     rounds = []
     try:
         await client.wait_until_ready(600)
+        first_start = time.monotonic() - launched
         await client.load_lora_adapter("policy", str(adapter))
         await client.generate(request)
         for kind in kinds:
@@ -88,7 +90,7 @@ async def _measure(
             print(rounds[-1], flush=True)
     finally:
         await client.close()
-    return rounds
+    return first_start, rounds
 
 
 def main() -> None:
@@ -122,6 +124,7 @@ def main() -> None:
     (work / "infer.yaml").write_text(yaml.safe_dump(infer))
     log_path = work / "infer.log"
     load_before = os.getloadavg()
+    launched = time.monotonic()
     with log_path.open("wb") as log:
         supervisor = subprocess.Popen(
             [str(Path(sys.executable).parent / "grpo-infer"), str(work / "infer.yaml")],
@@ -131,7 +134,9 @@ def main() -> None:
         )
     kinds = ["sigkill", "sigstop"] * args.rounds
     try:
-        rounds = asyncio.run(_measure(f"http://127.0.0.1:{port}/v1", supervisor, adapter, kinds))
+        first_start, rounds = asyncio.run(
+            _measure(f"http://127.0.0.1:{port}/v1", supervisor, adapter, kinds, launched)
+        )
     finally:
         supervisor.send_signal(signal.SIGTERM)
         supervisor.wait(120)
@@ -152,6 +157,7 @@ def main() -> None:
             "client.recovery": HEALTH,
         },
         "command": "python benchmarks/recovery_bench.py " + " ".join(sys.argv[1:]),
+        "first_start_seconds": round(first_start, 1),
         "rounds": rounds,
     }
     suffix = "_embedded" if args.embedded else "_tiny"
