@@ -27,6 +27,10 @@ def infer(
     """
 
     def start(cfg: InferenceConfig) -> int:
+        if cfg.supervisor.enabled:
+            from grpo.inference.supervisor import supervise
+
+            return supervise(cfg)
         from grpo.inference.server import run_server
 
         return run_server(cfg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 log = get_logger("colocate")
 
 WATCHDOG_INTERVAL_S = 1.0
+DEAD_ENGINE_STOP_S = 10.0
+"""How long the server thread of a dead engine gets to stop before its processes are ended."""
 REPLICA_FINISH_TIMEOUT_S = 120.0
 """After the last step, how long replicas may take to stop their engines and exit."""
 
@@ -94,6 +97,7 @@ def run_colocated(
     interrupt_on_sigterm()
     replicas: ReplicaProcesses | None = None
     server: ServerThread | None = None
+    engine_death: str | None = None
     try:
         if num_replicas > 1:
             master_port = free_port()
@@ -101,13 +105,30 @@ def run_colocated(
             if devices[0] is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = devices[0]  # this process's engine: its own GPU
         server = start_engine(replica_infer_config(infer, 0), model_path)
-        code = _train_with_server(train, orch, run_dir, model_path, server, replicas)
+        try:
+            code = _train_with_server(train, orch, run_dir, model_path, server, replicas)
+        except Exception as error:
+            if server.is_running() and not engine_dead(server):
+                raise
+            # The engine died: the trainer's base weights were its memory, so the run cannot go on;
+            # it ends like any other failure, then says how to resume.
+            engine_death = (
+                "its process exited"
+                if server.engine_died or engine_dead(server)
+                else f"its server thread ended: {error}"
+            )
+            code = 1
     finally:
         if replicas is not None:
             replicas.stop()
         if server is not None:
-            server.stop()
+            # vLLM's server may wait out its shutdown timeouts on a dead engine: nothing to save there.
+            server.stop(**({} if engine_death is None else {"timeout": DEAD_ENGINE_STOP_S}))
     log.info("\n".join(run_summary(run_dir, time.monotonic() - started)))
+    if engine_death is not None:
+        from grpo.colocate.crash import engine_crash_message
+
+        log.error("%s", engine_crash_message(run_dir, engine_death, sys.argv))
     return code
 
 
@@ -137,7 +158,7 @@ def _train_with_server(
         join_trainer_group(0, replicas.num_replicas, replicas.master_port)
 
     def failure_of_peers() -> str | None:
-        if not server.is_running():
+        if not server.is_running() or engine_dead(server):
             return "the inference server stopped"
         return None if replicas is None else replicas.failure()
 
@@ -150,7 +171,10 @@ def _train_with_server(
     trainer = TrainerThread(
         lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights, num_parts=num_parts)
     )
-    client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls}))
+    # No engine here comes back after a crash (nothing restarts it in this process): the watchdog ends
+    # the run instead of the client waiting for a recovery.
+    recovery = orch.client.recovery.model_copy(update={"enabled": False})
+    client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls, "recovery": recovery}))
     display = StepDisplay(orch.max_steps, orch.ckpt.resume_step or 0, with_trainer=True)  # both parts' steps
     install(display)
     trainer.start()
@@ -185,6 +209,12 @@ def _train_with_server(
         raise RuntimeError(failure)
     del borrowed  # views over the engine's memory must go before the engine does
     return 0
+
+
+def engine_dead(server: ServerThread) -> bool:
+    """Whether the engine behind a running server thread died: vLLM's API server keeps serving
+    (/health answers 503) until a request fails on the dead engine, which may never come."""
+    return server.engine_client is not None and bool(server.engine_client.errored)
 
 
 async def _orchestrate(

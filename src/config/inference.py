@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from grpo.config.base import StrictModel
+from grpo.config.supervisor import SupervisorConfig
 
 # vLLM accepts only these LoRA ranks; a configured rank is rounded up to the next one.
 VALID_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -123,6 +124,11 @@ class InferenceConfig(StrictModel):
 
     api_key_var: str = "VLLM_API_KEY"
     """Env var holding the API key the server requires; unset or empty = no key."""
+
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
+    """grpo-infer only: restart the vLLM server when it dies or hangs; off by default. A co-located
+    run cannot restart its engine (the trainer borrows its weights): it ends and prints the command
+    that resumes it."""
 
     @field_validator("max_lora_rank")
     @classmethod

@@ -14,6 +14,7 @@ from grpo.config.base import StrictModel
 from grpo.config.sampling import SamplingConfig
 from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
 from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
+from grpo.config.supervisor import ServerRecoveryConfig
 from grpo.config.transport import (
     FilesystemRolloutTransport,
     FilesystemWeightBroadcast,
@@ -89,6 +90,9 @@ class ClientConfig(StrictModel):
 
     elastic: ElasticConfig | None = None
     """Discover servers by DNS instead of a fixed base_url list."""
+
+    recovery: ServerRecoveryConfig = Field(default_factory=ServerRecoveryConfig)
+    """Route around a dead or hung server and bring it back to the current policy."""
 
 
 class BufferConfig(StrictModel):

@@ -10,6 +10,11 @@ background (grpo.inference.elastic_pool). A server that joins is first sent the 
 (the last adapter or full weights this client loaded) and only then takes requests; one that
 leaves takes no new request, and a request that fails on it is retried on another server.
 
+A fixed list of servers (`client.recovery`, grpo.inference.recovery): a server that dies or hangs
+is taken out of routing, its requests in flight are retried on another server (or on it once it
+is back), and it takes requests again once it answers and holds the current policy (the same
+replay as for an elastic join); one that does not come back within the deadline fails the run.
+
 A new LoRA policy reaches each server the way that server serves LoRA (inference lora_serving): an
 in-place adapter reload, or a merge into its weights (docs/colocate.md, "Serving the policy as
 merged weights"); requests name the adapter either way.
@@ -26,6 +31,7 @@ import httpx
 
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
+from grpo.inference.recovery import ServerDownError, ServerLostError, ServerRecovery
 from grpo.inference.streaming import StreamStatusError, stream_completions
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.inference.weight_routes import (
@@ -111,6 +117,13 @@ class InferenceClient:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
             transport=transport,
         )
+        self._collective_version: int | None = None
+        """The last policy received over the collective: a restarted server cannot get it back."""
+        self._recovery = (
+            ServerRecovery(cfg.recovery, self._http, self.base_urls, self._bring_back, self._forget_sessions)
+            if cfg.recovery.enabled and self._pool is None
+            else None
+        )
 
     # -- routing ------------------------------------------------------------------------------
 
@@ -133,8 +146,11 @@ class InferenceClient:
         self._session_server.pop(session_id, None)
 
     def pool_metrics(self) -> dict[str, int]:
-        """Server counts worth logging: taking requests, joining (elastic), joins and leaves so far."""
+        """Server counts worth logging: taking requests, joining (elastic), joins and leaves so far,
+        recoveries of dead or hung servers (client.recovery)."""
         metrics = {"pool/num_servers": len(self.base_urls)}
+        if self._recovery is not None:
+            metrics.update(self._recovery.metrics())
         if self._pool is not None:
             metrics["pool/num_joining"] = len(self._admissions)
             metrics["pool/num_joins"] = self._pool.num_joins
@@ -148,6 +164,8 @@ class InferenceClient:
 
     async def _wait_for_server(self, timeout: float) -> None:
         """Start the elastic pool if needed and wait until some server takes requests."""
+        if self._recovery is not None:
+            await self._recovery.wait_for_any_server()
         if self._pool is None:
             return
         self._pool.start()
@@ -165,8 +183,8 @@ class InferenceClient:
             await asyncio.sleep(NO_SERVER_POLL_S)
 
     async def _post_routed(self, path: str, body: dict[str, Any], session_id: str | None = None) -> Any:
-        """POST to the server `pick_server` chooses; a retry after a failure in an elastic pool goes
-        to another server where there is one (the failing one is likely leaving)."""
+        """POST to the server `pick_server` chooses; a retry after a failure in an elastic pool, or after
+        its server was taken out (client.recovery), goes to another server where there is one."""
         await self._wait_for_server(self.cfg.timeout)
         return await self._post(self.pick_server(session_id), path, body, session_id=session_id, routed=True)
 
@@ -182,17 +200,24 @@ class InferenceClient:
     ) -> Any:
         """POST with retries on transient errors; returns the decoded JSON, or the text if not JSON.
 
-        `routed`: the request may move to another server on retry (elastic pools only)."""
-        for attempt in range(self.cfg.max_retries + 1):
-            if attempt > 0 and routed and self._pool is not None:
+        `routed`: the request may move to another server on retry (elastic pools, client.recovery).
+        A routed request whose server is taken out (client.recovery) moves without using a retry."""
+        attempt = 0
+        moved = False
+        while True:
+            if (attempt > 0 or moved) and routed and (self._pool is not None or self._recovery is not None):
                 await self._wait_for_server(self.cfg.timeout)
                 url = self.pick_server(session_id, avoid=url)
+            moved = False
             self.num_in_flight[url] = self.num_in_flight.get(url, 0) + 1
             try:
-                response = await self._http.post(
+                request = self._http.post(
                     url + path,
                     json=body,
                     timeout=httpx.Timeout(timeout) if timeout else httpx.USE_CLIENT_DEFAULT,
+                )
+                response = await (
+                    request if self._recovery is None else self._recovery.until_lost(url, request)
                 )
                 if response.status_code == 429 or response.status_code >= 500:
                     raise TransientServerError(
@@ -203,9 +228,18 @@ class InferenceClient:
                 if response.headers.get("content-type", "").startswith("application/json"):
                     return response.json()
                 return response.text
-            except (httpx.TransportError, TransientServerError) as error:
+            except (httpx.TransportError, TransientServerError, ServerDownError) as error:
                 if not routed and self._pool is not None and url not in self._pool.urls:
                     raise ServerLeftError(f"{url}{path} failed after {url} left the pool: {error}") from error
+                if self._recovery is not None and _server_gone(error):
+                    self._recovery.take_out(url, f"{path}: {type(error).__name__} {error}")
+                    if routed:
+                        moved = True
+                        continue
+                    if self._recovery.is_recovering(url):
+                        raise ServerLeftError(
+                            f"{url}{path} failed; {url} is out of routing: {error}"
+                        ) from error
                 if attempt == self.cfg.max_retries:
                     raise TransientServerError(
                         f"{url}{path} failed after {attempt + 1} attempt(s): {error}"
@@ -213,7 +247,7 @@ class InferenceClient:
             finally:
                 self.num_in_flight[url] -= 1
             await asyncio.sleep(min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S))
-        raise AssertionError("unreachable: the loop returns or raises")
+            attempt += 1
 
     async def _post_all(self, path: str, body: dict[str, Any], timeout: float | None = None) -> list[Any]:
         """POST to every server taking requests; a server that leaves the pool meanwhile is skipped."""
@@ -244,8 +278,7 @@ class InferenceClient:
         if url in self.base_urls:
             self.base_urls.remove(url)
         self._lora_serving.pop(url, None)  # a server that comes back under this URL may differ
-        for session_id in [s for s, server in self._session_server.items() if server == url]:
-            del self._session_server[session_id]
+        self._forget_sessions(url)
 
     async def _server_lora_serving(self, url: str) -> str:
         """How server `url` takes an adapter: "merged" (it merges it into its weights) or "adapter"."""
@@ -295,7 +328,29 @@ class InferenceClient:
         return requests
 
     async def _admit(self, url: str) -> None:
-        """Wait until a joined server answers /models, give it the current policy, then route to it.
+        """Wait until a joined server answers /models, give it the current policy, then route to it."""
+        await self._bring_to_policy(url)
+        del self._admissions[url]
+        self.num_in_flight.setdefault(url, 0)
+        self.base_urls.append(url)
+        log.info("inference server %s takes requests (%d in the pool)", url, len(self.base_urls))
+
+    async def _bring_back(self, url: str) -> None:
+        """client.recovery: bring a server that was taken out back to the current policy."""
+        if self._collective_version is not None:
+            raise ServerLostError(
+                f"inference server {url} stopped serving, and policy {self._collective_version} came over the "
+                "collective (weight_broadcast type nccl), which cannot be sent to it again; resume the run "
+                "with ckpt.resume_step -1 once it is back, or use weight_broadcast type filesystem"
+            )
+        await self._bring_to_policy(url)
+
+    def _forget_sessions(self, url: str) -> None:
+        for session_id in [s for s, server in self._session_server.items() if server == url]:
+            del self._session_server[session_id]
+
+    async def _bring_to_policy(self, url: str) -> None:
+        """Wait until server `url` answers /models (listing the model), then send it the current policy.
 
         If the policy changes while it is being sent, send the new one: routing must never reach a
         server that holds an older policy than the rest of the pool."""
@@ -315,11 +370,7 @@ class InferenceClient:
                 await asyncio.sleep(ADMIT_POLL_S)
                 continue
             if generation == self._policy_generation:
-                break
-        del self._admissions[url]
-        self.num_in_flight.setdefault(url, 0)
-        self.base_urls.append(url)
-        log.info("inference server %s takes requests (%d in the pool)", url, len(self.base_urls))
+                return
 
     # -- RolloutClient ------------------------------------------------------------------------
 
@@ -340,6 +391,8 @@ class InferenceClient:
                     state = "unreachable" if served is None else f"serving {sorted(served)}, not {model!r}"
                     raise TimeoutError(f"inference server {url} {state} after {timeout:.0f} s")
                 await asyncio.sleep(1.0)
+        if self._recovery is not None:
+            self._recovery.start()
 
     async def _served_models(self, url: str) -> set[str] | None:
         try:
@@ -365,17 +418,25 @@ class InferenceClient:
         (finish_reason ABORTED). A failure is retried like `generate`'s, from the start."""
         body = _completion_body(request)
         url = ""
-        for attempt in range(self.cfg.max_retries + 1):
+        attempt = 0
+        moved = False
+        while True:
             await self._wait_for_server(self.cfg.timeout)
-            url = self.pick_server(
-                request.session_id, avoid=url if attempt > 0 and self._pool is not None else None
-            )
+            retrying = (attempt > 0 or moved) and (self._pool is not None or self._recovery is not None)
+            url = self.pick_server(request.session_id, avoid=url if retrying else None)
+            moved = False
             self.num_in_flight[url] += 1
             try:
-                return await stream_completions(self._http, url + "/completions", body, request.n, interrupt)
-            except (httpx.TransportError, StreamStatusError) as error:
+                stream = stream_completions(self._http, url + "/completions", body, request.n, interrupt)
+                return await (stream if self._recovery is None else self._recovery.until_lost(url, stream))
+            except (httpx.TransportError, StreamStatusError, ServerDownError) as error:
                 if isinstance(error, StreamStatusError) and not error.retryable:
                     raise
+                if self._recovery is not None and _server_gone(error):
+                    # Its tokens so far are lost with the server: the request starts again elsewhere.
+                    self._recovery.take_out(url, f"/completions (streamed): {type(error).__name__} {error}")
+                    moved = True
+                    continue
                 if attempt == self.cfg.max_retries:
                     raise TransientServerError(
                         f"{url}/completions (streamed) failed after {attempt + 1} attempt(s): {error}"
@@ -386,7 +447,7 @@ class InferenceClient:
             with contextlib.suppress(TimeoutError):
                 delay = min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S)
                 await asyncio.wait_for(interrupt.wait(), delay)
-        raise AssertionError("unreachable: the loop returns or raises")
+            attempt += 1
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Serve adapter folder `path` as model `name` on every server, each the way it serves LoRA
@@ -399,9 +460,10 @@ class InferenceClient:
         try:
             await self._load_adapter(url, name, path)
         except TransientServerError as error:
-            if self._pool is None or url in self._pool.urls:
+            recovering = self._recovery is not None and self._recovery.is_recovering(url)
+            if not recovering and (self._pool is None or url in self._pool.urls):
                 raise
-            log.info("skipped loading adapter %s on %s, which left the pool: %s", name, url, error)
+            log.info("skipped loading adapter %s on %s, which left: %s", name, url, error)
 
     async def update_weights(self, path: str) -> None:
         """Load the full weights published in broadcast folder `path`: from its safetensors, or, when
@@ -429,6 +491,7 @@ class InferenceClient:
         # The trainer is rank 0; the i-th server is rank i. The trainer refuses a server told another
         # world size than its weight_broadcast.num_servers gives (orch.yaml's is checked at load).
         world_size = len(self.base_urls) + 1
+        self._collective_version = manifest["version"]
         common = {"host": wb.host, "port": wb.port, "timeout": wb.timeout, "version": manifest["version"]}
 
         async def receive(rank: int, url: str) -> None:
@@ -476,6 +539,8 @@ class InferenceClient:
         ]
 
     async def close(self) -> None:
+        if self._recovery is not None:
+            await self._recovery.close()
         if self._pool is not None:
             await self._pool.close()
         admissions = list(self._admissions.values())
@@ -483,6 +548,14 @@ class InferenceClient:
             admission.cancel()
         await asyncio.gather(*admissions, return_exceptions=True)
         await self._http.aclose()
+
+
+def _server_gone(error: Exception) -> bool:
+    """Whether a failed request says its server is gone (connection refused or dropped, or taken out
+    by the health checks), not merely slow (a timeout) or failing (an HTTP error)."""
+    if isinstance(error, ServerDownError):
+        return True
+    return isinstance(error, httpx.TransportError) and not isinstance(error, httpx.TimeoutException)
 
 
 def _load_lora_body(name: str, path: str) -> dict[str, Any]:

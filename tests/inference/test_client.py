@@ -85,7 +85,7 @@ def test_transient_errors_are_retried_until_success() -> None:
     assert completion.token_ids == [1]
 
 
-def test_connection_errors_are_retried_then_reported() -> None:
+def test_connection_errors_are_retried_then_reported_without_recovery() -> None:
     calls = Counter[str]()
 
     def handler(req: httpx.Request) -> httpx.Response:
@@ -93,7 +93,7 @@ def test_connection_errors_are_retried_then_reported() -> None:
         raise httpx.ConnectError("refused", request=req)
 
     with pytest.raises(TransientServerError, match="3 attempt"):
-        asyncio.run(make_client(handler).generate(request()))
+        asyncio.run(make_client(handler, recovery={"enabled": False}).generate(request()))
     assert calls["n"] == 3  # first try + max_retries
 
 
