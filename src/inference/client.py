@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
+from grpo.inference.collective_receive import receive_over_collective
+from grpo.inference.completion_bodies import completion_body, completion_from_choice, load_lora_body
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
 from grpo.inference.recovery import ServerDownError, ServerLostError, ServerRecovery
 from grpo.inference.streaming import StreamStatusError, stream_completions
@@ -38,7 +40,6 @@ from grpo.inference.weight_routes import (
     APPLY_NOISY_NORMS_ROUTE,
     LORA_SERVING_ROUTE,
     MERGE_LORA_ROUTE,
-    RECEIVE_WEIGHTS_ROUTE,
     UPDATE_WEIGHTS_ROUTE,
 )
 from grpo.transport.weights_announce import read_collective_manifest
@@ -54,7 +55,6 @@ NO_SERVER_POLL_S = 0.05
 # Paths below a server's base URL (which ends in /v1).
 LOAD_LORA_PATH = "/load_lora_adapter"
 UPDATE_WEIGHTS_PATH = UPDATE_WEIGHTS_ROUTE.removeprefix("/v1")
-RECEIVE_WEIGHTS_PATH = RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1")
 APPLY_NOISY_NORMS_PATH = APPLY_NOISY_NORMS_ROUTE.removeprefix("/v1")
 MERGE_LORA_PATH = MERGE_LORA_ROUTE.removeprefix("/v1")
 LORA_SERVING_PATH = LORA_SERVING_ROUTE.removeprefix("/v1")
@@ -310,7 +310,7 @@ class InferenceClient:
         the orchestrator's per-policy cache_salt keeps older prefixes apart either way)."""
         if await self._server_lora_serving(url) == "merged":
             return MERGE_LORA_PATH, {"lora_name": name, "lora_path": path}
-        return LOAD_LORA_PATH, _load_lora_body(name, path)
+        return LOAD_LORA_PATH, load_lora_body(name, path)
 
     async def _load_adapter(self, url: str, name: str, path: str) -> Any:
         route, body = await self._load_adapter_request(url, name, path)
@@ -404,10 +404,9 @@ class InferenceClient:
         return {card["id"] for card in response.json().get("data", [])}
 
     async def generate(self, request: GenerateRequest) -> list[Completion]:
-        response = await self._post_routed("/completions", _completion_body(request), request.session_id)
+        response = await self._post_routed("/completions", completion_body(request), request.session_id)
         return [
-            _completion_from_choice(choice)
-            for choice in sorted(response["choices"], key=lambda c: c["index"])
+            completion_from_choice(choice) for choice in sorted(response["choices"], key=lambda c: c["index"])
         ]
 
     async def generate_interruptible(
@@ -416,7 +415,7 @@ class InferenceClient:
         """As `generate`, streamed (grpo.inference.streaming): once `interrupt` is set the stream is
         closed, vLLM aborts the request, and each unfinished choice comes back with its tokens so far
         (finish_reason ABORTED). A failure is retried like `generate`'s, from the start."""
-        body = _completion_body(request)
+        body = completion_body(request)
         url = ""
         attempt = 0
         moved = False
@@ -488,33 +487,8 @@ class InferenceClient:
                 "{type: nccl, host, port} in orch.yaml to the trainer's address "
                 f"({manifest.get('trainer_address')})"
             )
-        # The trainer is rank 0; the i-th server is rank i. The trainer refuses a server told another
-        # world size than its weight_broadcast.num_servers gives (orch.yaml's is checked at load).
-        world_size = len(self.base_urls) + 1
         self._collective_version = manifest["version"]
-        common = {"host": wb.host, "port": wb.port, "timeout": wb.timeout, "version": manifest["version"]}
-
-        async def receive(rank: int, url: str) -> None:
-            body = {**common, "rank": rank, "world_size": world_size}
-            try:
-                # The route answers once the weights are in: the collective's own timeout plus slack.
-                await self._post(url, RECEIVE_WEIGHTS_PATH, body, timeout=wb.timeout + 60.0)
-            except RuntimeError as error:  # TransientServerError included
-                raise RuntimeError(
-                    f"inference server {url} (rank {rank} of {world_size}) did not receive policy "
-                    f"{manifest['version']} over the collective: {error}"
-                ) from error
-
-        # Fail as soon as one server fails (a server that is down fails at once): the trainer and the
-        # other servers then time out naming its rank instead of waiting for it.
-        receives = [asyncio.create_task(receive(rank, url)) for rank, url in enumerate(self.base_urls, 1)]
-        try:
-            for finished in asyncio.as_completed(receives):
-                await finished
-        finally:
-            for task in receives:
-                task.cancel()
-            await asyncio.gather(*receives, return_exceptions=True)
+        await receive_over_collective(self._post, self.base_urls, wb, manifest)
 
     async def apply_noisy_norms(self, path: str) -> None:
         """QeRL: apply noisy RMSNorm weights from a safetensors file on every server."""
@@ -556,41 +530,3 @@ def _server_gone(error: Exception) -> bool:
     if isinstance(error, ServerDownError):
         return True
     return isinstance(error, httpx.TransportError) and not isinstance(error, httpx.TimeoutException)
-
-
-def _load_lora_body(name: str, path: str) -> dict[str, Any]:
-    """Load (or reload in place: same name, new weights) the adapter in folder `path` as `name`."""
-    return {"lora_name": name, "lora_path": path, "load_inplace": True}
-
-
-def _completion_from_choice(choice: dict[str, Any]) -> Completion:
-    token_ids = list(choice["token_ids"])
-    logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
-    if len(logprobs) != len(token_ids):
-        raise RuntimeError(f"server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
-    return Completion(
-        token_ids=token_ids, logprobs=logprobs, text=choice["text"], finish_reason=choice["finish_reason"]
-    )
-
-
-def _completion_body(request: GenerateRequest) -> dict[str, Any]:
-    """The /completions body of `request`: token ids in, sampled token ids and their logprobs out."""
-    params = request.params
-    body: dict[str, Any] = {
-        "model": request.model,
-        "prompt": request.prompt_token_ids,
-        "n": request.n,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "max_tokens": params.max_tokens,
-        "min_tokens": params.min_tokens,
-        "repetition_penalty": params.repetition_penalty,
-        "seed": params.seed,
-        "stop": list(params.stop),
-        "logprobs": 0,
-        "return_token_ids": True,
-        **request.extra,
-    }
-    if request.cache_salt is not None:
-        body["cache_salt"] = request.cache_salt
-    return body
