@@ -31,14 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo.trainer.checkpoint import METRICS_FILE
 from grpo.trainer.loss import LossSums, grpo_loss
 from grpo.trainer.packing import split_micro_batches
+from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batch import TrainingBatch
 from grpo.utils.errors import UserError
-from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.logging import get_logger
-from grpo.utils.progress import installed as installed_display
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
@@ -109,18 +107,7 @@ class Trainer:
         """Steps whose gradient was not finite and was dropped (the weights stayed as they were)."""
         self._open: _OpenStep | None = None
         """The step between begin_step and finish_step."""
-        self._metrics = JsonlWriter(self.run_dir / METRICS_FILE) if self.is_main else None
-        self._wandb: Any = None
-        if cfg.report_to is not None and self.is_main:
-            import wandb
-
-            self._wandb = wandb.init(
-                project=cfg.report_to.project,
-                name=cfg.report_to.name,
-                mode="offline" if cfg.report_to.offline else "online",
-                dir=str(self.run_dir),
-                job_type="trainer",
-            )
+        self._report = StepReport(cfg, self.run_dir, self.is_main)
 
     @property
     def is_main(self) -> bool:
@@ -301,37 +288,17 @@ class Trainer:
             self.scheduler.step()
         self.num_steps_done += 1
         step_time = state.compute_seconds + time.perf_counter() - started
-        metrics = {
-            **totals.metrics(),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "step_time": step_time,
-            "wait_time": wait_time,
-            "tokens_per_s": num_tokens / max(step_time, 1e-9),
-            "sequence_tokens_per_s": num_sequence_tokens / max(step_time, 1e-9),
-            "skipped_steps": float(self.num_skipped_steps),
-        }
-        if self._metrics is None:
-            return metrics
-        self._metrics.write({"step": batch_step, **metrics})
-        if self._wandb is not None:
-            self._wandb.log(metrics, step=batch_step)
-        if (display := installed_display()) is not None:  # co-located: one line per step for both parts
-            display.on_trained(batch_step, metrics)
-        elif batch_step % self.cfg.logging_steps == 0:
-            # Counted from 1 like the orchestrator's line (metrics rows keep `step` from 0).
-            of_total = f"/{self.cfg.max_steps}" if self.cfg.max_steps > 0 else ""
-            log.info(
-                "step %d%s  loss %.4f  kl %.2e  masked %.3f  grad_norm %.3f  tokens %d  %.1fs",
-                batch_step + 1,
-                of_total,
-                metrics["loss"],
-                metrics["kl"],
-                metrics["masked"],
-                grad_norm,
-                totals.num_loss_tokens,
-                step_time,
-            )
+        metrics = step_metrics(
+            totals,
+            grad_norm=grad_norm,
+            lr=lr,
+            step_time=step_time,
+            wait_time=wait_time,
+            num_tokens=num_tokens,
+            num_sequence_tokens=num_sequence_tokens,
+            num_skipped_steps=self.num_skipped_steps,
+        )
+        self._report.write(batch_step, metrics, totals.num_loss_tokens)
         return metrics
 
     def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
@@ -455,7 +422,4 @@ class Trainer:
         return step
 
     def close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        self._report.close()

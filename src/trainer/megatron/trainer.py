@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo.trainer.checkpoint import METRICS_FILE
 from grpo.trainer.loss import LossSums, grpo_loss
 from grpo.trainer.packing import split_micro_batches
+from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batch import TrainingBatch
 from grpo.utils.errors import UserError
-from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -86,18 +85,7 @@ class MegatronTrainer:
         self.num_steps_done = 0
         """Optimizer steps taken = the version of the current policy."""
         self.num_skipped_steps = 0
-        self._metrics = JsonlWriter(self.run_dir / METRICS_FILE) if self.is_main else None
-        self._wandb: Any = None
-        if cfg.report_to is not None and self.is_main:
-            import wandb
-
-            self._wandb = wandb.init(
-                project=cfg.report_to.project,
-                name=cfg.report_to.name,
-                mode="offline" if cfg.report_to.offline else "online",
-                dir=str(self.run_dir),
-                job_type="trainer",
-            )
+        self._report = StepReport(cfg, self.run_dir, self.is_main)
         num_params = sum(p.numel() for p in self.model.module.parameters())
         log.info(
             "megatron policy %s on %s, %s, tp %d pp %d dp %d, %d parameters on this rank%s",
@@ -193,17 +181,17 @@ class MegatronTrainer:
         grad_norm = self._optimizer_step()
         self.num_steps_done += 1
         step_time = time.perf_counter() - started
-        metrics = {
-            **totals.metrics(),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "step_time": step_time,
-            "wait_time": wait_time,
-            "tokens_per_s": num_tokens / max(step_time, 1e-9),
-            "sequence_tokens_per_s": num_sequence_tokens / max(step_time, 1e-9),
-            "skipped_steps": float(self.num_skipped_steps),
-        }
-        self._report(batch.step, metrics, totals.num_loss_tokens)
+        metrics = step_metrics(
+            totals,
+            grad_norm=grad_norm,
+            lr=lr,
+            step_time=step_time,
+            wait_time=wait_time,
+            num_tokens=num_tokens,
+            num_sequence_tokens=num_sequence_tokens,
+            num_skipped_steps=self.num_skipped_steps,
+        )
+        self._report.write(batch.step, metrics, totals.num_loss_tokens)
         return metrics
 
     def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
@@ -299,26 +287,6 @@ class MegatronTrainer:
         )
         return merged, round(s[7]), round(s[8])
 
-    def _report(self, step: int, metrics: dict[str, float], num_loss_tokens: int) -> None:
-        if self._metrics is None:
-            return
-        self._metrics.write({"step": step, **metrics})
-        if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
-        if step % self.cfg.logging_steps == 0:
-            of_total = f"/{self.cfg.max_steps}" if self.cfg.max_steps > 0 else ""
-            log.info(
-                "step %d%s  loss %.4f  kl %.2e  masked %.3f  grad_norm %.3f  tokens %d  %.1fs",
-                step + 1,
-                of_total,
-                metrics["loss"],
-                metrics["kl"],
-                metrics["masked"],
-                metrics["grad_norm"],
-                num_loss_tokens,
-                metrics["step_time"],
-            )
-
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole policy under HF names on rank 0 (None elsewhere); collective."""
         from grpo.trainer.megatron.export import gather_hf_state_dict
@@ -352,7 +320,4 @@ class MegatronTrainer:
         return 0
 
     def close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        self._report.close()

@@ -1,0 +1,91 @@
+"""Where a trainer's step metrics go, for every backend: one row per step in trainer_metrics.jsonl
+and W&B (rank 0 only), and one console line (the co-located display's, or a log line every
+`logging_steps`). The metric names are listed in grpo.trainer.trainer's docstring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo.trainer.checkpoint import METRICS_FILE
+from grpo.utils.jsonl import JsonlWriter
+from grpo.utils.logging import get_logger
+from grpo.utils.progress import installed as installed_display
+
+if TYPE_CHECKING:
+    from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.loss import LossSums
+
+log = get_logger("trainer")
+
+
+def step_metrics(
+    totals: LossSums,
+    *,
+    grad_norm: float,
+    lr: float,
+    step_time: float,
+    wait_time: float,
+    num_tokens: int,
+    num_sequence_tokens: int,
+    num_skipped_steps: int,
+) -> dict[str, float]:
+    """The row of one step; `totals` already summed over ranks."""
+    return {
+        **totals.metrics(),
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "step_time": step_time,
+        "wait_time": wait_time,
+        "tokens_per_s": num_tokens / max(step_time, 1e-9),
+        "sequence_tokens_per_s": num_sequence_tokens / max(step_time, 1e-9),
+        "skipped_steps": float(num_skipped_steps),
+    }
+
+
+class StepReport:
+    """Writes each step's metrics on the main rank; a no-op elsewhere."""
+
+    def __init__(self, cfg: TrainerConfig, run_dir: Path, is_main: bool) -> None:
+        self.cfg = cfg
+        self._metrics = JsonlWriter(run_dir / METRICS_FILE) if is_main else None
+        self._wandb: Any = None
+        if cfg.report_to is not None and is_main:
+            import wandb
+
+            self._wandb = wandb.init(
+                project=cfg.report_to.project,
+                name=cfg.report_to.name,
+                mode="offline" if cfg.report_to.offline else "online",
+                dir=str(run_dir),
+                job_type="trainer",
+            )
+
+    def write(self, step: int, metrics: dict[str, float], num_loss_tokens: int) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.write({"step": step, **metrics})
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if (display := installed_display()) is not None:  # co-located: one line per step for both parts
+            display.on_trained(step, metrics)
+        elif step % self.cfg.logging_steps == 0:
+            # Counted from 1 like the orchestrator's line (metrics rows keep `step` from 0).
+            of_total = f"/{self.cfg.max_steps}" if self.cfg.max_steps > 0 else ""
+            log.info(
+                "step %d%s  loss %.4f  kl %.2e  masked %.3f  grad_norm %.3f  tokens %d  %.1fs",
+                step + 1,
+                of_total,
+                metrics["loss"],
+                metrics["kl"],
+                metrics["masked"],
+                metrics["grad_norm"],
+                num_loss_tokens,
+                metrics["step_time"],
+            )
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+        if self._wandb is not None:
+            self._wandb.finish()
