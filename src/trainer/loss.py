@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo.config.trainer import LossConfig
+    from grpo.trainer.packing import LossTokens
 
 
 @dataclass
@@ -175,3 +176,30 @@ def grpo_loss(
             sums.teacher_kl_sum = float((torch.exp(teacher_log_r) - 1 - teacher_log_r)[loss_mask].sum())
             sums.has_teacher = True
     return loss, sums
+
+
+def loss_of_tokens(
+    tokens: LossTokens,
+    lp: torch.Tensor,
+    entropy: torch.Tensor,
+    untempered_lp: torch.Tensor | None,
+    cfg: LossConfig,
+    loss_scale: int,
+) -> tuple[torch.Tensor, LossSums]:
+    """grpo_loss over a micro-batch's loss tokens (every one counts: the packer kept only those),
+    given the trainer's logprobs at them; shared by both trainer backends."""
+    import torch
+
+    has_teacher = tokens.teacher_logprobs is not None
+    return grpo_loss(
+        lp,
+        tokens.inference_logprobs,
+        tokens.advantages,
+        torch.ones_like(tokens.targets, dtype=torch.bool),
+        tokens.sequence_ids,
+        cfg,
+        loss_scale,
+        teacher_lp=tokens.teacher_logprobs,
+        entropy=entropy,
+        untempered_lp=untempered_lp if has_teacher else None,
+    )

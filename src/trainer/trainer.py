@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo.trainer.loss import LossSums, grpo_loss
+from grpo.trainer.loss import LossSums, loss_of_tokens
 from grpo.trainer.packing import split_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batch import TrainingBatch
@@ -303,8 +303,6 @@ class Trainer:
 
     def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
         """Forward one micro-batch; logits only at the hidden states that predict its loss tokens."""
-        import torch
-
         from grpo.trainer.logprobs import token_logprobs_and_untempered
 
         hidden = self.policy.hidden_states(mb)
@@ -321,18 +319,7 @@ class Trainer:
             self.cfg.logprob_chunk_size,
             untempered=has_teacher,
         )
-        return grpo_loss(
-            lp,
-            tokens.inference_logprobs,
-            tokens.advantages,
-            torch.ones_like(tokens.targets, dtype=torch.bool),
-            tokens.sequence_ids,
-            self.cfg.loss,
-            loss_scale,
-            teacher_lp=tokens.teacher_logprobs,
-            entropy=entropy,
-            untempered_lp=untempered_lp if has_teacher else None,
-        )
+        return loss_of_tokens(tokens, lp, entropy, untempered_lp, self.cfg.loss, loss_scale)
 
     def _sum_over_ranks(
         self, totals: LossSums, num_tokens: int, num_sequence_tokens: int

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo.trainer.loss import LossSums, grpo_loss
+from grpo.trainer.loss import LossSums, loss_of_tokens
 from grpo.trainer.packing import split_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batch import TrainingBatch
@@ -195,8 +195,6 @@ class MegatronTrainer:
         return metrics
 
     def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
-        import torch
-
         from grpo.trainer.megatron.logprobs import token_logprobs
 
         hidden = self.model.hidden_states(mb)
@@ -213,18 +211,7 @@ class MegatronTrainer:
             self.cfg.logprob_chunk_size,
             untempered=has_teacher,
         )
-        return grpo_loss(
-            lp,
-            tokens.inference_logprobs,
-            tokens.advantages,
-            torch.ones_like(tokens.targets, dtype=torch.bool),
-            tokens.sequence_ids,
-            self.cfg.loss,
-            loss_scale,
-            teacher_lp=tokens.teacher_logprobs,
-            entropy=entropy,
-            untempered_lp=untempered_lp if has_teacher else None,
-        )
+        return loss_of_tokens(tokens, lp, entropy, untempered_lp, self.cfg.loss, loss_scale)
 
     def _optimizer_step(self) -> float:
         """Reduce gradients, clip, step (or skip a non-finite step); the norm before clipping."""
