@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from mp_harness import TAG_VAR, tagged_processes
 
 from grpo.utils.jsonl import read_jsonl
 
@@ -24,22 +25,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 MAX_STEPS = 5
-TAG_VAR = "GRPO_TEST_TAG"
 
 
 def _steps(path: Path) -> list[int]:
     return [row["step"] for row in read_jsonl(path)] if path.exists() else []
-
-
-def _tagged(tag: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if process.pid != os.getpid() and process.environ().get(TAG_VAR) == tag:
-                found.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def test_an_engine_crash_ends_the_run_cleanly_with_a_resume_command_that_finishes_it(
@@ -79,7 +68,7 @@ def test_an_engine_crash_ends_the_run_cleanly_with_a_resume_command_that_finishe
     assert code == 1, stderr[-3000:]
     assert "the inference engine died" in stderr, stderr[-3000:]
     deadline = time.monotonic() + 30
-    while (alive := _tagged(tag)) and time.monotonic() < deadline:
+    while (alive := tagged_processes(tag)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive, f"processes survived the crash: {[(p.pid, p.name()) for p in alive]}"
 
