@@ -23,6 +23,8 @@ import httpx
 import psutil
 import yaml
 
+from grpo.utils.jsonl import read_jsonl
+
 BIN = Path(sys.executable).parent
 TAG_VAR = "GRPO_TEST_TAG"
 SERVER_START_TIMEOUT_S = 300.0
@@ -153,6 +155,11 @@ class Launcher:
         for process in tagged_processes(self.tag):
             process.kill()
         psutil.wait_procs(tagged_processes(self.tag), timeout=10)
+
+
+def metric_steps(path: Path) -> list[int]:
+    """The `step` of each row of metrics file `path`, in file order ([] before it exists)."""
+    return [row["step"] for row in read_jsonl(path)] if path.exists() else []
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:

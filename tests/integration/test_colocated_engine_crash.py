@@ -15,9 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from mp_harness import TAG_VAR, tagged_processes
-
-from grpo.utils.jsonl import read_jsonl
+from mp_harness import TAG_VAR, metric_steps, tagged_processes
 
 ColocatedArgs = Callable[..., list[str]]  # the colocated_args fixture (tests/conftest.py)
 
@@ -25,10 +23,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 MAX_STEPS = 5
-
-
-def _steps(path: Path) -> list[int]:
-    return [row["step"] for row in read_jsonl(path)] if path.exists() else []
 
 
 def test_an_engine_crash_ends_the_run_cleanly_with_a_resume_command_that_finishes_it(
@@ -51,7 +45,7 @@ def test_an_engine_crash_ends_the_run_cleanly_with_a_resume_command_that_finishe
         first = subprocess.Popen([str(BIN / "grpo"), *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
     try:
         deadline = time.monotonic() + 600
-        while 1 not in _steps(run_dir / "trainer_metrics.jsonl"):
+        while 1 not in metric_steps(run_dir / "trainer_metrics.jsonl"):
             assert first.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "the first run did not reach step 1"
             time.sleep(0.2)
@@ -78,5 +72,5 @@ def test_an_engine_crash_ends_the_run_cleanly_with_a_resume_command_that_finishe
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "co-located resume from step" in resumed.stderr
     expected = list(range(MAX_STEPS))
-    assert _steps(run_dir / "trainer_metrics.jsonl") == expected
-    assert _steps(run_dir / "metrics.jsonl") == expected
+    assert metric_steps(run_dir / "trainer_metrics.jsonl") == expected
+    assert metric_steps(run_dir / "metrics.jsonl") == expected

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from mp_harness import metric_steps
 
 from grpo.utils.atomic import is_stable
 from grpo.utils.jsonl import read_jsonl
@@ -28,10 +29,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 MAX_STEPS = 5
-
-
-def _steps(path: Path) -> list[int]:
-    return [row["step"] for row in read_jsonl(path)] if path.exists() else []
 
 
 def test_sigkilled_colocated_run_resumes_without_skipping_or_repeating_a_step(
@@ -50,7 +47,7 @@ def test_sigkilled_colocated_run_resumes_without_skipping_or_repeating_a_step(
         first = subprocess.Popen([str(BIN / "grpo"), *args], stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + 600
-        while 2 not in _steps(run_dir / "trainer_metrics.jsonl"):
+        while 2 not in metric_steps(run_dir / "trainer_metrics.jsonl"):
             assert first.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "the first run did not reach step 2"
             time.sleep(0.2)
@@ -68,8 +65,8 @@ def test_sigkilled_colocated_run_resumes_without_skipping_or_repeating_a_step(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "co-located resume from step" in resumed.stderr
     expected = list(range(MAX_STEPS))
-    assert _steps(run_dir / "trainer_metrics.jsonl") == expected
-    assert _steps(run_dir / "metrics.jsonl") == expected
+    assert metric_steps(run_dir / "trainer_metrics.jsonl") == expected
+    assert metric_steps(run_dir / "metrics.jsonl") == expected
     versions = [row["policy/version"] for row in read_jsonl(run_dir / "metrics.jsonl")]
     assert versions == sorted(versions) and versions[-1] >= MAX_STEPS - 2  # max_async_level 1
     assert is_stable(run_dir / "broadcasts" / f"step_{MAX_STEPS}")
