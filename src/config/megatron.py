@@ -21,8 +21,10 @@ class MegatronConfig(StrictModel):
     the attention heads and the KV heads."""
 
     pipeline_model_parallel_size: int = Field(1, ge=1)
-    """Ranks that split the decoder layers into consecutive stages. Must divide the layers. The
-    trainer does not run pipeline stages yet: only 1 is accepted."""
+    """Ranks that split the decoder layers into consecutive stages, run with megatron-core's 1F1B
+    schedule (each micro-batch's pieces in one padded call; a stage keeps at most as many
+    micro-batches' activations as there are later stages plus one, so gradient_accumulation_steps
+    plays no part). Must divide the layers."""
 
     use_distributed_optimizer: bool = True
     """Shard the fp32 main weights and Adam moments over the data-parallel ranks (ZeRO-1)."""

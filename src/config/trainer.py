@@ -318,11 +318,6 @@ class TrainerConfig(StrictModel):
             raise ValueError(
                 "backend megatron trains full weights; set lora: false (or backend: hf for LoRA)"
             )
-        if self.backend == "megatron" and self.megatron.pipeline_model_parallel_size > 1:
-            raise ValueError(
-                "megatron pipeline_model_parallel_size > 1 is not implemented by the trainer yet; set it to 1 "
-                "(tensor and data parallelism work)"
-            )
         if self.backend == "megatron" and self.noise_scheduler.enabled:
             raise ValueError(
                 "noise_scheduler is not implemented for backend megatron yet; disable it (or use backend: hf)"

@@ -48,10 +48,16 @@ def test_checkpoints_are_refused_until_the_backend_writes_them() -> None:
     assert "ckpt.interval" in _refusal({"lora": False, "ckpt": {"interval": 2}})
 
 
-def test_pipeline_stages_are_refused_until_the_trainer_runs_them() -> None:
-    assert "pipeline_model_parallel_size" in _refusal(
-        {"lora": False, "megatron": {"pipeline_model_parallel_size": 2}}
-    )
+def test_pipeline_stages_load_with_enough_gpus_for_whole_copies() -> None:
+    fields = {"model": "m", "backend": "megatron", "lora": False, "gpus": 4}
+    fields["megatron"] = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
+    cfg = validate(TrainerConfig, fields, "train.yaml")
+    assert cfg.megatron.model_parallel_size == 4
+
+
+def test_gpus_that_no_whole_pipeline_fits_are_refused() -> None:
+    line = _refusal({"lora": False, "gpus": 2, "megatron": {"pipeline_model_parallel_size": 4}})
+    assert "multiple of 4" in line
 
 
 def test_rmsnorm_noise_is_refused_until_the_backend_publishes_it() -> None:

@@ -1,11 +1,12 @@
 """Run megatron-core's CUDA-only code paths on CPU (used only where CUDA is absent).
 
 megatron-core assumes a GPU in a few places that have nothing to do with the arithmetic: its
-gradient buffers, optimizers, gradient clipping and RoPE allocate with `device="cuda"` or
+gradient buffers, optimizers, gradient clipping, RoPE, and the pipeline schedule and its
+point-to-point receive buffers allocate with `device="cuda"` or
 `torch.cuda.current_device()`, check `param.type() == "torch.cuda.FloatTensor"`, move state with
 `.cuda()`, and order work with CUDA streams and `torch.cuda.synchronize()`. Redirecting exactly
 those to the CPU lets CI exercise the same DDP, DistributedOptimizer and model code that runs on
-GPUs, with gloo as the collective backend.
+GPUs, with gloo as the collective backend (gloo's batched isend/irecv serves the schedule).
 
 Two parts:
 - `patch_cuda_module()`: process-wide, once: `torch.cuda.current_device()` names the CPU, streams

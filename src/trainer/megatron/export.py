@@ -1,7 +1,9 @@
 """Megatron policy -> HF-named full weights -> the existing weight transports.
 
 Each parameter's tensor-parallel parts are all-gathered over the tensor-parallel group and merged
-(grpo.trainer.megatron.convert.tp_merge), then renamed to HF names; rank 0 writes them. The
+(grpo.trainer.megatron.convert.tp_merge); with pipeline stages, each later stage of rank 0's
+pipeline sends its merged tensors to rank 0 (point to point, a JSON header of names, shapes and
+dtypes first). Rank 0 renames them to HF names (global layer numbers) and writes them. The
 filesystem transport gets an HF model folder: size-bounded safetensors files (at most
 BUCKET_BYTES each, with HF's index file when there are several: vLLM's update route loads one file
 at a time, so its transient memory is one bucket) and the checkpoint's config.json; the collective transport gets the tensors
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.megatron.convert import megatron_to_hf, tp_merge
 
@@ -27,15 +29,17 @@ BUCKET_BYTES = 512 * 1024**2
 
 
 def whole_megatron_state_dict(model: MegatronModel) -> dict[str, torch.Tensor]:
-    """Every parameter of this pipeline stage, tensor-parallel parts merged (collective over the
-    tensor-parallel group; every rank of the group gets the whole tensors)."""
+    """Every parameter of this pipeline stage under its whole-model name, tensor-parallel parts
+    merged (collective over the tensor-parallel group; every rank of the group gets the whole
+    tensors). A later stage's copy of the tied embedding is left out: the first stage holds it."""
     import torch
     from megatron.core import parallel_state
 
-    assert model.ranks.pp_size == 1, "pipeline stages are not gathered yet (the trainer refuses pp > 1)"
     names = model.local_names()
     out = {}
     for local, param in model.module.named_parameters():
+        if model.is_tied_copy(param):
+            continue
         tensor = param.detach()
         if model.ranks.tp_size > 1:
             parts = [torch.empty_like(tensor) for _ in range(model.ranks.tp_size)]
@@ -47,11 +51,62 @@ def whole_megatron_state_dict(model: MegatronModel) -> dict[str, torch.Tensor]:
     return out
 
 
+def _send_stage(tensors: dict[str, torch.Tensor], main_rank: int, group: Any) -> None:
+    """Send a stage's tensors to `main_rank`: first their names, shapes and dtypes as JSON (no
+    pickles cross processes), then each tensor."""
+    import torch
+
+    header = [[name, list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in tensors.items()]
+    encoded = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
+    torch.distributed.send(torch.tensor([encoded.numel()], dtype=torch.int64), main_rank, group)
+    torch.distributed.send(encoded, main_rank, group)
+    for tensor in tensors.values():
+        torch.distributed.send(tensor.contiguous(), main_rank, group)
+
+
+def _receive_stage(source_rank: int, group: Any) -> dict[str, torch.Tensor]:
+    import torch
+
+    size = torch.zeros(1, dtype=torch.int64)
+    torch.distributed.recv(size, source_rank, group)
+    encoded = torch.empty(int(size), dtype=torch.uint8)
+    torch.distributed.recv(encoded, source_rank, group)
+    out = {}
+    for name, shape, dtype in json.loads(bytes(encoded.tolist()).decode()):
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+        torch.distributed.recv(tensor, source_rank, group)
+        out[name] = tensor
+    return out
+
+
+def gather_stages(stage: dict[str, torch.Tensor], model: MegatronModel) -> dict[str, torch.Tensor] | None:
+    """Every pipeline stage's whole tensors on the main rank (global rank 0: the first stage of the
+    first tensor- and data-parallel replica), in stage order; None elsewhere (collective). The other
+    stages of the main rank's pipeline send theirs; the other replicas hold copies and send nothing."""
+    import torch
+    from megatron.core import parallel_state
+
+    if model.ranks.pp_size == 1:
+        return stage if torch.distributed.get_rank() == 0 else None
+    if model.ranks.tp_rank != 0 or model.ranks.dp_rank != 0:
+        return None
+    group = parallel_state.get_pipeline_model_parallel_group()
+    stage_ranks = torch.distributed.get_process_group_ranks(group)
+    if not model.ranks.is_first_stage:
+        _send_stage(stage, stage_ranks[0], group)
+        return None
+    out = dict(stage)
+    for source in stage_ranks[1:]:
+        out.update(_receive_stage(source, group))
+    return out
+
+
 def gather_hf_state_dict(model: MegatronModel, is_main: bool) -> dict[str, torch.Tensor] | None:
     """The whole policy under HF names on the main rank, None on the others (collective)."""
-    whole = whole_megatron_state_dict(model)
-    if not is_main:
+    whole = gather_stages(whole_megatron_state_dict(model), model)
+    if whole is None:
         return None
+    assert is_main, "the main rank is global rank 0"
     return {name: t.contiguous() for name, t in megatron_to_hf(whole, model.shape, model.norms).items()}
 
 

@@ -9,6 +9,12 @@ Forward runs the embedding and the decoder on the padded pieces grpo.trainer.pac
 the pieces' tree masks and RoPE at each token's own position (a shared prefix's branches repeat
 positions, so positions are not the index in the piece). The output layer then runs only on the
 hidden states that predict a needed token (grpo.trainer.megatron.logprobs).
+
+With pipeline stages each rank builds only its stage (pre_process: the embedding on the first,
+post_process: the final norm and output layer on the last) and loads its layers under their global
+numbers. A tied embedding is also the last stage's output layer: megatron-core keeps a copy there
+and sums the two copies' gradients over its embedding group (finalize_model_grads), so both
+update alike; export takes the first stage's.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ if TYPE_CHECKING:
 
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.megatron.parallel import ParallelRanks
-    from grpo.trainer.packing import MicroBatch
+    from grpo.trainer.packing import Forward, MicroBatch
 
 
 def _use_transformer_engine(device: torch.device) -> bool:
@@ -74,7 +80,7 @@ def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, d
         }
     elif mp.recompute == "selective":
         recompute = {"recompute_granularity": "selective"}
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=int(hf_config.hidden_size),
         ffn_hidden_size=int(hf_config.intermediate_size),
@@ -109,6 +115,11 @@ def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, d
         calculate_per_token_loss=True,
         **recompute,
     )
+    # Every micro-batch is one padded call of its own [pieces x longest piece] shape: pipeline stages
+    # send each activation's shape before it. Set after construction: the constructor refuses it
+    # beside its default MoE token dispatcher, which a dense model never uses.
+    config.variable_seq_lengths = True
+    return config
 
 
 @dataclass
@@ -154,6 +165,8 @@ class MegatronModel:
         with torch.no_grad():
             for local, param in self.module.named_parameters():
                 name = global_layer_name(local, self.layer_offset)
+                if name == "output_layer.weight" and self.is_tied_copy(param):
+                    name = "embedding.word_embeddings.weight"
                 source = tp_slice(name, whole[name], self.ranks.tp_rank, self.ranks.tp_size)
                 if source.shape != param.shape:
                     raise ValueError(
@@ -161,26 +174,43 @@ class MegatronModel:
                     )
                 param.copy_(source)
 
-    def hidden_states(self, mb: MicroBatch) -> torch.Tensor:
-        """Final (normed) hidden states [T, H] of a packed micro-batch (last pipeline stage)."""
-        import torch
+    def is_tied_copy(self, param: torch.Tensor) -> bool:
+        """Whether `param` is the last pipeline stage's copy of the first stage's tied embedding
+        (megatron-core keeps one per stage and sums their gradients over its embedding group)."""
+        return self.shape.tied_embeddings and not self.ranks.is_first_stage and param is self.output_weight()
 
+    def stage_output(self, forward: Forward) -> torch.Tensor:
+        """This pipeline stage's output [L, B, H] for one padded call. The first stage embeds the
+        tokens; a later stage starts from the hidden states the pipeline schedule handed to the
+        decoder (megatron-core's set_input_tensor); the last stage's are final-normed."""
         from grpo.trainer.megatron.cpu_compat import on_cpu
 
-        assert mb.forwards is not None, "the Megatron backend runs padded pieces with masks"
         gpt = self.module
-        parts, tokens = [], []
         with on_cpu():
-            for forward in mb.forwards:
+            embedded = None
+            if self.ranks.is_first_stage:
                 embedded = gpt.embedding(input_ids=forward.input_ids, position_ids=forward.position_ids)
-                hidden = gpt.decoder(
-                    hidden_states=embedded,  # [L, B, H]
-                    attention_mask=~forward.attention_mask,  # Megatron masks where True
-                    rotary_pos_emb=self._rope(forward.position_ids),
-                )  # [L, B, H]
-                flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
-                parts.append(flat[forward.slots])
-                tokens.append(forward.tokens)
+            return gpt.decoder(
+                hidden_states=embedded,  # [L, B, H]; ignored after the first stage
+                attention_mask=~forward.attention_mask,  # Megatron masks where True
+                rotary_pos_emb=self._rope(forward.position_ids),
+            )
+
+    def hidden_states(self, mb: MicroBatch, outputs: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Final (normed) hidden states [T, H] of a packed micro-batch, in token order (last
+        pipeline stage): from the decoder's `outputs` [L, B, H] of each of mb.forwards, or, without
+        pipeline stages, running them here."""
+        import torch
+
+        assert mb.forwards is not None, "the Megatron backend runs padded pieces with masks"
+        if outputs is None:
+            assert self.ranks.pp_size == 1, "with pipeline stages the schedule runs the forwards"
+            outputs = [self.stage_output(forward) for forward in mb.forwards]
+        parts, tokens = [], []
+        for forward, hidden in zip(mb.forwards, outputs, strict=True):
+            flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
+            parts.append(flat[forward.slots])
+            tokens.append(forward.tokens)
         order = torch.cat(tokens)
         return torch.cat(parts)[torch.argsort(order)]
 

@@ -8,7 +8,9 @@ share of the rows (all tensor-parallel ranks of one replica take the same rows);
 GRPO loss (grpo.trainer.loss, already divided by the whole step's loss tokens) is backpropagated,
 Megatron's DDP sums the gradients over data-parallel ranks (calculate_per_token_loss: a sum, not a
 mean), then Megatron's optimizer (DistributedOptimizer by default) clips and steps. A step whose
-gradient norm is not finite is skipped, as in the HF backend.
+gradient norm is not finite is skipped, as in the HF backend. With pipeline stages, megatron-core's
+1F1B schedule runs the micro-batches (grpo.trainer.megatron.pipeline): the loss and the metrics'
+sums come from the last stage and reach every stage (rank 0 writes the metrics).
 """
 
 from __future__ import annotations
@@ -113,17 +115,18 @@ class MegatronTrainer:
     def _micro_batches(self, rows: list[PackedRow]) -> list[MicroBatch]:
         from grpo.trainer.packing import build_micro_batch
 
+        # Pipeline stages pass one activation per micro-batch: its pieces go in one padded call.
+        one_forward = self.ranks.pp_size > 1
         return [
-            build_micro_batch(group, self.model.device, varlen_attention=False)
+            build_micro_batch(group, self.model.device, varlen_attention=False, one_forward=one_forward)
             for group in split_micro_batches(rows, self.cfg.per_device_train_batch_size)
         ]
 
     def score(self, rows: list[PackedRow] | None, share_rows: bool = False) -> list[np.ndarray]:
         """Current-policy logprobs [num_tokens] (float32) of each row, as Trainer.score. Every rank
-        scores every row (the tensor-parallel ranks of a replica must run the same forwards)."""
+        scores every row (the tensor-parallel ranks of a replica must run the same forwards; with
+        pipeline stages the last one computes them and every stage returns them)."""
         import torch
-
-        from grpo.trainer.megatron.logprobs import every_token_logprobs
 
         if share_rows and self.dist is not None:
             shared = self.share_batch(TrainingBatch(step=0, rows=rows or []) if self.is_main else None)
@@ -131,25 +134,38 @@ class MegatronTrainer:
             rows = shared.rows
         if rows is None:
             raise ValueError("score() needs rows (or share_rows=True on every rank, with rows on rank 0)")
-        out = []
+        if not rows:
+            return []
         with torch.no_grad():
-            for row in rows:
-                (mb,) = self._micro_batches([row])
-                hidden = self.model.hidden_states(mb)
-                lp = every_token_logprobs(
-                    self.model,
-                    hidden,
-                    mb.input_ids,
-                    mb.parent_ids,
-                    mb.temperatures,
-                    self.cfg.logprob_chunk_size,
-                )
-                out.append(lp.float().cpu().numpy())
-        return out
+            micro_batches = [mb for row in rows for mb in self._micro_batches([row])]
+            if self.ranks.pp_size > 1:
+                return self._pipelined_score(micro_batches)
+            return [self._score_of_hidden(mb, self.model.hidden_states(mb)) for mb in micro_batches]
+
+    def _score_of_hidden(self, mb: MicroBatch, hidden: torch.Tensor) -> np.ndarray:
+        from grpo.trainer.megatron.logprobs import every_token_logprobs
+
+        lp = every_token_logprobs(
+            self.model, hidden, mb.input_ids, mb.parent_ids, mb.temperatures, self.cfg.logprob_chunk_size
+        )
+        return lp.float().cpu().numpy()
+
+    def _pipelined_score(self, micro_batches: list[MicroBatch]) -> list[np.ndarray]:
+        import torch
+
+        from grpo.trainer.megatron.pipeline import from_last_stage, run_schedule
+
+        def score_of_hidden(mb: MicroBatch, hidden: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+            return hidden.new_zeros(()), self._score_of_hidden(mb, hidden)
+
+        scored = run_schedule(self.model, self.ddp, micro_batches, score_of_hidden, forward_only=True)
+        lengths = [mb.num_tokens for mb in micro_batches]
+        flat = torch.from_numpy(np.concatenate(scored)) if scored else torch.empty(sum(lengths))
+        flat = from_last_stage(flat.float(), self.model)
+        return [part.numpy() for part in flat.split(lengths)]
 
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
         from grpo.trainer.distributed import balance_rows
-        from grpo.trainer.megatron.cpu_compat import on_cpu
         from grpo.trainer.megatron.optimizer import set_learning_rate
 
         batch.validate()
@@ -161,21 +177,14 @@ class MegatronTrainer:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         rows = balance_rows(batch.rows, self.ranks.dp_size)[self.ranks.dp_rank]
-        totals = LossSums()
-        num_tokens = num_sequence_tokens = 0
         micro_batches = self._micro_batches(rows)
-        for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
-            group_loss = None
-            for mb in group:
-                loss, sums = self._micro_batch_loss(mb, loss_scale)
-                group_loss = loss if group_loss is None else group_loss + loss
-                totals.add(sums)
-                num_tokens += mb.num_tokens
-                num_sequence_tokens += mb.num_sequence_tokens
-            if group_loss is not None:
-                with on_cpu():
-                    group_loss.backward()
-        totals, num_tokens, num_sequence_tokens = self._sum_over_data_parallel(
+        num_tokens = sum(mb.num_tokens for mb in micro_batches)
+        num_sequence_tokens = sum(mb.num_sequence_tokens for mb in micro_batches)
+        if self.ranks.pp_size > 1:
+            totals = self._pipelined_backward(micro_batches, loss_scale)
+        else:
+            totals = self._backward(micro_batches, loss_scale)
+        totals, num_tokens, num_sequence_tokens = self._sum_over_ranks(
             totals, num_tokens, num_sequence_tokens
         )
         grad_norm = self._optimizer_step()
@@ -194,10 +203,41 @@ class MegatronTrainer:
         self._report.write(batch.step, metrics, totals.num_loss_tokens)
         return metrics
 
-    def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
+    def _backward(self, micro_batches: list[MicroBatch], loss_scale: int) -> LossSums:
+        """Forward and backward every micro-batch (one pipeline stage): the summed loss of each
+        gradient_accumulation_steps micro-batches is backpropagated at once."""
+        from grpo.trainer.megatron.cpu_compat import on_cpu
+
+        totals = LossSums()
+        for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
+            group_loss = None
+            for mb in group:
+                loss, sums = self._loss_of_hidden(mb, self.model.hidden_states(mb), loss_scale)
+                group_loss = loss if group_loss is None else group_loss + loss
+                totals.add(sums)
+            if group_loss is not None:
+                with on_cpu():
+                    group_loss.backward()
+        return totals
+
+    def _pipelined_backward(self, micro_batches: list[MicroBatch], loss_scale: int) -> LossSums:
+        """Forward and backward every micro-batch through the pipeline stages (1F1B); the loss sums
+        on the last stage, empty ones elsewhere."""
+
+        from grpo.trainer.megatron.pipeline import run_schedule
+
+        def loss_of_hidden(mb: MicroBatch, hidden: torch.Tensor) -> tuple[torch.Tensor, LossSums]:
+            return self._loss_of_hidden(mb, hidden, loss_scale)
+
+        totals = LossSums()
+        for sums in run_schedule(self.model, self.ddp, micro_batches, loss_of_hidden, forward_only=False):
+            totals.add(sums)
+        return totals
+
+    def _loss_of_hidden(self, mb: MicroBatch, hidden: torch.Tensor, loss_scale: int) -> tuple[Any, LossSums]:
+        """The GRPO loss of a micro-batch from its final hidden states [T, H] (token order)."""
         from grpo.trainer.megatron.logprobs import token_logprobs
 
-        hidden = self.model.hidden_states(mb)
         tokens = mb.loss
         if tokens.targets.numel() == 0:
             # A zero that still depends on every weight the forward used: every rank joins the reduction.
@@ -239,13 +279,17 @@ class MegatronTrainer:
                 )
         return grad_norm
 
-    def _sum_over_data_parallel(
+    def _sum_over_ranks(
         self, totals: LossSums, num_tokens: int, num_sequence_tokens: int
     ) -> tuple[LossSums, int, int]:
-        if self.ranks.dp_size == 1:
+        """The step's loss sums and token counts over the data-parallel ranks, on every rank (the
+        loss sums come from the last pipeline stage; every stage counts the same tokens)."""
+        if self.ranks.dp_size == 1 and self.ranks.pp_size == 1:
             return totals, num_tokens, num_sequence_tokens
         import torch
         from megatron.core import parallel_state
+
+        from grpo.trainer.megatron.pipeline import sum_over_pipeline
 
         values = torch.tensor(
             [
@@ -261,7 +305,9 @@ class MegatronTrainer:
             ],
             dtype=torch.float64,
         )
-        torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
+        values = sum_over_pipeline(values, self.model)
+        if self.ranks.dp_size > 1:
+            torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
         s = values.tolist()
         merged = LossSums(
             loss=s[0],

@@ -1,9 +1,10 @@
 """One rank of the Megatron multi-rank tests (run by torchrun from test_megatron_ranks.py; not a test module).
 
-Usage: torchrun --standalone --nproc_per_node N megatron_dist_worker.py MODEL_PATH OUT_DIR TP
-Every rank builds a MegatronTrainer (float32, tensor parallel TP, data parallel N / TP), rank 0
-shares `batch()`; every rank scores its rows and trains one step; rank 0 writes the logprobs
-before the step, the metrics and the whole HF-named weights after it to OUT_DIR.
+Usage: torchrun --standalone --nproc_per_node N megatron_dist_worker.py MODEL_PATH OUT_DIR TP PP
+Every rank builds a MegatronTrainer (float32, tensor parallel TP, pipeline stages PP, data parallel
+N / (TP x PP)), rank 0 shares `batch()`; every rank scores its rows, trains one step and scores them again; rank 0
+writes both logprobs, the metrics and the whole HF-named weights after the step to OUT_DIR (the
+logprobs after it also read the last pipeline stage's copy of a tied embedding).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def batch() -> TrainingBatch:
     return TrainingBatch(step=0, rows=rows)
 
 
-def main(model_path: str, out_dir: Path, tp: int) -> None:
+def main(model_path: str, out_dir: Path, tp: int, pp: int) -> None:
     import os
 
     import torch
@@ -49,7 +50,7 @@ def main(model_path: str, out_dir: Path, tp: int) -> None:
         backend="megatron",
         lora=False,
         gpus=int(os.environ.get("WORLD_SIZE", "1")),
-        megatron={"tensor_model_parallel_size": tp},
+        megatron={"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp},
         learning_rate=1e-3,
         adam_epsilon=1e-5,  # see test_megatron_step: keeps Adam's first update smooth in the gradient
         max_grad_norm=0.5,
@@ -61,15 +62,19 @@ def main(model_path: str, out_dir: Path, tp: int) -> None:
     assert shared is not None
     logprobs = trainer.score(shared.rows)
     metrics = trainer.train_step(shared)
+    updated_logprobs = trainer.score(shared.rows)
     weights = trainer.hf_state_dict()
     if trainer.is_main:
         assert weights is not None
         tensors = {f"weight.{k}": v.float().contiguous() for k, v in weights.items()}
         tensors.update({f"logprobs.{i}": torch.from_numpy(lp) for i, lp in enumerate(logprobs)})
+        tensors.update(
+            {f"logprobs.updated.{i}": torch.from_numpy(lp) for i, lp in enumerate(updated_logprobs)}
+        )
         save_file(tensors, str(out_dir / "result.safetensors"))
         (out_dir / "metrics.json").write_text(json.dumps(metrics))
     trainer.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))

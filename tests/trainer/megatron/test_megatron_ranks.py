@@ -1,5 +1,5 @@
-"""Two gloo ranks under torchrun (tensor parallel 2; data parallel 2) give the logprobs and the first
-update of one rank."""
+"""Two gloo ranks under torchrun (tensor parallel 2; pipeline stages 2; data parallel 2) give the
+logprobs and the first update of one rank."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ pytest.importorskip("megatron.core", reason="needs the megatron extra (pip insta
 WORKER = Path(__file__).parent / "megatron_dist_worker.py"
 
 
-def _launch(model_path: Path, out_dir: Path, num_ranks: int, tp: int) -> tuple[dict[str, torch.Tensor], dict]:
+def _launch(
+    model_path: Path, out_dir: Path, num_ranks: int, tp: int, pp: int = 1
+) -> tuple[dict[str, torch.Tensor], dict]:
     from safetensors.torch import load_file
 
     out_dir.mkdir(parents=True)
@@ -33,7 +35,7 @@ def _launch(model_path: Path, out_dir: Path, num_ranks: int, tp: int) -> tuple[d
         str(num_ranks),
     ]
     done = subprocess.run(
-        [*command, str(WORKER), str(model_path), str(out_dir), str(tp)],
+        [*command, str(WORKER), str(model_path), str(out_dir), str(tp), str(pp)],
         env=env,
         capture_output=True,
         text=True,
@@ -43,23 +45,37 @@ def _launch(model_path: Path, out_dir: Path, num_ranks: int, tp: int) -> tuple[d
     return load_file(str(out_dir / "result.safetensors")), json.loads((out_dir / "metrics.json").read_text())
 
 
+def _assert_same_run(double: tuple[dict, dict], single: tuple[dict, dict], what: str) -> None:
+    (tensors, metrics), (single_tensors, single_metrics) = double, single
+    assert set(tensors) == set(single_tensors)
+    for name, tensor in single_tensors.items():
+        atol = 1e-5 if name.startswith("logprobs.") else 1e-6
+        torch.testing.assert_close(tensors[name], tensor, atol=atol, rtol=0, msg=f"{what}: {name}")
+    for key in ("loss", "kl", "entropy", "tokens", "grad_norm"):
+        assert metrics[key] == pytest.approx(single_metrics[key], rel=1e-4), key
+
+
 @pytest.fixture(scope="module")
 def one_rank(tiny_llama_tp2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     return _launch(tiny_llama_tp2_path, tmp_path_factory.mktemp("one") / "out", num_ranks=1, tp=1)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("tp", "what"), [(2, "tensor parallel"), (1, "data parallel")])
+@pytest.mark.parametrize(
+    ("tp", "pp", "what"), [(2, 1, "tensor parallel"), (1, 2, "pipeline stages"), (1, 1, "data parallel")]
+)
 def test_two_ranks_give_the_logprobs_and_first_update_of_one(
-    tp: int, what: str, one_rank: tuple[dict, dict], tiny_llama_tp2_path: Path, tmp_path: Path
+    tp: int, pp: int, what: str, one_rank: tuple[dict, dict], tiny_llama_tp2_path: Path, tmp_path: Path
 ) -> None:
-    single, single_metrics = one_rank
-    double, double_metrics = _launch(tiny_llama_tp2_path, tmp_path / "out", num_ranks=2, tp=tp)
-    assert set(double) == set(single)
-    for name, tensor in single.items():
-        if name.startswith("logprobs."):
-            torch.testing.assert_close(double[name], tensor, atol=1e-5, rtol=0, msg=f"{what}: {name}")
-        else:
-            torch.testing.assert_close(double[name], tensor, atol=1e-6, rtol=0, msg=f"{what}: {name}")
-    for key in ("loss", "kl", "entropy", "tokens", "grad_norm"):
-        assert double_metrics[key] == pytest.approx(single_metrics[key], rel=1e-4), key
+    double = _launch(tiny_llama_tp2_path, tmp_path / "out", num_ranks=2, tp=tp, pp=pp)
+    _assert_same_run(double, one_rank, what)
+
+
+@pytest.mark.slow
+def test_pipeline_stages_sum_the_gradients_of_a_tied_embedding(tiny_model_path: Path, tmp_path: Path) -> None:
+    """The first stage's embedding and the last stage's output layer are one tied weight: its update
+    sums both gradients, on both copies (the logprobs after the step read the last stage's)."""
+    single = _launch(tiny_model_path, tmp_path / "one", num_ranks=1, tp=1)
+    double = _launch(tiny_model_path, tmp_path / "two", num_ranks=2, tp=1, pp=2)
+    assert "weight.lm_head.weight" not in single[0], "the tiny model ties its embeddings"
+    _assert_same_run(double, single, "pipeline stages, tied embeddings")
