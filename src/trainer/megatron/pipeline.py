@@ -78,21 +78,9 @@ def run_schedule(
         )
 
 
-def sum_over_pipeline(values: torch.Tensor, model: MegatronModel) -> torch.Tensor:
-    """The last stage's `values` on every stage of its pipeline (the others' are ignored)."""
-    import torch
-    from megatron.core import parallel_state
-
-    if model.ranks.pp_size == 1:
-        return values
-    summed = values if model.ranks.is_last_stage else torch.zeros_like(values)
-    torch.distributed.all_reduce(summed, group=parallel_state.get_pipeline_model_parallel_group())
-    return summed
-
-
 def from_last_stage(tensor: torch.Tensor, model: MegatronModel) -> torch.Tensor:
-    """The last stage's `tensor` on every stage of its pipeline (the other stages pass a tensor of
-    the same shape and dtype to receive into)."""
+    """The last stage's `tensor` on every stage of its pipeline, in place (the other stages pass a
+    tensor of the same shape and dtype to receive into)."""
     import torch
     from megatron.core import parallel_state
 

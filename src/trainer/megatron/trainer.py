@@ -223,7 +223,6 @@ class MegatronTrainer:
     def _pipelined_backward(self, micro_batches: list[MicroBatch], loss_scale: int) -> LossSums:
         """Forward and backward every micro-batch through the pipeline stages (1F1B); the loss sums
         on the last stage, empty ones elsewhere."""
-
         from grpo.trainer.megatron.pipeline import run_schedule
 
         def loss_of_hidden(mb: MicroBatch, hidden: torch.Tensor) -> tuple[torch.Tensor, LossSums]:
@@ -289,7 +288,7 @@ class MegatronTrainer:
         import torch
         from megatron.core import parallel_state
 
-        from grpo.trainer.megatron.pipeline import sum_over_pipeline
+        from grpo.trainer.megatron.pipeline import from_last_stage
 
         values = torch.tensor(
             [
@@ -305,7 +304,7 @@ class MegatronTrainer:
             ],
             dtype=torch.float64,
         )
-        values = sum_over_pipeline(values, self.model)
+        values = from_last_stage(values, self.model)
         if self.ranks.dp_size > 1:
             torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
         s = values.tolist()

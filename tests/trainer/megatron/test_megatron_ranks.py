@@ -1,5 +1,5 @@
-"""Two gloo ranks under torchrun (tensor parallel 2; pipeline stages 2; data parallel 2) give the
-logprobs and the first update of one rank."""
+"""Gloo ranks under torchrun (tensor parallel 2; pipeline stages 2; data parallel 2; and four ranks
+combining pipeline stages with either) give the logprobs and the first update of one rank."""
 
 from __future__ import annotations
 
@@ -60,22 +60,44 @@ def one_rank(tiny_llama_tp2_path: Path, tmp_path_factory: pytest.TempPathFactory
     return _launch(tiny_llama_tp2_path, tmp_path_factory.mktemp("one") / "out", num_ranks=1, tp=1)
 
 
+@pytest.fixture(scope="module")
+def one_rank_tied(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    single = _launch(tiny_model_path, tmp_path_factory.mktemp("one-tied") / "out", num_ranks=1, tp=1)
+    assert "weight.lm_head.weight" not in single[0], "the tiny model ties its embeddings"
+    return single
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("tp", "pp", "what"), [(2, 1, "tensor parallel"), (1, 2, "pipeline stages"), (1, 1, "data parallel")]
+    ("num_ranks", "tp", "pp", "what"),
+    [
+        (2, 2, 1, "tensor parallel"),
+        (2, 1, 2, "pipeline stages"),
+        (2, 1, 1, "data parallel"),
+        (4, 2, 2, "tensor parallel x pipeline stages"),
+    ],
 )
-def test_two_ranks_give_the_logprobs_and_first_update_of_one(
-    tp: int, pp: int, what: str, one_rank: tuple[dict, dict], tiny_llama_tp2_path: Path, tmp_path: Path
+def test_several_ranks_give_the_logprobs_and_first_update_of_one(
+    num_ranks: int,
+    tp: int,
+    pp: int,
+    what: str,
+    one_rank: tuple[dict, dict],
+    tiny_llama_tp2_path: Path,
+    tmp_path: Path,
 ) -> None:
-    double = _launch(tiny_llama_tp2_path, tmp_path / "out", num_ranks=2, tp=tp, pp=pp)
-    _assert_same_run(double, one_rank, what)
+    several = _launch(tiny_llama_tp2_path, tmp_path / "out", num_ranks=num_ranks, tp=tp, pp=pp)
+    _assert_same_run(several, one_rank, what)
 
 
 @pytest.mark.slow
-def test_pipeline_stages_sum_the_gradients_of_a_tied_embedding(tiny_model_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("num_ranks", "what"), [(2, "pipeline stages"), (4, "data parallel x pipeline stages")]
+)
+def test_pipeline_stages_sum_the_gradients_of_a_tied_embedding(
+    num_ranks: int, what: str, one_rank_tied: tuple[dict, dict], tiny_model_path: Path, tmp_path: Path
+) -> None:
     """The first stage's embedding and the last stage's output layer are one tied weight: its update
     sums both gradients, on both copies (the logprobs after the step read the last stage's)."""
-    single = _launch(tiny_model_path, tmp_path / "one", num_ranks=1, tp=1)
-    double = _launch(tiny_model_path, tmp_path / "two", num_ranks=2, tp=1, pp=2)
-    assert "weight.lm_head.weight" not in single[0], "the tiny model ties its embeddings"
-    _assert_same_run(double, single, "pipeline stages, tied embeddings")
+    several = _launch(tiny_model_path, tmp_path / "out", num_ranks=num_ranks, tp=1, pp=2)
+    _assert_same_run(several, one_rank_tied, f"{what}, tied embeddings")
