@@ -186,6 +186,11 @@ def load_checkpoint(
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     state = json.loads((folder / STATE_FILE).read_text())
+    if state.get("backend", "hf") != "hf":
+        raise UserError(
+            f"checkpoint {folder} was written by backend {state['backend']}; resume it with backend: "
+            f"{state['backend']}, or start a new run dir"
+        )
     trainable = load_file(str(folder / TRAINABLE_FILE))
     expected = {n: tuple(p.shape) for n, p in policy.model.named_parameters() if p.requires_grad}
     if set(trainable) != set(expected):

@@ -3,6 +3,7 @@ the uninterrupted run's step 3; a torn checkpoint is ignored; another layout is 
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -142,3 +143,16 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_both(
     line = str(refused.value)
     assert "\n" not in line
     assert "tp 1 pp 1 distributed optimizer" in line and "tp 1 pp 1 plain optimizer" in line
+
+
+def test_a_checkpoint_of_the_other_backend_is_refused_in_one_line(tmp_path: Path) -> None:
+    from grpo.trainer.checkpoint import STATE_FILE
+    from grpo.trainer.megatron.checkpoint import read_state
+    from grpo.trainer.megatron.parallel import ParallelRanks
+
+    (tmp_path / STATE_FILE).write_text(json.dumps({"step": 2, "world_size": 1}))  # what backend hf writes
+    ranks = ParallelRanks(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, dp_rank=0, dp_size=1)
+    with pytest.raises(
+        UserError, match=r"^checkpoint .* was written by backend hf; resume it with backend: hf"
+    ):
+        read_state(tmp_path, ranks, use_distributed_optimizer=True)
