@@ -156,3 +156,41 @@ def test_a_checkpoint_of_the_other_backend_is_refused_in_one_line(tmp_path: Path
         UserError, match=r"^checkpoint .* was written by backend hf; resume it with backend: hf"
     ):
         read_state(tmp_path, ranks, use_distributed_optimizer=True)
+
+
+class _Batches:
+    """A batch transport that hands out batch(step) and records what it was asked for."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.commits: list[int] = []
+
+    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch:
+        self.received.append(step)
+        return batch(step)
+
+    def commit(self, step: int) -> None:
+        self.commits.append(step)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("float32_compute")
+def test_the_trainer_loop_resumes_at_the_checkpointed_step_and_republishes_it(
+    resume_cfg: Callable[..., TrainerConfig], tmp_path: Path
+) -> None:
+    from grpo.trainer.entry import run
+    from grpo.utils.atomic import is_stable
+
+    cfg = resume_cfg(tmp_path)  # checkpoints every 2 steps, max_steps 3
+    stopped = _Batches()
+    run(cfg.model_copy(update={"max_steps": 2}), tmp_path, stopped)
+    assert stopped.received == [0, 1] and stopped.commits == [2]
+    (tmp_path / "broadcasts" / "step_2" / "STABLE").unlink()  # as if killed before it was published
+
+    resumed = _Batches()
+    run(cfg, tmp_path, resumed)
+    assert resumed.received == [2]
+    assert [r["step"] for r in read_jsonl(tmp_path / "trainer_metrics.jsonl")] == [0, 1, 2]
+    assert is_stable(tmp_path / "broadcasts" / "step_2") and is_stable(tmp_path / "broadcasts" / "step_3")
