@@ -14,7 +14,10 @@ Files, one set per model-parallel rank (tensor-parallel rank t, pipeline stage p
   (DistributedOptimizer.get_parameter_state_dp_zero, bucket padding removed); a resume scatters
   them to however many data-parallel ranks it has (load_parameter_state_from_dp_zero).
 - `rng_rank{r}.json` for every rank, and `trainer_state.json`: step, num_skipped_steps, world
-  size and the layout (tensor and pipeline sizes, distributed optimizer or not).
+  size and the layout (tensor and pipeline sizes, distributed optimizer or not). Megatron's CUDA
+  RNG tracker (dropout inside tensor-parallel regions) is not saved: the trainer's dropout is 0.
+The learning rate needs nothing of its own: each step sets it from the step count
+(grpo.trainer.megatron.optimizer.set_learning_rate).
 
 Per-rank files rather than whole tensors: a rank saves and loads exactly what it holds, with
 Megatron's own optimizer state dicts, and a pipeline stage needs nothing from the others. The price

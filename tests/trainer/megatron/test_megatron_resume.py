@@ -7,6 +7,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -20,6 +21,9 @@ from grpo.config.trainer import TrainerConfig
 from grpo.transport.batch import TrainingBatch
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import read_jsonl
+
+if TYPE_CHECKING:
+    from grpo.trainer.megatron.trainer import MegatronTrainer
 
 COMPARED_METRICS = ("loss", "kl", "entropy", "masked", "tokens", "grad_norm", "lr", "skipped_steps")
 
@@ -51,10 +55,10 @@ def resume_cfg(megatron_cfg: Callable[..., TrainerConfig]) -> Callable[..., Trai
     return make
 
 
-def _train(trainer: object, steps: range) -> dict[str, float]:
+def _train(trainer: MegatronTrainer, steps: range) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for step in steps:
-        metrics = trainer.train_step(batch(step))  # type: ignore[attr-defined]
+        metrics = trainer.train_step(batch(step))
     return metrics
 
 
