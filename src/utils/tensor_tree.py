@@ -22,16 +22,16 @@ _TENSOR, _DICT, _TUPLE, _DTYPE = "__tensor__", "__dict__", "__tuple__", "__dtype
 
 
 def encode(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-    """(JSON-able structure, tensors by name); tensors are copied to contiguous CPU memory of their own."""
+    """(JSON-able structure, tensors by name on the CPU, each in memory of its own)."""
     import torch
 
     tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
 
     def walk(node: Any) -> Any:
         if isinstance(node, torch.Tensor):
             name = str(len(tensors))
-            # A copy: safetensors refuses tensors that share memory (views of one flat buffer).
-            tensors[name] = node.detach().to("cpu", copy=True).contiguous()
+            tensors[name] = _own_cpu_tensor(node.detach(), storages)
             return {_TENSOR: name}
         if isinstance(node, torch.dtype):
             return {_DTYPE: str(node).removeprefix("torch.")}
@@ -46,6 +46,26 @@ def encode(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
         raise TypeError(f"cannot store a {type(node).__name__} in a tensor tree")
 
     return walk(tree), tensors
+
+
+def _own_cpu_tensor(tensor: torch.Tensor, storages: set[int]) -> torch.Tensor:
+    """`tensor` itself when it is a whole CPU allocation not stored yet (a gathered optimizer state:
+    no second copy of it), else a contiguous CPU copy (safetensors refuses tensors sharing memory,
+    such as views of one flat buffer)."""
+    import torch
+
+    storage = tensor.untyped_storage()
+    whole = (
+        tensor.device.type == "cpu"
+        and tensor.is_contiguous()
+        and tensor.storage_offset() == 0
+        and storage.nbytes() == tensor.numel() * tensor.element_size()
+        and storage.data_ptr() not in storages
+    )
+    if not whole:
+        tensor = torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor)
+    storages.add(tensor.untyped_storage().data_ptr())
+    return tensor
 
 
 def decode(encoded: Any, tensor: Callable[[str], torch.Tensor]) -> Any:

@@ -54,3 +54,10 @@ def test_a_megatron_like_state_dict_round_trips_exactly(tmp_path: Path) -> None:
 def test_an_object_that_is_not_data_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="object"):
         save_tree({"x": object()}, tmp_path / "t.json", tmp_path / "t.safetensors")
+
+
+def test_a_tensor_stored_twice_is_written_twice(tmp_path: Path) -> None:
+    shared = torch.arange(4, dtype=torch.float32)
+    save_tree({"a": shared, "b": shared}, tmp_path / "t.json", tmp_path / "t.safetensors")
+    loaded = load_tree(tmp_path / "t.json", tmp_path / "t.safetensors")
+    assert torch.equal(loaded["a"], shared) and torch.equal(loaded["b"], shared)

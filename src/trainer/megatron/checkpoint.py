@@ -101,7 +101,8 @@ def _is_distributed(optimizer: Any) -> bool:
 
 
 def _model_tensors(model: MegatronModel) -> dict[str, Any]:
-    return {name: param.detach().cpu().clone() for name, param in model.module.named_parameters()}
+    # Copies: the parameters are views of DDP's flat buffer, which safetensors would refuse.
+    return {name: param.detach().to("cpu", copy=True) for name, param in model.module.named_parameters()}
 
 
 def save_checkpoint(

@@ -27,21 +27,34 @@ def _result(out_dir: Path, name: str) -> tuple[dict[str, torch.Tensor], dict[str
     return load_file(str(out_dir / f"{name}.safetensors")), metrics
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["data parallel 2", "tensor parallel 2"])
-def two_rank_runs(
-    request: pytest.FixtureRequest, tiny_llama_tp2_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, int]:
+def _two_rank_run(tp: int, model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     """OUT_DIR of the worker's resume scenario on 2 ranks, and its tensor-parallel size."""
-    tp = request.param
     out_dir = tmp_path_factory.mktemp(f"resume_tp{tp}")
-    launch(tiny_llama_tp2_path, out_dir, num_ranks=2, tp=tp, scenario="resume")
+    launch(model_path, out_dir, num_ranks=2, tp=tp, scenario="resume")
     return out_dir, tp
 
 
-def test_two_ranks_resumed_take_the_uninterrupted_runs_third_step(two_rank_runs: tuple[Path, int]) -> None:
+@pytest.fixture(scope="module")
+def data_parallel_run(
+    tiny_llama_tp2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, int]:
+    return _two_rank_run(1, tiny_llama_tp2_path, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_run(
+    tiny_llama_tp2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, int]:
+    return _two_rank_run(2, tiny_llama_tp2_path, tmp_path_factory)
+
+
+@pytest.mark.parametrize("layout", ["data_parallel_run", "tensor_parallel_run"])
+def test_two_ranks_resumed_take_the_uninterrupted_runs_third_step(
+    layout: str, request: pytest.FixtureRequest
+) -> None:
     from grpo.trainer.checkpoint import checkpoint_dir
 
-    out_dir, tp = two_rank_runs
+    out_dir, tp = request.getfixturevalue(layout)
     whole, whole_metrics = _result(out_dir, "whole")
     resumed, resumed_metrics = _result(out_dir, "resumed")
     for key in COMPARED_METRICS:
@@ -61,13 +74,11 @@ def test_two_ranks_resumed_take_the_uninterrupted_runs_third_step(two_rank_runs:
 
 @pytest.mark.usefixtures("float32_compute")
 def test_a_data_parallel_checkpoint_resumes_on_one_rank(
-    two_rank_runs: tuple[Path, int], tiny_llama_tp2_path: Path
+    data_parallel_run: tuple[Path, int], tiny_llama_tp2_path: Path
 ) -> None:
     from grpo.trainer.megatron.trainer import MegatronTrainer
 
-    out_dir, tp = two_rank_runs
-    if tp != 1:
-        pytest.skip("a tensor-parallel checkpoint resumes under tensor parallel 2 only")
+    out_dir, _ = data_parallel_run
     split_dir = out_dir / "split"
     trainer = MegatronTrainer(resume_cfg(str(tiny_llama_tp2_path), 1, 1, split_dir), split_dir)
     try:
