@@ -62,7 +62,9 @@ def _train(trainer: MegatronTrainer, steps: range) -> dict[str, float]:
     return metrics
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)], ids=["float32", "bf16"]
+)
 @pytest.mark.parametrize("use_distributed_optimizer", [True, False], ids=["distributed", "plain"])
 def test_a_resumed_run_takes_the_uninterrupted_runs_third_step(
     use_distributed_optimizer: bool,
