@@ -322,10 +322,6 @@ class TrainerConfig(StrictModel):
             raise ValueError(
                 "noise_scheduler is not implemented for backend megatron yet; disable it (or use backend: hf)"
             )
-        if self.backend == "megatron" and self.ckpt.interval is not None:
-            raise ValueError(
-                "backend megatron does not write checkpoints yet; remove ckpt.interval (or use backend: hf)"
-            )
         if self.backend == "megatron" and self.gpus % self.megatron.model_parallel_size != 0:
             mp = self.megatron
             raise ValueError(

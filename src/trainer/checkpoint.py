@@ -124,7 +124,7 @@ def save_checkpoint(
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    from grpo.trainer.distributed import barrier, gather_bytes
+    from grpo.trainer.distributed import barrier
 
     final = checkpoint_dir(run_dir, step)
     if dist_ctx is not None:
@@ -135,15 +135,13 @@ def save_checkpoint(
     optimizer_state = get_optimizer_state_dict(
         policy.model, optimizer, options=_whole_state_options(cpu_offload=True)
     )
-    own_rng = json.dumps(rng_state()).encode()
-    rng_per_rank = [own_rng] if dist_ctx is None else gather_bytes(own_rng, dist_ctx)
+    rng_per_rank = gather_rng_states(dist_ctx)
     if dist_ctx is None or dist_ctx.is_main:
         staged = staging_dir(final)
         save_file(trainable, str(staged / TRAINABLE_FILE))
         torch.save(optimizer_state, staged / OPTIMIZER_FILE)
         torch.save(scheduler.state_dict(), staged / SCHEDULER_FILE)
-        for rank, data in enumerate(rng_per_rank):
-            (staged / rng_file(rank)).write_bytes(data)
+        write_rng_states(staged, rng_per_rank)
         state = {"step": step, "world_size": len(rng_per_rank)}
         (staged / STATE_FILE).write_text(json.dumps(state))
         publish_dir(staged, final)
@@ -188,6 +186,11 @@ def load_checkpoint(
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     state = json.loads((folder / STATE_FILE).read_text())
+    if state.get("backend", "hf") != "hf":
+        raise UserError(
+            f"checkpoint {folder} was written by backend {state['backend']}; resume it with backend: "
+            f"{state['backend']}, or start a new run dir"
+        )
     trainable = load_file(str(folder / TRAINABLE_FILE))
     expected = {n: tuple(p.shape) for n, p in policy.model.named_parameters() if p.requires_grad}
     if set(trainable) != set(expected):
@@ -215,6 +218,28 @@ def load_checkpoint(
         log.info(
             "checkpoint %s was written by %d rank(s); resuming on %d", folder, state["world_size"], world_size
         )
+    restore_rng_state(folder, rank)
+    step = int(state["step"])
+    if rank == 0:
+        rewind_metrics(folder, step)
+    return step
+
+
+def gather_rng_states(dist_ctx: DistContext | None) -> list[bytes]:
+    """Every rank's RNG states (JSON) by rank, on every rank; collective under torchrun."""
+    from grpo.trainer.distributed import gather_bytes
+
+    own = json.dumps(rng_state()).encode()
+    return [own] if dist_ctx is None else gather_bytes(own, dist_ctx)
+
+
+def write_rng_states(folder: Path, rng_per_rank: list[bytes]) -> None:
+    for rank, data in enumerate(rng_per_rank):
+        (folder / rng_file(rank)).write_bytes(data)
+
+
+def restore_rng_state(folder: Path, rank: int) -> None:
+    """This process's RNG states from checkpoint `folder` (rank `rank`'s file)."""
     own_rng = folder / rng_file(rank)
     if own_rng.exists():
         set_rng_state(json.loads(own_rng.read_text()))
@@ -222,12 +247,11 @@ def load_checkpoint(
         log.warning(
             "checkpoint %s has no RNG state for rank %d; that rank keeps its seeded RNG", folder, rank
         )
-    step = int(state["step"])
-    if rank == 0:
-        metrics = folder.parent.parent.parent / METRICS_FILE  # {run_dir}/checkpoints/trainer/step_n
-        num_cut = drop_metrics_from(metrics, step)
-        if num_cut:
-            log.info(
-                "%s: dropped %d row(s) of steps >= %d, which this run trains again", metrics, num_cut, step
-            )
-    return step
+
+
+def rewind_metrics(folder: Path, step: int) -> None:
+    """Cut trainer_metrics.jsonl back to the rows of steps < `step` (resuming from checkpoint `folder`)."""
+    metrics = folder.parent.parent.parent / METRICS_FILE  # {run_dir}/checkpoints/trainer/step_n
+    num_cut = drop_metrics_from(metrics, step)
+    if num_cut:
+        log.info("%s: dropped %d row(s) of steps >= %d, which this run trains again", metrics, num_cut, step)

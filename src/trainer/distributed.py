@@ -287,7 +287,8 @@ def gather_bytes(data: bytes, ctx: DistContext) -> list[bytes]:
     dist.all_gather(sizes, size)
     max_size = max(int(s.item()) for s in sizes)
     padded = torch.zeros(max_size, dtype=torch.uint8)
-    padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    if data:  # frombuffer refuses an empty buffer
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     gathered = [torch.zeros(max_size, dtype=torch.uint8, device=ctx.device) for _ in range(ctx.world_size)]
     dist.all_gather(gathered, padded.to(ctx.device))
     return [bytes(g.cpu()[: int(s.item())].numpy()) for g, s in zip(gathered, sizes, strict=True)]

@@ -44,8 +44,9 @@ def test_a_megatron_key_typo_is_refused() -> None:
     assert "tensor_parallel" in _refusal({"lora": False, "megatron": {"tensor_parallel": 2}})
 
 
-def test_checkpoints_are_refused_until_the_backend_writes_them() -> None:
-    assert "ckpt.interval" in _refusal({"lora": False, "ckpt": {"interval": 2}})
+def test_checkpoints_are_accepted() -> None:
+    fields = {"model": "m", "backend": "megatron", "lora": False, "ckpt": {"interval": 2, "resume_step": -1}}
+    assert validate(TrainerConfig, fields, "train.yaml").ckpt.interval == 2
 
 
 def test_pipeline_stages_load_with_enough_gpus_for_whole_copies() -> None:

@@ -139,3 +139,12 @@ def test_resume_rewinds_trainer_metrics_and_refuses_other_shapes(make_cfg, tmp_p
             other_rank.maybe_resume()
     finally:
         other_rank.close()
+
+
+def test_a_megatron_checkpoint_is_refused_in_one_line(tmp_path):
+    from grpo.trainer.checkpoint import STATE_FILE, load_checkpoint
+    from grpo.utils.errors import UserError
+
+    (tmp_path / STATE_FILE).write_text(json.dumps({"backend": "megatron", "step": 2, "world_size": 1}))
+    with pytest.raises(UserError, match=r"written by backend megatron; resume it with backend: megatron"):
+        load_checkpoint(tmp_path, policy=None, optimizer=None, scheduler=None)

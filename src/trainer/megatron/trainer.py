@@ -337,19 +337,42 @@ class MegatronTrainer:
         )
 
     def save_checkpoint(self) -> Path:
-        raise UserError(
-            "backend megatron does not write checkpoints yet; remove ckpt.interval from train.yaml"
+        """Checkpoint the state after num_steps_done steps. Collective under torchrun (every rank)."""
+        from grpo.trainer.megatron.checkpoint import save_checkpoint
+
+        return save_checkpoint(
+            self.run_dir,
+            self.num_steps_done,
+            self.model,
+            self.optimizer,
+            self.num_skipped_steps,
+            self.cfg.megatron.use_distributed_optimizer,
+            self.cfg.ckpt.keep_last,
+            self.dist,
         )
 
     def maybe_resume(self) -> int:
-        """0: nothing to resume (checkpoints are refused at load, so none of this backend exist)."""
-        from grpo.trainer.checkpoint import find_resume_checkpoint
+        """Load the checkpoint ckpt.resume_step asks for (if any); return the next batch step.
+        Collective under torchrun: rank 0 picks the step, every rank loads that checkpoint."""
+        from grpo.trainer.checkpoint import checkpoint_dir, find_resume_checkpoint
+        from grpo.trainer.distributed import broadcast_int
+        from grpo.trainer.megatron.checkpoint import load_checkpoint
 
-        if self.is_main and find_resume_checkpoint(self.run_dir, self.cfg.ckpt.resume_step) is not None:
-            raise UserError(
-                "backend megatron cannot resume from a checkpoint yet; start a new run dir or use backend: hf"
-            )
-        return 0
+        step = 0
+        if self.is_main:
+            found = find_resume_checkpoint(self.run_dir, self.cfg.ckpt.resume_step)
+            step = 0 if found is None else found[0]
+        if self.dist is not None:
+            step = broadcast_int(step, self.dist)
+        if step == 0:
+            return 0
+        folder = checkpoint_dir(self.run_dir, step)
+        self.num_steps_done, self.num_skipped_steps = load_checkpoint(
+            folder, self.model, self.optimizer, self.cfg.megatron.use_distributed_optimizer, self.dist
+        )
+        assert self.num_steps_done == step
+        log.info("resumed from %s: next batch is step %d", folder, step)
+        return step
 
     def close(self) -> None:
         self._report.close()

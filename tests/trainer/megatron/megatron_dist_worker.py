@@ -1,10 +1,14 @@
-"""One rank of the Megatron multi-rank tests (run by torchrun from test_megatron_ranks.py; not a test module).
+"""One rank of the Megatron multi-rank tests (run by torchrun from the tests through `launch`; not a test module).
 
-Usage: torchrun --standalone --nproc_per_node N megatron_dist_worker.py MODEL_PATH OUT_DIR TP PP
+Usage: torchrun --standalone --nproc_per_node N megatron_dist_worker.py MODEL_PATH OUT_DIR TP PP [SCENARIO]
 Every rank builds a MegatronTrainer (float32, tensor parallel TP, pipeline stages PP, data parallel
-N / (TP x PP)), rank 0 shares `batch()`; every rank scores its rows, trains one step and scores them again; rank 0
-writes both logprobs, the metrics and the whole HF-named weights after the step to OUT_DIR (the
-logprobs after it also read the last pipeline stage's copy of a tied embedding).
+N / (TP x PP)), rank 0 shares `batch(step)`.
+- `step` (the default): every rank scores its rows, trains one step and scores them again; rank 0
+  writes both logprobs, the metrics and the whole HF-named weights after the step to OUT_DIR (the
+  logprobs after it also read the last pipeline stage's copy of a tied embedding).
+- `resume`: an uninterrupted run trains 3 steps (run dir OUT_DIR/whole); a split run trains 2,
+  checkpoints and stops (OUT_DIR/split), and a new trainer resumes it and trains the third. Rank 0
+  writes the weights and metrics after each run's third step (whole.*, resumed.*).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,43 +26,136 @@ from trainer_batches import make_row
 
 from grpo.transport.batch import TrainingBatch
 
-
-def batch() -> TrainingBatch:
-    rows = [
-        make_row([(6, 10), (4, 12)], [1.0, -1.0], seed=1, temperature=0.7),
-        make_row([(9, 7)], [0.5], seed=2, temperature=1.3),
-        make_row([(5, 9), (3, 6)], [-0.5, 2.0], seed=3),
-        make_row([(4, 8)], [1.5], seed=4),
-    ]
-    for row in rows:
-        row.inference_logprobs = np.where(row.loss_mask, -10.5, 0.0).astype(np.float32)
-    return TrainingBatch(step=0, rows=rows)
-
-
-def main(model_path: str, out_dir: Path, tp: int, pp: int) -> None:
-    import os
-
-    import torch
-    from safetensors.torch import save_file
-
-    import grpo.trainer.model as model_module
+if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.megatron.trainer import MegatronTrainer
 
-    model_module.choose_dtype = lambda device: torch.float32  # type: ignore[assignment]
-    cfg = TrainerConfig(
+
+def batch(step: int = 0) -> TrainingBatch:
+    seed = 10 * step
+    rows = [
+        make_row([(6, 10), (4, 12)], [1.0, -1.0], seed=seed + 1, temperature=0.7),
+        make_row([(9, 7)], [0.5], seed=seed + 2, temperature=1.3),
+        make_row([(5, 9), (3, 6)], [-0.5, 2.0], seed=seed + 3),
+        make_row([(4, 8)], [1.5], seed=seed + 4),
+    ]
+    for row in rows:
+        row.inference_logprobs = np.where(row.loss_mask, -10.5, 0.0).astype(np.float32)
+    return TrainingBatch(step=step, rows=rows)
+
+
+def launch(
+    model_path: Path, out_dir: Path, num_ranks: int, tp: int, pp: int = 1, scenario: str = "step"
+) -> None:
+    """Run this worker on `num_ranks` gloo ranks under torchrun (from a test); fails with its stderr."""
+    import os
+    import subprocess
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(num_ranks),
+    ]
+    done = subprocess.run(
+        [*command, __file__, str(model_path), str(out_dir), str(tp), str(pp), scenario],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+
+
+def worker_cfg(model_path: str, tp: int, pp: int, world_size: int, **extra: Any) -> TrainerConfig:
+    from grpo.config.trainer import TrainerConfig
+
+    return TrainerConfig(
         model=model_path,
         backend="megatron",
         lora=False,
-        gpus=int(os.environ.get("WORLD_SIZE", "1")),
+        gpus=world_size,
         megatron={"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp},
         learning_rate=1e-3,
         adam_epsilon=1e-5,  # see test_megatron_step: keeps Adam's first update smooth in the gradient
         max_grad_norm=0.5,
         per_device_train_batch_size=1,
         logprob_chunk_size=16,
+        **extra,
     )
-    trainer = MegatronTrainer(cfg, out_dir / "run")
+
+
+def resume_cfg(model_path: str, tp: int, pp: int, world_size: int, run_dir: Path) -> TrainerConfig:
+    """The resume scenario's config (also used by the test to resume on one rank)."""
+    return worker_cfg(
+        model_path,
+        tp,
+        pp,
+        world_size,
+        output_dir=str(run_dir),
+        max_steps=3,
+        lr_scheduler_type="cosine",
+        warmup_steps=1,
+        ckpt={"interval": 2, "resume_step": -1},
+    )
+
+
+def train(trainer: MegatronTrainer, steps: range) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for step in steps:
+        shared = trainer.share_batch(batch(step) if trainer.is_main else None)
+        assert shared is not None
+        metrics = trainer.train_step(shared)
+    return metrics
+
+
+def write_result(trainer: MegatronTrainer, metrics: dict[str, float], out_dir: Path, name: str) -> None:
+    """The whole HF-named weights (float32) and the metrics, written by rank 0 (collective)."""
+    from safetensors.torch import save_file
+
+    weights = trainer.hf_state_dict()
+    if trainer.is_main:
+        assert weights is not None
+        save_file(
+            {k: v.float().contiguous() for k, v in weights.items()}, str(out_dir / f"{name}.safetensors")
+        )
+        (out_dir / f"{name}_metrics.json").write_text(json.dumps(metrics))
+
+
+def resume_scenario(model_path: str, out_dir: Path, tp: int, pp: int, world_size: int) -> None:
+    import torch
+
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+
+    whole_cfg = resume_cfg(model_path, tp, pp, world_size, out_dir / "whole")
+    whole = MegatronTrainer(whole_cfg, out_dir / "whole")
+    write_result(whole, train(whole, range(3)), out_dir, "whole")
+    whole.close()
+    split_cfg = resume_cfg(model_path, tp, pp, world_size, out_dir / "split")
+    first = MegatronTrainer(split_cfg, out_dir / "split")
+    train(first, range(2))
+    first.save_checkpoint()
+    first.close()
+    torch.manual_seed(1234)  # the checkpoint's RNG state must win over whatever the process holds
+    resumed = MegatronTrainer(split_cfg, out_dir / "split")
+    assert resumed.maybe_resume() == 2
+    write_result(resumed, train(resumed, range(2, 3)), out_dir, "resumed")
+    resumed.close()
+
+
+def step_scenario(model_path: str, out_dir: Path, tp: int, pp: int, world_size: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+
+    trainer = MegatronTrainer(worker_cfg(model_path, tp, pp, world_size), out_dir / "run")
     shared = trainer.share_batch(batch() if trainer.is_main else None)
     assert shared is not None
     logprobs = trainer.score(shared.rows)
@@ -76,5 +174,25 @@ def main(model_path: str, out_dir: Path, tp: int, pp: int) -> None:
     trainer.close()
 
 
+def main(model_path: str, out_dir: Path, tp: int, pp: int, scenario: str) -> None:
+    import os
+
+    import torch
+
+    import grpo.trainer.model as model_module
+
+    model_module.choose_dtype = lambda device: torch.float32  # type: ignore[assignment]
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    scenarios = {"step": step_scenario, "resume": resume_scenario}
+    assert scenario in scenarios, scenario
+    scenarios[scenario](model_path, out_dir, tp, pp, world_size)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    main(
+        sys.argv[1],
+        Path(sys.argv[2]),
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        sys.argv[5] if len(sys.argv) > 5 else "step",
+    )

@@ -4,9 +4,6 @@ combining pipeline stages with either) give the logprobs and the first update of
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,7 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
 
-WORKER = Path(__file__).parent / "megatron_dist_worker.py"
+from megatron_dist_worker import launch
 
 
 def _launch(
@@ -22,26 +19,7 @@ def _launch(
 ) -> tuple[dict[str, torch.Tensor], dict]:
     from safetensors.torch import load_file
 
-    out_dir.mkdir(parents=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(num_ranks),
-    ]
-    done = subprocess.run(
-        [*command, str(WORKER), str(model_path), str(out_dir), str(tp), str(pp)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
+    launch(model_path, out_dir, num_ranks, tp, pp)
     return load_file(str(out_dir / "result.safetensors")), json.loads((out_dir / "metrics.json").read_text())
 
 

@@ -1,0 +1,258 @@
+"""Checkpoints of the Megatron backend: `{run_dir}/checkpoints/trainer/step_{n}/` holds the state
+after n optimizer steps, STABLE last, in the HF backend's folders (grpo.trainer.checkpoint: the same
+resume-step choice, RNG files, metrics rewind and pruning). Resuming from step_n continues with batch n.
+
+Files, one set per model-parallel rank (tensor-parallel rank t, pipeline stage p):
+- `model_tp{t}_pp{p}.safetensors`: the rank's parameters (its tensor-parallel slice of stage p) by
+  their names in the stage's GPTModel, in the compute dtype.
+- `optimizer_tp{t}_pp{p}.{json,safetensors}`: Megatron's optimizer `state_dict()` of the rank, one
+  per chained optimizer (grpo.utils.tensor_tree: tensors in safetensors, the rest in JSON): its
+  parameter groups and Adam's step; without the distributed optimizer also Adam's moments (and
+  the fp32 main weights when the model computes in bf16).
+- `param_state_tp{t}_pp{p}.{json,safetensors}` (distributed optimizer): the fp32 main weights and
+  Adam moments of the rank's whole model-parallel slice, gathered from its data-parallel shards
+  (DistributedOptimizer.get_parameter_state_dp_zero, bucket padding removed); a resume scatters
+  them to however many data-parallel ranks it has (load_parameter_state_from_dp_zero).
+- `rng_rank{r}.json` for every rank, and `trainer_state.json`: step, num_skipped_steps, world
+  size and the layout (tensor and pipeline sizes, distributed optimizer or not). Megatron's CUDA
+  RNG tracker (dropout inside tensor-parallel regions) is not saved: the trainer's dropout is 0.
+The learning rate needs nothing of its own: each step sets it from the step count
+(grpo.trainer.megatron.optimizer.set_learning_rate).
+
+Per-rank files rather than whole tensors: a rank saves and loads exactly what it holds, with
+Megatron's own optimizer state dicts, and a pipeline stage needs nothing from the others. The price
+is that a checkpoint resumes only under the same tensor and pipeline sizes and the same optimizer
+kind (a different one is refused with one line naming both layouts); the number of data-parallel
+ranks may change. Megatron's dist_checkpointing (torch_dist) would reshard, but reading it
+unpickles (torch.distributed.checkpoint's metadata, Megatron's common.pt), and a checkpoint must be
+loadable without trusting whoever wrote the files.
+
+Under torchrun every rank calls save/load. Rank 0 makes the staging folder; the data-parallel rank 0
+of each model-parallel rank writes that rank's files into it; rank 0 then writes the RNG states and
+trainer_state.json and publishes the folder (STABLE last) before any rank returns. On load every
+rank reads its model-parallel rank's files: the run dir must be visible to all of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo.trainer.checkpoint import (
+    STATE_FILE,
+    checkpoint_dir,
+    gather_rng_states,
+    restore_rng_state,
+    rewind_metrics,
+    write_rng_states,
+)
+from grpo.trainer.publish import prune_step_dirs
+from grpo.utils.atomic import publish_dir, staging_dir
+from grpo.utils.errors import UserError
+from grpo.utils.logging import get_logger
+from grpo.utils.tensor_tree import load_tree, save_tree
+
+if TYPE_CHECKING:
+    from grpo.trainer.distributed import DistContext
+    from grpo.trainer.megatron.model import MegatronModel
+    from grpo.trainer.megatron.parallel import ParallelRanks
+
+log = get_logger("trainer")
+
+BACKEND = "megatron"
+
+
+def _rank_suffix(ranks: ParallelRanks) -> str:
+    return f"tp{ranks.tp_rank}_pp{ranks.pp_rank}"
+
+
+def model_file(ranks: ParallelRanks) -> str:
+    return f"model_{_rank_suffix(ranks)}.safetensors"
+
+
+def _tree_files(folder: Path, stem: str, ranks: ParallelRanks) -> tuple[Path, Path]:
+    base = f"{stem}_{_rank_suffix(ranks)}"
+    return folder / f"{base}.json", folder / f"{base}.safetensors"
+
+
+def layout_of(ranks: ParallelRanks, use_distributed_optimizer: bool) -> dict[str, Any]:
+    return {
+        "tensor_model_parallel_size": ranks.tp_size,
+        "pipeline_model_parallel_size": ranks.pp_size,
+        "use_distributed_optimizer": use_distributed_optimizer,
+    }
+
+
+def _describe(layout: dict[str, Any]) -> str:
+    optimizer = "distributed optimizer" if layout["use_distributed_optimizer"] else "plain optimizer"
+    return (
+        f"tp {layout['tensor_model_parallel_size']} pp {layout['pipeline_model_parallel_size']} {optimizer}"
+    )
+
+
+def _sub_optimizers(optimizer: Any) -> list[Any]:
+    """Megatron's optimizer is a ChainedOptimizer of one or more (one per parameter kind)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _is_distributed(optimizer: Any) -> bool:
+    return hasattr(optimizer, "get_parameter_state_dp_zero")
+
+
+def _model_tensors(model: MegatronModel) -> dict[str, Any]:
+    # Copies: the parameters are views of DDP's flat buffer, which safetensors would refuse.
+    return {name: param.detach().to("cpu", copy=True) for name, param in model.module.named_parameters()}
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: MegatronModel,
+    optimizer: Any,
+    num_skipped_steps: int,
+    use_distributed_optimizer: bool,
+    keep_last: int | None,
+    dist_ctx: DistContext | None,
+) -> Path:
+    """Write checkpoint step_{step}; every rank calls this and all return once it is STABLE."""
+    from safetensors.torch import save_file
+
+    from grpo.trainer.distributed import barrier, gather_bytes
+    from grpo.trainer.megatron.cpu_compat import on_cpu
+
+    final = checkpoint_dir(run_dir, step)
+    is_main = dist_ctx is None or dist_ctx.is_main
+    if dist_ctx is not None:
+        # Rank 0 may come late: it alone publishes the policy just before (to inference, over a collective).
+        dist_ctx.gate.pass_gate(f"checkpoint {step}")
+    staged_name = staging_dir(final).name if is_main else ""
+    if dist_ctx is not None:
+        staged_name = gather_bytes(staged_name.encode(), dist_ctx)[0].decode()
+    staged = final.parent / staged_name
+    ranks = model.ranks
+    writes = ranks.dp_rank == 0
+    # Before Adam's first step (every step so far skipped) the optimizer has no state to save.
+    sub_optimizers = _sub_optimizers(optimizer) if step > num_skipped_steps else []
+    # Collective over the data-parallel group: every rank joins, its rank 0 receives the whole state.
+    with on_cpu():
+        param_states = [o.get_parameter_state_dp_zero() for o in sub_optimizers if _is_distributed(o)]
+    if writes:
+        save_file(_model_tensors(model), str(staged / model_file(ranks)))
+        if sub_optimizers:
+            save_tree([o.state_dict() for o in sub_optimizers], *_tree_files(staged, "optimizer", ranks))
+        if param_states:
+            save_tree(param_states, *_tree_files(staged, "param_state", ranks))
+    rng_per_rank = gather_rng_states(dist_ctx)
+    if dist_ctx is not None:
+        barrier(dist_ctx)  # every model-parallel rank's files are written
+    if is_main:
+        state = {
+            "backend": BACKEND,
+            "step": step,
+            "num_skipped_steps": num_skipped_steps,
+            "world_size": len(rng_per_rank),
+            "layout": layout_of(ranks, use_distributed_optimizer),
+        }
+        write_rng_states(staged, rng_per_rank)
+        (staged / STATE_FILE).write_text(json.dumps(state))
+        publish_dir(staged, final)
+        if keep_last is not None:
+            prune_step_dirs(final.parent, keep=keep_last)
+    if dist_ctx is not None:
+        barrier(dist_ctx)  # no rank goes on (or may be stopped) before the checkpoint is complete
+    return final
+
+
+def read_state(folder: Path, ranks: ParallelRanks, use_distributed_optimizer: bool) -> dict[str, Any]:
+    """trainer_state.json of a checkpoint this run can resume from; UserError (one line) otherwise."""
+    state = json.loads((folder / STATE_FILE).read_text())
+    if state.get("backend") != BACKEND:
+        raise UserError(
+            f"checkpoint {folder} was written by backend hf; resume it with backend: hf, or start a new run dir"
+        )
+    now = layout_of(ranks, use_distributed_optimizer)
+    if state["layout"] != now:
+        raise UserError(
+            f"checkpoint {folder} was written with {_describe(state['layout'])}, this run is {_describe(now)}; "
+            "resume with the megatron settings it was written with, or start a new run dir"
+        )
+    return dict(state)
+
+
+def load_checkpoint(
+    folder: Path,
+    model: MegatronModel,
+    optimizer: Any,
+    use_distributed_optimizer: bool,
+    dist_ctx: DistContext | None,
+) -> tuple[int, int]:
+    """Restore the model, optimizer and RNG state in place; (step, num_skipped_steps). Every rank
+    calls this with the same folder (scattering the distributed optimizer's state is collective)."""
+    import torch
+    from safetensors.torch import load_file
+
+    ranks = model.ranks
+    state = read_state(folder, ranks, use_distributed_optimizer)
+    saved = load_file(str(folder / model_file(ranks)))
+    params = dict(model.module.named_parameters())
+    if set(saved) != set(params) or any(saved[n].shape != p.shape for n, p in params.items()):
+        raise UserError(
+            f"checkpoint {folder} was written for another model (its parameters differ from this one's); "
+            "resume with the train.yaml it was written with, or start a new run dir"
+        )
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(saved[name])
+    step, num_skipped_steps = int(state["step"]), int(state["num_skipped_steps"])
+    if step > num_skipped_steps:
+        _load_optimizer(folder, ranks, optimizer)
+    rank = 0 if dist_ctx is None else dist_ctx.rank
+    world_size = 1 if dist_ctx is None else dist_ctx.world_size
+    if world_size != state["world_size"]:
+        log.info(
+            "checkpoint %s was written by %d rank(s); resuming on %d", folder, state["world_size"], world_size
+        )
+    restore_rng_state(folder, rank)
+    if rank == 0:
+        rewind_metrics(folder, step)
+    return step, num_skipped_steps
+
+
+def _load_optimizer(folder: Path, ranks: ParallelRanks, optimizer: Any) -> None:
+    import torch
+
+    from grpo.trainer.megatron.cpu_compat import on_cpu
+
+    state_dicts = load_tree(*_tree_files(folder, "optimizer", ranks))
+    sub_optimizers = _sub_optimizers(optimizer)
+    assert len(state_dicts) == len(sub_optimizers), "same layout, same optimizers"
+    distributed = [o for o in sub_optimizers if _is_distributed(o)]
+    # Only each data-parallel rank 0 reads the gathered state; it scatters the other ranks' shards.
+    param_states = (
+        load_tree(*_tree_files(folder, "param_state", ranks))
+        if distributed and ranks.dp_rank == 0
+        else [{} for _ in distributed]
+    )
+    # no_grad: in float32 the main weights are views of the model's parameters, copied into in place.
+    with on_cpu(), torch.no_grad():
+        param_state_of = iter(param_states)
+        for sub, state_dict in zip(sub_optimizers, state_dicts, strict=True):
+            sub.load_state_dict(state_dict)  # parameter groups and Adam's step; allocates the state
+            if _is_distributed(sub):
+                _load_distributed_param_state(sub, next(param_state_of))
+
+
+def _load_distributed_param_state(optimizer: Any, param_state: dict[Any, Any]) -> None:
+    """The main weights and moments of the distributed optimizer, scattered from each data-parallel rank 0.
+
+    megatron-core 0.16 copies every entry of a parameter's optimizer state from the gathered
+    state, which has no `step`: torch's Adam (the CPU path) keeps its step there (Apex's and TE's
+    keep it in the parameter group). It is set aside meanwhile, and each parameter gets its own
+    copy back: load_state_dict hands all of them one tensor, which Adam increments in place."""
+    steps = {
+        param: state.pop("step") for param, state in optimizer.optimizer.state.items() if "step" in state
+    }
+    optimizer.load_parameter_state_from_dp_zero(param_state)
+    for param, step in steps.items():
+        optimizer.optimizer.state[param]["step"] = step.clone()
