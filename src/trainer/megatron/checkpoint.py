@@ -4,7 +4,9 @@ resume-step choice, RNG files, metrics rewind and pruning). Resuming from step_n
 
 Files, one set per model-parallel rank (tensor-parallel rank t, pipeline stage p):
 - `model_tp{t}_pp{p}.safetensors`: the rank's parameters (its tensor-parallel slice of stage p) by
-  their names in the stage's GPTModel, in the compute dtype.
+  their names in the stage's GPTModel (layers numbered from 0 in each stage), in the compute dtype.
+  With a tied embedding the last stage's copy (its `output_layer.weight`) is saved and restored
+  like any parameter, as is its optimizer state: both copies come back equal.
 - `optimizer_tp{t}_pp{p}.{json,safetensors}`: Megatron's optimizer `state_dict()` of the rank, one
   per chained optimizer (grpo.utils.tensor_tree: tensors in safetensors, the rest in JSON): its
   parameter groups and Adam's step; without the distributed optimizer also Adam's moments (and

@@ -7,8 +7,9 @@ N / (TP x PP)), rank 0 shares `batch(step)`.
   writes both logprobs, the metrics and the whole HF-named weights after the step to OUT_DIR (the
   logprobs after it also read the last pipeline stage's copy of a tied embedding).
 - `resume`: an uninterrupted run trains 3 steps (run dir OUT_DIR/whole); a split run trains 2,
-  checkpoints and stops (OUT_DIR/split), and a new trainer resumes it and trains the third. Rank 0
-  writes the weights and metrics after each run's third step (whole.*, resumed.*).
+  checkpoints and stops (OUT_DIR/split), and a new trainer resumes it, trains the third and
+  checkpoints it (split's step_3 holds each stage's own copies, a tied output layer included).
+  Rank 0 writes the weights and metrics after each run's third step (whole.*, resumed.*).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def resume_scenario(model_path: str, out_dir: Path, tp: int, pp: int, world_size
     resumed = MegatronTrainer(split_cfg, out_dir / "split")
     assert resumed.maybe_resume() == 2
     write_result(resumed, train(resumed, range(2, 3)), out_dir, "resumed")
+    resumed.save_checkpoint()  # step_3: every rank's own parameters after the resumed step
     resumed.close()
 
 

@@ -1,7 +1,8 @@
 """Megatron checkpoints on two gloo ranks under torchrun: a run stopped after step 2 and resumed takes
 the uninterrupted run's step 3, with data parallel 2 (the distributed optimizer's state sharded over
-the ranks) and with tensor parallel 2 (a file per tensor-parallel rank). A data-parallel checkpoint
-resumes on one rank."""
+the ranks), with tensor parallel 2 (a file per tensor-parallel rank) and with pipeline stages 2 (a
+file per stage; the last stage's copy of a tied embedding restored with it). A data-parallel
+checkpoint resumes on one rank."""
 
 from __future__ import annotations
 
@@ -34,6 +35,16 @@ def _two_rank_run(tp: int, model_path: Path, tmp_path_factory: pytest.TempPathFa
     return out_dir, tp
 
 
+def _assert_resumed_equals_whole(out_dir: Path) -> None:
+    whole, whole_metrics = _result(out_dir, "whole")
+    resumed, resumed_metrics = _result(out_dir, "resumed")
+    for key in COMPARED_METRICS:
+        assert resumed_metrics[key] == whole_metrics[key], key
+    assert set(resumed) == set(whole)
+    for name, tensor in whole.items():
+        assert torch.equal(resumed[name], tensor), name
+
+
 @pytest.fixture(scope="module")
 def data_parallel_run(
     tiny_llama_tp2_path: Path, tmp_path_factory: pytest.TempPathFactory
@@ -55,13 +66,7 @@ def test_two_ranks_resumed_take_the_uninterrupted_runs_third_step(
     from grpo.trainer.checkpoint import checkpoint_dir
 
     out_dir, tp = request.getfixturevalue(layout)
-    whole, whole_metrics = _result(out_dir, "whole")
-    resumed, resumed_metrics = _result(out_dir, "resumed")
-    for key in COMPARED_METRICS:
-        assert resumed_metrics[key] == whole_metrics[key], key
-    assert set(resumed) == set(whole)
-    for name, tensor in whole.items():
-        assert torch.equal(resumed[name], tensor), name
+    _assert_resumed_equals_whole(out_dir)
     folder = checkpoint_dir(out_dir / "split", 2)
     model_files = sorted(p.name for p in folder.glob("model_*.safetensors"))
     assert model_files == [f"model_tp{t}_pp0.safetensors" for t in range(tp)]
@@ -70,6 +75,39 @@ def test_two_ranks_resumed_take_the_uninterrupted_runs_third_step(
             "param_state_tp0_pp0.safetensors"
         ]
     assert sorted(p.name for p in folder.glob("rng_rank*.json")) == ["rng_rank0.json", "rng_rank1.json"]
+
+
+def test_two_pipeline_stages_resumed_take_the_uninterrupted_runs_third_step_with_a_tied_embedding(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """The tiny model ties its embeddings: the first stage holds the embedding, the last stage a copy
+    as its output layer, each in its own stage's file. The copy must come back from the checkpoint
+    (the third step's loss and logprobs read it) and stay equal to the embedding after the step."""
+    from safetensors.torch import load_file
+
+    from grpo.trainer.checkpoint import checkpoint_dir
+
+    launch(tiny_model_path, tmp_path, num_ranks=2, tp=1, pp=2, scenario="resume")
+    _assert_resumed_equals_whole(tmp_path)
+    whole, _ = _result(tmp_path, "whole")
+    assert "lm_head.weight" not in whole, "the tiny model ties its embeddings"
+
+    stopped = checkpoint_dir(tmp_path / "split", 2)
+    assert sorted(p.name for p in stopped.glob("model_*.safetensors")) == [
+        "model_tp0_pp0.safetensors",
+        "model_tp0_pp1.safetensors",
+    ]
+    assert sorted(p.name for p in stopped.glob("rng_rank*.json")) == ["rng_rank0.json", "rng_rank1.json"]
+    first, last = (load_file(str(stopped / f"model_tp0_pp{p}.safetensors")) for p in (0, 1))
+    assert "output_layer.weight" not in first and "embedding.word_embeddings.weight" not in last
+    assert torch.equal(last["output_layer.weight"], first["embedding.word_embeddings.weight"])
+    assert "decoder.final_layernorm.weight" in last and "decoder.final_layernorm.weight" not in first
+
+    after = checkpoint_dir(tmp_path / "split", 3)  # what the resumed run's stages hold after step 3
+    first, last = (load_file(str(after / f"model_tp0_pp{p}.safetensors")) for p in (0, 1))
+    embedding = first["embedding.word_embeddings.weight"]
+    assert torch.equal(last["output_layer.weight"], embedding)
+    assert torch.equal(embedding.float(), whole["model.embed_tokens.weight"])
 
 
 @pytest.mark.usefixtures("float32_compute")
