@@ -7,9 +7,10 @@ N / (TP x PP)), rank 0 shares `batch(step)`.
   writes both logprobs, the metrics and the whole HF-named weights after the step to OUT_DIR (the
   logprobs after it also read the last pipeline stage's copy of a tied embedding).
 - `resume`: an uninterrupted run trains 3 steps (run dir OUT_DIR/whole); a split run trains 2,
-  checkpoints and stops (OUT_DIR/split), and a new trainer resumes it, trains the third and
-  checkpoints it (split's step_3 holds each stage's own copies, a tied output layer included).
-  Rank 0 writes the weights and metrics after each run's third step (whole.*, resumed.*).
+  checkpoints and stops (OUT_DIR/split), and a new trainer resumes it and trains the third. Rank 0
+  writes the weights and metrics after each run's third step (whole.*, resumed.*) and the logprobs
+  of that step's rows scored after it (*_logprobs.safetensors: they read the last pipeline stage's
+  copy of a tied embedding, which the weights leave out).
 """
 
 from __future__ import annotations
@@ -117,14 +118,21 @@ def train(trainer: MegatronTrainer, steps: range) -> dict[str, float]:
 
 
 def write_result(trainer: MegatronTrainer, metrics: dict[str, float], out_dir: Path, name: str) -> None:
-    """The whole HF-named weights (float32) and the metrics, written by rank 0 (collective)."""
+    """The whole HF-named weights (float32), the metrics and the logprobs of the last batch's rows
+    scored now, written by rank 0 (collective)."""
+    import torch
     from safetensors.torch import save_file
 
     weights = trainer.hf_state_dict()
+    logprobs = trainer.score(batch(trainer.num_steps_done - 1).rows)
     if trainer.is_main:
         assert weights is not None
         save_file(
             {k: v.float().contiguous() for k, v in weights.items()}, str(out_dir / f"{name}.safetensors")
+        )
+        save_file(
+            {str(i): torch.from_numpy(lp) for i, lp in enumerate(logprobs)},
+            str(out_dir / f"{name}_logprobs.safetensors"),
         )
         (out_dir / f"{name}_metrics.json").write_text(json.dumps(metrics))
 
@@ -147,7 +155,6 @@ def resume_scenario(model_path: str, out_dir: Path, tp: int, pp: int, world_size
     resumed = MegatronTrainer(split_cfg, out_dir / "split")
     assert resumed.maybe_resume() == 2
     write_result(resumed, train(resumed, range(2, 3)), out_dir, "resumed")
-    resumed.save_checkpoint()  # step_3: every rank's own parameters after the resumed step
     resumed.close()
 
 
