@@ -323,10 +323,6 @@ class TrainerConfig(StrictModel):
                 "megatron pipeline_model_parallel_size > 1 is not implemented by the trainer yet; set it to 1 "
                 "(tensor and data parallelism work)"
             )
-        if self.backend == "megatron" and self.noise_scheduler.enabled:
-            raise ValueError(
-                "noise_scheduler is not implemented for backend megatron yet; disable it (or use backend: hf)"
-            )
         if self.backend == "megatron" and self.ckpt.interval is not None:
             raise ValueError(
                 "backend megatron does not write checkpoints yet; remove ckpt.interval (or use backend: hf)"

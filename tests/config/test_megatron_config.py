@@ -54,5 +54,10 @@ def test_pipeline_stages_are_refused_until_the_trainer_runs_them() -> None:
     )
 
 
-def test_rmsnorm_noise_is_refused_until_the_backend_publishes_it() -> None:
-    assert "noise_scheduler" in _refusal({"lora": False, "noise_scheduler": {"enabled": True}})
+def test_rmsnorm_noise_loads_with_filesystem_broadcasts_and_is_refused_over_the_collective() -> None:
+    noise = {"lora": False, "noise_scheduler": {"enabled": True}}
+    cfg = validate(TrainerConfig, {"model": "m", "backend": "megatron", **noise}, "train.yaml")
+    assert cfg.noise_scheduler.enabled
+    # The noisy norms travel as a file next to the weights, as with the hf backend's full weights.
+    collective = {"type": "nccl", "host": "localhost", "port": 29501}
+    assert "weight_broadcast type filesystem" in _refusal({**noise, "weight_broadcast": collective})
