@@ -61,6 +61,8 @@ def test_a_tensor_parallel_megatron_trainer_under_torchrun_publishes_each_full_w
         max_async_level=0,
         per_device_train_batch_size=1,
         logprob_chunk_size=64,
+        # QeRL: each policy's norms file is applied after its full weights (policy 2's with sigma 0.01).
+        noise_scheduler={"enabled": True, "num_stages": 2, "sigma_start": 0.01, "sigma_end": 0.01},
     )
     launcher.start("orch", "grpo-orch", write_yaml(tmp_path / "orch.yaml", orch))
     torchrun = (str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2")
@@ -77,4 +79,6 @@ def test_a_tensor_parallel_megatron_trainer_under_torchrun_publishes_each_full_w
     orch_rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [row["policy/version"] for row in orch_rows] == [0, 1, 2]
     assert (run_dir / "broadcasts" / "step_3" / "model.safetensors").exists()
+    assert launcher.log("infer").count('"POST /v1/grpo/update_weights HTTP/1.1" 200') == 2
+    assert launcher.log("infer").count('"POST /v1/grpo/apply_noisy_norms HTTP/1.1" 200') == 2
     assert launcher.stop("infer") == 0
