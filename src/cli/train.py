@@ -37,13 +37,14 @@ def train(
         from grpo.trainer.weights import DiskWeights
         from grpo.transport.factory import batch_receiver_for
 
+        # Under torchrun only rank 0 talks to the orchestrator; the other ranks get their rows from it.
+        is_rank_zero = int(os.environ.get("RANK", "0")) == 0
         resolved = resolve_model(cfg.model)
-        log_model(resolved)
+        if is_rank_zero:
+            log_model(resolved)
         # batch_timeout also bounds the wait for the orchestrator's run directory.
         run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
         num_parts = _check_against_orchestrator(cfg, run_dir)
-        # Under torchrun only rank 0 talks to the orchestrator; the other ranks get their rows from it.
-        is_rank_zero = int(os.environ.get("RANK", "0")) == 0
         if is_rank_zero:
             write_resolved_configs(run_dir, {"train": cfg})
         # Token ids at or past the embedding's size would index out of it: decoded batches are checked.
