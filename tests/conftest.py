@@ -48,6 +48,21 @@ def tiny_model_path(model_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_tp2_path(model_cache_dir: Path) -> Path:
+    """A 2-layer random Llama, 4 heads and 2 KV heads (tensor parallel 2 divides both), untied
+    output layer (the tiny fixture's is tied): both embedding layouts are covered."""
+    from grpo.models.tiny import build_tiny_model
+
+    return build_tiny_model(
+        model_cache_dir / "tiny-llama-tp2",
+        num_heads=4,
+        num_kv_heads=2,
+        hidden_size=256,
+        tie_word_embeddings=False,
+    )
+
+
+@pytest.fixture(scope="session")
 def embedded_model_path() -> Path:
     """The real SmolLM2-135M-Instruct (Q4_1-dequantized), for tests where learning is the point."""
     from grpo.models import embedded

@@ -37,13 +37,14 @@ def train(
         from grpo.trainer.weights import DiskWeights
         from grpo.transport.factory import batch_receiver_for
 
+        # Under torchrun only rank 0 talks to the orchestrator; the other ranks get their rows from it.
+        is_rank_zero = int(os.environ.get("RANK", "0")) == 0
         resolved = resolve_model(cfg.model)
-        log_model(resolved)
+        if is_rank_zero:
+            log_model(resolved)
         # batch_timeout also bounds the wait for the orchestrator's run directory.
         run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
         num_parts = _check_against_orchestrator(cfg, run_dir)
-        # Under torchrun only rank 0 talks to the orchestrator; the other ranks get their rows from it.
-        is_rank_zero = int(os.environ.get("RANK", "0")) == 0
         if is_rank_zero:
             write_resolved_configs(run_dir, {"train": cfg})
         # Token ids at or past the embedding's size would index out of it: decoded batches are checked.
@@ -72,34 +73,23 @@ def train(
 
 def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> int:
     """The checks that need the orchestrator's config, here its resolved copy in the run dir: the
-    settings both files hold (grpo.config.shared_facts), streaming and Dr. GRPO's loss normaliser.
-    Returns the parts each step arrives in (orch streaming; 1 when off)."""
-    from grpo.config.crosscheck import loss_normalization_problem
+    settings both files hold (grpo.config.shared_facts) and the relations between them that the
+    one-shot `grpo` checks too (grpo.config.crosscheck: LoRA on both sides or neither, seq_len,
+    streaming, Dr. GRPO's loss normaliser). Returns the parts each step arrives in (orch
+    streaming; 1 when off)."""
+    from grpo.config.crosscheck import check_trainer_orchestrator
     from grpo.config.errors import ConfigError
-    from grpo.config.loading import read_yaml
+    from grpo.config.loading import read_yaml, validate
     from grpo.config.orchestrator import OrchestratorConfig
     from grpo.config.shared_facts import conflicts_with_orchestrator
-    from grpo.config.streaming import StreamingConfig, streaming_trainer_problem
 
-    orch = read_yaml(run_dir / "configs" / "orch.yaml")
-    problems = conflicts_with_orchestrator(cfg, orch)
-    streaming = StreamingConfig.model_validate(orch.get("streaming") or {})
-    if (problem := streaming_trainer_problem(streaming.groups_per_part, cfg.gpus, cfg.backend)) is not None:
-        problems.append(problem)
-    defaults = OrchestratorConfig.model_fields
-    batch_size = orch.get("batch_size", defaults["batch_size"].default)
-    num_parts = streaming.num_parts(batch_size // orch.get("rollouts_per_example", 1))
-    problem = loss_normalization_problem(
-        orch.get("advantage", {}).get("type", "default"),
-        cfg,
-        orch.get("batch_size", 0),
-        orch.get("sampling", {}).get("max_tokens"),
-    )
-    if problem is not None:
-        problems.append(problem)
+    path = run_dir / "configs" / "orch.yaml"
+    data = read_yaml(path)
+    orch = validate(OrchestratorConfig, data, str(path))
+    problems = conflicts_with_orchestrator(cfg, data) + check_trainer_orchestrator(cfg, orch)
     if problems:
         raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
-    return num_parts
+    return orch.num_parts_per_step
 
 
 def main() -> None:

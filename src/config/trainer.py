@@ -318,10 +318,6 @@ class TrainerConfig(StrictModel):
             raise ValueError(
                 "backend megatron trains full weights; set lora: false (or backend: hf for LoRA)"
             )
-        if self.backend == "megatron" and self.noise_scheduler.enabled:
-            raise ValueError(
-                "noise_scheduler is not implemented for backend megatron yet; disable it (or use backend: hf)"
-            )
         if self.backend == "megatron" and self.gpus % self.megatron.model_parallel_size != 0:
             mp = self.megatron
             raise ValueError(

@@ -108,6 +108,7 @@ async def serve(
 
     reset_inplace_flag_after_lora_load()
     end_engine_with_its_parent()
+    give_the_engine_time_to_tear_down()
     shutdown_requested = _flag_signal_handlers(asyncio.get_running_loop())
     _listen_address, sock = launcher.setup_server(args, reuse_port=False)
     port = int(sock.getsockname()[1])
@@ -244,6 +245,38 @@ def reset_inplace_flag_after_lora_load() -> None:
     _lora_patch_applied = True
 
 
+ENGINE_TEARDOWN_GRACE_S = 15.0
+"""How long a stopping server waits for its engine core to exit before vLLM kills it: the engine
+core gives its workers 5 s (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) and 4 s more after a SIGTERM."""
+
+_teardown_patch_applied = False
+
+
+def give_the_engine_time_to_tear_down() -> None:
+    """Give the engine core ENGINE_TEARDOWN_GRACE_S to exit after its SIGTERM, requests still aborted.
+
+    With vLLM's default shutdown_timeout 0 ("abort"), the server's engine process manager SIGKILLs
+    the engine core right after its SIGTERM, so neither the engine core nor its workers close their
+    shared-memory message queues: their /dev/shm segments and a semaphore stay registered with
+    multiprocessing's resource tracker, which removes them when the server's process exits and
+    warns "leaked shared_memory objects". The engine core still aborts its requests at once (it
+    reads shutdown_timeout from its own config): this waits only for the teardown, which ends the
+    process (_run_then_exit). A timeout other than 0 is kept as it is.
+    """
+    global _teardown_patch_applied
+    if _teardown_patch_applied:
+        return
+    from vllm.v1.engine.utils import CoreEngineProcManager
+
+    original = CoreEngineProcManager.shutdown
+
+    def shutdown(self: Any, timeout: float | None = None) -> None:
+        original(self, ENGINE_TEARDOWN_GRACE_S if timeout == 0 else timeout)
+
+    CoreEngineProcManager.shutdown = shutdown
+    _teardown_patch_applied = True
+
+
 _original_run_engine_core: Any = None
 ENGINE_PARENT_PID_ENV = "GRPO_ENGINE_PARENT_PID"
 
@@ -276,9 +309,45 @@ def _run_engine_core_bound_to_parent(*args: Any, **kwargs: Any) -> Any:
     # Forked: the patched class is inherited, so the original is the saved one. Spawned: this is a
     # fresh interpreter where the class was never patched.
     from vllm.v1.engine.core import EngineCoreProc
+    from vllm.v1.executor.multiproc_executor import WorkerProc
+
+    global _original_worker_main
+    # The workers this engine core starts end as promptly (spawned workers find the function by name).
+    if _original_worker_main is None:
+        _original_worker_main = WorkerProc.worker_main
+        WorkerProc.worker_main = staticmethod(_run_worker_then_exit)
 
     original = _original_run_engine_core or EngineCoreProc.run_engine_core
-    return original(*args, **kwargs)
+    _run_then_exit(original, *args, **kwargs)
+
+
+_original_worker_main: Any = None
+
+
+def _run_worker_then_exit(*args: Any, **kwargs: Any) -> None:
+    """An engine worker's process target (module-level, so spawn can pickle it by name)."""
+    from vllm.v1.executor.multiproc_executor import WorkerProc
+
+    _run_then_exit(_original_worker_main or WorkerProc.worker_main, *args, **kwargs)
+
+
+def _run_then_exit(target: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+    """Run an engine process's target; once it has stopped cleanly (vLLM's teardown has closed its
+    message queues), run the exit handlers and end the process without the interpreter's final
+    teardown: native thread pools keep a stopped engine core or worker alive for seconds there,
+    until vLLM's grace windows run out (give_the_engine_time_to_tear_down), and every server stop
+    would wait that long."""
+    import atexit
+
+    try:
+        target(*args, **kwargs)
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            raise
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def serve_name_as_base_model(app_state: Any, name: str) -> None:

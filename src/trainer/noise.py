@@ -1,7 +1,8 @@
 """QeRL noise: Gaussian noise on the inference copy of the RMSNorm weights, decaying over training.
 
 The trainer never trains on noisy weights; it publishes noisy copies of the norms next to each
-adapter (grpo.transport.weights_filesystem.NOISY_NORMS_FILE), and the orchestrator has the servers
+adapter or full-weight policy (grpo.transport.weights_filesystem.NOISY_NORMS_FILE; the Megatron
+backend draws them once, on rank 0, from the gathered HF-named weights), and the orchestrator has the servers
 apply them after loading that policy (grpo.orchestrator.scheduler.PolicyTracker.load).
 """
 
@@ -12,10 +13,12 @@ from typing import TYPE_CHECKING
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     from torch import nn
 
-    from grpo.config.trainer import NoiseSchedulerConfig
+    from grpo.config.trainer import NoiseSchedulerConfig, TrainerConfig
 
 
 def noise_sigma(cfg: NoiseSchedulerConfig, step: int, max_steps: int) -> float:
@@ -49,11 +52,30 @@ def rms_norm_weights(causal_lm: nn.Module) -> dict[str, torch.Tensor]:
 
 def noisy_norms(causal_lm: nn.Module, sigma: float, seed: int) -> dict[str, torch.Tensor]:
     """Noisy copies (float32, CPU) of the RMSNorm weights: w + N(0, sigma^2)."""
+    return noisy_copies(rms_norm_weights(causal_lm), sigma, seed)
+
+
+def noisy_copies(norms: dict[str, torch.Tensor], sigma: float, seed: int) -> dict[str, torch.Tensor]:
+    """w + N(0, sigma^2) (float32, CPU) for each HF-named norm weight, drawn in name order from one
+    generator seeded `seed`: the same weights, sigma and seed give the same noise in every backend
+    and on every rank."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     out = {}
-    for name, weight in sorted(rms_norm_weights(causal_lm).items()):
+    for name, weight in sorted(norms.items()):
         clean = weight.detach().float().cpu()
         out[name] = (clean + sigma * torch.randn(clean.shape, generator=generator)).contiguous()
     return out
+
+
+def write_noisy_norms(norms: dict[str, torch.Tensor], cfg: TrainerConfig, version: int, folder: Path) -> None:
+    """Policy `version`'s noisy norms (sigma from cfg.noise_scheduler, seed cfg.seed + version) into
+    `folder` (grpo.transport.weights_filesystem.NOISY_NORMS_FILE), for the orchestrator to apply."""
+    from safetensors.torch import save_file
+
+    from grpo.transport.weights_filesystem import NOISY_NORMS_FILE
+
+    sigma = noise_sigma(cfg.noise_scheduler, version, cfg.max_steps)
+    tensors = noisy_copies(norms, sigma, seed=cfg.seed + version)
+    save_file(tensors, str(folder / NOISY_NORMS_FILE), metadata={"sigma": repr(sigma)})

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo.transport.weights_filesystem import NOISY_NORMS_FILE, broadcast_dir
+from grpo.transport.weights_filesystem import broadcast_dir
 from grpo.utils.atomic import publish_dir, staging_dir, step_dirs
 
 if TYPE_CHECKING:
@@ -95,17 +95,13 @@ def send_over_collective(
 
 def publish_policy(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: int) -> Path:
     """Write policy `version` to broadcasts/step_{version}/ (STABLE last) and prune older ones."""
-    from safetensors.torch import save_file
-
-    from grpo.trainer.noise import noise_sigma, noisy_norms
+    from grpo.trainer.noise import rms_norm_weights, write_noisy_norms
 
     final = broadcast_dir(run_dir, version)
     staged = staging_dir(final)
     write_weights(policy, staged)
     if cfg.noise_scheduler.enabled:
-        sigma = noise_sigma(cfg.noise_scheduler, version, cfg.max_steps)
-        tensors = noisy_norms(policy.causal_lm, sigma, seed=cfg.seed + version)
-        save_file(tensors, str(staged / NOISY_NORMS_FILE), metadata={"sigma": repr(sigma)})
+        write_noisy_norms(rms_norm_weights(policy.causal_lm), cfg, version, staged)
     publish_dir(staged, final)
     prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
     return final

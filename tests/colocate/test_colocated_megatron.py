@@ -56,3 +56,6 @@ def test_a_colocated_megatron_run_serves_each_full_weight_policy(
     assert (run_dir / "broadcasts" / "step_3" / "model.safetensors").exists()
     assert "megatron parameters" in result.stderr  # the memory plan counts the trainer's own copy
     assert "borrowed" not in result.stderr
+    # The engine core and its worker closed their shared-memory queues before they ended: none was
+    # left for multiprocessing's resource tracker to remove (it warns "leaked shared_memory objects").
+    assert "resource_tracker" not in result.stderr and "leaked" not in result.stderr

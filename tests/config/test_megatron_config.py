@@ -61,5 +61,10 @@ def test_gpus_that_no_whole_pipeline_fits_are_refused() -> None:
     assert "multiple of 4" in line
 
 
-def test_rmsnorm_noise_is_refused_until_the_backend_publishes_it() -> None:
-    assert "noise_scheduler" in _refusal({"lora": False, "noise_scheduler": {"enabled": True}})
+def test_rmsnorm_noise_loads_with_filesystem_broadcasts_and_is_refused_over_the_collective() -> None:
+    noise = {"lora": False, "noise_scheduler": {"enabled": True}}
+    cfg = validate(TrainerConfig, {"model": "m", "backend": "megatron", **noise}, "train.yaml")
+    assert cfg.noise_scheduler.enabled
+    # The noisy norms travel as a file next to the weights, as with the hf backend's full weights.
+    collective = {"type": "nccl", "host": "localhost", "port": 29501}
+    assert "weight_broadcast type filesystem" in _refusal({**noise, "weight_broadcast": collective})

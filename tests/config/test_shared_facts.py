@@ -169,10 +169,30 @@ def test_grpo_train_checks_the_run_dirs_orch_yaml_at_start(tmp_path: Path) -> No
     from grpo.cli.train import _check_against_orchestrator
 
     (tmp_path / "configs").mkdir()
-    orch = OrchestratorConfig(max_async_level=1, max_steps=4).model_dump(mode="json")
+    orch = OrchestratorConfig(max_async_level=1, max_steps=4, seq_len=1024).model_dump(mode="json")
     (tmp_path / "configs" / "orch.yaml").write_text(yaml.safe_dump(orch))
     with pytest.raises(ConfigError) as error:
         _check_against_orchestrator(TrainerConfig(model="m", max_async_level=2), tmp_path)
     (line,) = str(error.value).splitlines()
     assert "train.yaml max_async_level is 2, orch.yaml max_async_level is 1" in line
     _check_against_orchestrator(TrainerConfig(model="m", max_steps=4), tmp_path)  # unset async level: fine
+
+
+def test_grpo_train_refuses_full_weights_against_an_orchestrator_that_serves_an_adapter(
+    tmp_path: Path,
+) -> None:
+    """The relations the one-shot command checks hold across processes too: a full-weight (e.g.
+    Megatron) trainer whose orchestrator still names a LoRA adapter (its default) stops at start."""
+    from grpo.cli.train import _check_against_orchestrator
+
+    (tmp_path / "configs").mkdir()
+    orch = OrchestratorConfig(seq_len=1024).model_dump(mode="json")
+    (tmp_path / "configs" / "orch.yaml").write_text(yaml.safe_dump(orch))
+    megatron = TrainerConfig(model="m", backend="megatron", lora=False)
+    with pytest.raises(
+        ConfigError, match=r"train lora is false .* orch model\.lora_adapter is set; set it to null"
+    ):
+        _check_against_orchestrator(megatron, tmp_path)
+    orch["model"]["lora_adapter"] = None
+    (tmp_path / "configs" / "orch.yaml").write_text(yaml.safe_dump(orch))
+    assert _check_against_orchestrator(megatron, tmp_path) == 1

@@ -51,7 +51,10 @@ def test_a_data_parallel_trainer_is_refused_with_streaming(tmp_path: Path) -> No
     orch_yaml.write_text(yaml.safe_dump(_orch(3).model_dump(mode="json")))
     with pytest.raises(ConfigError, match=r"streaming\.groups_per_part: null"):
         _check_against_orchestrator(train, tmp_path)
-    assert _check_against_orchestrator(TrainerConfig(model="m", output_dir="out"), tmp_path) == 4
+    assert (
+        _check_against_orchestrator(TrainerConfig(model="m", output_dir="out", sequence_len=2048), tmp_path)
+        == 4
+    )
 
 
 def test_the_megatron_backend_is_refused_with_streaming() -> None:

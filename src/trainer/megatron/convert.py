@@ -128,6 +128,14 @@ def hf_to_megatron(
     return out
 
 
+_HF_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
+
+
+def is_hf_norm(name: str) -> bool:
+    """Whether HF name `name` (as megatron_to_hf writes them) is an RMSNorm weight."""
+    return name == "model.norm.weight" or name.endswith(_HF_NORMS)
+
+
 def megatron_to_hf(
     whole: dict[str, torch.Tensor], shape: DecoderShape, norms: NormNames = LOCAL_SPEC_NORMS
 ) -> dict[str, torch.Tensor]:
@@ -138,7 +146,7 @@ def megatron_to_hf(
     }
     if not shape.tied_embeddings:
         out["lm_head.weight"] = whole["output_layer.weight"]
-    hf_norms = {norms.attention: "input_layernorm.weight", norms.mlp: "post_attention_layernorm.weight"}
+    hf_norms = dict(zip((norms.attention, norms.mlp), _HF_NORMS, strict=True))
     for name, tensor in whole.items():
         match = _LAYER.match(name)
         if match is None:

@@ -69,6 +69,10 @@ def patch_cuda_module() -> None:
     torch.cuda.default_stream = lambda *args, **kwargs: _Stream()
     torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
     _install_rng_tracker()
+    import warnings
+
+    # Advice on CUDA's hardware queues for overlapping the tensor-parallel all-reduce: no CUDA here.
+    warnings.filterwarnings("ignore", message="When using async grad allreduce it is recommended to set")
 
 
 class _CpuRngTracker:

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.trainer.megatron.convert import megatron_to_hf, tp_merge
+from grpo.trainer.megatron.convert import is_hf_norm, megatron_to_hf, tp_merge
 
 if TYPE_CHECKING:
     import torch
@@ -165,6 +165,11 @@ def publish_full_weights(
     final = broadcast_dir(run_dir, version)
     staged = staging_dir(final)
     write_hf_folder(tensors, model_path, staged)
+    if cfg.noise_scheduler.enabled:
+        from grpo.trainer.noise import write_noisy_norms
+
+        # Norms are replicated over tensor-parallel ranks; drawn here, once, every server gets one noise.
+        write_noisy_norms({n: t for n, t in tensors.items() if is_hf_norm(n)}, cfg, version, staged)
     publish_dir(staged, final)
     prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
     return final

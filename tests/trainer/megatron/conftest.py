@@ -1,4 +1,4 @@
-"""Megatron backend fixtures: skip without megatron-core; a tiny Llama whose heads split two ways."""
+"""Megatron backend fixtures (the tiny Llama whose heads split two ways is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,6 @@ from typing import Any
 import pytest
 
 from grpo.config.trainer import TrainerConfig
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_tp2_path(model_cache_dir: Path) -> Path:
-    """A 2-layer random Llama, 4 heads and 2 KV heads (tensor parallel 2 divides both), untied
-    output layer (the tiny fixture's is tied): both embedding layouts are covered."""
-    from grpo.models.tiny import build_tiny_model
-
-    return build_tiny_model(
-        model_cache_dir / "tiny-llama-tp2",
-        num_heads=4,
-        num_kv_heads=2,
-        hidden_size=256,
-        tie_word_embeddings=False,
-    )
 
 
 @pytest.fixture

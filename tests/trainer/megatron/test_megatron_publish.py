@@ -60,3 +60,40 @@ def test_a_folder_of_several_buckets_loads_into_hf_as_one_checkpoint(
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).state_dict()
     for name, tensor in tensors.items():
         assert torch.equal(loaded[name], tensor), name
+
+
+def test_qerl_noise_on_full_megatron_weights_matches_the_hf_backends_and_trains_on_clean_norms(
+    tiny_model_path: Path, megatron_cfg: Callable[..., TrainerConfig], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+    from grpo.trainer.noise import noisy_norms
+
+    noise = {"enabled": True, "num_stages": 2, "sigma_start": 0.1, "sigma_end": 0.01}
+    cfg = megatron_cfg(max_steps=4, noise_scheduler=noise)
+    trainer = MegatronTrainer(cfg, tmp_path)
+    clean_before = trainer.hf_state_dict()
+    first = load_file(str(trainer.publish(1) / "noisy_norms.safetensors"))
+    late_folder = trainer.publish(3)
+    assert late_folder is not None
+    late = load_file(str(late_folder / "noisy_norms.safetensors"))
+    clean_after = trainer.hf_state_dict()
+    trainer.close()
+    assert clean_before is not None and clean_after is not None
+    # The policy trains and publishes clean norms; the noise is only in the file the servers apply.
+    published = load_file(str(late_folder / "model.safetensors"))
+    for name in late:
+        assert torch.equal(clean_after[name], clean_before[name]) and torch.equal(
+            published[name], clean_before[name]
+        )
+    assert torch.equal(first["model.norm.weight"], clean_before["model.norm.weight"].float())  # no noise yet
+    noisy = late["model.norm.weight"] - clean_before["model.norm.weight"].float()
+    assert noisy.std().item() == pytest.approx(0.1, rel=0.3)
+    # Every norm the hf backend would noise, with the very same noise for the same weights and version.
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16)
+    expected = noisy_norms(hf, sigma=0.1, seed=cfg.seed + 3)
+    assert set(late) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(late[name], tensor), name
