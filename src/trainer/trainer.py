@@ -284,7 +284,7 @@ class Trainer:
             self.optimizer.step()
         with warnings.catch_warnings():
             # The schedule advances on a skipped step too; torch warns when no optimizer step came first.
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
             self.scheduler.step()
         self.num_steps_done += 1
         step_time = state.compute_seconds + time.perf_counter() - started

@@ -1,4 +1,4 @@
-"""Learning-rate schedules and the QeRL sigma schedule."""
+"""Learning-rate schedules, the optimizer choice and the QeRL sigma schedule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from grpo.config.trainer import NoiseSchedulerConfig, TrainerConfig
 from grpo.trainer.noise import noise_sigma
-from grpo.trainer.optim import lr_multiplier
+from grpo.trainer.optim import build_optimizer, lr_multiplier
 
 
 def _cfg(**kw) -> TrainerConfig:
@@ -51,3 +51,30 @@ def test_qerl_disabled_or_open_ended():
     assert noise_sigma(NoiseSchedulerConfig(), 5, 10) == 0.0
     with pytest.raises(ValueError, match="max_steps"):
         noise_sigma(NoiseSchedulerConfig(enabled=True), 5, -1)
+
+
+def test_full_fine_tuning_steps_with_fused_adamw_and_lora_with_the_per_op_loop():
+    import torch
+
+    params = [torch.nn.Parameter(torch.ones(4, 3)), torch.nn.Parameter(torch.ones(3))]
+    full = build_optimizer(_cfg(lora=False), params, torch.device("cpu"))
+    lora = build_optimizer(_cfg(lora=True), params, torch.device("cpu"))
+    assert full.defaults["fused"] is True
+    assert not lora.defaults["fused"]
+
+
+def test_fused_adamw_takes_the_same_step_as_the_per_op_loop():
+    import torch
+
+    def step(lora: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(64, 32)), torch.nn.Parameter(torch.randn(32))]
+        optimizer = build_optimizer(_cfg(lora=lora, learning_rate=1e-3), params, torch.device("cpu"))
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.randn_like(p)
+            optimizer.step()
+        return [p.detach() for p in params]
+
+    for fused, loop in zip(step(lora=False), step(lora=True), strict=True):
+        torch.testing.assert_close(fused, loop, rtol=0, atol=1e-6)
