@@ -71,6 +71,11 @@ def grpo(
 
         resolved = resolve_model(train_cfg.model)
         log_model(resolved)
+        if train_cfg.backend == "megatron":
+            from grpo.trainer.megatron.preflight import check_megatron_start
+
+            # Before the engine starts (a minute or more). Each engine replica holds one trainer rank.
+            check_megatron_start(train_cfg, resolved.path, world_size=infer_cfg.dp)
         plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path)
         if dry_run:
             print_resolved({"train": train_cfg, "infer": infer_cfg, "orch": orch_cfg})

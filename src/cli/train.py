@@ -68,7 +68,19 @@ def train(
         verbose=verbose,
         start=start,
         model_of=lambda c: c.model,
+        check=_check_backend,
     )
+
+
+def _check_backend(cfg: TrainerConfig) -> None:
+    """Megatron's checks against the model and the launch (grpo.trainer.megatron.preflight), with
+    --dry-run too and before the wait for the orchestrator: a run that cannot train says so at once."""
+    if cfg.backend != "megatron":
+        return
+    from grpo.models.resolve import resolve_model
+    from grpo.trainer.megatron.preflight import check_megatron_start
+
+    check_megatron_start(cfg, resolve_model(cfg.model).path, int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> int:

@@ -2,8 +2,8 @@
 
 Checks that need only the config run at load time (grpo.config.trainer); those that need the
 model's shape (heads, KV heads and layers against the parallel sizes, the architecture) or the
-world size run when the trainer starts (grpo.trainer.megatron.setup.check_layout), before any
-weight is loaded.
+world size run before the trainer waits for anything (grpo.trainer.megatron.preflight), and
+again when it starts.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo.utils.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
@@ -103,28 +105,49 @@ def _split_qkv(qkv: torch.Tensor, shape: DecoderShape) -> tuple[torch.Tensor, to
 def hf_to_megatron(
     hf: dict[str, torch.Tensor], shape: DecoderShape, norms: NormNames = LOCAL_SPEC_NORMS
 ) -> dict[str, torch.Tensor]:
-    """HF state dict -> whole Megatron state dict (no lm_head when the embeddings are tied)."""
+    """HF state dict -> whole Megatron state dict (no lm_head when the embeddings are tied).
+
+    UserError when the checkpoint holds a tensor this mapping has no place for (a bias or norm of
+    a variant the config checks did not catch): leaving it out would train another model."""
     import torch
 
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        used.add(name)
+        return hf[name]
+
     out = {
-        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
-        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+        "embedding.word_embeddings.weight": take("model.embed_tokens.weight"),
+        "decoder.final_layernorm.weight": take("model.norm.weight"),
     }
     if not shape.tied_embeddings:
-        out["output_layer.weight"] = hf["lm_head.weight"]
+        out["output_layer.weight"] = take("lm_head.weight")
     for i in range(shape.num_layers):
         hf_prefix, prefix = f"model.layers.{i}.", f"decoder.layers.{i}."
         attn = hf_prefix + "self_attn."
-        out[prefix + norms.attention] = hf[hf_prefix + "input_layernorm.weight"]
-        out[prefix + norms.mlp] = hf[hf_prefix + "post_attention_layernorm.weight"]
+        out[prefix + norms.attention] = take(hf_prefix + "input_layernorm.weight")
+        out[prefix + norms.mlp] = take(hf_prefix + "post_attention_layernorm.weight")
         for megatron_suffix, hf_suffix in _ONE_TO_ONE.items():
-            out[prefix + megatron_suffix] = hf[hf_prefix + hf_suffix]
+            out[prefix + megatron_suffix] = take(hf_prefix + hf_suffix)
         for kind in ("weight", "bias"):
             if attn + f"q_proj.{kind}" in hf:
-                q, k, v = (hf[attn + f"{p}_proj.{kind}"] for p in "qkv")
+                q, k, v = (take(attn + f"{p}_proj.{kind}") for p in "qkv")
                 out[prefix + f"self_attention.linear_qkv.{kind}"] = _fuse_qkv(q, k, v, shape)
         mlp = hf_prefix + "mlp."
-        out[prefix + _FC1] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
+        out[prefix + _FC1] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
+    # A tied checkpoint may still store lm_head (the embedding again); old ones store RoPE's inv_freq.
+    unmapped = sorted(
+        name
+        for name in set(hf) - used
+        if not (name == "lm_head.weight" or name.endswith("rotary_emb.inv_freq"))
+    )
+    if unmapped:
+        more = f" and {len(unmapped) - 3} more" if len(unmapped) > 3 else ""
+        raise UserError(
+            f"the checkpoint holds tensors backend megatron has no place for ({', '.join(unmapped[:3])}{more}); "
+            "use backend: hf"
+        )
     return out
 
 

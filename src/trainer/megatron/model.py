@@ -52,13 +52,10 @@ def _use_transformer_engine(device: torch.device) -> bool:
 
 
 def _rope_theta(hf_config: Any) -> float:
+    from grpo.trainer.megatron.preflight import rope_type
+
+    assert rope_type(hf_config) == "default", "grpo.trainer.megatron.preflight refuses other RoPE"
     params = getattr(hf_config, "rope_parameters", None) or {}
-    scaling = getattr(hf_config, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise UserError(
-            f"backend megatron supports plain RoPE; the model uses rope_type {rope_type!r}: use backend: hf"
-        )
     theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None)
     assert theta is not None, "a Llama-style config names rope_theta"
     return float(theta)

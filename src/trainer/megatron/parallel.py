@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 """Llama-style decoders: RMSNorm, RoPE, grouped-query attention, gated SiLU MLP (Qwen2 adds q/k/v
-biases). Others need their own name and layout mapping (grpo.trainer.megatron.convert)."""
+biases). Others need their own name and layout mapping (grpo.trainer.megatron.convert); the
+config fields within these that the mapping does not reproduce are refused by
+grpo.trainer.megatron.preflight."""
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,8 @@ class ParallelRanks:
 
 
 def check_layout(mp: MegatronConfig, hf_config: Any, world_size: int) -> None:
-    """UserError (one line with the fix) when the model cannot be split as `mp` asks."""
-    architectures = list(getattr(hf_config, "architectures", None) or [])
-    if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
-        raise UserError(
-            f"backend megatron supports {sorted(SUPPORTED_ARCHITECTURES)}, the model is {architectures or 'unknown'}; "
-            "use backend: hf for it"
-        )
+    """UserError (one line with the fix) when the model cannot be split as `mp` asks (whether
+    the model is supported at all: grpo.trainer.megatron.preflight)."""
     tp, pp = mp.tensor_model_parallel_size, mp.pipeline_model_parallel_size
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads

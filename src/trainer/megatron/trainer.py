@@ -46,13 +46,13 @@ class MegatronTrainer:
         self, cfg: TrainerConfig, run_dir: str | Path, base_weights: BaseWeightSource | None = None
     ) -> None:
         import torch
-        from transformers import AutoConfig
 
         from grpo.models.resolve import resolve_model
         from grpo.trainer.distributed import init_distributed
         from grpo.trainer.megatron.model import build_model
         from grpo.trainer.megatron.optimizer import build_ddp_and_optimizer
-        from grpo.trainer.megatron.parallel import check_layout, init_model_parallel, silence_fallback_notices
+        from grpo.trainer.megatron.parallel import init_model_parallel, silence_fallback_notices
+        from grpo.trainer.megatron.preflight import check_megatron_start
         from grpo.trainer.model import choose_dtype, resolve_device
 
         silence_fallback_notices()
@@ -67,17 +67,12 @@ class MegatronTrainer:
             )
         self.dist = init_distributed(device.type, cfg.dist_timeout)
         world_size = 1 if self.dist is None else self.dist.world_size
-        if cfg.gpus > 1 and self.dist is None:
-            raise UserError(
-                f"train gpus is {cfg.gpus} but this trainer is a single process; launch it with "
-                f"torchrun --nproc_per_node {cfg.gpus} $(which grpo-train) train.yaml (or set gpus: 1)"
-            )
         if base_weights is not None and base_weights.borrowed_tensors():
             raise UserError(
                 "backend megatron trains its own copy of the weights; it cannot borrow the engine's"
             )
         model_path = base_weights.model_path if base_weights is not None else resolve_model(cfg.model).path
-        check_layout(cfg.megatron, AutoConfig.from_pretrained(model_path), world_size)
+        check_megatron_start(cfg, model_path, world_size)
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.ranks = init_model_parallel(cfg.megatron, device.type)

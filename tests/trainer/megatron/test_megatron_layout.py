@@ -34,7 +34,6 @@ def test_a_layout_that_splits_evenly_passes() -> None:
         ({"tensor_model_parallel_size": 3}, {"num_key_value_heads": 1}, 3, "1 KV heads"),
         ({"pipeline_model_parallel_size": 4}, {}, 4, "30 layers"),
         ({"tensor_model_parallel_size": 3}, {}, 4, "multiple of 3"),
-        ({}, {"architectures": ["GPT2LMHeadModel"]}, 1, "backend: hf"),
     ],
 )
 def test_a_layout_that_cannot_split_the_model_is_refused_in_one_line(
