@@ -106,3 +106,56 @@ def test_activation_recomputation_changes_no_number_of_the_step(
             torch.testing.assert_close(
                 tensor, plain_weights[name], atol=1e-7, rtol=0, msg=f"{recompute}: {name}"
             )
+
+
+LOSS_VARIANTS = {
+    "teacher term": {"loss": {"teacher_tau": 0.5}},
+    "constant normalization and kl term": {
+        "loss": {"normalization": "constant", "normalization_constant": 64, "kl_tau": 0.1}
+    },
+    "sequence ratio and tight token masks": {
+        "loss": {"ratio_type": "sequence", "token_mask_low": 0.97, "token_mask_high": 1.03}
+    },
+    "whole batch in one micro-batch, weight decay": {"per_device_train_batch_size": 3, "weight_decay": 0.1},
+}
+
+
+@pytest.mark.usefixtures("float32_compute")
+@pytest.mark.parametrize("variant", list(LOSS_VARIANTS))
+def test_loss_variants_update_as_the_hf_backend_does(
+    variant: str,
+    tiny_llama_tp2_path: Path,
+    make_cfg: Callable[..., TrainerConfig],
+    megatron_cfg: Callable[..., TrainerConfig],
+    tmp_path: Path,
+) -> None:
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+    from grpo.trainer.trainer import Trainer
+
+    common = {
+        "model": str(tiny_llama_tp2_path),
+        "learning_rate": 1e-3,
+        "max_grad_norm": 0.5,
+        "adam_epsilon": 1e-5,  # see the test above
+        **LOSS_VARIANTS[variant],
+    }
+    hf = Trainer(make_cfg(lora=False, optimizer="adamw", **common), tmp_path / "hf")
+    batch = _batch(hf)
+    rng = np.random.default_rng(0)
+    for row in batch.rows:  # ratios that differ per token, so token masks pick some out
+        noise = rng.normal(0, 0.02, len(row.input_ids))
+        row.inference_logprobs = np.where(row.loss_mask, row.inference_logprobs + noise, 0).astype(np.float32)
+        row.teacher_logprobs = np.where(row.loss_mask, row.inference_logprobs - 0.3, 0).astype(np.float32)
+    megatron = MegatronTrainer(megatron_cfg(**common), tmp_path / "megatron")
+    hf_metrics = hf.train_step(copy.deepcopy(batch))
+    megatron_metrics = megatron.train_step(copy.deepcopy(batch))
+    for key in ("loss", "kl", "teacher_kl", "entropy", "masked", "tokens", "grad_norm"):
+        assert megatron_metrics[key] == pytest.approx(hf_metrics[key], rel=1e-4, abs=1e-6), key
+    assert 0 < hf_metrics["masked"] < 1 if "masks" in variant else hf_metrics["masked"] == 0
+    after = megatron.hf_state_dict()
+    assert after is not None
+    hf_after = hf.policy.causal_lm.state_dict()
+    for name, tensor in after.items():
+        torch.testing.assert_close(tensor, hf_after[name], atol=1e-6, rtol=0, msg=name)
+    hf.close()
+    megatron.close()
