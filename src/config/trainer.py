@@ -188,7 +188,7 @@ class TrainerConfig(StrictModel):
 
     recipe: Literal["bf16", "fp8_hybrid", "nvfp4"] = "bf16"
     """Precision recipe. fp8_hybrid needs SM89+, nvfp4 needs SM100+; on CPU bf16 runs as bf16
-    when the CPU supports it, else fp32."""
+    when the CPU supports it, else fp32. backend megatron: bf16 only."""
 
     lora: bool = True
     """Train LoRA adapters (false = full-parameter training)."""
@@ -210,7 +210,8 @@ class TrainerConfig(StrictModel):
     """Base weights in NVFP4 (SM100+)."""
 
     gradient_checkpointing: bool = True
-    """Recompute activations in backward to save memory."""
+    """Recompute activations in backward to save memory (backend hf; backend megatron has
+    megatron.recompute instead and ignores this)."""
 
     logprob_chunk_size: int = Field(1024, gt=0)
     """Tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32 logits
@@ -317,6 +318,11 @@ class TrainerConfig(StrictModel):
         if self.backend == "megatron" and self.lora:
             raise ValueError(
                 "backend megatron trains full weights; set lora: false (or backend: hf for LoRA)"
+            )
+        if self.backend == "megatron" and self.recipe != "bf16":
+            raise ValueError(
+                f"backend megatron computes in bf16 (or fp32 without bf16 hardware); recipe {self.recipe} "
+                "is not implemented there: set recipe: bf16"
             )
         if self.backend == "megatron" and self.gpus % self.megatron.model_parallel_size != 0:
             mp = self.megatron

@@ -68,3 +68,9 @@ def test_rmsnorm_noise_loads_with_filesystem_broadcasts_and_is_refused_over_the_
     # The noisy norms travel as a file next to the weights, as with the hf backend's full weights.
     collective = {"type": "nccl", "host": "localhost", "port": 29501}
     assert "weight_broadcast type filesystem" in _refusal({**noise, "weight_broadcast": collective})
+
+
+@pytest.mark.parametrize("recipe", ["fp8_hybrid", "nvfp4"])
+def test_a_precision_recipe_megatron_does_not_implement_is_refused_not_ignored(recipe: str) -> None:
+    line = _refusal({"lora": False, "recipe": recipe})
+    assert f"recipe {recipe}" in line and "recipe: bf16" in line
