@@ -5,7 +5,9 @@ DDP keeps each parameter's gradient in a contiguous buffer (`main_grad`, fp32 wi
 (set in grpo.trainer.megatron.model) it sums rather than averages, since every rank's loss is
 already divided by the whole step's loss tokens. The optimizer is Adam with decoupled weight
 decay; with `use_distributed_optimizer` the fp32 main weights and moments are sharded over the
-data-parallel ranks. Megatron leaves biases and norm weights out of weight decay.
+data-parallel ranks. Every weight decays, biases and norms included, as with the HF backend's
+AdamW: megatron-core marks biases and norms wd_mult 0, but only its OptimizerParamScheduler applies
+that, and the schedule here is ours (set_learning_rate).
 
 The learning rate of each step comes from grpo.trainer.optim.lr_multiplier, the HF backend's
 schedule, written into the optimizer's parameter groups before the step.

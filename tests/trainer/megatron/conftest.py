@@ -37,3 +37,30 @@ def megatron_cfg(tiny_model_path: Path) -> Callable[..., TrainerConfig]:
         return TrainerConfig(**fields)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Qwen2 (q/k/v biases, made non-zero), 4 heads and 2 KV heads, untied, with a
+    vocabulary as large as the tiny Llama's (so the multi-rank batch's inference logprobs are plausible)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=49152,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # HF starts biases at 0
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.add_(torch.randn_like(param) * 0.1)
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    model.save_pretrained(path)
+    return path

@@ -79,3 +79,13 @@ def test_pipeline_stages_sum_the_gradients_of_a_tied_embedding(
     sums both gradients, on both copies (the logprobs after the step read the last stage's)."""
     several = _launch(tiny_model_path, tmp_path / "out", num_ranks=num_ranks, tp=1, pp=2)
     _assert_same_run(several, one_rank_tied, f"{what}, tied embeddings")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tp", "pp", "what"), [(2, 1, "tensor parallel"), (1, 2, "pipeline stages")])
+def test_qwen2_biases_split_over_ranks_give_the_logprobs_and_first_update_of_one(
+    tp: int, pp: int, what: str, tiny_qwen2_path: Path, tmp_path: Path
+) -> None:
+    single = _launch(tiny_qwen2_path, tmp_path / "one", num_ranks=1, tp=1)
+    assert single[1]["masked"] < 1, "the step must train something"
+    _assert_same_run(_launch(tiny_qwen2_path, tmp_path / "two", num_ranks=2, tp=tp, pp=pp), single, what)
