@@ -52,13 +52,31 @@ def _use_transformer_engine(device: torch.device) -> bool:
 
 
 def _rope_theta(hf_config: Any) -> float:
-    from grpo.trainer.megatron.preflight import rope_type
-
-    assert rope_type(hf_config) == "default", "grpo.trainer.megatron.preflight refuses other RoPE"
     params = getattr(hf_config, "rope_parameters", None) or {}
     theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None)
     assert theta is not None, "a Llama-style config names rope_theta"
     return float(theta)
+
+
+def rope_inv_freq(hf_config: Any, head_dim: int) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2] (float32) as the HF model computes them: plain at
+    rope_theta (a float: megatron-core's own rotary_base is an int), or rescaled per `rope_type`
+    (linear, llama3: both change only the frequencies, never the attention scale; preflight
+    refuses the others)."""
+    import torch
+
+    from grpo.trainer.megatron.preflight import SUPPORTED_ROPE_TYPES, rope_type
+
+    kind = rope_type(hf_config)
+    assert kind in SUPPORTED_ROPE_TYPES, "grpo.trainer.megatron.preflight refuses other RoPE"
+    if kind == "default":
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        return 1.0 / (_rope_theta(hf_config) ** exponents)
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[kind](hf_config, torch.device("cpu"))
+    assert attention_scaling == 1.0, f"rope_type {kind} scales attention"
+    return inv_freq.float()
 
 
 def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, device: torch.device) -> Any:
@@ -130,6 +148,8 @@ class MegatronModel:
     ranks: ParallelRanks
     device: torch.device
     dtype: torch.dtype
+    inv_freq: torch.Tensor
+    """RoPE's inverse frequencies [head_dim / 2], float32 (rope_inv_freq)."""
 
     @property
     def layer_offset(self) -> int:
@@ -215,8 +235,8 @@ class MegatronModel:
         """[B, L] positions -> [L, B, 1, head_dim] rotary angles (Megatron's non-interleaved layout)."""
         import torch
 
-        inv_freq = self.module.rotary_pos_emb.inv_freq.to(position_ids.device)  # [head_dim / 2]
-        freqs = position_ids.t().float()[..., None] * inv_freq.float()  # [L, B, head_dim / 2]
+        inv_freq = self.inv_freq.to(position_ids.device)  # [head_dim / 2]
+        freqs = position_ids.t().float()[..., None] * inv_freq  # [L, B, head_dim / 2]
         return torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
 
     def output_weight(self) -> torch.Tensor | None:
@@ -271,14 +291,15 @@ def build_model(
             post_process=ranks.is_last_stage,
             share_embeddings_and_output_weights=shape.tied_embeddings,
             position_embedding_type="rope",
-            rotary_base=int(_rope_theta(hf_config)),
+            rotary_base=int(_rope_theta(hf_config)),  # its rotary_pos_emb is unused: see _rope
         )
     # Every weight in the compute dtype, norms included (torch's RMSNorm keeps fp32 weights
     # otherwise, and a bf16 input with an fp32 weight misses its fused kernel), as Megatron's own
     # Float16Module does; the optimizer keeps the fp32 main weights.
     module.to(device=device, dtype=dtype)
     norms = TE_SPEC_NORMS if use_te else LOCAL_SPEC_NORMS
-    model = MegatronModel(module, shape, norms, ranks, device, dtype)
+    inv_freq = rope_inv_freq(hf_config, shape.head_dim)
+    model = MegatronModel(module, shape, norms, ranks, device, dtype, inv_freq)
     model.mark_tensor_parallel()
     model.load_whole(hf_to_megatron(read_hf_weights(model_path), shape, norms))
     return model

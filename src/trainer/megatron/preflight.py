@@ -30,6 +30,11 @@ def megatron_installed() -> bool:
     )
 
 
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+"""RoPE variants that change only the frequencies (grpo.trainer.megatron.model.rope_inv_freq);
+yarn and longrope also scale attention, dynamic depends on the sequence length."""
+
+
 def rope_type(hf_config: Any) -> str:
     """The RoPE variant (`default` = plain RoPE at rope_theta), from transformers 5's
     `rope_parameters` or an older config's `rope_scaling`."""
@@ -60,9 +65,10 @@ def check_supported_model(hf_config: Any, sequence_len: int) -> None:
         )
     unsupported = "backend megatron does not support it; use backend: hf"
     kind = rope_type(hf_config)
-    if kind != "default":
+    if kind not in SUPPORTED_ROPE_TYPES:
         raise UserError(
-            f"the model's RoPE is rope_type {kind!r}; backend megatron supports plain RoPE: use backend: hf"
+            f"the model's RoPE is rope_type {kind!r}; backend megatron supports {', '.join(SUPPORTED_ROPE_TYPES)}: "
+            "use backend: hf"
         )
     activation = getattr(hf_config, "hidden_act", "silu")
     if activation != "silu":

@@ -1,6 +1,7 @@
 """The other architectures and variants backend megatron accepts compute what HF computes: Qwen2
 (q/k/v biases, tied or not), Mistral (a sliding window no sample reaches), Llama with as many KV
-heads as heads, an explicit head_dim and another rope_theta."""
+heads as heads, an explicit head_dim and another (fractional) rope_theta, Llama 3.1's and linear
+RoPE scaling."""
 
 from __future__ import annotations
 
@@ -40,7 +41,25 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral window": ("Mistral", {"sliding_window": WINDOW}),
     "llama mha head_dim theta": (
         "Llama",
-        {"num_key_value_heads": 4, "head_dim": 48, "rope_theta": 500000.0, "tie_word_embeddings": False},
+        {"num_key_value_heads": 4, "head_dim": 48, "rope_theta": 500000.5, "tie_word_embeddings": False},
+    ),
+    # Llama 3.1's frequencies (rescaled below original_max_position_embeddings' wavelengths).
+    "llama3 rope": (
+        "Llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
+    "linear rope": (
+        "Llama",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}},
     ),
 }
 

@@ -49,18 +49,16 @@ REFUSED: list[tuple[str, Callable[[], Any], str]] = [
         "sliding_window",
     ),
     (
-        "Llama 3 RoPE scaling",
+        "YaRN RoPE (scales attention too)",
         lambda: _llama(
             rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 500000.0,
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
                 "original_max_position_embeddings": 64,
             }
         ),
-        "rope_type 'llama3'",
+        "rope_type 'yarn'",
     ),
     ("GELU MLP", lambda: _llama(hidden_act="gelu"), "hidden_act"),
     ("Llama attention_bias (o_proj too)", lambda: _llama(attention_bias=True), "attention_bias"),
