@@ -104,6 +104,12 @@ def check_megatron_start(cfg: TrainerConfig, model_path: Path, world_size: int) 
             f"train gpus is {cfg.gpus} but this trainer is a single process; launch it with "
             f"torchrun --nproc_per_node {cfg.gpus} $(which grpo-train) train.yaml (or set gpus: 1)"
         )
+    if world_size > 1 and world_size != cfg.gpus:
+        # The sizes are checked against gpus at load; the ranks that run must be the ones checked.
+        raise UserError(
+            f"train gpus is {cfg.gpus} but {world_size} trainer processes were launched; set gpus: {world_size} "
+            f"(or launch torchrun --nproc_per_node {cfg.gpus})"
+        )
     hf_config = AutoConfig.from_pretrained(model_path)
     check_supported_model(hf_config, cfg.sequence_len)
     check_layout(cfg.megatron, hf_config, world_size)

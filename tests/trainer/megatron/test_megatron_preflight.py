@@ -131,3 +131,9 @@ def test_without_megatron_core_the_fix_is_the_extra(
 def test_several_gpus_in_one_process_are_refused_with_the_torchrun_command(llama_folder: Path) -> None:
     with pytest.raises(UserError, match="torchrun --nproc_per_node 2"):
         check_megatron_start(_cfg(llama_folder, gpus=2), llama_folder, world_size=1)
+
+
+def test_a_launch_with_other_than_gpus_processes_is_refused(llama_folder: Path) -> None:
+    with pytest.raises(UserError, match="set gpus: 4"):
+        check_megatron_start(_cfg(llama_folder, gpus=2), llama_folder, world_size=4)
+    check_megatron_start(_cfg(llama_folder, gpus=2), llama_folder, world_size=2)
