@@ -120,16 +120,20 @@ def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[
                 f"{num / 1e6:.1f}M params x {per} B (master, grad, {train.optimizer})",
             )
         )
-    working = 6 * tokens * max(h, shape.intermediate_size) * 2
-    checkpoints = shape.num_layers * tokens * h * 2 if train.gradient_checkpointing else 0
-    logits = min(tokens, train.logprob_chunk_size) * vocab * 4 * 3
-    rows.append(
-        (
-            "activations",
-            working + checkpoints + logits,
-            f"{tokens} tokens: 6 bf16 tensors/layer, residual checkpoints, logits chunk",
-        )
+    per_layer = 6 * tokens * max(h, shape.intermediate_size) * 2
+    # Recomputing, each layer keeps only its input for backward and one layer's tensors are live at
+    # a time; otherwise every layer keeps its own until backward reaches it.
+    recomputes = (
+        train.megatron.recompute == "full" if train.backend == "megatron" else train.gradient_checkpointing
     )
+    if recomputes:
+        kept = per_layer + shape.num_layers * tokens * h * 2
+        how = "one layer's 6 bf16 tensors, each layer's input (recomputed)"
+    else:
+        kept = shape.num_layers * per_layer
+        how = "6 bf16 tensors per layer, every layer's kept"
+    logits = min(tokens, train.logprob_chunk_size) * vocab * 4 * 3
+    rows.append(("activations", kept + logits, f"{tokens} tokens: {how}, logits chunk"))
     if train.quantization != "none":
         rows.append(
             (

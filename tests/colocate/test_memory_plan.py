@@ -51,3 +51,33 @@ def test_a_megatron_trainer_is_planned_with_its_own_copy_of_every_weight(embedde
     assert rows["megatron parameters"] > hf["full parameters"]  # plus its own bf16 copy of the weights
     # SmolLM2-135M: about 134.5M parameters (tied embeddings counted once).
     assert rows["megatron parameters"] == pytest.approx(134.5e6 * MEGATRON_BYTES, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("recomputing", "keeping"),
+    [
+        ({"gradient_checkpointing": True}, {"gradient_checkpointing": False}),
+        (
+            {"backend": "megatron", "megatron": {"recompute": "full"}},
+            {"backend": "megatron", "megatron": {"recompute": "none"}},
+        ),
+    ],
+    ids=["hf", "megatron"],
+)
+def test_a_trainer_that_keeps_every_layers_activations_is_planned_more_than_one_that_recomputes(
+    recomputing: dict, keeping: dict, embedded_model_path: Path
+) -> None:
+    from grpo.colocate.memory_plan import trainer_rows
+    from grpo.models.shape import ModelShape
+
+    shape = ModelShape.from_folder(embedded_model_path)
+    fields = {"model": str(embedded_model_path), "device": "cpu", "lora": False, "sequence_len": 512}
+
+    def activations(extra: dict) -> int:
+        rows = trainer_rows(TrainerConfig(**fields, **extra), shape, on_gpu=False)
+        return next(size for name, size, _ in rows if name == "activations")
+
+    # SmolLM2-135M, 2 rows x 512 tokens: 30 layers' 6 bf16 [1024 x 1536] tensors kept, against one
+    # layer's and 30 layer inputs [1024 x 576].
+    one_layer = 6 * 1024 * 1536 * 2
+    assert activations(keeping) - activations(recomputing) == 29 * one_layer - 30 * 1024 * 576 * 2
