@@ -14,10 +14,7 @@ A fixed list of servers (`client.recovery`, grpo.inference.recovery): a server t
 is taken out of routing, its requests in flight are retried on another server (or on it once it
 is back), and it takes requests again once it answers and holds the current policy (the same
 replay as for an elastic join); one that does not come back within the deadline fails the run.
-
-A new LoRA policy reaches each server the way that server serves LoRA (inference lora_serving): an
-in-place adapter reload, or a merge into its weights (docs/colocate.md, "Serving the policy as
-merged weights"); requests name the adapter either way.
+The replay, and how each server takes a LoRA policy: grpo.inference.policy_replay.
 """
 
 from __future__ import annotations
@@ -31,43 +28,22 @@ import httpx
 
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.collective_receive import receive_over_collective
-from grpo.inference.completion_bodies import completion_body, completion_from_choice, load_lora_body
+from grpo.inference.completion_bodies import completion_body, completion_from_choice
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
+from grpo.inference.policy_replay import APPLY_NOISY_NORMS_PATH, UPDATE_WEIGHTS_PATH, PolicyReplay
 from grpo.inference.recovery import ServerDownError, ServerLostError, ServerRecovery
+from grpo.inference.retry import ServerLeftError, TransientServerError, backoff_s, server_gone
 from grpo.inference.streaming import StreamStatusError, stream_completions
 from grpo.inference.types import Completion, GenerateRequest
-from grpo.inference.weight_routes import (
-    APPLY_NOISY_NORMS_ROUTE,
-    LORA_SERVING_ROUTE,
-    MERGE_LORA_ROUTE,
-    UPDATE_WEIGHTS_ROUTE,
-)
 from grpo.transport.weights_announce import read_collective_manifest
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
-RETRY_BASE_DELAY_S = 0.5
-RETRY_MAX_DELAY_S = 8.0
 ADMIT_POLL_S = 1.0
 """Seconds between readiness probes of a server that joined an elastic pool."""
 NO_SERVER_POLL_S = 0.05
 
-# Paths below a server's base URL (which ends in /v1).
-LOAD_LORA_PATH = "/load_lora_adapter"
-UPDATE_WEIGHTS_PATH = UPDATE_WEIGHTS_ROUTE.removeprefix("/v1")
-APPLY_NOISY_NORMS_PATH = APPLY_NOISY_NORMS_ROUTE.removeprefix("/v1")
-MERGE_LORA_PATH = MERGE_LORA_ROUTE.removeprefix("/v1")
-LORA_SERVING_PATH = LORA_SERVING_ROUTE.removeprefix("/v1")
-
 log = get_logger("inference")
-
-
-class TransientServerError(RuntimeError):
-    """A failure worth retrying (the server was unreachable, overloaded or crashed mid-request)."""
-
-
-class ServerLeftError(TransientServerError):
-    """A request addressed to one server failed after that server left the elastic pool."""
 
 
 class InferenceClient:
@@ -100,15 +76,7 @@ class InferenceClient:
             None if cfg.elastic is None else ElasticPool(cfg.elastic, self._on_join, self._on_leave, resolver)
         )
         self._admissions: dict[str, asyncio.Task[None]] = {}
-        self._lora_serving: dict[str, str] = {}
-        """Server -> how it takes an adapter ("adapter" or "merged"), asked once (LORA_SERVING_PATH)."""
         self._model: str | None = None
-        # The current policy, replayed to servers that join: served adapter name -> folder, or the
-        # full-weights folder; plus QeRL's noisy norms. The generation counts changes to it.
-        self._adapters: dict[str, str] = {}
-        self._full_weights_path: str | None = None
-        self._noisy_norms_path: str | None = None
-        self._policy_generation = 0
         api_key = os.environ.get(cfg.api_key_var, "")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
@@ -117,6 +85,8 @@ class InferenceClient:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
             transport=transport,
         )
+        self._replay = PolicyReplay(self._http, cfg.max_retries)
+        """The current policy, replayed to servers that join or come back."""
         self._collective_version: int | None = None
         """The last policy received over the collective: a restarted server cannot get it back."""
         self._recovery = (
@@ -231,7 +201,7 @@ class InferenceClient:
             except (httpx.TransportError, TransientServerError, ServerDownError) as error:
                 if not routed and self._pool is not None and url not in self._pool.urls:
                     raise ServerLeftError(f"{url}{path} failed after {url} left the pool: {error}") from error
-                if self._recovery is not None and _server_gone(error):
+                if self._recovery is not None and server_gone(error):
                     self._recovery.take_out(url, f"{path}: {type(error).__name__} {error}")
                     if routed:
                         moved = True
@@ -246,7 +216,7 @@ class InferenceClient:
                     ) from error
             finally:
                 self.num_in_flight[url] -= 1
-            await asyncio.sleep(min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S))
+            await asyncio.sleep(backoff_s(attempt))
             attempt += 1
 
     async def _post_all(self, path: str, body: dict[str, Any], timeout: float | None = None) -> list[Any]:
@@ -277,55 +247,12 @@ class InferenceClient:
             admission.cancel()
         if url in self.base_urls:
             self.base_urls.remove(url)
-        self._lora_serving.pop(url, None)  # a server that comes back under this URL may differ
+        self._replay.forget_server(url)
         self._forget_sessions(url)
 
-    async def _server_lora_serving(self, url: str) -> str:
-        """How server `url` takes an adapter: "merged" (it merges it into its weights) or "adapter"."""
-        mode = self._lora_serving.get(url)
-        for attempt in range(self.cfg.max_retries + 1):
-            if mode is not None:
-                break
-            try:
-                response = await self._http.get(url + LORA_SERVING_PATH, timeout=10.0)
-                if response.status_code == 429 or response.status_code >= 500:
-                    raise TransientServerError(f"{url}{LORA_SERVING_PATH}: HTTP {response.status_code}")
-            except (httpx.TransportError, TransientServerError) as error:
-                if attempt == self.cfg.max_retries:
-                    raise TransientServerError(f"{url}{LORA_SERVING_PATH}: {error}") from error
-                await asyncio.sleep(min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S))
-                continue
-            # Anything but an explicit "merged" (a plain vLLM server answers 404) serves adapters.
-            is_json = response.headers.get("content-type", "").startswith("application/json")
-            merged = (
-                response.status_code == 200 and is_json and response.json().get("lora_serving") == "merged"
-            )
-            mode = self._lora_serving[url] = "merged" if merged else "adapter"
-        assert mode is not None
-        return mode
-
-    async def _load_adapter_request(self, url: str, name: str, path: str) -> tuple[str, dict[str, Any]]:
-        """(route, body) that makes server `url` serve adapter folder `path` as model `name`: an in-place
-        adapter reload, or a merge into the served weights (after which `name` runs as the base model;
-        the orchestrator's per-policy cache_salt keeps older prefixes apart either way)."""
-        if await self._server_lora_serving(url) == "merged":
-            return MERGE_LORA_PATH, {"lora_name": name, "lora_path": path}
-        return LOAD_LORA_PATH, load_lora_body(name, path)
-
     async def _load_adapter(self, url: str, name: str, path: str) -> Any:
-        route, body = await self._load_adapter_request(url, name, path)
+        route, body = await self._replay.adapter_request(url, name, path)
         return await self._post(url, route, body)
-
-    async def _policy_requests(self, url: str) -> list[tuple[str, dict[str, Any]]]:
-        """(route, body) requests that bring fresh server `url` to the current policy, in order."""
-        requests: list[tuple[str, dict[str, Any]]] = []
-        if self._full_weights_path is not None:
-            requests.append((UPDATE_WEIGHTS_PATH, {"path": self._full_weights_path}))
-        for name, path in self._adapters.items():
-            requests.append(await self._load_adapter_request(url, name, path))
-        if self._noisy_norms_path is not None:
-            requests.append((APPLY_NOISY_NORMS_PATH, {"path": self._noisy_norms_path}))
-        return requests
 
     async def _admit(self, url: str) -> None:
         """Wait until a joined server answers /models, give it the current policy, then route to it."""
@@ -361,15 +288,15 @@ class InferenceClient:
             ):
                 await asyncio.sleep(ADMIT_POLL_S)
                 continue
-            generation = self._policy_generation
+            generation = self._replay.generation
             try:
-                for path, body in await self._policy_requests(url):
+                for path, body in await self._replay.requests(url):
                     await self._post(url, path, body)
             except (TransientServerError, RuntimeError) as error:
                 log.warning("server %s joined but did not take the current policy (%s); retrying", url, error)
                 await asyncio.sleep(ADMIT_POLL_S)
                 continue
-            if generation == self._policy_generation:
+            if generation == self._replay.generation:
                 return
 
     # -- RolloutClient ------------------------------------------------------------------------
@@ -431,7 +358,7 @@ class InferenceClient:
             except (httpx.TransportError, StreamStatusError, ServerDownError) as error:
                 if isinstance(error, StreamStatusError) and not error.retryable:
                     raise
-                if self._recovery is not None and _server_gone(error):
+                if self._recovery is not None and server_gone(error):
                     # Its tokens so far are lost with the server: the request starts again elsewhere.
                     self._recovery.take_out(url, f"/completions (streamed): {type(error).__name__} {error}")
                     moved = True
@@ -444,15 +371,13 @@ class InferenceClient:
                 self.num_in_flight[url] -= 1
             # an interrupt ends the wait: the next attempt returns at once, and the update goes on
             with contextlib.suppress(TimeoutError):
-                delay = min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S)
-                await asyncio.wait_for(interrupt.wait(), delay)
+                await asyncio.wait_for(interrupt.wait(), backoff_s(attempt))
             attempt += 1
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Serve adapter folder `path` as model `name` on every server, each the way it serves LoRA
         (in-place adapter reload, or merged into its weights: inference lora_serving)."""
-        self._adapters[name] = path
-        self._policy_generation += 1
+        self._replay.set_adapter(name, path)
         await asyncio.gather(*(self._load_adapter_unless_left(url, name, path) for url in self.base_urls))
 
     async def _load_adapter_unless_left(self, url: str, name: str, path: str) -> None:
@@ -469,8 +394,7 @@ class InferenceClient:
         it holds a collective announcement, over the collective from the trainer."""
         manifest = await asyncio.to_thread(read_collective_manifest, path)
         if manifest is None:
-            self._full_weights_path = path
-            self._policy_generation += 1
+            self._replay.set_full_weights(path)
             await self._post_all(UPDATE_WEIGHTS_PATH, {"path": path})
             return
         if self._pool is not None:
@@ -492,8 +416,7 @@ class InferenceClient:
 
     async def apply_noisy_norms(self, path: str) -> None:
         """QeRL: apply noisy RMSNorm weights from a safetensors file on every server."""
-        self._noisy_norms_path = path
-        self._policy_generation += 1
+        self._replay.set_noisy_norms(path)
         await self._post_all(APPLY_NOISY_NORMS_PATH, {"path": path})
 
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
@@ -522,11 +445,3 @@ class InferenceClient:
             admission.cancel()
         await asyncio.gather(*admissions, return_exceptions=True)
         await self._http.aclose()
-
-
-def _server_gone(error: Exception) -> bool:
-    """Whether a failed request says its server is gone (connection refused or dropped, or taken out
-    by the health checks), not merely slow (a timeout) or failing (an HTTP error)."""
-    if isinstance(error, ServerDownError):
-        return True
-    return isinstance(error, httpx.TransportError) and not isinstance(error, httpx.TimeoutException)

@@ -33,7 +33,7 @@ from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
 
-BATCH_ROW_KEY = "reward/mean"  # in every batch's row (Orchestrator._rollout_metrics), in no final-eval row
+BATCH_ROW_KEY = "reward/mean"  # in every batch's row (step_batch.rollout_metrics), in no final-eval row
 
 
 def checkpoint_root(run_dir: Path) -> Path:

@@ -24,25 +24,19 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.base import Environment
 from grpo.inference.types import RolloutClient, SamplingParams
 from grpo.orchestrator import checkpoint
-from grpo.orchestrator.advantage import compute_advantages
 from grpo.orchestrator.buffer import Buffer
-from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.eval import evaluate, should_evaluate
-from grpo.orchestrator.filters import apply_filters
-from grpo.orchestrator.packer import pack_rollouts
-from grpo.orchestrator.partial import UpdateGate, partial_metrics
+from grpo.orchestrator.partial import UpdateGate
 from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
 from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_acceptable, required_policy
+from grpo.orchestrator.step_batch import build_batch, pack_metrics, rollout_metrics
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Group, Rollout
-from grpo.transport.batch import TrainingBatch
 from grpo.transport.batch_parts import PartSender
 from grpo.transport.interfaces import BatchSender
 from grpo.utils.logging import get_logger
@@ -252,41 +246,7 @@ class Orchestrator:
     def _acceptable(self, step: int, group: Group) -> bool:
         return is_acceptable(step, group.start_version, self.cfg.max_off_policy_steps)
 
-    # ---- the step --------------------------------------------------------------------------
-
-    def _build_batch(
-        self, step: int, groups: list[Group], stats: dict[str, float]
-    ) -> tuple[TrainingBatch, list[Rollout]]:
-        rollouts = [r for g in groups for r in g.rollouts]
-        rewards = np.array([g.rewards for g in groups], dtype=np.float64)
-        lengths = np.array([[r.num_model_tokens for r in g.rollouts] for g in groups], dtype=np.float64)
-        scored = np.array([g.scored for g in groups], dtype=bool)
-        advantages = compute_advantages(self.cfg.advantage, rewards, lengths, scored)
-        for group, row in zip(groups, advantages, strict=True):
-            for rollout, adv in zip(group.rollouts, row, strict=True):
-                rollout.advantage = float(adv)
-        for key, count in apply_filters(rollouts, self.cfg.filters, self.vocab_size).items():
-            stats[key] = stats.get(key, 0) + count
-        rows, pack = pack_rollouts(rollouts, self.cfg.seq_len, share_prefixes=self.cfg.shared_prefix)
-        # Sums over the step's parts (one part unless streaming); _pack_metrics turns them into rates.
-        for key, value in (
-            ("packing/num_rows", pack.num_rows),
-            ("packing/num_truncated", pack.num_truncated),
-            ("packing/num_tokens", pack.num_tokens),
-            ("packing/num_sample_tokens", pack.num_sample_tokens),
-        ):
-            stats[key] = stats.get(key, 0) + value
-        batch = TrainingBatch(step=step, rows=rows, metadata={"policy_version": self.policy.version})
-        return batch, rollouts
-
-    def _pack_metrics(self, stats: dict[str, float], rollouts: list[Rollout]) -> None:
-        """The step's packing and advantage metrics from the sums its parts left in `stats`."""
-        num_tokens = stats.pop("packing/num_tokens")
-        stats["packing/efficiency"] = num_tokens / max(stats["packing/num_rows"] * self.cfg.seq_len, 1)
-        stats["packing/shared_frac"] = 1.0 - num_tokens / max(stats.pop("packing/num_sample_tokens"), 1)
-        advantages = np.array([r.advantage for r in rollouts], dtype=np.float64)
-        stats["advantage/mean"] = float(advantages.mean())
-        stats["advantage/std"] = float(advantages.std())
+    # ---- the step (its batch and metrics: grpo.orchestrator.step_batch) ---------------------
 
     async def _collect_and_send(
         self, step: int, stats: dict[str, float]
@@ -307,41 +267,15 @@ class Orchestrator:
                 return None
             collected = time.monotonic()
             # advantages, filters and packing are CPU work on finished groups: keep the loop free
-            batch, part_rollouts = await asyncio.to_thread(self._build_batch, step, part_groups, stats)
+            batch, part_rollouts = await asyncio.to_thread(
+                build_batch, self.cfg, self.vocab_size, self.policy.version, step, part_groups, stats
+            )
             await asyncio.to_thread(self.parts.send, batch, part)
             send_seconds += time.monotonic() - collected
             groups += part_groups
             rollouts += part_rollouts
-        self._pack_metrics(stats, rollouts)
+        pack_metrics(stats, rollouts, self.cfg.seq_len)
         return groups, rollouts, send_seconds
-
-    def _rollout_metrics(self, step: int, groups: list[Group], rollouts: list[Rollout]) -> dict[str, float]:
-        # Failed rollouts have no reward (they are masked): they are counted, not averaged in.
-        rewards = [r.reward for r in rollouts if r.failure is None] or [0.0]
-        lengths = [r.num_model_tokens for r in rollouts]
-        metrics: dict[str, float] = {
-            "reward/mean": statistics.fmean(rewards),
-            "reward/std": statistics.pstdev(rewards),
-            "frac_reward_zero_std": sum(1 for g in groups if len(set(g.rewards)) == 1) / len(groups),
-            "completion_len/mean": statistics.fmean(lengths),
-            "completion_len/max": max(lengths),
-            "truncated/frac": sum(r.truncated for r in rollouts) / len(rollouts),
-            "failed/num_rollouts": sum(r.failure is not None for r in rollouts),
-            "failed/frac": sum(r.failure is not None for r in rollouts) / len(rollouts),
-            "masked/num_rollouts": sum(r.masked for r in rollouts),
-            "off_policy/mean_lag": statistics.fmean(step - r.start_version for r in rollouts),
-            "off_policy/max_lag": max(step - r.start_version for r in rollouts),
-            "policy/version": self.policy.version,
-        }
-        if self.cfg.partial_rollouts:
-            metrics.update(partial_metrics(rollouts))
-        for env_index, label in enumerate(env_labels(self.envs)):
-            env_rewards = [
-                r.reward for g in groups if g.env_index == env_index for r in g.rollouts if r.failure is None
-            ]
-            if env_rewards:
-                metrics[f"reward/{label}"] = statistics.fmean(env_rewards)
-        return metrics
 
     async def _maybe_eval(self, step: int, resumed_at: int | None) -> dict[str, float]:
         if (
@@ -485,7 +419,9 @@ class Orchestrator:
             num_tokens = sum(r.num_model_tokens for r in rollouts)
             group_seconds, self._group_seconds = self._group_seconds, []
             metrics = {
-                **self._rollout_metrics(step, groups, rollouts),
+                **rollout_metrics(
+                    step, groups, rollouts, self.envs, self.policy.version, self.cfg.partial_rollouts
+                ),
                 **stats,
                 **eval_metrics,
                 "time/step": step_seconds,

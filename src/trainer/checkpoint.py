@@ -141,15 +141,23 @@ def save_checkpoint(
         save_file(trainable, str(staged / TRAINABLE_FILE))
         torch.save(optimizer_state, staged / OPTIMIZER_FILE)
         torch.save(scheduler.state_dict(), staged / SCHEDULER_FILE)
-        write_rng_states(staged, rng_per_rank)
         state = {"step": step, "world_size": len(rng_per_rank)}
-        (staged / STATE_FILE).write_text(json.dumps(state))
-        publish_dir(staged, final)
-        if keep_last is not None:
-            prune_step_dirs(final.parent, keep=keep_last)
+        publish_checkpoint(staged, final, state, rng_per_rank, keep_last)
     if dist_ctx is not None:
         barrier(dist_ctx)  # no rank goes on (or may be stopped) before the checkpoint is complete
     return final
+
+
+def publish_checkpoint(
+    staged: Path, final: Path, state: dict[str, Any], rng_per_rank: list[bytes], keep_last: int | None
+) -> None:
+    """Rank 0 completes the staged folder (every rank's RNG states, then trainer_state.json),
+    publishes it as `final` (STABLE last) and prunes to the newest `keep_last` checkpoints."""
+    write_rng_states(staged, rng_per_rank)
+    (staged / STATE_FILE).write_text(json.dumps(state))
+    publish_dir(staged, final)
+    if keep_last is not None:
+        prune_step_dirs(final.parent, keep=keep_last)
 
 
 def find_resume_checkpoint(run_dir: Path, resume_step: int | None) -> tuple[int, Path] | None:
@@ -170,6 +178,27 @@ def find_resume_checkpoint(run_dir: Path, resume_step: int | None) -> tuple[int,
             f"available: {sorted(found) or 'none'} (use resume_step: -1 for the latest)"
         )
     return resume_step, found[resume_step]
+
+
+def resume_step_and_folder(
+    run_dir: Path, resume_step: int | None, dist_ctx: DistContext | None
+) -> tuple[int, Path] | None:
+    """(step, folder) of the checkpoint `ckpt.resume_step` asks for, the same on every rank; None =
+    start fresh. Collective under torchrun: rank 0 picks the step (find_resume_checkpoint), the
+    others receive it, so every rank loads the checkpoint rank 0 saw complete."""
+    from grpo.trainer.distributed import broadcast_int
+
+    step = 0
+    if dist_ctx is None or dist_ctx.is_main:
+        found = find_resume_checkpoint(run_dir, resume_step)
+        step = 0 if found is None else found[0]
+    if dist_ctx is not None:
+        step = broadcast_int(step, dist_ctx)
+    if step == 0:
+        return None
+    folder = checkpoint_dir(run_dir, step)
+    log.info("resuming from %s: next batch is step %d", folder, step)
+    return step, folder
 
 
 def load_checkpoint(
@@ -212,16 +241,8 @@ def load_checkpoint(
     optimizer_state = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
     set_optimizer_state_dict(policy.model, optimizer, optimizer_state, options=_whole_state_options())
     scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
-    rank = 0 if dist_ctx is None else dist_ctx.rank
-    world_size = 1 if dist_ctx is None else dist_ctx.world_size
-    if world_size != state["world_size"]:
-        log.info(
-            "checkpoint %s was written by %d rank(s); resuming on %d", folder, state["world_size"], world_size
-        )
-    restore_rng_state(folder, rank)
     step = int(state["step"])
-    if rank == 0:
-        rewind_metrics(folder, step)
+    restore_process_state(folder, step, state["world_size"], dist_ctx)
     return step
 
 
@@ -236,6 +257,22 @@ def gather_rng_states(dist_ctx: DistContext | None) -> list[bytes]:
 def write_rng_states(folder: Path, rng_per_rank: list[bytes]) -> None:
     for rank, data in enumerate(rng_per_rank):
         (folder / rng_file(rank)).write_bytes(data)
+
+
+def restore_process_state(
+    folder: Path, step: int, num_ranks_saved: int, dist_ctx: DistContext | None
+) -> None:
+    """What a resume restores beside the model and optimizer: this rank's RNG states, and (rank 0)
+    trainer_metrics.jsonl cut back to the rows of steps < `step`."""
+    rank = 0 if dist_ctx is None else dist_ctx.rank
+    world_size = 1 if dist_ctx is None else dist_ctx.world_size
+    if world_size != num_ranks_saved:
+        log.info(
+            "checkpoint %s was written by %d rank(s); resuming on %d", folder, num_ranks_saved, world_size
+        )
+    restore_rng_state(folder, rank)
+    if rank == 0:
+        rewind_metrics(folder, step)
 
 
 def restore_rng_state(folder: Path, rank: int) -> None:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 import grpo.inference.client as client_module
+import grpo.inference.retry as retry
 from grpo.config.orchestrator import ClientConfig, ElasticConfig
 from grpo.inference.client import InferenceClient
 from grpo.inference.elastic_pool import resolve_dns, server_url
@@ -21,7 +22,7 @@ A, B = "10.0.0.1", "10.0.0.2"
 
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "RETRY_BASE_DELAY_S", 0.0)
+    monkeypatch.setattr(retry, "RETRY_BASE_DELAY_S", 0.0)
     monkeypatch.setattr(client_module, "ADMIT_POLL_S", 0.01)
 
 

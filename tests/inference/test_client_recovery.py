@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 import grpo.inference.client as client_module
+import grpo.inference.retry as retry
 from grpo.config.orchestrator import ClientConfig
 from grpo.inference.client import InferenceClient
 from grpo.inference.recovery import ServerLostError
@@ -21,7 +22,7 @@ FAST_RECOVERY = {"health_interval_s": 0.05, "health_timeout_s": 0.2, "deadline_s
 
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "RETRY_BASE_DELAY_S", 0.0)
+    monkeypatch.setattr(retry, "RETRY_BASE_DELAY_S", 0.0)
     monkeypatch.setattr(client_module, "ADMIT_POLL_S", 0.01)
 
 

@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import save_file
 from server_client import with_client
 
-from grpo.inference.client import MERGE_LORA_PATH
 from grpo.inference.lora_merge import merge_plan, merged_weight
+from grpo.inference.policy_replay import MERGE_LORA_PATH
 from grpo.inference.server import ServerThread
 from grpo.inference.types import GenerateRequest, SamplingParams
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
-import grpo.inference.client as client_module
+import grpo.inference.retry as retry
 from grpo.config.orchestrator import ClientConfig
 from grpo.inference.client import InferenceClient, TransientServerError
 from grpo.inference.types import ABORTED, GenerateRequest, SamplingParams
@@ -20,7 +20,7 @@ URL = "http://a/v1"
 
 @pytest.fixture(autouse=True)
 def no_backoff_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "RETRY_BASE_DELAY_S", 0.0)
+    monkeypatch.setattr(retry, "RETRY_BASE_DELAY_S", 0.0)
 
 
 def chunk(index: int, token_ids: list[int], finish_reason: str | None = None) -> bytes:

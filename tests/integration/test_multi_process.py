@@ -55,18 +55,6 @@ def lora_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory)
         launcher.kill_everything()
 
 
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    launcher = Launcher(tmp_path)
-    try:
-        yield launcher
-        for name in launcher.processes:
-            launcher.stop(name)
-        assert_no_survivors(launcher.tag)
-    finally:
-        launcher.kill_everything()
-
-
 def test_filesystem_transports_train_three_steps_with_lora(
     lora_server: str, launcher: Launcher, tiny_model_path: Path, tmp_path: Path
 ) -> None:

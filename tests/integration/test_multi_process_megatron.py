@@ -3,14 +3,12 @@ weights published over the filesystem (docs/multi_node.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mp_harness import (
     BIN,
     Launcher,
-    assert_no_survivors,
     free_port,
     infer_config,
     metric_steps,
@@ -27,18 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
 
 RUN_TIMEOUT_S = 400.0
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    launcher = Launcher(tmp_path)
-    try:
-        yield launcher
-        for name in launcher.processes:
-            launcher.stop(name)
-        assert_no_survivors(launcher.tag)
-    finally:
-        launcher.kill_everything()
 
 
 def test_a_tensor_parallel_megatron_trainer_under_torchrun_publishes_each_full_weight_policy_to_vllm(

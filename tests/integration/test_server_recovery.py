@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import mp_harness
@@ -15,7 +14,6 @@ import psutil
 import pytest
 from mp_harness import (
     Launcher,
-    assert_no_survivors,
     free_port,
     infer_config,
     orch_config,
@@ -32,18 +30,6 @@ MAX_STEPS = 6
 STEP_TIMEOUT_S = 600.0
 SUPERVISOR = {"enabled": True, "health_interval_s": 1.0, "health_timeout_s": 5.0}
 RECOVERY = {"health_interval_s": 1.0, "health_timeout_s": 5.0, "deadline_s": 900.0}
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    launcher = Launcher(tmp_path)
-    try:
-        yield launcher
-        for name in launcher.processes:
-            launcher.stop(name)
-        assert_no_survivors(launcher.tag)
-    finally:
-        launcher.kill_everything()
 
 
 def served_by(launcher: Launcher) -> psutil.Process:

@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from torchrun_launch import run_under_torchrun
 from trainer_batches import distributed_test_batch, distributed_test_cfg, make_row
 
 from grpo.transport.batch import TrainingBatch
@@ -47,25 +48,7 @@ DIST_TIMEOUT_S = 300.0
 
 def launch(scenario: str, model_path: Path, out_dir: Path, mode: str, num_ranks: int = 2) -> None:
     """Run `scenario` on `num_ranks` gloo ranks under torchrun; AssertionError with its stderr if it fails."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(num_ranks),
-    ]
-    done = subprocess.run(
-        [*command, __file__, scenario, str(model_path), str(out_dir), mode],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
+    run_under_torchrun(__file__, [scenario, str(model_path), str(out_dir), mode], num_ranks, timeout_s=300)
 
 
 def start_without_agent(scenario: str, out_dir: Path, master_port: int, num_ranks: int = 2) -> list[Any]:

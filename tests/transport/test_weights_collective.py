@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import grpo.inference.client as client_module
+import grpo.inference.retry as retry
 from grpo.config.orchestrator import ClientConfig, NcclWeightBroadcast
 from grpo.inference import vllm_compat, weight_routes
 from grpo.inference.client import InferenceClient
@@ -567,7 +567,7 @@ def test_client_gives_each_server_its_rank_and_the_world_size(tmp_path: Path) ->
 
 
 def test_client_names_a_server_that_is_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "RETRY_BASE_DELAY_S", 0.0)
+    monkeypatch.setattr(retry, "RETRY_BASE_DELAY_S", 0.0)
 
     async def handler(req: httpx.Request) -> httpx.Response:
         if req.url.host == "b":

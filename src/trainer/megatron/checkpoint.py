@@ -45,22 +45,17 @@ from grpo.trainer.checkpoint import (
     STATE_FILE,
     checkpoint_dir,
     gather_rng_states,
-    restore_rng_state,
-    rewind_metrics,
-    write_rng_states,
+    publish_checkpoint,
+    restore_process_state,
 )
-from grpo.trainer.publish import prune_step_dirs
-from grpo.utils.atomic import publish_dir, staging_dir
+from grpo.utils.atomic import staging_dir
 from grpo.utils.errors import UserError
-from grpo.utils.logging import get_logger
 from grpo.utils.tensor_tree import load_tree, save_tree
 
 if TYPE_CHECKING:
     from grpo.trainer.distributed import DistContext
     from grpo.trainer.megatron.model import MegatronModel
     from grpo.trainer.megatron.parallel import ParallelRanks
-
-log = get_logger("trainer")
 
 BACKEND = "megatron"
 
@@ -156,11 +151,7 @@ def save_checkpoint(
             "world_size": len(rng_per_rank),
             "layout": layout_of(ranks, use_distributed_optimizer),
         }
-        write_rng_states(staged, rng_per_rank)
-        (staged / STATE_FILE).write_text(json.dumps(state))
-        publish_dir(staged, final)
-        if keep_last is not None:
-            prune_step_dirs(final.parent, keep=keep_last)
+        publish_checkpoint(staged, final, state, rng_per_rank, keep_last)
     if dist_ctx is not None:
         barrier(dist_ctx)  # no rank goes on (or may be stopped) before the checkpoint is complete
     return final
@@ -209,15 +200,7 @@ def load_checkpoint(
     step, num_skipped_steps = int(state["step"]), int(state["num_skipped_steps"])
     if step > num_skipped_steps:
         _load_optimizer(folder, ranks, optimizer)
-    rank = 0 if dist_ctx is None else dist_ctx.rank
-    world_size = 1 if dist_ctx is None else dist_ctx.world_size
-    if world_size != state["world_size"]:
-        log.info(
-            "checkpoint %s was written by %d rank(s); resuming on %d", folder, state["world_size"], world_size
-        )
-    restore_rng_state(folder, rank)
-    if rank == 0:
-        rewind_metrics(folder, step)
+    restore_process_state(folder, step, state["world_size"], dist_ctx)
     return step, num_skipped_steps
 
 

@@ -349,24 +349,17 @@ class MegatronTrainer:
     def maybe_resume(self) -> int:
         """Load the checkpoint ckpt.resume_step asks for (if any); return the next batch step.
         Collective under torchrun: rank 0 picks the step, every rank loads that checkpoint."""
-        from grpo.trainer.checkpoint import checkpoint_dir, find_resume_checkpoint
-        from grpo.trainer.distributed import broadcast_int
+        from grpo.trainer.checkpoint import resume_step_and_folder
         from grpo.trainer.megatron.checkpoint import load_checkpoint
 
-        step = 0
-        if self.is_main:
-            found = find_resume_checkpoint(self.run_dir, self.cfg.ckpt.resume_step)
-            step = 0 if found is None else found[0]
-        if self.dist is not None:
-            step = broadcast_int(step, self.dist)
-        if step == 0:
+        found = resume_step_and_folder(self.run_dir, self.cfg.ckpt.resume_step, self.dist)
+        if found is None:
             return 0
-        folder = checkpoint_dir(self.run_dir, step)
+        step, folder = found
         self.num_steps_done, self.num_skipped_steps = load_checkpoint(
             folder, self.model, self.optimizer, self.cfg.megatron.use_distributed_optimizer, self.dist
         )
         assert self.num_steps_done == step
-        log.info("resumed from %s: next batch is step %d", folder, step)
         return step
 
     def close(self) -> None:

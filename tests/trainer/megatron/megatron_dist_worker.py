@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
+from torchrun_launch import run_under_torchrun
 from trainer_batches import make_row
 
 from grpo.transport.batch import TrainingBatch
@@ -50,29 +51,9 @@ def launch(
     model_path: Path, out_dir: Path, num_ranks: int, tp: int, pp: int = 1, scenario: str = "step"
 ) -> None:
     """Run this worker on `num_ranks` gloo ranks under torchrun (from a test); fails with its stderr."""
-    import os
-    import subprocess
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(num_ranks),
-    ]
-    done = subprocess.run(
-        [*command, __file__, str(model_path), str(out_dir), str(tp), str(pp), scenario],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
+    args = [str(model_path), str(out_dir), str(tp), str(pp), scenario]
+    run_under_torchrun(__file__, args, num_ranks, timeout_s=600)
 
 
 def worker_cfg(model_path: str, tp: int, pp: int, world_size: int, **extra: Any) -> TrainerConfig:
