@@ -107,8 +107,8 @@ def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, d
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=bool(getattr(hf_config, "attention_bias", False))
-        or hf_config.architectures[0] == "Qwen2ForCausalLM",
+        # Qwen2 always has q/k/v biases; Llama's attention_bias is refused by preflight (o_proj too).
+        add_qkv_bias=hf_config.architectures[0] == "Qwen2ForCausalLM",
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bias_activation_fusion=False,
