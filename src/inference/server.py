@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 from grpo.config.inference import InferenceConfig
-from grpo.inference import vllm_compat
+from grpo.inference.vllm_compat import app as vllm_app
+from grpo.inference.vllm_compat.version import check_vllm_version, parse_server_args
 from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
 from grpo.inference.weight_routes import WeightRouteRules, add_weight_routes
 from grpo.utils.logging import get_logger
@@ -32,7 +33,7 @@ CHILD_EXIT_GRACE_S = 5.0
 def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Namespace, WeightRouteRules]:
     """Check vLLM, set the engine's environment, and parse the server argv for `cfg`; also what
     its weight routes accept (the LoRA serving mode with auto decided, the weight folders)."""
-    version = vllm_compat.check_vllm_version()
+    version = check_vllm_version()
     lora_serving = resolve_lora_serving(cfg)
     os.environ.update(server_env(cfg))
     log.info("vLLM %s; serving %s from %s", version, cfg.model, model_path)
@@ -47,14 +48,14 @@ def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Name
         )
     rules = WeightRouteRules.for_config(cfg, lora_serving)
     log.info("weight routes load only from %s", ", ".join(str(d) for d in rules.weight_dirs))
-    return vllm_compat.parse_server_args(build_server_args(cfg, model_path)), rules
+    return parse_server_args(build_server_args(cfg, model_path)), rules
 
 
 async def serve_with_weight_routes(
-    args: argparse.Namespace, rules: WeightRouteRules, on_ready: vllm_compat.OnReady
+    args: argparse.Namespace, rules: WeightRouteRules, on_ready: vllm_app.OnReady
 ) -> bool:
     """vLLM's server with grpo's weight routes, each accepting what `rules` allow."""
-    return await vllm_compat.serve(
+    return await vllm_app.serve(
         args,
         on_ready=on_ready,
         extend_app=lambda app: add_weight_routes(app, rules),
@@ -129,7 +130,7 @@ class ServerThread:
             args.use_tqdm_on_load = False
         self._children_before = {p.pid for p in _children()}
         self.loop = asyncio.new_event_loop()
-        self._signal_handlers = vllm_compat.allow_server_in_thread(self.loop)
+        self._signal_handlers = vllm_app.allow_server_in_thread(self.loop)
         self._thread = threading.Thread(target=self._run, args=(args,), name="grpo-vllm-server", daemon=True)
         self._thread.start()
         return self

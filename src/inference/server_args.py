@@ -11,7 +11,8 @@ import os
 from typing import Literal
 
 from grpo.config.inference import InferenceConfig
-from grpo.inference.vllm_compat import KEEP_DENSE_WEIGHTS_ENV, WORKER_EXTENSION_CLS
+from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
+from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS
 from grpo.utils.errors import UserError
 
 DEFAULT_CPU_KV_CACHE_GB = 2

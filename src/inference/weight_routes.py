@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.inference import vllm_compat
+from grpo.inference.vllm_compat.app import serve_name_as_base_model
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -163,7 +163,7 @@ def add_weight_routes(app: Any, rules: WeightRouteRules) -> None:
             return JSONResponse({"error": f"{type(error).__name__}: {error}"}, status_code=424)
         # Cached prefixes were computed with the previous policy.
         await engine.reset_prefix_cache()
-        vllm_compat.serve_name_as_base_model(request.app.state, body["lora_name"])
+        serve_name_as_base_model(request.app.state, body["lora_name"])
         return JSONResponse({"results": results})
 
     async def get_lora_serving(_request: Request) -> JSONResponse:

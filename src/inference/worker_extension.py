@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.inference import vllm_compat
+from grpo.inference.vllm_compat import cpu_weights
 from grpo.inference.weight_handles import export_record
 from grpo.transport.weights_collective import DEFAULT_SECRET_ENV
 
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     import torch
 
 
-if os.environ.get(vllm_compat.KEEP_DENSE_WEIGHTS_ENV) == "1":
-    vllm_compat.keep_dense_cpu_weights()
-    vllm_compat.keep_row_major_cpu_fp8_weights()
+if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":
+    cpu_weights.keep_dense_cpu_weights()
+    cpu_weights.keep_row_major_cpu_fp8_weights()
 
 
 def hf_checkpoint_shapes(hf_config: Any, trust_remote_code: bool = False) -> dict[str, tuple[int, ...]]:
@@ -40,7 +40,7 @@ class WorkerExtension:
     """Mixed into vLLM's worker class; `self` is the worker."""
 
     def _grpo_model(self) -> torch.nn.Module:
-        return vllm_compat.worker_model(self)
+        return cpu_weights.worker_model(self)
 
     def load_weights_from_path(self, path: str) -> int:
         """Load a folder of HF-named safetensors into the model; returns the number of tensors."""
@@ -55,11 +55,11 @@ class WorkerExtension:
             tensors = load_file(str(file))
             num_tensors += len(tensors)
             model.load_weights(weights=iter(tensors.items()))
-        vllm_compat.repack_cpu_linear_weights(model)
+        cpu_weights.repack_cpu_linear_weights(model)
         return num_tensors
 
     def _grpo_hf_config(self) -> tuple[Any, bool]:
-        return vllm_compat.worker_hf_config(self)
+        return cpu_weights.worker_hf_config(self)
 
     def _grpo_checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:
         """HF name -> shape of the served model's checkpoint tensors (worked out once)."""
@@ -107,7 +107,7 @@ class WorkerExtension:
             )
         model = self._grpo_model()
         model.load_weights(weights=iter(tensors))
-        vllm_compat.repack_cpu_linear_weights(model)
+        cpu_weights.repack_cpu_linear_weights(model)
         self._grpo_collective_version = version
         return len(tensors)
 
@@ -120,25 +120,25 @@ class WorkerExtension:
         """
         from grpo.inference.lora_merge import merge_plan, merged_weight
 
-        layers = vllm_compat.linear_layers(self._grpo_model())
+        layers = cpu_weights.linear_layers(self._grpo_model())
         plan = merge_plan(path, {name: sizes for name, (_layer, sizes) in layers.items()})
         previous: set[str] = getattr(self, "_grpo_merged_layers", set())
         for name in previous - plan.keys():
             layer = layers[name][0]
-            vllm_compat.pack_cpu_linear_weight(layer, layer.weight)
+            cpu_weights.pack_cpu_linear_weight(layer, layer.weight)
         for name, updates in plan.items():
             layer = layers[name][0]
-            vllm_compat.pack_cpu_linear_weight(layer, merged_weight(layer.weight, updates))
+            cpu_weights.pack_cpu_linear_weight(layer, merged_weight(layer.weight, updates))
         self._grpo_merged_layers = set(plan)
         return len(plan)
 
     def unmerge_lora(self) -> int:
         """Serve the base weights again (undo merge_lora_from_path); returns the layers restored."""
-        layers = vllm_compat.linear_layers(self._grpo_model())
+        layers = cpu_weights.linear_layers(self._grpo_model())
         merged: set[str] = getattr(self, "_grpo_merged_layers", set())
         for name in merged:
             layer = layers[name][0]
-            vllm_compat.pack_cpu_linear_weight(layer, layer.weight)
+            cpu_weights.pack_cpu_linear_weight(layer, layer.weight)
         self._grpo_merged_layers = set()
         return len(merged)
 

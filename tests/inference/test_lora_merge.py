@@ -99,7 +99,7 @@ def test_the_cpu_kernel_computes_with_the_merged_weight_and_the_parameter_is_not
 ) -> None:
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-    from grpo.inference.vllm_compat import pack_cpu_linear_weight
+    from grpo.inference.vllm_compat.cpu_weights import pack_cpu_linear_weight
 
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(

@@ -8,7 +8,7 @@ import pytest
 
 from grpo.config.inference import InferenceConfig
 from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
-from grpo.inference.vllm_compat import WORKER_EXTENSION_CLS, check_vllm_version
+from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS, check_vllm_version
 
 
 def option(argv: list[str], flag: str) -> str:
@@ -162,7 +162,7 @@ def test_vllm_inside_the_tested_range_is_accepted(version: str) -> None:
 
 @pytest.mark.vllm
 def test_vllms_own_parser_accepts_the_argv() -> None:
-    from grpo.inference.vllm_compat import parse_server_args
+    from grpo.inference.vllm_compat.version import parse_server_args
 
     cfg = InferenceConfig(
         model="org/model", max_model_len=256, rope_scaling={"rope_type": "linear", "factor": 2.0}

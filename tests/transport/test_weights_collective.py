@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 import grpo.inference.retry as retry
 from grpo.config.orchestrator import ClientConfig, NcclWeightBroadcast
-from grpo.inference import vllm_compat, weight_routes
+from grpo.inference import weight_routes
+from grpo.inference.vllm_compat import cpu_weights
 from grpo.inference.client import InferenceClient
 from grpo.inference.worker_extension import WorkerExtension, hf_checkpoint_shapes
 from grpo.transport.weights_announce import write_collective_manifest
@@ -485,7 +486,7 @@ class _FakeWorker(WorkerExtension):
 def test_workers_load_the_sent_version_and_a_repeated_request_is_a_no_op(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(vllm_compat, "repack_cpu_linear_weights", lambda model: 0)
+    monkeypatch.setattr(cpu_weights, "repack_cpu_linear_weights", lambda model: 0)
     port = _free_port()
     config = _tiny_config()
     workers = [_FakeWorker(config), _FakeWorker(config)]
