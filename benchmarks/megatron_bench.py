@@ -7,7 +7,7 @@ Megatron step 1, HF step 2, ...), so both see the same load from whatever else r
 on a shared 2-core CPU one variant alone measured 25-92 s per step in busy minutes and 2.8 s in a
 quiet one, which a back-to-back comparison cannot tell from a difference between the backends. The
 first step of each is a warm-up and not timed. Variants:
-- hf_full: grpo.trainer.trainer.Trainer with lora: false (fused torch AdamW, gradient checkpointing off)
+- hf_full: grpo.trainer.hf.trainer.Trainer with lora: false (fused torch AdamW, gradient checkpointing off)
 - megatron: grpo.trainer.megatron.trainer.MegatronTrainer at tensor/pipeline/data parallel 1
   (Megatron's DDP and DistributedOptimizer, local layer spec, the CPU compatibility layer)
 

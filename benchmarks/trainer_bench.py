@@ -86,10 +86,10 @@ def run_variant(
         gradient_checkpointing=variant != "trainer_no_checkpointing",
     )
     if variant == "trainer_fp32":
-        import grpo.trainer.model as model_module
+        import grpo.trainer.hf.model as model_module
 
         model_module.choose_dtype = lambda device: torch.float32  # type: ignore[assignment]
-    from grpo.trainer.trainer import Trainer
+    from grpo.trainer.hf.trainer import Trainer
 
     trainer = Trainer(cfg, tempfile.mkdtemp())
     vocab = trainer.policy.causal_lm.config.vocab_size

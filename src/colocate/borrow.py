@@ -5,7 +5,7 @@ filename on CPU, CUDA IPC handle on GPU). This process rebuilds tensors over tha
 vLLM's fused weights into HF-named views, checks a few against the checkpoint, and hands them to
 the trainer as its frozen base weights. FP8 engine weights (vLLM `fp8_per_block`, or per-tensor)
 travel as FP8 data + scales, and the trainer dequantizes them per matmul
-(grpo.trainer.quantized_base).
+(grpo.trainer.hf.quantized_base).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from grpo.utils.logging import get_logger
 if TYPE_CHECKING:
     import torch
 
-    from grpo.trainer.dequant import FP8BlockWeight
+    from grpo.trainer.hf.dequant import FP8BlockWeight
 
 log = get_logger("colocate")
 

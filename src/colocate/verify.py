@@ -15,7 +15,7 @@ from grpo.utils.errors import UserError
 if TYPE_CHECKING:
     import torch
 
-    from grpo.trainer.dequant import FP8BlockWeight
+    from grpo.trainer.hf.dequant import FP8BlockWeight
 
 NUM_CHECKED = 4
 
@@ -50,7 +50,7 @@ def verify_fp8_against_checkpoint(borrowed: dict[str, FP8BlockWeight], model_pat
     import torch
     from safetensors import safe_open
 
-    from grpo.trainer.dequant import dequantize_fp8_block
+    from grpo.trainer.hf.dequant import dequantize_fp8_block
 
     on_disk = _checkpoint_files(model_path)
     names = sorted(n for n in borrowed if f"{n}.weight" in on_disk)

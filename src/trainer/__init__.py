@@ -1,2 +1,3 @@
-"""The trainer: model building (LoRA/QLoRA/full), chunked logprobs, the GRPO loss, the optimizer,
-the step loop, weight publishing and checkpoints. Entry point: `grpo.trainer.entry.run`."""
+"""The trainer: the loop (entry.py), the interface both backends implement (backend.py) and what they
+share (loss, packing, logprobs, checkpoint and publish steps, step reports, noise, optimizer schedule,
+torchrun collectives); the backends in hf/ and megatron/."""

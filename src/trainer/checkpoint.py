@@ -1,22 +1,14 @@
-"""Trainer checkpoints: `{run_dir}/checkpoints/trainer/step_{n}/` holds the state after n optimizer
-steps, STABLE last. Resuming from step_n continues with batch n.
+"""Trainer checkpoints, what both backends share: `{run_dir}/checkpoints/trainer/step_{n}/` holds the
+state after n optimizer steps, STABLE last. Resuming from step_n continues with batch n.
 
-Files (the same for one rank and for torchrun ranks, so a checkpoint is independent of the rank count):
-- `trainable.safetensors`: every trainable parameter by name, whole (FSDP2 shards gathered).
-- `optimizer.pt`: torch.save of the optimizer state keyed by parameter NAME, the "full state dict"
-  of torch.distributed.checkpoint (get/set_optimizer_state_dict re-shard it for any rank count);
-  loaded with weights_only=True, only this trainer writes it.
-- `scheduler.pt`: torch.save of the LR scheduler state.
+Shared files (each backend adds its own: grpo.trainer.hf.checkpoint, grpo.trainer.megatron.checkpoint):
 - `rng_rank{r}.json`: rank r's torch (and CUDA), python and numpy RNG states.
-- `trainer_state.json`: step, world_size (ranks that wrote it).
-
-Whole tensors rather than a DCP sharded save keep the folder readable by plain safetensors/torch
-tools and resumable on another number of ranks; the price is that rank 0 holds the whole model and
-optimizer state in CPU memory while it writes, fine for the models this trainer shards.
+- `trainer_state.json`: step, world_size (ranks that wrote it), the backend.
 
 Under torchrun every rank calls save/load (gathering shards is collective). Rank 0 alone writes the
 folder (the other ranks send it their RNG states); the checkpoint is published (STABLE) before any
-rank returns. On load every rank reads the folder: the run dir must be visible to all of them.
+rank returns. On load every rank reads the folder: the run dir must be visible to all of them. Both
+backends pick the resume step the same way (rank 0 decides, the others follow).
 
 Resuming from step_n also rewinds `trainer_metrics.jsonl` to the rows of steps < n (rank 0): a
 process killed after logging step n but before checkpoint n + 1 trains step n again, and its row
@@ -47,37 +39,15 @@ if TYPE_CHECKING:
     import torch
 
     from grpo.trainer.distributed import DistContext
-    from grpo.trainer.model import Policy
+    from grpo.trainer.hf.model import Policy
 
 log = get_logger("trainer")
 
-TRAINABLE_FILE = "trainable.safetensors"
-OPTIMIZER_FILE = "optimizer.pt"
-SCHEDULER_FILE = "scheduler.pt"
 STATE_FILE = "trainer_state.json"
 
 
 def rng_file(rank: int) -> str:
     return f"rng_rank{rank}.json"
-
-
-def _whole_state_options(**overrides: bool) -> Any:
-    """torch.distributed.checkpoint options for whole (unsharded) tensors, the format on disk."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, **overrides)
-
-
-def _whole_trainable(policy: Policy) -> dict[str, torch.Tensor]:
-    """Trainable parameters by name, whole and on CPU. Collective under FSDP2 (every rank, same order)."""
-    from grpo.trainer.distributed import is_sharded
-
-    whole = {}
-    for name, param in policy.model.named_parameters():
-        if param.requires_grad:
-            tensor = param.detach().full_tensor() if is_sharded(param) else param.detach()
-            whole[name] = tensor.cpu().contiguous()
-    return whole
 
 
 def rng_state() -> dict[str, Any]:
@@ -108,44 +78,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np_state = state["numpy"]
     np_state["state"]["key"] = np.array(np_state["state"]["key"], dtype=np.uint32)
     np.random.set_state(np_state)
-
-
-def save_checkpoint(
-    run_dir: Path,
-    step: int,
-    policy: Policy,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    keep_last: int | None,
-    dist_ctx: DistContext | None = None,
-) -> Path:
-    """Write checkpoint step_{step}; under torchrun every rank calls this and all return once it is STABLE."""
-    import torch
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    from grpo.trainer.distributed import barrier
-
-    final = checkpoint_dir(run_dir, step)
-    if dist_ctx is not None:
-        # Rank 0 may come late: it alone publishes the policy just before (to inference, over a collective).
-        dist_ctx.gate.pass_gate(f"checkpoint {step}")
-    trainable = _whole_trainable(policy)
-    # cpu_offload: under torchrun only rank 0 receives the whole state (the others get {}).
-    optimizer_state = get_optimizer_state_dict(
-        policy.model, optimizer, options=_whole_state_options(cpu_offload=True)
-    )
-    rng_per_rank = gather_rng_states(dist_ctx)
-    if dist_ctx is None or dist_ctx.is_main:
-        staged = staging_dir(final)
-        save_file(trainable, str(staged / TRAINABLE_FILE))
-        torch.save(optimizer_state, staged / OPTIMIZER_FILE)
-        torch.save(scheduler.state_dict(), staged / SCHEDULER_FILE)
-        state = {"step": step, "world_size": len(rng_per_rank)}
-        publish_checkpoint(staged, final, state, rng_per_rank, keep_last)
-    if dist_ctx is not None:
-        barrier(dist_ctx)  # no rank goes on (or may be stopped) before the checkpoint is complete
-    return final
 
 
 def publish_checkpoint(
@@ -199,51 +131,6 @@ def resume_step_and_folder(
     folder = checkpoint_dir(run_dir, step)
     log.info("resuming from %s: next batch is step %d", folder, step)
     return step, folder
-
-
-def load_checkpoint(
-    folder: Path,
-    policy: Policy,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    dist_ctx: DistContext | None = None,
-) -> int:
-    """Restore state in place; return the step (optimizer steps done). Under torchrun every rank
-    calls this with the same folder (re-sharding is collective)."""
-    import torch
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    state = json.loads((folder / STATE_FILE).read_text())
-    if state.get("backend", "hf") != "hf":
-        raise UserError(
-            f"checkpoint {folder} was written by backend {state['backend']}; resume it with backend: "
-            f"{state['backend']}, or start a new run dir"
-        )
-    trainable = load_file(str(folder / TRAINABLE_FILE))
-    expected = {n: tuple(p.shape) for n, p in policy.model.named_parameters() if p.requires_grad}
-    if set(trainable) != set(expected):
-        raise UserError(
-            f"checkpoint {folder} was written for different trainable parameters (another model or LoRA config?); "
-            "resume with the train.yaml it was written with, or start a new run dir"
-        )
-    # Same names, other shapes: another model of the same architecture, or another lora_rank.
-    reshaped = [n for n, shape in expected.items() if tuple(trainable[n].shape) != shape]
-    if reshaped:
-        name = reshaped[0]
-        raise UserError(
-            f"checkpoint {folder} was written for other shapes ({name}: {tuple(trainable[name].shape)} in the "
-            f"checkpoint, {expected[name]} now; another model or lora_rank?); resume with the train.yaml it was "
-            "written with, or start a new run dir"
-        )
-    # strict=False: the checkpoint holds the trainable parameters only (frozen base weights come from the model).
-    set_model_state_dict(policy.model, trainable, options=_whole_state_options(strict=False))
-    optimizer_state = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
-    set_optimizer_state_dict(policy.model, optimizer, optimizer_state, options=_whole_state_options())
-    scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
-    step = int(state["step"])
-    restore_process_state(folder, step, state["world_size"], dist_ctx)
-    return step
 
 
 def gather_rng_states(dist_ctx: DistContext | None) -> list[bytes]:

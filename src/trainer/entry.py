@@ -8,14 +8,15 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
-    from grpo.trainer.trainer import Trainer
+    from grpo.trainer.backend import TrainerBackend
+    from grpo.trainer.hf.trainer import Trainer
     from grpo.trainer.weights import BaseWeightSource
     from grpo.transport.batch import TrainingBatch
     from grpo.transport.batch_parts import PartReceiver
@@ -24,32 +25,15 @@ if TYPE_CHECKING:
 log = get_logger("trainer")
 
 
-class TrainerLoop(Protocol):
-    """What the loop below drives: grpo.trainer.trainer.Trainer (backend hf) or
-    grpo.trainer.megatron.trainer.MegatronTrainer (backend megatron)."""
-
-    cfg: TrainerConfig
-    num_steps_done: int
-
-    @property
-    def is_main(self) -> bool: ...
-    def share_batch(self, batch: TrainingBatch | None) -> TrainingBatch | None: ...
-    def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]: ...
-    def publish(self, version: int, over_collective: bool = False) -> Path | None: ...
-    def save_checkpoint(self) -> Path: ...
-    def maybe_resume(self) -> int: ...
-    def close(self) -> None: ...
-
-
 def build_trainer(
     cfg: TrainerConfig, run_dir: Path, base_weights: BaseWeightSource | None = None
-) -> TrainerLoop:
+) -> TrainerBackend:
     """The trainer of cfg.backend."""
     if cfg.backend == "megatron":
         from grpo.trainer.megatron.trainer import MegatronTrainer
 
         return MegatronTrainer(cfg, run_dir, base_weights)
-    from grpo.trainer.trainer import Trainer
+    from grpo.trainer.hf.trainer import Trainer
 
     return Trainer(cfg, run_dir, base_weights)
 
@@ -111,7 +95,7 @@ def run(
             trainer.publish(step)
         while cfg.max_steps < 0 or step < cfg.max_steps:
             if num_parts > 1:
-                from grpo.trainer.trainer import Trainer
+                from grpo.trainer.hf.trainer import Trainer
 
                 # Config checks: streaming needs the hf backend in one trainer process.
                 assert isinstance(trainer, Trainer) and trainer.dist is None, (
@@ -164,7 +148,7 @@ def _train_streamed_step(
     return True
 
 
-def _follow_rank_zero(trainer: TrainerLoop) -> None:
+def _follow_rank_zero(trainer: TrainerBackend) -> None:
     """Ranks > 0: train on the share of each batch rank 0 hands out until it says stop (None), and
     join rank 0 in everything collective: publishing (FSDP2) and checkpoints. The republish of a
     resumed step comes first, like on rank 0."""

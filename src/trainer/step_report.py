@@ -1,6 +1,6 @@
 """Where a trainer's step metrics go, for every backend: one row per step in trainer_metrics.jsonl
 and W&B (rank 0 only), and one console line (the co-located display's, or a log line every
-`logging_steps`). The metric names are listed in grpo.trainer.trainer's docstring."""
+`logging_steps`). The metric names are listed in grpo.trainer.hf.trainer's docstring."""
 
 from __future__ import annotations
 

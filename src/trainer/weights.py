@@ -4,7 +4,7 @@ A `BaseWeightSource` names the HF model folder (config, tokenizer, and the weigh
 hand over existing tensors, by HF state-dict name, to use as frozen base weights as they are:
 the built model's parameter then shares the tensor's storage (no copy). It may also hand over
 quantized linear weights (FP8 data + scales) by HF module name: those linears become frozen
-dequantize-per-matmul layers over the given tensors (grpo.trainer.quantized_base). `DiskWeights`
+dequantize-per-matmul layers over the given tensors (grpo.trainer.hf.quantized_base). `DiskWeights`
 hands over nothing; the co-located mode supplies tensors borrowed from the inference engine.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from grpo.trainer.dequant import FP8BlockWeight, NF4Weight
+    from grpo.trainer.hf.dequant import FP8BlockWeight, NF4Weight
 
 
 class BaseWeightSource(Protocol):

@@ -1,7 +1,7 @@
 """The trainer's part of the run directory that the other side reads: its checkpoints and metrics.
 
 `{run_dir}/checkpoints/trainer/step_{n}/` (STABLE last) and `{run_dir}/trainer_metrics.jsonl`.
-The trainer writes them (grpo.trainer.checkpoint, grpo.trainer.trainer); the co-located resume and
+The trainer writes them (grpo.trainer.checkpoint, grpo.trainer.hf.trainer); the co-located resume and
 the fresh-run check (grpo.orchestrator.checkpoint) read them to find the step both sides can resume
 from. The orchestrator and the trainer meet only through grpo.transport (docs/design.md, import
 rules), so the layout lives here rather than in either side. No torch import.

@@ -50,7 +50,7 @@ def test_trainer_base_weights_are_the_engines_shared_memory(
 ) -> None:
     from grpo.colocate.borrow import borrow_from_records
     from grpo.config.trainer import TrainerConfig
-    from grpo.trainer.model import build_policy
+    from grpo.trainer.hf.model import build_policy
     from grpo.trainer.weights import BorrowedWeights
 
     (records,) = dense_server.collective_rpc("export_weight_handles")  # type: ignore[attr-defined]

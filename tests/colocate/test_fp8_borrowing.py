@@ -65,8 +65,8 @@ def test_trainer_trains_lora_on_the_engines_fp8_weights(fp8_engine: Any, tiny_mo
     from grpo.colocate.borrow import borrow_from_records
     from grpo.config.trainer import TrainerConfig
     from grpo.inference.weight_handles import release_shared_names
-    from grpo.trainer.model import build_policy
-    from grpo.trainer.quantized_base import decoder_linear_names, quantized_linear_class
+    from grpo.trainer.hf.model import build_policy
+    from grpo.trainer.hf.quantized_base import decoder_linear_names, quantized_linear_class
     from grpo.trainer.weights import BorrowedWeights, DiskWeights
 
     (records,) = fp8_engine.collective_rpc("export_weight_handles")

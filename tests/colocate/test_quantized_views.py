@@ -6,8 +6,8 @@ import torch
 
 from grpo.colocate.quantized_views import borrowable_fp8_linears
 from grpo.models.shape import ModelShape
-from grpo.trainer.dequant import FP8BlockWeight, dequantize_fp8_block
-from grpo.trainer.quantized_base import quantize_fp8_block
+from grpo.trainer.hf.dequant import FP8BlockWeight, dequantize_fp8_block
+from grpo.trainer.hf.quantized_base import quantize_fp8_block
 
 # SmolLM2-135M's attention: q has 576 rows (4.5 tiles of 128), so k starts mid-tile.
 SHAPE = ModelShape(

@@ -163,7 +163,7 @@ def one_step(model_path: str, out_dir: Path, mode: str) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from grpo.trainer.trainer import Trainer
+    from grpo.trainer.hf.trainer import Trainer
 
     trainer = Trainer(distributed_test_cfg(model_path, lora=mode == "lora"), out_dir / "run")
     assert trainer.dist is not None, "run me under torchrun with more than one process"
@@ -197,7 +197,7 @@ def resume(model_path: str, out_dir: Path, mode: str, rank: int) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from grpo.trainer.trainer import Trainer
+    from grpo.trainer.hf.trainer import Trainer
 
     _run(run_cfg(model_path, out_dir / "split", mode, resume=True), rank == 0, stop_at=NUM_STEPS)
     trainer = Trainer(run_cfg(model_path, out_dir / "whole", mode, resume=True), out_dir / "whole")

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from trainer_batches import distributed_test_batch, distributed_test_cfg, make_row
 
 from grpo.trainer.distributed import balance_rows
-from grpo.trainer.trainer import Trainer
+from grpo.trainer.hf.trainer import Trainer
 
 
 def _row(num_tokens: int, seed: int = 0):

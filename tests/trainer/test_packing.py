@@ -8,7 +8,7 @@ import torch
 from trainer_batches import make_row
 
 from grpo.trainer.logprobs import every_token_logprobs
-from grpo.trainer.model import build_policy
+from grpo.trainer.hf.model import build_policy
 from grpo.trainer.packing import build_micro_batch, tree_attention_mask
 from grpo.trainer.weights import DiskWeights
 from grpo.transport.batch import plain_parent_ids

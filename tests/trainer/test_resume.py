@@ -112,7 +112,7 @@ def test_resume_rewinds_trainer_metrics_and_refuses_other_shapes(make_cfg, tmp_p
     again, so its old row goes. A checkpoint of another lora_rank is one clear ValueError."""
     from trainer_batches import default_rows, on_policy_batch
 
-    from grpo.trainer.trainer import Trainer
+    from grpo.trainer.hf.trainer import Trainer
 
     cfg = make_cfg(output_dir=str(tmp_path), max_steps=3, ckpt={"interval": 1, "resume_step": -1})
     trainer = Trainer(cfg, tmp_path)
@@ -142,7 +142,8 @@ def test_resume_rewinds_trainer_metrics_and_refuses_other_shapes(make_cfg, tmp_p
 
 
 def test_a_megatron_checkpoint_is_refused_in_one_line(tmp_path):
-    from grpo.trainer.checkpoint import STATE_FILE, load_checkpoint
+    from grpo.trainer.checkpoint import STATE_FILE
+    from grpo.trainer.hf.checkpoint import load_checkpoint
     from grpo.utils.errors import UserError
 
     (tmp_path / STATE_FILE).write_text(json.dumps({"backend": "megatron", "step": 2, "world_size": 1}))

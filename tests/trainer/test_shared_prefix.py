@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-import grpo.trainer.model as trainer_model
+import grpo.trainer.hf.model as trainer_model
 from grpo.config.trainer import LossConfig
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.loss import LossSums
-from grpo.trainer.trainer import Trainer
+from grpo.trainer.hf.trainer import Trainer
 from grpo.transport.batch import PackedRow
 
 VOCAB = 500

@@ -11,7 +11,7 @@ from trainer_batches import distributed_test_batch, make_row
 
 from grpo.trainer import model as trainer_model
 from grpo.trainer.entry import run
-from grpo.trainer.trainer import Trainer
+from grpo.trainer.hf.trainer import Trainer
 from grpo.transport.batch import TrainingBatch
 from grpo.transport.batch_memory import memory_transport_pair
 from grpo.transport.batch_parts import PartSender

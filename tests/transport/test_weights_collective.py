@@ -590,8 +590,8 @@ def test_publish_sends_the_full_weights_the_served_model_expects_to_every_receiv
     from transformers import AutoModelForCausalLM
 
     from grpo.config.trainer import TrainerConfig
-    from grpo.trainer.model import Policy
-    from grpo.trainer.publish import publish_over_collective
+    from grpo.trainer.hf.model import Policy
+    from grpo.trainer.hf.publish import publish_over_collective
     from grpo.transport.weights_announce import read_collective_manifest
 
     causal_lm = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)

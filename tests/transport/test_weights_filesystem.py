@@ -8,7 +8,7 @@ from grpo.utils.atomic import publish_dir, staging_dir
 
 
 def _publish(run_dir: Path, version: int) -> None:
-    """Publish a version the way the trainer does (grpo.trainer.publish.publish_policy)."""
+    """Publish a version the way the trainer does (grpo.trainer.hf.publish.publish_policy)."""
     final = broadcast_dir(run_dir, version)
     staged = staging_dir(final)
     (staged / "adapter_config.json").write_text("{}")

@@ -7,7 +7,7 @@ dtypes first). Rank 0 renames them to HF names (global layer numbers) and writes
 filesystem transport gets an HF model folder: size-bounded safetensors files (at most
 BUCKET_BYTES each, with HF's index file when there are several: vLLM's update route loads one file
 at a time, so its transient memory is one bucket) and the checkpoint's config.json; the collective transport gets the tensors
-themselves (grpo.trainer.publish.publish_over_collective's sender).
+themselves (grpo.trainer.hf.publish.publish_over_collective's sender).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The layer spec is TransformerEngine's on CUDA where transformer_engine imports, else megatron-core's
 local spec (plain torch modules: what runs on CPU). Weights are held in the compute dtype (bf16
-where the hardware has it, see grpo.trainer.model.choose_dtype); with bf16, Megatron's optimizer
+where the hardware has it, see grpo.trainer.device.choose_dtype); with bf16, Megatron's optimizer
 keeps fp32 main weights, so updates do not round away.
 
 Forward runs the embedding and the decoder on the padded pieces grpo.trainer.packing builds, with

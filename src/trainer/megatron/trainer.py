@@ -1,4 +1,4 @@
-"""The Megatron trainer (`backend: megatron`): the same loop contract as grpo.trainer.trainer.Trainer.
+"""The Megatron trainer (`backend: megatron`): the same loop contract as grpo.trainer.hf.trainer.Trainer.
 
 grpo.trainer.entry.run drives either through the same methods (share_batch, train_step, publish,
 save_checkpoint, maybe_resume, close); metrics have the same names and meanings.
@@ -53,7 +53,7 @@ class MegatronTrainer:
         from grpo.trainer.megatron.optimizer import build_ddp_and_optimizer
         from grpo.trainer.megatron.parallel import init_model_parallel, silence_fallback_notices
         from grpo.trainer.megatron.preflight import check_megatron_start
-        from grpo.trainer.model import choose_dtype, resolve_device
+        from grpo.trainer.device import choose_dtype, resolve_device
 
         silence_fallback_notices()
         assert cfg.backend == "megatron" and not cfg.lora, "the config validator guarantees it"

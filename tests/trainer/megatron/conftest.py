@@ -16,7 +16,7 @@ def float32_compute(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both backends compute in float32 (this CPU would pick bf16), so they can agree to float32 tolerance."""
     import torch
 
-    monkeypatch.setattr("grpo.trainer.model.choose_dtype", lambda device: torch.float32)
+    monkeypatch.setattr("grpo.trainer.device.choose_dtype", lambda device: torch.float32)
 
 
 @pytest.fixture

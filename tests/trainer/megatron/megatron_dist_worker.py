@@ -169,7 +169,7 @@ def main(model_path: str, out_dir: Path, tp: int, pp: int, scenario: str) -> Non
 
     import torch
 
-    import grpo.trainer.model as model_module
+    import grpo.trainer.hf.model as model_module
 
     model_module.choose_dtype = lambda device: torch.float32  # type: ignore[assignment]
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -76,7 +76,7 @@ def test_a_resumed_run_takes_the_uninterrupted_runs_third_step(
     from grpo.trainer.megatron.trainer import MegatronTrainer
 
     # bf16 weights with fp32 main weights in the optimizer: both must come back.
-    monkeypatch.setattr("grpo.trainer.model.choose_dtype", lambda device: dtype)
+    monkeypatch.setattr("grpo.trainer.device.choose_dtype", lambda device: dtype)
     whole = MegatronTrainer(resume_cfg(tmp_path / "whole", use_distributed_optimizer), tmp_path / "whole")
     whole_metrics = _train(whole, range(3))
     whole_weights = whole.hf_state_dict()

@@ -10,16 +10,10 @@ import numpy as np
 import torch
 from trainer_batches import default_rows, on_policy_batch
 
-from grpo.trainer.checkpoint import (
-    OPTIMIZER_FILE,
-    STATE_FILE,
-    load_checkpoint,
-    rng_file,
-    rng_state,
-    set_rng_state,
-)
+from grpo.trainer.hf.checkpoint import OPTIMIZER_FILE, load_checkpoint
+from grpo.trainer.checkpoint import STATE_FILE, rng_file, rng_state, set_rng_state
 from grpo.trainer.distributed import balance_row_indices
-from grpo.trainer.trainer import Trainer
+from grpo.trainer.hf.trainer import Trainer
 
 
 def _draws() -> tuple[list[float], list[float], list[float]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.trainer.dequant import (
+from grpo.trainer.hf.dequant import (
     DequantBuffers,
     FP8BlockWeight,
     NF4Weight,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.trainer.model import build_policy
+from grpo.trainer.hf.model import build_policy
 from grpo.trainer.weights import BorrowedWeights, DiskWeights
 
 
@@ -70,7 +70,7 @@ def test_low_precision_formats_fail_at_start_without_a_capable_gpu(
 
 
 def test_qlora_fp8_is_weight_only_and_builds_without_an_fp8_gpu(make_cfg, tiny_model_path):
-    from grpo.trainer.quantized_base import quantized_linear_class
+    from grpo.trainer.hf.quantized_base import quantized_linear_class
 
     policy = build_policy(make_cfg(qlora_fp8=True), DiskWeights(tiny_model_path))
     q_proj = policy.causal_lm.get_submodule("model.layers.0.self_attn.q_proj")

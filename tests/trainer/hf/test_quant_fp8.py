@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.trainer.dequant import FP8BlockWeight, dequantize_fp8_block
-from grpo.trainer.model import Policy, build_policy
-from grpo.trainer.quantized_base import (
+from grpo.trainer.hf.dequant import FP8BlockWeight, dequantize_fp8_block
+from grpo.trainer.hf.model import Policy, build_policy
+from grpo.trainer.hf.quantized_base import (
     base_linear_bytes,
     decoder_linear_names,
     quantize_fp8_block,

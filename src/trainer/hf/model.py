@@ -9,7 +9,7 @@ each activation to fp32 and back (about a fifth of a CPU step) where autocast ca
 adapter matrices. One code path for CPU and CUDA.
 
 qlora_fp8 (and FP8 weights borrowed from the engine) keep the decoder linears as FP8 codes +
-128x128 block scales and dequantize them per matmul (grpo.trainer.quantized_base): weight-only,
+128x128 block scales and dequantize them per matmul (grpo.trainer.hf.quantized_base): weight-only,
 so it needs no FP8-capable GPU.
 """
 
@@ -99,50 +99,6 @@ class Policy:
         return hidden[torch.argsort(order)]
 
 
-def resolve_device(cfg: TrainerConfig) -> torch.device:
-    import torch
-
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("trainer device: cuda but no CUDA device is visible; use device: auto or cpu")
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if use_cuda else "cpu")
-
-
-def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
-    """Fail at start (not mid-run) when the recipe or quantization needs hardware that is absent.
-
-    qlora_fp8 is weight-only (FP8 storage, matmuls in bf16/fp32), so it runs on any device.
-    """
-    import torch
-
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    needs = []
-    if cfg.recipe == "fp8_hybrid":
-        needs.append(("recipe fp8_hybrid", (8, 9)))
-    if cfg.qlora_fp4:
-        needs.append(("qlora_fp4", (10, 0)))
-    if cfg.recipe == "nvfp4":
-        needs.append(("recipe nvfp4", (10, 0)))
-    for what, (major, minor) in needs:
-        if capability is None or capability < (major, minor):
-            found = f"SM{capability[0]}{capability[1]}" if capability else device.type.upper()
-            raise UserError(
-                f"{what} needs a CUDA GPU with compute capability SM{major}{minor}+, found {found}; "
-                "use recipe: bf16 with qlora_fp8 (weight-only FP8, any device), qlora_bnb (NF4) or plain LoRA"
-            )
-        raise UserError(
-            f"{what} is not implemented by this trainer yet; use recipe: bf16 with qlora_fp8, qlora_bnb or LoRA"
-        )
-
-
-def choose_dtype(device: torch.device) -> torch.dtype:
-    import torch
-
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
-
-
 def _borrowed_dtype(borrowed: Mapping[str, torch.Tensor]) -> torch.dtype:
     """Borrowed base weights are used as they are, so the trainer computes in the engine's dtype."""
     import torch
@@ -199,7 +155,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         kwargs["device_map"] = {"": device}
     causal_lm = AutoModelForCausalLM.from_pretrained(source.model_path, **kwargs)
     if cfg.qlora_fp8:
-        from grpo.trainer.quantized_base import quantize_base_linears_fp8
+        from grpo.trainer.hf.quantized_base import quantize_base_linears_fp8
 
         # On CPU before `.to(device)`: the GPU never holds the dense linears.
         num_quantized = quantize_base_linears_fp8(causal_lm, compute_dtype=dtype)
@@ -210,7 +166,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             dtype,
         )
     if borrowed_quantized:
-        from grpo.trainer.quantized_base import replace_linears
+        from grpo.trainer.hf.quantized_base import replace_linears
 
         replace_linears(causal_lm, dict(borrowed_quantized), compute_dtype=dtype)
     if borrowed:

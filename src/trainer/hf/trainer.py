@@ -40,7 +40,7 @@ from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
-    from grpo.trainer.model import Policy
+    from grpo.trainer.hf.model import Policy
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
     from grpo.transport.batch import PackedRow
@@ -72,7 +72,8 @@ class Trainer:
 
         from grpo.models.resolve import resolve_model
         from grpo.trainer.distributed import init_distributed
-        from grpo.trainer.model import build_policy, resolve_device
+        from grpo.trainer.hf.model import build_policy
+        from grpo.trainer.device import resolve_device
         from grpo.trainer.optim import build_optimizer, build_scheduler
         from grpo.trainer.weights import DiskWeights
 
@@ -95,7 +96,7 @@ class Trainer:
         self._sharded = self.dist is not None and not cfg.lora
         """Full-weight data parallel: FSDP2 shards the decoder layers and sums their gradients."""
         if self._sharded:
-            from grpo.trainer.distributed import shard_full_model
+            from grpo.trainer.hf.fsdp import shard_full_model
 
             shard_full_model(self.policy.causal_lm)
         self.params = self.policy.trainable_parameters()
@@ -260,7 +261,7 @@ class Trainer:
                 totals, num_tokens, num_sequence_tokens
             )
         if self._sharded:
-            from grpo.trainer.distributed import clip_mixed_gradients
+            from grpo.trainer.hf.fsdp import clip_mixed_gradients
 
             assert self.dist is not None
             grad_norm = clip_mixed_gradients(self.params, self.cfg.max_grad_norm, self.dist)
@@ -324,7 +325,8 @@ class Trainer:
     def _sum_over_ranks(
         self, totals: LossSums, num_tokens: int, num_sequence_tokens: int
     ) -> tuple[LossSums, int, int]:
-        from grpo.trainer.distributed import sum_floats, sum_gradients
+        from grpo.trainer.distributed import sum_floats
+        from grpo.trainer.hf.fsdp import sum_gradients
 
         assert self.dist is not None
         sum_gradients(self.params, self.dist)
@@ -357,11 +359,11 @@ class Trainer:
         (FSDP2 shards are gathered collectively) and rank 0 writes; the others get None."""
         import dataclasses
 
-        from grpo.trainer.publish import publish_over_collective, publish_policy
+        from grpo.trainer.hf.publish import publish_over_collective, publish_policy
 
         policy: Policy | None = self.policy
         if self._sharded:
-            from grpo.trainer.distributed import whole_model_copy
+            from grpo.trainer.hf.fsdp import whole_model_copy
 
             assert self.dist is not None
             whole = whole_model_copy(self.policy.causal_lm, self.dist)
@@ -376,7 +378,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the state after num_steps_done steps. Collective under torchrun (every rank)."""
-        from grpo.trainer.checkpoint import save_checkpoint
+        from grpo.trainer.hf.checkpoint import save_checkpoint
 
         return save_checkpoint(
             self.run_dir,
@@ -391,7 +393,8 @@ class Trainer:
     def maybe_resume(self) -> int:
         """Load the checkpoint ckpt.resume_step asks for (if any); return the next batch step.
         Collective under torchrun: rank 0 picks the step, every rank loads that checkpoint."""
-        from grpo.trainer.checkpoint import load_checkpoint, resume_step_and_folder
+        from grpo.trainer.hf.checkpoint import load_checkpoint
+        from grpo.trainer.checkpoint import resume_step_and_folder
 
         found = resume_step_and_folder(self.run_dir, self.cfg.ckpt.resume_step, self.dist)
         if found is None:

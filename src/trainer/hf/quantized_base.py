@@ -3,7 +3,7 @@
 `QuantizedLinear` replaces a decoder layer's `nn.Linear` once the model is loaded. It holds the
 quantized data (FP8 E4M3 + 128x128 block scales, or NF4 borrowed from an engine) as buffers and
 no dense weight; each forward and backward dequantizes into one buffer shared by every layer
-(grpo.trainer.dequant), so the trainer never holds more than one layer's dense weight.
+(grpo.trainer.hf.dequant), so the trainer never holds more than one layer's dense weight.
 
 It subclasses `nn.Linear` so PEFT's default LoRA dispatch wraps it like any linear. PEFT reads
 `weight` (device, sharding) and the adapters' dtype from `compute_dtype`. As in bitsandbytes'
@@ -21,7 +21,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from grpo.models.shape import LINEAR_MODULES
-from grpo.trainer.dequant import DequantBuffers, FP8BlockWeight, NF4Weight, dequant_linear
+from grpo.trainer.hf.dequant import DequantBuffers, FP8BlockWeight, NF4Weight, dequant_linear
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:

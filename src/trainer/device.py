@@ -1,0 +1,57 @@
+"""The trainer's device and compute dtype, and the precision checks made before anything loads:
+one choice for both backends."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from grpo.utils.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.config.trainer import TrainerConfig
+
+
+def resolve_device(cfg: TrainerConfig) -> torch.device:
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("trainer device: cuda but no CUDA device is visible; use device: auto or cpu")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if use_cuda else "cpu")
+
+
+def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
+    """Fail at start (not mid-run) when the recipe or quantization needs hardware that is absent.
+
+    qlora_fp8 is weight-only (FP8 storage, matmuls in bf16/fp32), so it runs on any device.
+    """
+    import torch
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    needs = []
+    if cfg.recipe == "fp8_hybrid":
+        needs.append(("recipe fp8_hybrid", (8, 9)))
+    if cfg.qlora_fp4:
+        needs.append(("qlora_fp4", (10, 0)))
+    if cfg.recipe == "nvfp4":
+        needs.append(("recipe nvfp4", (10, 0)))
+    for what, (major, minor) in needs:
+        if capability is None or capability < (major, minor):
+            found = f"SM{capability[0]}{capability[1]}" if capability else device.type.upper()
+            raise UserError(
+                f"{what} needs a CUDA GPU with compute capability SM{major}{minor}+, found {found}; "
+                "use recipe: bf16 with qlora_fp8 (weight-only FP8, any device), qlora_bnb (NF4) or plain LoRA"
+            )
+        raise UserError(
+            f"{what} is not implemented by this trainer yet; use recipe: bf16 with qlora_fp8, qlora_bnb or LoRA"
+        )
+
+
+def choose_dtype(device: torch.device) -> torch.dtype:
+    import torch
+
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
