@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plot import load_results, run_label
+from result_files import load_results, run_label
 
 
 def dtype_label(result: dict[str, Any]) -> str:

@@ -91,7 +91,7 @@ def run_layout(layout: str, model: str, prompt_tokens: int, num_steps: int) -> d
     from grpo.config.trainer import TrainerConfig
     from grpo.orchestrator.packer import pack_rollouts
     from grpo.trainer.hf.trainer import Trainer
-    from grpo.transport.batch import TrainingBatch
+    from grpo.transport.batches.batch import TrainingBatch
 
     torch.manual_seed(0)
     cfg = TrainerConfig(

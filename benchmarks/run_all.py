@@ -135,7 +135,7 @@ def component_rows(label: str) -> list[dict[str, Any]]:
 
 
 def e2e_rows(machine: str, tag: str) -> list[dict[str, Any]]:
-    from plot import load_results, run_label
+    from result_files import load_results, run_label
 
     rows = []
     for result in load_results(machine, tag):

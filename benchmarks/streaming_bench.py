@@ -42,7 +42,7 @@ from grpo.models.tiny import build_tiny_model
 from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.trainer.entry import run as run_trainer
-from grpo.transport.batch_memory import memory_transport_pair
+from grpo.transport.batches.memory import memory_transport_pair
 from grpo.utils.jsonl import read_jsonl
 
 

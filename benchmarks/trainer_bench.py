@@ -37,7 +37,7 @@ RESULTS = Path(__file__).parent / "results"
 def make_batch(step: int, num_rows: int, row_tokens: int, vocab: int):
     import numpy as np
 
-    from grpo.transport.batch import PackedRow, TrainingBatch, plain_parent_ids
+    from grpo.transport.batches.batch import PackedRow, TrainingBatch, plain_parent_ids
 
     rng = np.random.default_rng(step)
     rows = []

@@ -25,12 +25,12 @@ import numpy as np
 import safetensors
 import zmq
 
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.batch_filesystem import FilesystemBatchReceiver, FilesystemBatchSender
-from grpo.transport.batch_zmq import ZmqBatchReceiver, ZmqBatchSender
-from grpo.transport.interfaces import BatchReceiver, BatchSender
-from grpo.transport.synthetic import synthetic_batch
-from grpo.transport.wire import decode_batch, encode_batch
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.filesystem import FilesystemBatchReceiver, FilesystemBatchSender
+from grpo.transport.batches.interfaces import BatchReceiver, BatchSender
+from grpo.transport.batches.synthetic import synthetic_batch
+from grpo.transport.batches.wire import decode_batch, encode_batch
+from grpo.transport.batches.zmq_transport import ZmqBatchReceiver, ZmqBatchSender
 
 
 def _best_seconds(fn: Callable[[], object], repeats: int) -> float:

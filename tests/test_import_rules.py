@@ -48,6 +48,18 @@ WHY: dict[tuple[str, str], str] = {
 """The reason to print for a forbidden edge, where a more precise one than the table's exists."""
 
 
+PEERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "trainer": (frozenset({"hf", "megatron"}), frozenset({"entry"})),
+    "transport": (frozenset({"batches", "weights"}), frozenset()),
+}
+"""Package -> (its peer sub-packages, its shared modules that may import them). Peers never import each
+other, and the shared modules beside them import none of them, except the listed ones (trainer/entry.py
+picks the backend): a change inside one peer then touches only it and what is shared
+(docs/design.md, "Import rules")."""
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
 def reason(source: str, target: str) -> str:
     if (source, target) in WHY:
         return WHY[source, target]
@@ -194,3 +206,117 @@ def test_the_scan_sees_function_local_type_checking_and_relative_imports() -> No
         (10, "transport", "grpo.transport"),
         (11, "colocate", "grpo.colocate"),
     ]
+
+
+def peer_breaks() -> list[str]:
+    """Imports between peer sub-packages, or from a shared module into a peer, of PEERS' packages."""
+    broken = []
+    for file in sorted(SRC.rglob("*.py")):
+        here = module_parts(file)
+        for imp in grpo_imports_within(file):
+            package = here[1]
+            peers, choosers = PEERS[package]
+            target = imp.module.split(".")
+            if len(target) < 3 or target[2] not in peers:
+                continue
+            own = here[2] if len(here) > 2 and (here[2] in peers) else None
+            if own == target[2]:
+                continue
+            if own is None and len(here) > 2 and here[2] in choosers:
+                continue
+            where = f"src/{file.relative_to(SRC)}:{imp.line} imports {imp.module}"
+            if own is None:
+                broken.append(
+                    f"{where}: shared grpo.{package} modules import no {'/'.join(sorted(peers))} module"
+                )
+            else:
+                broken.append(
+                    f"{where}: grpo.{package}.{own} never imports its peer grpo.{package}.{target[2]}"
+                )
+    return broken
+
+
+def grpo_imports_within(file: Path, text: str | None = None) -> list[Import]:
+    """The `grpo.*` imports of `file` that stay inside its own PEERS package (skipped otherwise)."""
+    here = module_parts(file)
+    if len(here) < 2 or here[1] not in PEERS:
+        return []
+    tree = ast.parse(file.read_text() if text is None else text, filename=str(file))
+    package = here if file.name == "__init__.py" else here[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            # `from grpo.trainer import hf` imports peer hf; `from grpo.trainer.hf.model import x`, module hf.model.
+            modules = [f"{base}.{a.name}" for a in node.names] if base.count(".") < 2 else [base]
+        else:
+            continue
+        found += [
+            Import(file, node.lineno, here[1], here[1], m) for m in modules if m.split(".")[:2] == here[:2]
+        ]
+    return found
+
+
+def test_peer_sub_packages_never_import_each_other() -> None:
+    broken = peer_breaks()
+    assert not broken, "imports that break docs/design.md (Import rules, peers):\n" + "\n".join(broken)
+
+
+def test_the_peer_rule_sees_a_backend_importing_the_other() -> None:
+    # The rule above is only as good as this scan: it must see an hf module reaching into megatron.
+    here = SRC / "trainer" / "hf" / "example.py"
+    text = "def f():\n    from grpo.trainer.megatron.model import build_model\n"
+    imports = [i.module for i in grpo_imports_within(here, text)]
+    assert "grpo.trainer.megatron.model" in imports
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same tree it imports, at any depth of its syntax tree. An import of a
+    module's own ancestor package is left out: Python runs a package's __init__ before any of its
+    modules, so that edge is never a circle anyone wrote."""
+
+    def name_of(file: Path) -> str:
+        parts = [*([package] if package else []), *file.relative_to(root).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {name_of(f): f for f in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, file in files.items():
+        tree = ast.parse(file.read_text(), filename=str(file))
+        here = name.split(".") if file.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*here[: len(here) - node.level + 1], *([base] if base else [])])
+                # `from pkg import mod` imports module pkg.mod where one exists, else names of pkg.
+                modules = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for module in modules:
+                while module and module not in files:
+                    module = module.rpartition(".")[0]
+                if module and module != name and not name.startswith(module + "."):
+                    graph.setdefault(name, set()).add(module)
+    return graph
+
+
+@pytest.mark.parametrize("tree", ["src", "benchmarks"])
+def test_no_module_imports_itself_through_a_circle(tree: str) -> None:
+    graph = module_graph(SRC, ROOT) if tree == "src" else module_graph(BENCHMARKS, "")
+    cycle = find_cycle(graph)
+    assert cycle is None, (
+        f"import circle in {tree}/: {' -> '.join(cycle or [])}; move what both need to a module both import"
+    )
+
+
+def test_the_circle_scan_sees_a_circle_through_a_function_local_import(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from a import g\n")
+    assert find_cycle(module_graph(tmp_path, "")) in (["a", "b", "a"], ["b", "a", "b"])

@@ -14,7 +14,7 @@ from grpo.config.orchestrator import OrchestratorConfig
 
 if TYPE_CHECKING:
     from grpo.inference.client import InferenceClient
-    from grpo.transport.interfaces import BatchSender
+    from grpo.transport.batches.interfaces import BatchSender
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -40,7 +40,7 @@ def orch(
         from grpo.config.resolved import write_resolved_configs
         from grpo.inference.client import InferenceClient
         from grpo.models.resolve import resolve_model
-        from grpo.transport.factory import batch_sender_for
+        from grpo.transport.batches.factory import batch_sender_for
 
         if cfg.model.name is None:
             raise ConfigError(f"{config}: 'model.name' is required when grpo-orch runs on its own")

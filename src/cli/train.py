@@ -35,7 +35,7 @@ def train(
         from grpo.models.resolve import resolve_model
         from grpo.trainer.entry import find_run_dir, run
         from grpo.trainer.weights import DiskWeights
-        from grpo.transport.factory import batch_receiver_for
+        from grpo.transport.batches.factory import batch_receiver_for
 
         # Under torchrun only rank 0 talks to the orchestrator; the other ranks get their rows from it.
         is_rank_zero = int(os.environ.get("RANK", "0")) == 0

@@ -25,7 +25,7 @@ from grpo.utils.logging import get_logger
 if TYPE_CHECKING:
     import torch
 
-    from grpo.trainer.hf.dequant import FP8BlockWeight
+    from grpo.trainer.quantized_weights import FP8BlockWeight
 
 log = get_logger("colocate")
 

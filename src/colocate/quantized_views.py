@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from grpo.inference.name_map import FUSED_PARTS, fused_row_sizes, hf_name
 from grpo.models.shape import LINEAR_MODULES, ModelShape
-from grpo.trainer.hf.dequant import FP8BlockWeight
+from grpo.trainer.quantized_weights import FP8BlockWeight
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo.transport.weights_filesystem import broadcasts_dir
+from grpo.transport.weights.filesystem import broadcasts_dir
 from grpo.utils.logging import get_logger
 from grpo.utils.signals import interrupt_on_sigterm
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from grpo.inference.client import InferenceClient
     from grpo.inference.server import ServerThread
     from grpo.models.resolve import ResolvedModel
-    from grpo.transport.interfaces import BatchSender
+    from grpo.transport.batches.interfaces import BatchSender
 
 log = get_logger("colocate")
 
@@ -145,7 +145,7 @@ def _train_with_server(
     from grpo.inference.client import InferenceClient
     from grpo.trainer.entry import run as run_trainer
     from grpo.trainer.weights import BorrowedWeights
-    from grpo.transport.batch_memory import memory_transport_pair
+    from grpo.transport.batches.memory import memory_transport_pair
     from grpo.utils.progress import StepDisplay, install
 
     # A Megatron trainer trains its own copy of every weight: nothing to borrow.

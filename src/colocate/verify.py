@@ -15,7 +15,7 @@ from grpo.utils.errors import UserError
 if TYPE_CHECKING:
     import torch
 
-    from grpo.trainer.hf.dequant import FP8BlockWeight
+    from grpo.trainer.quantized_weights import FP8BlockWeight
 
 NUM_CHECKED = 4
 

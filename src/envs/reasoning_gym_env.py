@@ -63,7 +63,7 @@ def check_task_args(task: str, task_args: dict[str, Any], seed: int = 0) -> dict
     converted to the config's field types. Raises UserError naming the key and the fix."""
     import reasoning_gym.factory
 
-    from grpo.envs.loading import check_args
+    from grpo.envs.args import check_args
 
     where = f"reasoning-gym:{task}"
     names = _dataset_names()

@@ -35,7 +35,7 @@ from grpo.inference.recovery import ServerDownError, ServerLostError, ServerReco
 from grpo.inference.retry import ServerLeftError, TransientServerError, backoff_s, server_gone
 from grpo.inference.streaming import StreamStatusError, stream_completions
 from grpo.inference.types import Completion, GenerateRequest
-from grpo.transport.weights_announce import read_collective_manifest
+from grpo.transport.weights.announce import read_collective_manifest
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 

@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 from grpo.config.inference import InferenceConfig
+from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
 from grpo.inference.vllm_compat import app as vllm_app
 from grpo.inference.vllm_compat.version import check_vllm_version, parse_server_args
-from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
 from grpo.inference.weight_routes import WeightRouteRules, add_weight_routes
 from grpo.utils.logging import get_logger
 from grpo.utils.signals import interrupt_on_sigterm

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.inference.vllm_compat import cpu_weights
 from grpo.inference.weight_handles import export_record
-from grpo.transport.weights_collective import DEFAULT_SECRET_ENV
+from grpo.transport.weights.collective import DEFAULT_SECRET_ENV
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +88,7 @@ class WorkerExtension:
         version it last saw). One collective session per version (docs/multi_node.md);
         TimeoutError naming the missing ranks after `timeout` s.
         """
-        from grpo.transport.weights_collective import CollectiveWeightReceiver
+        from grpo.transport.weights.collective import CollectiveWeightReceiver
 
         if version <= getattr(self, "_grpo_collective_version", 0):
             return 0

@@ -25,7 +25,7 @@ from typing import Any
 from grpo.config.orchestrator import CheckpointConfig
 from grpo.orchestrator.report import METRICS_FILE
 from grpo.transport.run_dir import TRAINER_METRICS_FILE, complete_trainer_checkpoints, trainer_checkpoint_root
-from grpo.transport.weights_filesystem import broadcasts_dir
+from grpo.transport.weights.filesystem import broadcasts_dir
 from grpo.utils.atomic import publish_dir, staging_dir, step_dirs, write_json_atomic
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import drop_metrics_from

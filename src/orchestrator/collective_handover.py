@@ -3,8 +3,8 @@ before it leaves.
 
 (A restart never repeats a delivered batch: both batch transports keep that promise themselves. The
 filesystem sender skips steps below the trainer's committed step and folders already STABLE, see
-grpo.transport.batch_filesystem; the zmq sender keeps every uncommitted batch in its spool, see
-grpo.transport.batch_zmq.)
+grpo.transport.batches.filesystem; the zmq sender keeps every uncommitted batch in its spool, see
+grpo.transport.batches.zmq_transport.)
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ async def deliver_last_collective_policy(
     Receiving is idempotent (the worker skips a version it runs), so asking again is harmless.
     The final policy (max_steps) is written to disk by the trainer and needs nobody.
     """
-    from grpo.transport.weights_filesystem import broadcast_dir, latest_broadcast
+    from grpo.transport.weights.filesystem import broadcast_dir, latest_broadcast
 
     if cfg.weight_broadcast.type != "nccl" or cfg.model.lora_adapter is not None or cfg.max_steps is None:
         return

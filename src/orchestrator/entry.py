@@ -10,7 +10,7 @@ from grpo.envs.loading import load_environment
 from grpo.inference.types import RolloutClient
 from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.tokenizer import ChatTokenizer
-from grpo.transport.interfaces import BatchSender
+from grpo.transport.batches.interfaces import BatchSender
 
 
 async def run(

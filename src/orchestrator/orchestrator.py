@@ -9,7 +9,7 @@ that no batch could accept. At most batch_size * oversampling_factor rollouts ar
 The main coroutine fills batch n with the freshest finished groups first (dropping ones more than
 max_off_policy_steps policies old, or that carry no signal), computes advantages, applies filters, packs, and hands the batch to the
 sender in a worker thread while generation carries on; with streaming.groups_per_part it does so for
-each part of that many groups as soon as they have finished (grpo.transport.batch_parts). With eval
+each part of that many groups as soon as they have finished (grpo.transport.batches.parts). With eval
 configured, once the last batch is sent it waits for the final policy (max_steps) to reach inference
 and evaluates it.
 """
@@ -37,8 +37,8 @@ from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_accept
 from grpo.orchestrator.step_batch import build_batch, pack_metrics, rollout_metrics
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Group, Rollout
-from grpo.transport.batch_parts import PartSender
-from grpo.transport.interfaces import BatchSender
+from grpo.transport.batches.interfaces import BatchSender
+from grpo.transport.batches.parts import PartSender
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")

@@ -23,7 +23,7 @@ import numpy as np
 
 from grpo.orchestrator.prefix_tree import build_prefix_trees
 from grpo.orchestrator.types import Rollout
-from grpo.transport.batch import PackedRow, concat_parent_ids, plain_parent_ids
+from grpo.transport.batches.batch import PackedRow, concat_parent_ids, plain_parent_ids
 
 
 @dataclass

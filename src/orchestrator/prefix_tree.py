@@ -3,7 +3,7 @@
 Every rollout of a GRPO group repeats its prompt, and with long prompts (agent briefs, tool
 specifications) most of a step's tokens are copies. Here samples are merged into prefix trees: a
 trie over each sample's leading tokens, emitted depth-first into one row, every token recording its
-parent (grpo.transport.batch: `parent_ids`). The trainer attends along parent chains only, so every
+parent (grpo.transport.batches.batch: `parent_ids`). The trainer attends along parent chains only, so every
 completion sees exactly its own prompt and the forward and backward of the prompt run once.
 
 Only tokens that carry no loss are shared, and only where every per-token field agrees (id, and the

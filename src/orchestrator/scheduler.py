@@ -29,7 +29,7 @@ from pathlib import Path
 from grpo.inference.types import RolloutClient
 from grpo.orchestrator.partial import UpdateGate
 from grpo.orchestrator.types import Group
-from grpo.transport.weights_filesystem import NOISY_NORMS_FILE, broadcast_dir, broadcasts_dir
+from grpo.transport.weights.filesystem import NOISY_NORMS_FILE, broadcast_dir, broadcasts_dir
 from grpo.utils.atomic import STABLE
 from grpo.utils.logging import get_logger
 

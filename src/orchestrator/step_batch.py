@@ -20,7 +20,7 @@ from grpo.orchestrator.filters import apply_filters
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.partial import partial_metrics
 from grpo.orchestrator.types import Group, Rollout
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 
 
 def build_batch(

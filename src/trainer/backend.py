@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
-    from grpo.transport.batch import TrainingBatch
+    from grpo.transport.batches.batch import TrainingBatch
 
 
 class TrainerBackend(Protocol):

@@ -30,16 +30,13 @@ from grpo.transport.run_dir import TRAINER_METRICS_FILE as METRICS_FILE
 from grpo.transport.run_dir import complete_trainer_checkpoints as complete_checkpoints
 from grpo.transport.run_dir import trainer_checkpoint_dir as checkpoint_dir
 from grpo.transport.run_dir import trainer_checkpoint_root as checkpoint_root
-from grpo.utils.atomic import publish_dir, staging_dir
+from grpo.utils.atomic import publish_dir
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
-    import torch
-
     from grpo.trainer.distributed import DistContext
-    from grpo.trainer.hf.model import Policy
 
 log = get_logger("trainer")
 

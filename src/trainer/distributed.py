@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grpo.trainer.rank_zero_gate import RankZeroGate
-from grpo.transport.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
-from grpo.utils.errors import UserError
+from grpo.transport.batches.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
 
 if TYPE_CHECKING:
     import torch
@@ -240,5 +239,3 @@ def same_on_every_rank(values: list[int], ctx: DistContext) -> bool:
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     return bool(torch.equal(low, high))
-
-

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from grpo.trainer.backend import TrainerBackend
     from grpo.trainer.hf.trainer import Trainer
     from grpo.trainer.weights import BaseWeightSource
-    from grpo.transport.batch import TrainingBatch
-    from grpo.transport.batch_parts import PartReceiver
-    from grpo.transport.interfaces import BatchReceiver
+    from grpo.transport.batches.batch import TrainingBatch
+    from grpo.transport.batches.interfaces import BatchReceiver
+    from grpo.transport.batches.parts import PartReceiver
 
 log = get_logger("trainer")
 
@@ -75,10 +75,10 @@ def run(
     """Train until max_steps batches are done (or `stop` is set); resume per cfg.ckpt.resume_step.
 
     Under torchrun only rank 0 receives batches (others pass receiver=None) and shares each one.
-    `num_parts` > 1 (orch streaming): each step arrives in that many parts (grpo.transport.batch_parts),
+    `num_parts` > 1 (orch streaming): each step arrives in that many parts (grpo.transport.batches.parts),
     trained as they come; the optimizer steps after the last (single process only: config checks).
     """
-    from grpo.transport.batch_parts import PartReceiver
+    from grpo.transport.batches.parts import PartReceiver
 
     over_collective = uses_collective(cfg)
     trainer = build_trainer(cfg, run_dir, base_weights)

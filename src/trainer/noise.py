@@ -1,7 +1,7 @@
 """QeRL noise: Gaussian noise on the inference copy of the RMSNorm weights, decaying over training.
 
 The trainer never trains on noisy weights; it publishes noisy copies of the norms next to each
-adapter or full-weight policy (grpo.transport.weights_filesystem.NOISY_NORMS_FILE; the Megatron
+adapter or full-weight policy (grpo.transport.weights.filesystem.NOISY_NORMS_FILE; the Megatron
 backend draws them once, on rank 0, from the gathered HF-named weights), and the orchestrator has the servers
 apply them after loading that policy (grpo.orchestrator.scheduler.PolicyTracker.load).
 """
@@ -71,10 +71,10 @@ def noisy_copies(norms: dict[str, torch.Tensor], sigma: float, seed: int) -> dic
 
 def write_noisy_norms(norms: dict[str, torch.Tensor], cfg: TrainerConfig, version: int, folder: Path) -> None:
     """Policy `version`'s noisy norms (sigma from cfg.noise_scheduler, seed cfg.seed + version) into
-    `folder` (grpo.transport.weights_filesystem.NOISY_NORMS_FILE), for the orchestrator to apply."""
+    `folder` (grpo.transport.weights.filesystem.NOISY_NORMS_FILE), for the orchestrator to apply."""
     from safetensors.torch import save_file
 
-    from grpo.transport.weights_filesystem import NOISY_NORMS_FILE
+    from grpo.transport.weights.filesystem import NOISY_NORMS_FILE
 
     sigma = noise_sigma(cfg.noise_scheduler, version, cfg.max_steps)
     tensors = noisy_copies(norms, sigma, seed=cfg.seed + version)

@@ -1,7 +1,7 @@
 """Trainer-side packing: PackedRows -> model inputs with attention along each token's parent chain.
 
 The rows of one micro-batch are concatenated into a single [T] token stream. Every token attends to
-itself and its ancestors (grpo.transport.batch: `parent_ids`), which is causal attention within a
+itself and its ancestors (grpo.transport.batches.batch: `parent_ids`), which is causal attention within a
 sample for plain rows and prefix-tree attention for shared-prefix rows.
 
 With flash-attention (CUDA) and plain rows, transformers derives the varlen boundaries from
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from grpo.transport.batch import PackedRow, concat_parent_ids
+from grpo.transport.batches.batch import PackedRow, concat_parent_ids
 
 if TYPE_CHECKING:
     import torch

@@ -7,7 +7,7 @@ folder and moved into place with STABLE written last; old versions are pruned so
 orchestrator may still sample from (max_async_level + 1 newest) stay on disk.
 
 Full weights over a collective (`weight_broadcast.type: nccl`, see docs/multi_node.md): the
-folder holds only an announcement (grpo.transport.weights_announce), then the trainer opens a
+folder holds only an announcement (grpo.transport.weights.announce), then the trainer opens a
 fresh session on weight_broadcast.host:port as rank 0, waits up to weight_broadcast.timeout for
 its weight_broadcast.num_servers inference servers to join and prove the secret in
 weight_broadcast.secret_env, broadcasts the state dict and closes the session. One session per
@@ -20,22 +20,21 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo.transport.weights_filesystem import broadcast_dir
+from grpo.transport.weights.filesystem import broadcast_dir
 from grpo.utils.atomic import publish_dir, staging_dir, step_dirs
 
 if TYPE_CHECKING:
     import torch
 
     from grpo.config.trainer import TrainerConfig
-    from grpo.trainer.hf.model import Policy
 
 
 def send_over_collective(
     tensors: list[tuple[str, torch.Tensor]], cfg: TrainerConfig, run_dir: Path, version: int
 ) -> Path:
     """publish_over_collective for HF-named full weights from any backend."""
-    from grpo.transport.weights_announce import write_collective_manifest
-    from grpo.transport.weights_collective import CollectiveWeightSender
+    from grpo.transport.weights.announce import write_collective_manifest
+    from grpo.transport.weights.collective import CollectiveWeightSender
 
     wb = cfg.weight_broadcast
     assert wb.type == "nccl", "the collective path needs weight_broadcast type nccl"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from grpo.trainer.hf.dequant import FP8BlockWeight, NF4Weight
+    from grpo.trainer.quantized_weights import FP8BlockWeight, NF4Weight
 
 
 class BaseWeightSource(Protocol):

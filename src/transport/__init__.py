@@ -1,9 +1,10 @@
-"""How data crosses component boundaries: training batches (orchestrator -> trainer) and policy
-weights (trainer -> inference).
+"""How data crosses component boundaries, one folder per concern.
 
-Batches: `factory.batch_sender_for` / `factory.batch_receiver_for` pick `batch_filesystem` or
-`batch_zmq` from the config; both cross process boundaries as one safetensors blob (`wire`).
-Co-located runs pass batches in memory (`batch_memory`). Weights: `weights_filesystem`
-(broadcast folders + STABLE) and `weights_collective` (torch.distributed, NCCL or gloo). Nothing
-here imports torch at import time.
+batches/ (orchestrator -> trainer): `batches.factory.batch_sender_for` / `batch_receiver_for` pick the
+filesystem or zmq transport from the config; both cross process boundaries as one safetensors blob
+(`batches.wire`). Co-located runs pass batches in memory (`batches.memory`).
+weights/ (trainer -> inference): broadcast folders + STABLE (`weights.filesystem`) or a
+torch.distributed collective, NCCL or gloo (`weights.collective`, announced by `weights.announce`).
+run_dir.py: the trainer's part of the run directory the orchestrator reads. Nothing here imports
+torch at import time.
 """

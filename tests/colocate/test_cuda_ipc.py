@@ -42,7 +42,8 @@ def test_borrowed_cuda_weights_are_the_exporters_memory() -> None:
     import torch
 
     from grpo.inference.weight_handles import rebuild_tensor
-    from grpo.trainer.hf.dequant import FP8BlockWeight, NF4Weight, dequantize_fp8_block, dequantize_nf4
+    from grpo.trainer.hf.dequant import dequantize_fp8_block, dequantize_nf4
+    from grpo.trainer.quantized_weights import FP8BlockWeight, NF4Weight
 
     exporter = subprocess.Popen(
         [sys.executable, "-c", EXPORTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True

@@ -94,7 +94,7 @@ def test_trainer_trains_lora_on_the_engines_fp8_weights(fp8_engine: Any, tiny_mo
         got = policy.model(input_ids=input_ids).logits.float()
     assert (
         got - reference
-    ).norm() / reference.norm() < 0.08  # E4M3 rounding: see tests/trainer/test_quant_fp8.py
+    ).norm() / reference.norm() < 0.08  # E4M3 rounding: see tests/trainer/hf/test_quant_fp8.py
 
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
     losses = []

@@ -6,8 +6,9 @@ import torch
 
 from grpo.colocate.quantized_views import borrowable_fp8_linears
 from grpo.models.shape import ModelShape
-from grpo.trainer.hf.dequant import FP8BlockWeight, dequantize_fp8_block
+from grpo.trainer.hf.dequant import dequantize_fp8_block
 from grpo.trainer.hf.quantized_base import quantize_fp8_block
+from grpo.trainer.quantized_weights import FP8BlockWeight
 
 # SmolLM2-135M's attention: q has 576 rows (4.5 tiles of 128), so k starts mid-tile.
 SHAPE = ModelShape(

@@ -13,7 +13,7 @@ import numpy as np
 
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.orchestrator.tokenizer import ChatTokenizer
-from grpo.transport.batch import PackedRow, TrainingBatch
+from grpo.transport.batches.batch import PackedRow, TrainingBatch
 from grpo.utils.atomic import publish_dir, staging_dir
 
 VERSION_TOKEN_BASE = 1000

@@ -6,7 +6,7 @@ from orchestrator_fakes import sequence_indices
 
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
-from grpo.transport.batch import PackedRow
+from grpo.transport.batches.batch import PackedRow
 
 
 def _rollout(prompt: list[int], completion: list[int], mask: list[bool] | None = None, **kw) -> Rollout:

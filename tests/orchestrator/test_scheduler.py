@@ -7,7 +7,7 @@ import pytest
 from orchestrator_fakes import FakeClient
 
 from grpo.orchestrator.scheduler import PolicyTracker, is_acceptable, newest_stable, required_policy
-from grpo.transport.weights_filesystem import NOISY_NORMS_FILE
+from grpo.transport.weights.filesystem import NOISY_NORMS_FILE
 from grpo.utils.atomic import mark_stable
 
 

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.batch_memory import memory_transport_pair
-from grpo.transport.batch_parts import PartReceiver
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.memory import memory_transport_pair
+from grpo.transport.batches.parts import PartReceiver
 from grpo.utils.atomic import publish_dir, staging_dir
 from grpo.utils.jsonl import read_jsonl
 

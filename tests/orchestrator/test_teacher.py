@@ -11,7 +11,7 @@ from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokeni
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 
 
 def teacher_logprob(prefix: list[int], token: int) -> float:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from torchrun_launch import run_under_torchrun
 from trainer_batches import distributed_test_batch, distributed_test_cfg, make_row
 
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 
 NUM_STEPS = 4
 STOP_AT = 2

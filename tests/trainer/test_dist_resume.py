@@ -14,8 +14,8 @@ from dist_worker import NUM_STEPS, STOP_AT, launch, run_batch, run_cfg
 from safetensors.torch import load_file
 from trainer_batches import distributed_test_batch
 
-from grpo.trainer.hf.checkpoint import OPTIMIZER_FILE, TRAINABLE_FILE, load_checkpoint
 from grpo.trainer.checkpoint import STATE_FILE, checkpoint_dir, complete_checkpoints, rng_file
+from grpo.trainer.hf.checkpoint import OPTIMIZER_FILE, TRAINABLE_FILE, load_checkpoint
 from grpo.trainer.hf.trainer import Trainer
 from grpo.utils.atomic import is_stable
 from grpo.utils.jsonl import read_jsonl

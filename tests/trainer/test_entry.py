@@ -10,8 +10,8 @@ import pytest
 from trainer_batches import default_rows
 
 from grpo.trainer.entry import _receive, find_run_dir, run
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.batch_parts import PartReceiver
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.parts import PartReceiver
 
 
 def _make_run(path, mtime=None):

@@ -7,11 +7,11 @@ import pytest
 import torch
 from trainer_batches import make_row
 
-from grpo.trainer.logprobs import every_token_logprobs
 from grpo.trainer.hf.model import build_policy
+from grpo.trainer.logprobs import every_token_logprobs
 from grpo.trainer.packing import build_micro_batch, tree_attention_mask
 from grpo.trainer.weights import DiskWeights
-from grpo.transport.batch import plain_parent_ids
+from grpo.transport.batches.batch import plain_parent_ids
 
 
 def test_plain_rows_attend_causally_within_each_sample_only():

@@ -25,7 +25,7 @@ sys.path.insert(0, sys.argv[3])
 from trainer_batches import make_row
 from grpo.config.trainer import TrainerConfig
 from grpo.trainer.entry import run
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 
 cfg = TrainerConfig(**json.loads(sys.argv[1]))
 block_at = int(sys.argv[2])

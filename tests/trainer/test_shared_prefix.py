@@ -17,9 +17,9 @@ import grpo.trainer.hf.model as trainer_model
 from grpo.config.trainer import LossConfig
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
-from grpo.trainer.loss import LossSums
 from grpo.trainer.hf.trainer import Trainer
-from grpo.transport.batch import PackedRow
+from grpo.trainer.loss import LossSums
+from grpo.transport.batches.batch import PackedRow
 
 VOCAB = 500
 
@@ -171,7 +171,7 @@ def test_masks_of_the_default_loss_are_triggered_by_the_random_batches(make_cfg,
 
 
 def test_a_training_step_on_shared_rows_reports_whole_sequence_tokens(make_cfg, tmp_path):
-    from grpo.transport.batch import TrainingBatch
+    from grpo.transport.batches.batch import TrainingBatch
 
     rollouts = random_rollouts(4)
     shared, stats = pack_rollouts(rollouts, 512, share_prefixes=True)

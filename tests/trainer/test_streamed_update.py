@@ -12,9 +12,9 @@ from trainer_batches import distributed_test_batch, make_row
 from grpo.trainer import model as trainer_model
 from grpo.trainer.entry import run
 from grpo.trainer.hf.trainer import Trainer
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.batch_memory import memory_transport_pair
-from grpo.transport.batch_parts import PartSender
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.memory import memory_transport_pair
+from grpo.transport.batches.parts import PartSender
 
 _LOSS = {"token_mask_low": 0.0, "geo_mask_low": 0.0, "sequence_mask_high": 1e30, "token_mask_high": 1e30}
 _ADAM_EPSILON = 1e-3

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo.transport.batch import PackedRow, TrainingBatch, plain_parent_ids
+from grpo.transport.batches.batch import PackedRow, TrainingBatch, plain_parent_ids
 
 
 def make_row(

@@ -7,8 +7,8 @@ import sys
 def test_transport_modules_do_not_import_torch_at_import_time() -> None:
     code = (
         "import sys\n"
-        "import grpo.transport.factory, grpo.transport.batch_zmq, grpo.transport.batch_filesystem\n"
-        "import grpo.transport.weights_filesystem, grpo.transport.weights_collective\n"
+        "import grpo.transport.batches.factory, grpo.transport.batches.zmq_transport, grpo.transport.batches.filesystem\n"
+        "import grpo.transport.weights.filesystem, grpo.transport.weights.collective\n"
         "print('torch' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 KEEP_DENSE_WEIGHTS_ENV = "GRPO_KEEP_DENSE_WEIGHTS"
 """Set to 1 in the engine's environment to keep dense linear weights as parameters on CPU."""
 
+
 def worker_model(worker: Any) -> torch.nn.Module:
     """The nn.Module a vLLM worker runs."""
     model: torch.nn.Module = worker.model_runner.model

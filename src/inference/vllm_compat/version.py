@@ -51,4 +51,3 @@ def parse_server_args(argv: list[str]) -> argparse.Namespace:
     args = make_server_arg_parser().parse_args(argv)
     validate_parsed_serve_args(args)
     return args
-

@@ -26,6 +26,7 @@ from grpo.trainer.checkpoint import (
     publish_checkpoint,
     restore_process_state,
 )
+from grpo.utils.atomic import staging_dir
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo.trainer.device import check_precision_support, choose_dtype, resolve_device
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.trainer.publish import prune_step_dirs, send_over_collective
-from grpo.transport.weights_filesystem import broadcast_dir
+from grpo.transport.weights.filesystem import broadcast_dir
 from grpo.utils.atomic import publish_dir, staging_dir
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from grpo.models.shape import LINEAR_MODULES
-from grpo.trainer.hf.dequant import DequantBuffers, FP8BlockWeight, NF4Weight, dequant_linear
+from grpo.trainer.hf.dequant import DequantBuffers, dequant_linear
+from grpo.trainer.quantized_weights import FP8BlockWeight, NF4Weight
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:

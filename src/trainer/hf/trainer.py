@@ -34,7 +34,7 @@ import numpy as np
 from grpo.trainer.loss import LossSums, loss_of_tokens
 from grpo.trainer.packing import split_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from grpo.trainer.hf.model import Policy
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
-    from grpo.transport.batch import PackedRow
+    from grpo.transport.batches.batch import PackedRow
 
 log = get_logger("trainer")
 
@@ -71,9 +71,9 @@ class Trainer:
         import torch
 
         from grpo.models.resolve import resolve_model
+        from grpo.trainer.device import resolve_device
         from grpo.trainer.distributed import init_distributed
         from grpo.trainer.hf.model import build_policy
-        from grpo.trainer.device import resolve_device
         from grpo.trainer.optim import build_optimizer, build_scheduler
         from grpo.trainer.weights import DiskWeights
 
@@ -393,8 +393,8 @@ class Trainer:
     def maybe_resume(self) -> int:
         """Load the checkpoint ckpt.resume_step asks for (if any); return the next batch step.
         Collective under torchrun: rank 0 picks the step, every rank loads that checkpoint."""
-        from grpo.trainer.hf.checkpoint import load_checkpoint
         from grpo.trainer.checkpoint import resume_step_and_folder
+        from grpo.trainer.hf.checkpoint import load_checkpoint
 
         found = resume_step_and_folder(self.run_dir, self.cfg.ckpt.resume_step, self.dist)
         if found is None:

@@ -155,7 +155,7 @@ def publish_full_weights(
 ) -> Path:
     """Write (or announce and send) policy `version` as grpo.trainer.publish does for the HF backend."""
     from grpo.trainer.publish import prune_step_dirs
-    from grpo.transport.weights_filesystem import broadcast_dir
+    from grpo.transport.weights.filesystem import broadcast_dir
     from grpo.utils.atomic import publish_dir, staging_dir
 
     if over_collective:

@@ -25,7 +25,7 @@ import numpy as np
 from grpo.trainer.loss import LossSums, loss_of_tokens
 from grpo.trainer.packing import split_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from grpo.trainer.megatron.model import MegatronModel
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
-    from grpo.transport.batch import PackedRow
+    from grpo.transport.batches.batch import PackedRow
 
 log = get_logger("trainer")
 
@@ -48,12 +48,12 @@ class MegatronTrainer:
         import torch
 
         from grpo.models.resolve import resolve_model
+        from grpo.trainer.device import choose_dtype, resolve_device
         from grpo.trainer.distributed import init_distributed
         from grpo.trainer.megatron.model import build_model
         from grpo.trainer.megatron.optimizer import build_ddp_and_optimizer
         from grpo.trainer.megatron.parallel import init_model_parallel, silence_fallback_notices
         from grpo.trainer.megatron.preflight import check_megatron_start
-        from grpo.trainer.device import choose_dtype, resolve_device
 
         silence_fallback_notices()
         assert cfg.backend == "megatron" and not cfg.lora, "the config validator guarantees it"

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.trainer.hf.dequant import (
-    DequantBuffers,
-    FP8BlockWeight,
-    NF4Weight,
-    dequant_linear,
-    dequantize_fp8_block,
-    dequantize_nf4,
-)
+from grpo.trainer.hf.dequant import DequantBuffers, dequant_linear, dequantize_fp8_block, dequantize_nf4
+from grpo.trainer.quantized_weights import FP8BlockWeight, NF4Weight
 
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from trainer_batches import default_rows, on_policy_batch
 
-from grpo.trainer.hf.checkpoint import OPTIMIZER_FILE, load_checkpoint
 from grpo.trainer.checkpoint import STATE_FILE, rng_file, rng_state, set_rng_state
 from grpo.trainer.distributed import balance_row_indices
+from grpo.trainer.hf.checkpoint import OPTIMIZER_FILE, load_checkpoint
 from grpo.trainer.hf.trainer import Trainer
 
 

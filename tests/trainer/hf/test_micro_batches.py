@@ -6,8 +6,8 @@ import torch
 from trainer_batches import distributed_test_batch
 
 from grpo.trainer import model as trainer_model
-from grpo.trainer.packing import split_micro_batches
 from grpo.trainer.hf.trainer import Trainer
+from grpo.trainer.packing import split_micro_batches
 
 
 def _step_gradients(make_cfg, tmp_path, **overrides) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.trainer.hf.dequant import FP8BlockWeight, dequantize_fp8_block
+from grpo.trainer.hf.dequant import dequantize_fp8_block
 from grpo.trainer.hf.model import Policy, build_policy
 from grpo.trainer.hf.quantized_base import (
     base_linear_bytes,
@@ -15,6 +15,7 @@ from grpo.trainer.hf.quantized_base import (
     quantize_fp8_block,
     quantized_linear_class,
 )
+from grpo.trainer.quantized_weights import FP8BlockWeight
 from grpo.trainer.weights import DiskWeights
 
 # E4M3 keeps 3 mantissa bits: round-to-nearest moves a weight by at most 2^-4 of its magnitude,

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from trainer_batches import default_rows, make_row, on_policy_batch, reference_batch, reference_logprobs
 
 from grpo.trainer.hf.trainer import Trainer
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.atomic import is_stable
 from grpo.utils.jsonl import read_jsonl
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from torchrun_launch import run_under_torchrun
 from trainer_batches import make_row
 
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig

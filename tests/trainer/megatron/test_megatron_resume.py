@@ -18,7 +18,7 @@ pytest.importorskip("megatron.core", reason="needs the megatron extra (pip insta
 from trainer_batches import make_row
 
 from grpo.config.trainer import TrainerConfig
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import read_jsonl
 

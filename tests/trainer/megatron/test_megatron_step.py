@@ -38,8 +38,8 @@ def test_one_megatron_update_equals_the_hf_backends_full_update(
     megatron_cfg: Callable[..., TrainerConfig],
     tmp_path: Path,
 ) -> None:
-    from grpo.trainer.megatron.trainer import MegatronTrainer
     from grpo.trainer.hf.trainer import Trainer
+    from grpo.trainer.megatron.trainer import MegatronTrainer
 
     # Adam's first step moves every weight by about lr * g / (|g| + eps): with eps 1e-8 a gradient
     # entry at float32 noise level (1e-9) moves its weight by a sizeable part of lr, whichever
@@ -81,8 +81,8 @@ def test_activation_recomputation_changes_no_number_of_the_step(
     megatron_cfg: Callable[..., TrainerConfig],
     tmp_path: Path,
 ) -> None:
-    from grpo.trainer.megatron.trainer import MegatronTrainer
     from grpo.trainer.hf.trainer import Trainer
+    from grpo.trainer.megatron.trainer import MegatronTrainer
 
     hf = Trainer(make_cfg(model=str(tiny_llama_tp2_path), lora=False), tmp_path / "hf")
     batch = _batch(hf)
@@ -129,8 +129,8 @@ def test_loss_variants_update_as_the_hf_backend_does(
     megatron_cfg: Callable[..., TrainerConfig],
     tmp_path: Path,
 ) -> None:
-    from grpo.trainer.megatron.trainer import MegatronTrainer
     from grpo.trainer.hf.trainer import Trainer
+    from grpo.trainer.megatron.trainer import MegatronTrainer
 
     common = {
         "model": str(tiny_llama_tp2_path),

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from grpo.transport.batch import PackedRow, TrainingBatch
-from grpo.transport.synthetic import synthetic_batch
-from grpo.transport.wire import WIRE_FORMAT, WIRE_VERSION, _checksum, decode_batch, encode_batch
+from grpo.transport.batches.batch import PackedRow, TrainingBatch
+from grpo.transport.batches.synthetic import synthetic_batch
+from grpo.transport.batches.wire import WIRE_FORMAT, WIRE_VERSION, _checksum, decode_batch, encode_batch
 
 
 def _set(field: str, index: int, value: float) -> Callable[[PackedRow], None]:

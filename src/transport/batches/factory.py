@@ -1,7 +1,7 @@
 """Pick a batch transport implementation by kind, or straight from a config.
 
 Only the kinds a config can name: co-located runs pair their in-process transport themselves
-(grpo.transport.batch_memory.memory_transport_pair).
+(grpo.transport.batches.memory.memory_transport_pair).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from grpo.transport.interfaces import BatchReceiver, BatchSender
+from grpo.transport.batches.interfaces import BatchReceiver, BatchSender
 from grpo.utils.auth import secret_from_env
 
 if TYPE_CHECKING:
@@ -37,11 +37,11 @@ def make_batch_sender(
     not) under `rollouts/zmq_unacked/`; `resume` re-sends those an earlier orchestrator of this run
     left (else they are deleted)."""
     if kind == "filesystem":
-        from grpo.transport.batch_filesystem import FilesystemBatchSender
+        from grpo.transport.batches.filesystem import FilesystemBatchSender
 
         return FilesystemBatchSender(run_dir, max_buffered=max_buffered)
     if kind == "zmq":
-        from grpo.transport.batch_zmq import ZmqBatchSender
+        from grpo.transport.batches.zmq_transport import ZmqBatchSender
 
         return ZmqBatchSender(
             host, port, hwm=hwm, spool_dir=zmq_spool_dir(run_dir), resume=resume, secret=secret
@@ -67,11 +67,11 @@ def make_batch_receiver(
     """Trainer side; the zmq receiver binds host:port immediately. Decoded batches are checked
     against `vocab_size` (token ids; None: >= 0 only); `secret` authenticates zmq frames."""
     if kind == "filesystem":
-        from grpo.transport.batch_filesystem import FilesystemBatchReceiver
+        from grpo.transport.batches.filesystem import FilesystemBatchReceiver
 
         return FilesystemBatchReceiver(run_dir, vocab_size=vocab_size)
     if kind == "zmq":
-        from grpo.transport.batch_zmq import ZmqBatchReceiver
+        from grpo.transport.batches.zmq_transport import ZmqBatchReceiver
 
         return ZmqBatchReceiver(host, port, hwm=hwm, secret=secret, vocab_size=vocab_size)
     raise ValueError(f"unknown batch transport {kind!r}: choose filesystem or zmq")
@@ -80,7 +80,7 @@ def make_batch_receiver(
 def batch_sender_for(cfg: OrchestratorConfig, run_dir: str | Path) -> BatchSender:
     """The sender `cfg.rollout_transport` asks for. The filesystem lets the orchestrator run
     max_async_level + 1 batches ahead of the trainer before it blocks. Streaming sends each step
-    as num_parts_per_step batches (grpo.transport.batch_parts), so both bounds count parts."""
+    as num_parts_per_step batches (grpo.transport.batches.parts), so both bounds count parts."""
     transport = cfg.rollout_transport
     num_parts = cfg.num_parts_per_step
     if transport.type == "zmq":

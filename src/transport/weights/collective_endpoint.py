@@ -1,4 +1,4 @@
-"""The process group of the weight collective, as both sides share it (grpo.transport.weights_collective
+"""The process group of the weight collective, as both sides share it (grpo.transport.weights.collective
 describes the protocol): the rendezvous store, the shared secret's proofs, the readiness marks that
 name a missing rank, and the NCCL or gloo group itself, built on the store so it never touches a
 default process group that FSDP or vLLM may already own. Each side adds how it makes the store and

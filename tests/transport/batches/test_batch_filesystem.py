@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.transport.batch_filesystem import (
+from grpo.transport.batches.filesystem import (
     BATCH_FILE,
     CONSUMED,
     FilesystemBatchReceiver,
@@ -18,8 +18,8 @@ from grpo.transport.batch_filesystem import (
     rollouts_dir,
     step_dir,
 )
-from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
-from grpo.transport.wire import decode_batch
+from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.batches.wire import decode_batch
 from grpo.utils.atomic import STABLE
 
 
@@ -28,8 +28,8 @@ def _start_sender_process(
 ) -> subprocess.Popen:
     script = textwrap.dedent(
         f"""
-        from grpo.transport.batch_filesystem import FilesystemBatchSender
-        from grpo.transport.synthetic import synthetic_batch
+        from grpo.transport.batches.filesystem import FilesystemBatchSender
+        from grpo.transport.batches.synthetic import synthetic_batch
         sender = FilesystemBatchSender({str(run_dir)!r}, max_buffered={max_buffered}, keep_consumed=100)
         for step in range({num_steps}):
             sender.send(synthetic_batch(step, num_rows=4, num_tokens={num_tokens}, metadata={{"step": step}}))

@@ -1,4 +1,4 @@
-"""Framing of the zmq batch protocol (grpo.transport.batch_zmq): signed frames, message parsing,
+"""Framing of the zmq batch protocol (grpo.transport.batches.zmq_transport): signed frames, message parsing,
 the polling wait and the log of dropped messages, shared by the sender and the receiver."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo.transport.batch import PackedRow, TrainingBatch, plain_parent_ids
+from grpo.transport.batches.batch import PackedRow, TrainingBatch, plain_parent_ids
 
 
 def synthetic_batch(

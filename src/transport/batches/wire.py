@@ -6,7 +6,7 @@ and in the safetensors header metadata (string -> string): `format`, `version`, 
 step, row count, metadata and every tensor's name, dtype, shape and bytes) catches corruption
 that still parses, e.g. a flipped byte inside a tensor; it is no authentication (anyone can
 compute it; the zmq transport signs frames). Decoded values are checked by
-`grpo.transport.validate`. Nothing is pickled.
+`grpo.transport.batches.validate`. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
-from grpo.transport.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
-from grpo.transport.validate import check_batch_values
+from grpo.transport.batches.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
+from grpo.transport.batches.validate import check_batch_values
 from grpo.utils.errors import UserError
 
 WIRE_FORMAT = "grpo.training_batch"
@@ -91,7 +91,7 @@ def _read_header_metadata(blob: bytes) -> dict[str, str] | None:
 
 def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
     """Parse a blob from `encode_batch`; raise ValueError naming the step if it is damaged, or if
-    its values could not have come from a working orchestrator (`grpo.transport.validate`)."""
+    its values could not have come from a working orchestrator (`grpo.transport.batches.validate`)."""
     header = _read_header_metadata(blob)
     step = peek_step(blob)
     where = f"step {step}" if step is not None else "unknown step"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.errors import TransportClosed
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.errors import TransportClosed
 
 
 class MemoryChannel:

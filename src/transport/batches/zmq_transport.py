@@ -5,7 +5,7 @@ The trainer binds a ROUTER socket (it is the long-lived service); the orchestrat
 DEALER. Protocol:
 
 - sender -> receiver: `[{"kind": "batch", "step": n, "for": id}, blob]` (blob from
-  `grpo.transport.wire`), and `[{"kind": "end", "next": n}, b""]` when the orchestrator finishes.
+  `grpo.transport.batches.wire`), and `[{"kind": "end", "next": n}, b""]` when the orchestrator finishes.
   `for` names the receiver the sender knew when it sent (null before it knew one).
   `[{"kind": "missing", "step": n, "committed": c, "for": id}, b""]` answers a receiver asking
   for a step below what was committed (deleted, see below).
@@ -17,7 +17,7 @@ DEALER. Protocol:
   a restarted peer learns at once where the other stands. The first step a receiver asks for is
   its resume point, so it counts as committed too.
 - The sender keeps every batch at or above the committed step in its spool
-  (grpo.transport.batch_zmq_spool; on disk under the run dir, so a resumed orchestrator has
+  (grpo.transport.batches.zmq_spool; on disk under the run dir, so a resumed orchestrator has
   them) and a memory copy of those not taken yet (at most `hwm`: back-pressure). On a want from
   a receiver it did not know (a restarted trainer, resuming from its last checkpoint), or one
   going back, it re-sends from step n in order, reading taken batches back from the spool. A
@@ -33,7 +33,7 @@ without a valid tag is dropped and logged, so nobody else who reaches the port c
 (`end`), feed it batches, or make the sender drop its spool (`want` with a high `committed`).
 Without a secret the trainer binds loopback only (checked at config load). Messages above
 `max_message_bytes` are refused by ZMQ itself (MAXMSGSIZE: the peer is disconnected before the
-message is buffered), and every decoded batch goes through `grpo.transport.validate`.
+message is buffered), and every decoded batch goes through `grpo.transport.batches.validate`.
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.batch_zmq_frames import (
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.errors import TransportClosed
+from grpo.transport.batches.wire import decode_batch, encode_batch
+from grpo.transport.batches.zmq_frames import (
     WAIT_LOG_EVERY_S,
     DropLog,
     check_hint,
@@ -60,9 +62,7 @@ from grpo.transport.batch_zmq_frames import (
     wait_for,
     zmq_ip,
 )
-from grpo.transport.batch_zmq_spool import BatchSpool, DiskSpool, MemorySpool
-from grpo.transport.errors import TransportClosed
-from grpo.transport.wire import decode_batch, encode_batch
+from grpo.transport.batches.zmq_spool import BatchSpool, DiskSpool, MemorySpool
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 

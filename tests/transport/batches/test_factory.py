@@ -4,14 +4,10 @@ from pathlib import Path
 
 from grpo.config.orchestrator import OrchestratorConfig, ZmqRolloutTransport
 from grpo.config.trainer import TrainerConfig
-from grpo.transport.batch_filesystem import FilesystemBatchReceiver, FilesystemBatchSender
-from grpo.transport.batch_zmq import ZmqBatchReceiver, ZmqBatchSender
-from grpo.transport.factory import (
-    batch_receiver_for,
-    batch_sender_for,
-    make_batch_receiver,
-)
-from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.batches.factory import batch_receiver_for, batch_sender_for, make_batch_receiver
+from grpo.transport.batches.filesystem import FilesystemBatchReceiver, FilesystemBatchSender
+from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.batches.zmq_transport import ZmqBatchReceiver, ZmqBatchSender
 
 
 def test_default_configs_use_the_filesystem_with_async_level_buffering(tmp_path: Path) -> None:

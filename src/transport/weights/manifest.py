@@ -2,7 +2,7 @@
 
 The sender writes it to the rendezvous store as JSON (`{"step": s, "tensors": [[name, dtype,
 shape], ...]}`, no pickle); a receiver checks it against the served model's own tensor shapes, so
-a peer cannot make a server allocate what its model does not have (grpo.transport.weights_collective).
+a peer cannot make a server allocate what its model does not have (grpo.transport.weights.collective).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The two transport interfaces. Implementations are chosen by a config `type` field in
-`grpo.transport.factory`; callers only see these protocols."""
+`grpo.transport.batches.factory`; callers only see these protocols."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 
 
 class BatchSender(Protocol):

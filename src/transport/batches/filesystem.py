@@ -31,8 +31,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.wire import decode_batch, encode_batch
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.wire import decode_batch, encode_batch
 from grpo.utils.atomic import (
     is_stable,
     publish_dir,
@@ -200,7 +200,7 @@ class FilesystemBatchReceiver:
     """Trainer side: waits for `rollouts/step_{n}/STABLE`, reads and acknowledges batch n."""
 
     def __init__(self, run_dir: str | Path, vocab_size: int | None = None) -> None:
-        """`vocab_size`: token ids must be below it (None: >= 0 only; grpo.transport.validate)."""
+        """`vocab_size`: token ids must be below it (None: >= 0 only; grpo.transport.batches.validate)."""
         self.run_dir = Path(run_dir)
         self.vocab_size = vocab_size
 

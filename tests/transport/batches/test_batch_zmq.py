@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.batch_zmq import ZmqBatchReceiver, ZmqBatchSender
-from grpo.transport.errors import TransportClosed
-from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
-from grpo.transport.wire import encode_batch
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.errors import TransportClosed
+from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.batches.wire import encode_batch
+from grpo.transport.batches.zmq_transport import ZmqBatchReceiver, ZmqBatchSender
 
 
 def _free_port() -> int:
@@ -246,8 +246,8 @@ def test_committing_a_step_not_received_yet_is_refused(receiver: ZmqBatchReceive
 _KILLED_SENDER = """
 import sys, time
 from pathlib import Path
-from grpo.transport.batch_zmq import ZmqBatchSender
-from grpo.transport.synthetic import synthetic_batch
+from grpo.transport.batches.zmq_transport import ZmqBatchSender
+from grpo.transport.batches.synthetic import synthetic_batch
 sender = ZmqBatchSender("localhost", int(sys.argv[1]), hwm=8, spool_dir=Path(sys.argv[2]))
 for step in range(int(sys.argv[3])):
     sender.send(synthetic_batch(step, metadata={"sender": "first"}))

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from grpo.transport.batch import TrainingBatch
+from grpo.transport.batches.batch import TrainingBatch
 
 MAX_ABS_ADVANTAGE = 1e6
 """Far above any real advantage (group-normalised ones are within sqrt(group size)); a larger one

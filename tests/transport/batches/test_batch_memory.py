@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
-from grpo.transport.batch_memory import MemoryChannel, memory_transport_pair
-from grpo.transport.errors import TransportClosed
-from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.batches.errors import TransportClosed
+from grpo.transport.batches.memory import MemoryChannel, memory_transport_pair
+from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
 
 
 def test_batches_arrive_in_step_order() -> None:

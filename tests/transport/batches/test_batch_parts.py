@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from grpo.transport.batch_filesystem import (
+from grpo.transport.batches.filesystem import (
     COMMITTED,
     FilesystemBatchReceiver,
     FilesystemBatchSender,
     rollouts_dir,
 )
-from grpo.transport.batch_memory import memory_transport_pair
-from grpo.transport.batch_parts import PartReceiver, PartSender, slot
-from grpo.transport.batch_zmq import ZmqBatchReceiver, ZmqBatchSender
-from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.batches.memory import memory_transport_pair
+from grpo.transport.batches.parts import PartReceiver, PartSender, slot
+from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.batches.zmq_transport import ZmqBatchReceiver, ZmqBatchSender
 from grpo.utils.errors import UserError
 
 NUM_PARTS = 3

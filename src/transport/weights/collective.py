@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from grpo.transport.collective_endpoint import (
+from grpo.transport.weights.collective_endpoint import (
     DEFAULT_SECRET_ENV,
     POLL_S,
     SENDER_RANK,
@@ -54,7 +54,7 @@ from grpo.transport.collective_endpoint import (
     store_ip,
     tag_bytes,
 )
-from grpo.transport.weights_manifest import check_manifest
+from grpo.transport.weights.manifest import check_manifest
 from grpo.utils.auth import sign, verify
 from grpo.utils.errors import UserError
 

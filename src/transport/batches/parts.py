@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from grpo.transport.batch import TrainingBatch
-from grpo.transport.interfaces import BatchReceiver, BatchSender
+from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.interfaces import BatchReceiver, BatchSender
 from grpo.utils.errors import UserError
 
 STEP_KEY = "stream/step"

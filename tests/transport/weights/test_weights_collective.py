@@ -22,16 +22,16 @@ from safetensors.torch import load_file
 import grpo.inference.retry as retry
 from grpo.config.orchestrator import ClientConfig, NcclWeightBroadcast
 from grpo.inference import weight_routes
-from grpo.inference.vllm_compat import cpu_weights
 from grpo.inference.client import InferenceClient
+from grpo.inference.vllm_compat import cpu_weights
 from grpo.inference.worker_extension import WorkerExtension, hf_checkpoint_shapes
-from grpo.transport.weights_announce import write_collective_manifest
-from grpo.transport.weights_collective import (
+from grpo.transport.weights.announce import write_collective_manifest
+from grpo.transport.weights.collective import (
     DEFAULT_SECRET_ENV,
     CollectiveWeightReceiver,
     CollectiveWeightSender,
 )
-from grpo.transport.weights_manifest import check_manifest
+from grpo.transport.weights.manifest import check_manifest
 
 SECRET_ENV = "GRPO_TEST_WEIGHTS_SECRET"
 ROGUE_SECRET_ENV = "GRPO_TEST_ROGUE_SECRET"
@@ -58,7 +58,7 @@ def _start_receiver_process(port: int, out_dir: Path, num_updates: int) -> subpr
     script = textwrap.dedent(
         f"""
         from safetensors.torch import save_file
-        from grpo.transport.weights_collective import CollectiveWeightReceiver
+        from grpo.transport.weights.collective import CollectiveWeightReceiver
         receiver = CollectiveWeightReceiver("localhost", {port}, timeout=60, backend="gloo")
         for _ in range({num_updates}):
             step, named = receiver.receive(expected=None)
@@ -592,7 +592,7 @@ def test_publish_sends_the_full_weights_the_served_model_expects_to_every_receiv
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.hf.model import Policy
     from grpo.trainer.hf.publish import publish_over_collective
-    from grpo.transport.weights_announce import read_collective_manifest
+    from grpo.transport.weights.announce import read_collective_manifest
 
     causal_lm = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     policy = Policy(causal_lm, causal_lm, torch.device("cpu"), torch.float32, None, is_lora=False)

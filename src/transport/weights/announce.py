@@ -4,7 +4,7 @@ With `weight_broadcast.type: nccl` (full fine-tuning) the trainer still publishe
 `{run_dir}/broadcasts/step_{v}/` with STABLE last, so the orchestrator's policy watcher sees the
 new version as usual; the folder holds only `collective.json` (this module) instead of the
 weights. The orchestrator reads it and asks the inference servers to receive version v over the
-collective (grpo.transport.weights_collective) while the trainer sends it.
+collective (grpo.transport.weights.collective) while the trainer sends it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo.trainer.publish import prune_step_dirs
-from grpo.transport.weights_filesystem import broadcast_dir, broadcasts_dir, latest_broadcast
+from grpo.transport.weights.filesystem import broadcast_dir, broadcasts_dir, latest_broadcast
 from grpo.utils.atomic import publish_dir, staging_dir
 
 

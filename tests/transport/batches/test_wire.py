@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grpo.transport.synthetic import assert_batches_equal, synthetic_batch
-from grpo.transport.wire import decode_batch, encode_batch, peek_step
+from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
+from grpo.transport.batches.wire import decode_batch, encode_batch, peek_step
 
 
 def test_roundtrip_keeps_every_field_and_metadata() -> None:

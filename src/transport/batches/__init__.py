@@ -1,0 +1,2 @@
+"""Training batches, orchestrator -> trainer: the batch type, its wire format and checks, and the
+memory, filesystem and zmq transports behind one factory."""
