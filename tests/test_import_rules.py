@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,20 @@ def module_parts(file: Path) -> list[str]:
     return parts[:-1] if parts[-1] == "__init__" else parts
 
 
+def import_statements(tree: ast.AST, package: list[str]) -> Iterator[tuple[int, str, list[str]]]:
+    """(line, module, names) for every import at any depth of `tree`: `import a.b` gives ('a.b', []),
+    `from a import x, y` gives ('a', ['x', 'y']); relative imports are resolved against `package`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            yield node.lineno, base, [alias.name for alias in node.names]
+
+
 def grpo_imports(file: Path, text: str | None = None) -> list[Import]:
     """Every `grpo.*` import in `file`, at any depth of the syntax tree."""
     tree = ast.parse(file.read_text() if text is None else text, filename=str(file))
@@ -99,21 +114,13 @@ def grpo_imports(file: Path, text: str | None = None) -> list[Import]:
     package = here if file.name == "__init__.py" else here[:-1]
     source = here[1] if len(here) > 1 else ROOT
     found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            modules = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
-            # `from grpo import cli` imports package cli; `from grpo.cli import x` imports from cli.
-            modules = [f"{base}.{a.name}" for a in node.names] if base == ROOT else [base]
-        else:
-            continue
+    for line, base, names in import_statements(tree, package):
+        # `from grpo import cli` imports package cli; `from grpo.cli import x` imports from cli.
+        modules = [f"{base}.{n}" for n in names] if base == ROOT else [base]
         for module in modules:
             parts = module.split(".")
             if parts[0] == ROOT and len(parts) > 1 and parts[1] != source:
-                found.append(Import(file, node.lineno, source, parts[1], module))
+                found.append(Import(file, line, source, parts[1], module))
     return sorted(found, key=lambda i: i.line)
 
 
@@ -244,20 +251,10 @@ def grpo_imports_within(file: Path, text: str | None = None) -> list[Import]:
     tree = ast.parse(file.read_text() if text is None else text, filename=str(file))
     package = here if file.name == "__init__.py" else here[:-1]
     found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            modules = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
-            # `from grpo.trainer import hf` imports peer hf; `from grpo.trainer.hf.model import x`, module hf.model.
-            modules = [f"{base}.{a.name}" for a in node.names] if base.count(".") < 2 else [base]
-        else:
-            continue
-        found += [
-            Import(file, node.lineno, here[1], here[1], m) for m in modules if m.split(".")[:2] == here[:2]
-        ]
+    for line, base, names in import_statements(tree, package):
+        # `from grpo.trainer import hf` imports peer hf; `from grpo.trainer.hf.model import x`, module hf.model.
+        modules = [f"{base}.{n}" for n in names] if names and base.count(".") < 2 else [base]
+        found += [Import(file, line, here[1], here[1], m) for m in modules if m.split(".")[:2] == here[:2]]
     return found
 
 
@@ -288,17 +285,9 @@ def module_graph(root: Path, package: str) -> dict[str, set[str]]:
     for name, file in files.items():
         tree = ast.parse(file.read_text(), filename=str(file))
         here = name.split(".") if file.name == "__init__.py" else name.split(".")[:-1]
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join([*here[: len(here) - node.level + 1], *([base] if base else [])])
-                # `from pkg import mod` imports module pkg.mod where one exists, else names of pkg.
-                modules = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
-            else:
-                continue
+        for _line, base, names in import_statements(tree, here):
+            # `from pkg import mod` imports module pkg.mod where one exists, else names of pkg.
+            modules = [f"{base}.{n}" if f"{base}.{n}" in files else base for n in names] or [base]
             for module in modules:
                 while module and module not in files:
                     module = module.rpartition(".")[0]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from trainer_batches import distributed_test_batch, make_row
 
-from grpo.trainer import model as trainer_model
+from grpo.trainer.hf import model as trainer_model
 from grpo.trainer.entry import run
 from grpo.trainer.hf.trainer import Trainer
 from grpo.transport.batches.batch import TrainingBatch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from trainer_batches import distributed_test_batch
 
-from grpo.trainer import model as trainer_model
+from grpo.trainer.hf import model as trainer_model
 from grpo.trainer.hf.trainer import Trainer
 from grpo.trainer.packing import split_micro_batches
 
