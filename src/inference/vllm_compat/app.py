@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
@@ -14,7 +15,6 @@ from grpo.inference.vllm_compat.engine_process import (
     end_engine_with_its_parent,
     give_the_engine_time_to_tear_down,
 )
-
 
 OnReady = Callable[[Any, int], None]
 """Called on the server's event loop once the engine is up, just before HTTP serving starts:
