@@ -5,7 +5,10 @@ Every completion body states every sampling setting that shapes the distribution
 from: a setting left out would take the server's default, which vLLM reads from the checkpoint's
 generation_config.json unless started with `--generation-config vllm` (grpo's servers are, a server
 started by hand may not be). Qwen3's says top_k 20 and top_p 0.95: the logprobs would be
-renormalised over those tokens while the trainer computes over the whole vocabulary.
+renormalised over those tokens while the trainer computes over the whole vocabulary. The settings
+vLLM has no server default for (logit_bias, allowed_token_ids, bad_words, structured outputs,
+thinking_token_budget) are off when left out, and grpo never sets them. `--generation-config vllm`
+still reads the checkpoint's end-of-sequence ids, so where a completion stops does not change.
 """
 
 from __future__ import annotations
