@@ -78,7 +78,10 @@ def grpo(
             check_megatron_start(train_cfg, resolved.path, world_size=infer_cfg.dp)
         plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path)
         if dry_run:
+            from grpo.orchestrator.sampling import describe_sampling
+
             print_resolved({"train": train_cfg, "infer": infer_cfg, "orch": orch_cfg})
+            print(describe_sampling(orch_cfg))
             print(plan.table())
             return 0
         from grpo.colocate.runner import run_colocated

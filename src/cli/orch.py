@@ -71,6 +71,7 @@ def orch(
         start=start,
         model_of=lambda c: c.model.name,
         check=_check_environments,
+        describe=_describe_sampling,
     )
 
 
@@ -109,3 +110,9 @@ def _servers_named(cfg: OrchestratorConfig) -> str:
 
 def main() -> None:
     run_app(app, "grpo-orch")
+
+
+def _describe_sampling(cfg: OrchestratorConfig) -> str:
+    from grpo.orchestrator.sampling import describe_sampling
+
+    return describe_sampling(cfg)

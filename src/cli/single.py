@@ -26,9 +26,10 @@ def run_single(
     start: Callable[[ModelT], int | None],
     model_of: Callable[[ModelT], str | None] = lambda cfg: None,
     check: Callable[[ModelT], None] = lambda cfg: None,
+    describe: Callable[[ModelT], str | None] = lambda cfg: None,
 ) -> None:
     """Load `config_path` (+ overrides) and `check` it (ConfigError for what cannot run here); on
-    --dry-run resolve the model, print and stop; else `start`."""
+    --dry-run resolve the model, print the config and what `describe` adds, and stop; else `start`."""
 
     def body() -> int | None:
         overrides = split_overrides(extra_args, None, SINGLE_OPTIONS)[""]
@@ -43,6 +44,9 @@ def run_single(
 
                 log_model(resolve_model(model))
             print_resolved({name: config})
+            description = describe(config)
+            if description is not None:
+                print(description)
             return 0
         return start(config)
 

@@ -352,6 +352,11 @@ class OrchestratorConfig(StrictModel):
     """Random seed."""
 
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """How completions are sampled. Every completion request (training, evaluation, every turn,
+    every resumed partial rollout) states every setting below, so no server default applies (grpo's
+    vLLM servers also run with --generation-config vllm, ignoring the checkpoint's
+    generation_config.json); `--dry-run` prints what each request carries. The trainer reproduces
+    only the temperature, so every filter and penalty accepts only its off value."""
     client: ClientConfig = Field(default_factory=ClientConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)

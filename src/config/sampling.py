@@ -9,20 +9,36 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from grpo.config.base import StrictModel
 
+MIN_TEMPERATURE = 0.01
+"""vLLM's lowest sampling temperature (vllm.sampling_params._MAX_TEMP in 0.32): it raises any
+temperature in (0, 0.01) to 0.01 and samples greedily at 0."""
 
-def positive_temperature(value: float) -> float:
-    # The trainer divides logits by the temperature, so 0 (greedy) would give inf/NaN logprobs;
-    # a schedule is linear/cosine between its ends, so checking both ends covers every step.
-    if not math.isfinite(value) or value <= 0:
+
+def sampling_temperature(value: float) -> float:
+    # The trainer divides logits by the configured temperature: below vLLM's minimum vLLM would
+    # sample at another temperature than the trainer computes with (at 0, greedily, and the
+    # trainer's logprobs would be inf/NaN). A schedule is linear/cosine between its ends, so
+    # checking both ends covers every step.
+    if not math.isfinite(value) or value < MIN_TEMPERATURE:
         raise ValueError(
-            f"temperature must be > 0 (the trainer divides logits by it), got {value}; "
-            "for near-greedy sampling use a small value such as 0.05"
+            f"temperature must be >= {MIN_TEMPERATURE} (vLLM samples at no lower temperature and the "
+            f"trainer divides logits by the configured one), got {value}; for near-greedy sampling "
+            f"set it to {MIN_TEMPERATURE} or a little above"
         )
     return value
 
 
-_NEUTRAL_SAMPLING: dict[str, float] = {"repetition_penalty": 1.0, "min_tokens": 0, "top_p": 1.0}
-"""Sampling settings the trainer does not reproduce, at the value that turns each off."""
+NEUTRAL_SAMPLING: dict[str, float] = {
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_tokens": 0,
+}
+"""Sampling settings the trainer does not reproduce, at the value that turns each off (vLLM's
+own defaults): the only value each accepts."""
 
 
 class TempSchedulerConfig(StrictModel):
@@ -37,16 +53,18 @@ class TempSchedulerConfig(StrictModel):
 
     @field_validator("start_temperature", "end_temperature")
     @classmethod
-    def _positive(cls, value: float) -> float:
-        return positive_temperature(value)
+    def _sampled_as_configured(cls, value: float) -> float:
+        return sampling_temperature(value)
 
 
 class SamplingConfig(StrictModel):
     max_tokens: int | None = Field(None, gt=0)
-    """Max completion tokens per generation (per turn); null = until the context is full."""
+    """Max completion tokens per generation (per turn). null is sent as null, which vLLM 0.32's
+    completion route reads as its default of 16 tokens (not "until the context is full"): set it."""
 
     temperature: float | None = None
-    """Sampling temperature (default 1.0). Set this or temp_scheduler, not both."""
+    """Sampling temperature (default 1.0), at least 0.01 (vLLM's minimum; greedy sampling is not
+    offered). Set this or temp_scheduler, not both."""
 
     temp_scheduler: TempSchedulerConfig | None = None
     """Temperature schedule over training steps."""
@@ -66,17 +84,30 @@ class SamplingConfig(StrictModel):
     """Nucleus sampling; only 1.0 (off) is accepted: vLLM renormalises its logprobs over the kept
     tokens and the trainer over the whole vocabulary, so every importance ratio would be biased."""
 
+    top_k: int = 0
+    """Top-k sampling; only 0 (off) is accepted, for the reason given under top_p. Every request
+    states it, so a checkpoint's generation_config.json (Qwen3: top_k 20) never applies."""
+
+    min_p: float = 0.0
+    """Min-p sampling; only 0.0 (off) is accepted, for the reason given under top_p."""
+
+    presence_penalty: float = 0.0
+    """Presence penalty; only 0.0 (off) is accepted, for the reason given under repetition_penalty."""
+
+    frequency_penalty: float = 0.0
+    """Frequency penalty; only 0.0 (off) is accepted, for the reason given under repetition_penalty."""
+
     @field_validator("temperature")
     @classmethod
-    def _positive(cls, value: float | None) -> float | None:
-        return None if value is None else positive_temperature(value)
+    def _sampled_as_configured(cls, value: float | None) -> float | None:
+        return None if value is None else sampling_temperature(value)
 
-    @field_validator("repetition_penalty", "min_tokens", "top_p")
+    @field_validator(*NEUTRAL_SAMPLING)
     @classmethod
     def _trainer_reproduces_the_logprobs(cls, value: float, info: ValidationInfo) -> float:
         # vLLM reports processed logprobs (after every sampling processor); the trainer applies only
         # the temperature, so any other processor would silently bias the ratios and mask tokens.
-        neutral = _NEUTRAL_SAMPLING[info.field_name or ""]
+        neutral = NEUTRAL_SAMPLING[info.field_name or ""]
         if value != neutral:
             raise ValueError(
                 f"{value} is not supported in training: vLLM's logprobs would include it but the "

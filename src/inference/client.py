@@ -28,7 +28,7 @@ import httpx
 
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.collective_receive import receive_over_collective
-from grpo.inference.completion_bodies import completion_body, completion_from_choice
+from grpo.inference.completion_bodies import completion_body, completion_from_choice, prompt_logprobs_body
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
 from grpo.inference.policy_replay import APPLY_NOISY_NORMS_PATH, UPDATE_WEIGHTS_PATH, PolicyReplay
 from grpo.inference.recovery import ServerDownError, ServerLostError, ServerRecovery
@@ -420,14 +420,7 @@ class InferenceClient:
         await self._post_all(APPLY_NOISY_NORMS_PATH, {"path": path})
 
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
-        body = {
-            "model": model,
-            "prompt": token_ids,
-            "max_tokens": 1,
-            "temperature": 1.0,
-            "prompt_logprobs": 0,
-        }
-        response = await self._post_routed("/completions", body)
+        response = await self._post_routed("/completions", prompt_logprobs_body(token_ids, model))
         entries = response["choices"][0]["prompt_logprobs"]
         # Entry i maps token id -> {logprob, ...}; it always includes the prompt's own token.
         return [

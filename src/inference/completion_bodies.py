@@ -1,11 +1,22 @@
 """The JSON bodies of vLLM's OpenAI-compatible routes that grpo sends, and the completion it reads
-back: token ids in, sampled token ids and their logprobs out (no text round trip)."""
+back: token ids in, sampled token ids and their logprobs out (no text round trip).
+
+Every completion body states every sampling setting that shapes the distribution vLLM samples
+from: a setting left out would take the server's default, which vLLM reads from the checkpoint's
+generation_config.json unless started with `--generation-config vllm` (grpo's servers are, a server
+started by hand may not be). Qwen3's says top_k 20 and top_p 0.95: the logprobs would be
+renormalised over those tokens while the trainer computes over the whole vocabulary. The settings
+vLLM has no server default for (logit_bias, allowed_token_ids, bad_words, structured outputs,
+thinking_token_budget) are off when left out, and grpo never sets them. `--generation-config vllm`
+still reads the checkpoint's end-of-sequence ids, so where a completion stops does not change.
+"""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
-from grpo.inference.types import Completion, GenerateRequest
+from grpo.inference.types import Completion, GenerateRequest, SamplingParams
 
 
 def load_lora_body(name: str, path: str) -> dict[str, Any]:
@@ -23,20 +34,21 @@ def completion_from_choice(choice: dict[str, Any]) -> Completion:
     )
 
 
+def sampling_fields(params: SamplingParams) -> dict[str, Any]:
+    """The sampling part of a /completions body: every field of `params`, none left to the server."""
+    fields = asdict(params)
+    fields["stop"] = list(params.stop)
+    # No watermark: vLLM applies one configured on the engine to every request that does not say no.
+    return {**fields, "watermarking": False}
+
+
 def completion_body(request: GenerateRequest) -> dict[str, Any]:
     """The /completions body of `request`: token ids in, sampled token ids and their logprobs out."""
-    params = request.params
     body: dict[str, Any] = {
         "model": request.model,
         "prompt": request.prompt_token_ids,
         "n": request.n,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "max_tokens": params.max_tokens,
-        "min_tokens": params.min_tokens,
-        "repetition_penalty": params.repetition_penalty,
-        "seed": params.seed,
-        "stop": list(params.stop),
+        **sampling_fields(request.params),
         "logprobs": 0,
         "return_token_ids": True,
         **request.extra,
@@ -44,3 +56,14 @@ def completion_body(request: GenerateRequest) -> dict[str, Any]:
     if request.cache_salt is not None:
         body["cache_salt"] = request.cache_salt
     return body
+
+
+def prompt_logprobs_body(token_ids: list[int], model: str) -> dict[str, Any]:
+    """The /completions body that scores `token_ids` under `model` (prompt logprobs, which vLLM
+    computes from the raw logits), sampling one token with every setting stated all the same."""
+    return {
+        "model": model,
+        "prompt": token_ids,
+        **sampling_fields(SamplingParams(temperature=1.0, max_tokens=1)),
+        "prompt_logprobs": 0,
+    }

@@ -63,8 +63,12 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
         "--seed", str(cfg.seed),
         "--worker-extension-cls", WORKER_EXTENSION_CLS,
-        # Logprobs after temperature/top-p, i.e. of the distribution tokens were sampled from.
+        # Logprobs after every sampling processor (the temperature: requests turn every other one
+        # off), i.e. of the distribution tokens were sampled from.
         "--logprobs-mode", "processed_logprobs",
+        # vLLM's neutral sampling defaults, not the checkpoint's generation_config.json (Qwen3:
+        # top_k 20, top_p 0.95), for any request that leaves a setting out; grpo's state them all.
+        "--generation-config", "vllm",
     ]  # fmt: skip
     if cfg.max_model_len is not None:
         argv += ["--max-model-len", str(cfg.max_model_len)]

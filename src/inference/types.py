@@ -17,11 +17,21 @@ ABORTED = "abort"
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """What a completion request asks of the sampler. Every field goes into every request body
+    (grpo.inference.completion_bodies), at vLLM's neutral value unless set: a field a request
+    left out would take the server's default, which may come from the checkpoint."""
+
     temperature: float = 1.0
     max_tokens: int | None = None
+    """None: until the context is full."""
     min_tokens: int = 0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    """0: every token (no top-k filter)."""
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
 

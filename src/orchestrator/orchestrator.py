@@ -33,6 +33,7 @@ from grpo.orchestrator.eval import evaluate, should_evaluate
 from grpo.orchestrator.partial import UpdateGate
 from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.sampling import request_sampling
 from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_acceptable, required_policy
 from grpo.orchestrator.step_batch import build_batch, pack_metrics, rollout_metrics
 from grpo.orchestrator.tokenizer import ChatTokenizer
@@ -94,15 +95,8 @@ class Orchestrator:
     # ---- launching -------------------------------------------------------------------------
 
     def _params(self) -> SamplingParams:
-        s = self.cfg.sampling
-        seed = None if s.seed is None else s.seed + self.counters["num_groups_launched"]
-        return SamplingParams(
-            temperature=s.temperature_at(self.step, self.cfg.max_steps),
-            max_tokens=s.max_tokens,
-            min_tokens=s.min_tokens,
-            repetition_penalty=s.repetition_penalty,
-            top_p=s.top_p,
-            seed=seed,
+        return request_sampling(
+            self.cfg.sampling, self.step, self.cfg.max_steps, self.counters["num_groups_launched"]
         )
 
     async def _run_one(self, req: GroupRequest) -> None:

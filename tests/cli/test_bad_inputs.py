@@ -86,6 +86,18 @@ CASES = [
         "not both",
     ),
     (
+        "temperature below vLLM's minimum",
+        ["grpo-orch", "o.yaml"],
+        {"o.yaml": "sampling:\n  temperature: 0.005\n"},
+        "'sampling.temperature': temperature must be >= 0.01",
+    ),
+    (
+        "a sampling filter the trainer does not model",
+        ["grpo-orch", "o.yaml", "--sampling.top_k", "20"],
+        {"o.yaml": "seed: 1\n"},
+        "'sampling.top_k': 20 is not supported in training",
+    ),
+    (
         "lora rank too large",
         ["grpo-infer", "i.yaml"],
         {"i.yaml": "model: m\nmax_lora_rank: 1000\n"},

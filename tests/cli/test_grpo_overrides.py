@@ -44,6 +44,7 @@ def test_one_sided_overrides_reach_both_resolved_configs(tmp_path: Path) -> None
     orch = yaml.safe_load(orch_text.split("memory plan")[0])
     assert (train["max_steps"], orch["max_steps"]) == (2, 2)
     assert (train["output_dir"], orch["output_dir"]) == ("runs/b", "runs/b")
+    assert "# ---- sampling each completion request states" in result.stdout and '"top_k": 0' in result.stdout
 
 
 def test_a_shared_key_one_file_sets_reaches_the_file_that_leaves_it_out(tmp_path: Path) -> None:

@@ -15,22 +15,36 @@ from grpo.config.orchestrator import OrchestratorConfig
     "sampling",
     [
         {"temperature": 0},
+        {"temperature": 0.005},
+        {"temperature": 0.0099},
         {"temperature": -0.5},
         {"temperature": float("nan")},
         {"temp_scheduler": {"type": "linear", "start_temperature": 1.0, "end_temperature": 0.0}},
-        {"temp_scheduler": {"type": "cosine", "start_temperature": 0.0, "end_temperature": 1.0}},
+        {"temp_scheduler": {"type": "cosine", "start_temperature": 0.001, "end_temperature": 1.0}},
     ],
 )
-def test_temperature_zero_is_refused_with_one_line(sampling: dict[str, Any]) -> None:
+def test_temperatures_below_vllms_minimum_are_refused_with_one_line(sampling: dict[str, Any]) -> None:
+    # vLLM samples at 0.01 (greedily at 0) while the trainer would divide logits by the configured value.
     with pytest.raises(ConfigError) as err:
         validate(OrchestratorConfig, {"sampling": sampling}, "orch.yaml")
     lines = str(err.value).splitlines()
-    assert len(lines) == 1 and "temperature must be > 0" in lines[0] and "orch.yaml" in lines[0], lines
+    assert len(lines) == 1 and "orch.yaml" in lines[0] and "temperature': " in lines[0], lines
+    assert "temperature must be >= 0.01" in lines[0] and "set it to 0.01" in lines[0], lines
 
 
-def test_positive_temperatures_load() -> None:
-    cfg = validate(OrchestratorConfig, {"sampling": {"temperature": 0.05}}, "orch.yaml")
-    assert cfg.sampling.temperature_at(0, 10) == 0.05
+@pytest.mark.parametrize("temperature", [0.01, 0.05, 1.0])
+def test_temperatures_from_vllms_minimum_up_load(temperature: float) -> None:
+    cfg = validate(OrchestratorConfig, {"sampling": {"temperature": temperature}}, "orch.yaml")
+    assert cfg.sampling.temperature_at(0, 10) == temperature
+
+
+@pytest.mark.vllm
+def test_the_minimum_temperature_is_vllms() -> None:
+    from vllm.sampling_params import _MAX_TEMP
+
+    from grpo.config.sampling import MIN_TEMPERATURE
+
+    assert MIN_TEMPERATURE == _MAX_TEMP
 
 
 def test_zmq_batches_to_another_machine_need_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +91,16 @@ def test_the_weight_collective_refuses_an_elastic_pool() -> None:
 
 @pytest.mark.parametrize(
     ("key", "value", "neutral"),
-    [("repetition_penalty", 1.1, "1.0"), ("min_tokens", 4, "0"), ("top_p", 0.9, "1.0")],
+    [
+        ("repetition_penalty", 1.1, "1.0"),
+        ("presence_penalty", 0.5, "0.0"),
+        ("frequency_penalty", -0.5, "0.0"),
+        ("min_tokens", 4, "0"),
+        ("top_p", 0.9, "1.0"),
+        ("top_k", 20, "0"),
+        ("top_k", -1, "0"),
+        ("min_p", 0.05, "0.0"),
+    ],
 )
 def test_sampling_the_trainer_does_not_reproduce_is_refused(key: str, value: float, neutral: str) -> None:
     # vLLM's processed logprobs include these processors; the trainer's logprobs would not.
@@ -91,7 +114,16 @@ def test_sampling_the_trainer_does_not_reproduce_is_refused(key: str, value: flo
 
 
 def test_neutral_sampling_settings_load() -> None:
-    sampling = {"repetition_penalty": 1.0, "min_tokens": 0, "top_p": 1.0, "temperature": 0.7}
+    sampling = {
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "min_tokens": 0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "temperature": 0.7,
+    }
     assert validate(OrchestratorConfig, {"sampling": sampling}, "orch.yaml").sampling.top_p == 1.0
 
 

@@ -78,6 +78,17 @@ def test_defaults_bind_loopback_and_leave_optional_settings_to_vllm(monkeypatch:
     assert not any("prefix-caching" in arg for arg in argv)
 
 
+@pytest.mark.parametrize("on_cpu", [True, False])
+@pytest.mark.parametrize("overrides", [{}, {"enable_lora": False}, {"dp": 2}, {"quantization": "fp8"}])
+def test_the_server_takes_no_sampling_defaults_from_the_checkpoint(
+    on_cpu: bool, overrides: dict[str, object]
+) -> None:
+    # With the default (auto), vLLM fills every setting a request leaves out from the checkpoint's
+    # generation_config.json (Qwen3: top_k 20, top_p 0.95).
+    argv = build_server_args(InferenceConfig(model="m", **overrides), "/models/m", on_cpu=on_cpu)  # type: ignore[arg-type]
+    assert option(argv, "--generation-config") == "vllm"
+
+
 def test_lora_flags_are_absent_when_lora_is_off() -> None:
     argv = build_server_args(InferenceConfig(model="m", enable_lora=False), "/m")
     assert not any("lora" in arg for arg in argv)
@@ -172,6 +183,7 @@ def test_vllms_own_parser_accepts_the_argv() -> None:
     assert args.enable_lora and args.max_lora_rank == 64
     assert args.hf_overrides == {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}
     assert args.worker_extension_cls == WORKER_EXTENSION_CLS
+    assert args.generation_config == "vllm"
 
 
 def test_installed_vllm_is_in_the_supported_range() -> None:
