@@ -80,6 +80,11 @@ def check_inference(
             f"orch sampling.max_tokens ({max_tokens}) leaves no room for the prompt in infer max_model_len "
             f"({infer.max_model_len}); raise max_model_len or lower max_tokens"
         )
+    if infer.max_model_len is not None and max_tokens is None and infer.max_model_len < orch.seq_len:
+        problems.append(
+            f"orch sampling.max_tokens null asks for up to seq_len ({orch.seq_len}) tokens per request, more than "
+            f"infer max_model_len ({infer.max_model_len}) holds; set max_tokens, or max_model_len >= seq_len"
+        )
     if orch.sampling.max_tokens is not None and orch.sampling.max_tokens >= orch.seq_len:
         problems.append(
             f"orch sampling.max_tokens ({orch.sampling.max_tokens}) leaves no room for the prompt in "

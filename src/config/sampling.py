@@ -59,8 +59,8 @@ class TempSchedulerConfig(StrictModel):
 
 class SamplingConfig(StrictModel):
     max_tokens: int | None = Field(None, gt=0)
-    """Max completion tokens per generation (per turn). null is sent as null, which vLLM 0.32's
-    completion route reads as its default of 16 tokens (not "until the context is full"): set it."""
+    """Max completion tokens per generation (per turn). null: the room seq_len leaves after the prompt
+    (and earlier turns), filled in per request (vLLM itself would read a null as 16 tokens)."""
 
     temperature: float | None = None
     """Sampling temperature (default 1.0), at least 0.01 (vLLM's minimum; greedy sampling is not

@@ -74,7 +74,7 @@ class Orchestrator:
         self.policy = PolicyTracker(
             run_dir, client, cfg.model.lora_adapter, cfg.model.name or "", update_gate=gate
         )
-        self.runner = RolloutRunner(client, tokenizer, self.policy, teacher_client, gate)
+        self.runner = RolloutRunner(client, tokenizer, self.policy, teacher_client, gate, seq_len=cfg.seq_len)
         self.vocab_size = tokenizer.vocab_size
         self.step = 0
         self.num_inflight_target = max(1, math.ceil(cfg.num_groups_per_step * cfg.oversampling_factor))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from grpo.envs.base import Environment, EnvReply, Example, Message
@@ -43,8 +43,10 @@ class RolloutRunner:
         policy: PolicyTracker,
         teacher_client: RolloutClient | None = None,
         update_gate: UpdateGate | None = None,
+        seq_len: int | None = None,
     ) -> None:
         self.client = client
+        self.seq_len = seq_len
         self.tokenizer = tokenizer
         self.policy = policy
         self.teacher_client = teacher_client or client
@@ -129,12 +131,20 @@ class RolloutRunner:
         self, req: GroupRequest, prompt_ids: list[int], n: int, session: str | None
     ) -> list[Resumed]:
         """`n` completions of `prompt_ids`; resumed across policy updates when the request asks."""
+        params = self._bounded(req.params, len(prompt_ids))
         if self._resumes(req):
             assert self.resumer is not None
-            return await self.resumer.generate(prompt_ids, req.params, n, session)
+            return await self.resumer.generate(prompt_ids, params, n, session)
         version = self.policy.version
-        completions = await self.client.generate(self._request(prompt_ids, req.params, n, session))
+        completions = await self.client.generate(self._request(prompt_ids, params, n, session))
         return [Resumed(c, [version] * len(c.token_ids), version) for c in completions]
+
+    def _bounded(self, params: SamplingParams, num_context_tokens: int) -> SamplingParams:
+        """`params` with a null max_tokens made the room left in seq_len: vLLM reads a null max_tokens
+        as 16 tokens, and tokens past seq_len are truncated before training anyway."""
+        if params.max_tokens is not None or self.seq_len is None:
+            return params
+        return replace(params, max_tokens=max(1, self.seq_len - num_context_tokens))
 
     def _rollout(self, req: GroupRequest, prompt_ids: list[int], choice: Resumed, start: int) -> Rollout:
         c = choice.completion

@@ -95,15 +95,3 @@ def test_a_request_that_states_no_sampling_setting_gets_vllms_neutral_defaults(
     completion = asyncio.run(post())
     expected = full_vocabulary_logprobs(tiny_model_path, completion, temperature=1.0)
     assert max_abs_diff(completion.logprobs, expected) < 0.1, (completion.logprobs, expected)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: vLLM 0.32's completion route reads a null max_tokens as 16 tokens, and refuses "
-    "one above the server's max_model_len, which the client does not know",
-)
-def test_no_max_tokens_generates_until_the_context_is_full(server: ServerThread) -> None:
-    request = GenerateRequest(PROMPT, SamplingParams(max_tokens=None, seed=5), model=MODEL)
-    (completion,) = with_client(server, lambda client: client.generate(request))
-    assert len(completion.token_ids) == MAX_MODEL_LEN - len(PROMPT) or completion.finish_reason == "stop"
-    assert len(completion.token_ids) > 16

@@ -81,3 +81,18 @@ def test_a_non_finite_score_from_any_env_fails_the_rollout(tmp_path: Path, bad: 
     assert all(
         r.masked and r.failure == f"env own: reward {bad!r} is not a finite number" for r in group.rollouts
     )
+
+
+def test_a_null_max_tokens_asks_for_the_room_left_in_seq_len(tmp_path: Path) -> None:
+    # vLLM reads a null max_tokens as 16 tokens; the orchestrator fills in what seq_len leaves.
+    env = SingleTurnEnv(examples=[{"prompt": "say hi"}], rewards=[lambda completion: 1.0])
+    client = FakeClient()
+    runner = RolloutRunner(
+        client, fake_tokenizer(), PolicyTracker(tmp_path, client, "default", "m"), seq_len=100
+    )  # type: ignore[arg-type]
+    for max_tokens in (None, 7):
+        req = GroupRequest(0, env, 0, env.examples[0], 2, SamplingParams(max_tokens=max_tokens))
+        asyncio.run(runner.run_group(req))
+    unset, configured = client.requests
+    assert unset.params.max_tokens == 100 - len(unset.prompt_token_ids)
+    assert configured.params.max_tokens == 7
