@@ -81,3 +81,33 @@ def test_a_trainer_that_keeps_every_layers_activations_is_planned_more_than_one_
     # layer's and 30 layer inputs [1024 x 576].
     one_layer = 6 * 1024 * 1536 * 2
     assert activations(keeping) - activations(recomputing) == 29 * one_layer - 30 * 1024 * 576 * 2
+
+
+@pytest.mark.parametrize(
+    ("megatron", "num_layers_kept", "num_heads"),
+    [
+        ({}, 30, 9),
+        ({"recompute": "selective"}, 1, 9),
+        ({"recompute": "full"}, 1, 9),
+        ({"tensor_model_parallel_size": 3}, 30, 3),
+    ],
+    ids=["every-layer", "selective", "full", "tp3"],
+)
+def test_a_megatron_trainer_is_planned_with_its_attention_scores(
+    megatron: dict, num_layers_kept: int, num_heads: int, embedded_model_path: Path
+) -> None:
+    from grpo.colocate.memory_plan import ATTENTION_SCORE_KEPT_BYTES, ATTENTION_SCORE_WORKING_BYTES, trainer_rows
+    from grpo.models.shape import ModelShape
+
+    shape = ModelShape.from_folder(embedded_model_path)
+    fields = {"model": str(embedded_model_path), "device": "cpu", "lora": False, "sequence_len": 512}
+    train = TrainerConfig(**fields, backend="megatron", gpus=3, megatron=megatron)
+    rows = {name: size for name, size, _ in trainer_rows(train, shape, on_gpu=True)}
+    # SmolLM2-135M (9 heads, 30 layers), 2 rows x 512 tokens: padded calls of B x L <= 1024 tokens
+    # with L <= 512 hold at most 1024 x 512 scores per head.
+    num_scores = 1024 * 512 * num_heads
+    per_score = num_layers_kept * ATTENTION_SCORE_KEPT_BYTES + ATTENTION_SCORE_WORKING_BYTES
+    assert rows["attention scores"] == num_scores * per_score
+    assert rows["attention scores"] == {30: 188, 1: 14}[num_layers_kept] * num_scores
+    hf = trainer_rows(TrainerConfig(**fields), shape, on_gpu=True)
+    assert "attention scores" not in {name for name, _, _ in hf}
