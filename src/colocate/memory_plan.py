@@ -3,10 +3,10 @@
 The trainer borrows the engine's base weights, so its own footprint is what is left: LoRA
 parameters with gradients and optimizer state (backend megatron borrows nothing: its own copy of
 every weight, fp32 main weights, gradients and Adam moments), activations of one micro-batch (with
-backend megatron also its attention scores), dequantization buffers, embeddings/lm_head and a fixed
-runtime overhead. vLLM gets the rest (minus a safety
-margin) for weights + KV cache. A user's gpu_memory_utilization / kv_cache_space_gb is an upper
-bound, never raised.
+backend megatron also its attention scores), dequantization buffers and temporaries (for quantized
+weights of its own or borrowed FP8 ones), embeddings/lm_head and a fixed runtime overhead. vLLM
+gets the rest (minus a safety margin) for weights + KV cache. A user's gpu_memory_utilization /
+kv_cache_space_gb is an upper bound, never raised.
 
 On GPU the result is vLLM's gpu_memory_utilization; on CPU it is the KV-cache size in GiB
 (VLLM_CPU_KVCACHE_SPACE), capped by what the configured load needs.
@@ -96,7 +96,19 @@ def _device_memory(train: TrainerConfig) -> tuple[str, int]:
     return "cpu", int(psutil.virtual_memory().available)
 
 
-def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[tuple[str, int, str]]:
+def dequantized_format(train: TrainerConfig, engine_quantization: str | None) -> str | None:
+    """The quantized format whose weights the trainer dequantizes per matmul: its own base's
+    (qlora_*), or, co-located, the FP8 weights it borrows from the engine (backend hf only)."""
+    if train.quantization != "none":
+        return train.quantization
+    if engine_quantization is None or train.backend == "megatron":
+        return None
+    return "fp8"
+
+
+def trainer_rows(
+    train: TrainerConfig, shape: ModelShape, on_gpu: bool, engine_quantization: str | None = None
+) -> list[tuple[str, int, str]]:
     tokens = train.per_device_train_batch_size * train.sequence_len
     h, vocab = shape.hidden_size, shape.vocab_size
     rows: list[tuple[str, int, str]] = []
@@ -145,12 +157,23 @@ def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[
     rows.append(("activations", kept + logits, f"{tokens} tokens: {how}, logits chunk"))
     if train.backend == "megatron":
         rows.append(megatron_attention_scores_row(train, shape))
-    if train.quantization != "none":
+    dequantized = dequantized_format(train, engine_quantization)
+    if dequantized is not None:
         rows.append(
             (
                 "dequant buffers",
                 3 * shape.max_linear_numel() * 2,
                 "3 bf16 buffers of the largest linear weight",
+            )
+        )
+    if dequantized == "fp8":
+        from grpo.trainer.hf.dequant import DEQUANT_CHUNK_BYTES
+
+        rows.append(
+            (
+                "dequant temporaries",
+                min(DEQUANT_CHUNK_BYTES, 4 * shape.max_linear_numel()),
+                f"one fp32 chunk of FP8 rows (at most {DEQUANT_CHUNK_BYTES // 2**20} MiB)",
             )
         )
     num_embed = 1 if shape.tied_embeddings else 2
@@ -193,7 +216,8 @@ def plan_memory(
     shape = ModelShape.from_folder(model_path)
     device, total = _device_memory(train)
     on_gpu = device.startswith("cuda")
-    plan = MemoryPlan(device=device, total_bytes=total, rows=trainer_rows(train, shape, on_gpu))
+    rows = trainer_rows(train, shape, on_gpu, engine_quantization=infer.quantization)
+    plan = MemoryPlan(device=device, total_bytes=total, rows=rows)
     num_replicas = infer.dp  # co-located dp: one engine + one trainer rank per replica
     if on_gpu:
         usable = total * (1 - SAFETY_MARGIN) - plan.trainer_bytes
