@@ -127,6 +127,7 @@ def _shared_and_plain_logprobs(cfg: TrainerConfig, tmp_path: Path) -> tuple[list
     from grpo.trainer.megatron.trainer import MegatronTrainer
 
     plain, shared = _plain_and_shared_rows()
+    tmp_path.mkdir(parents=True, exist_ok=True)
     trainer = MegatronTrainer(cfg, tmp_path)
     plain_lp, shared_lp = _loss_token_logprobs(trainer, plain), _loss_token_logprobs(trainer, shared)
     trainer.close()
