@@ -2,10 +2,11 @@
 
 The trainer borrows the engine's base weights, so its own footprint is what is left: LoRA
 parameters with gradients and optimizer state (backend megatron borrows nothing: its own copy of
-every weight, fp32 main weights, gradients and Adam moments), activations of one micro-batch, dequantization
-buffers, embeddings/lm_head and a fixed runtime overhead. vLLM gets the rest (minus a safety
-margin) for weights + KV cache. A user's gpu_memory_utilization / kv_cache_space_gb is an upper
-bound, never raised.
+every weight, fp32 main weights, gradients and Adam moments), activations of one micro-batch (with
+backend megatron also its attention scores), dequantization buffers and temporaries (for quantized
+weights of its own or borrowed FP8 ones), embeddings/lm_head and a fixed runtime overhead. vLLM
+gets the rest (minus a safety margin) for weights + KV cache. A user's gpu_memory_utilization /
+kv_cache_space_gb is an upper bound, never raised.
 
 On GPU the result is vLLM's gpu_memory_utilization; on CPU it is the KV-cache size in GiB
 (VLLM_CPU_KVCACHE_SPACE), capped by what the configured load needs.
@@ -33,6 +34,14 @@ LORA_BYTES = {"adamw": 4 + 4 + 8, "adamw_8bit": 4 + 4 + 2}
 FULL_BYTES = {"adamw": 4 + 4 + 8, "adamw_8bit": 4 + 4 + 2}
 # backend megatron borrows nothing: its own bf16 weights + fp32 main weights + fp32 grads + Adam moments.
 MEGATRON_BYTES = 2 + 4 + 4 + 8
+# backend megatron's attention (megatron-core's local DotProductAttention, and Transformer Engine's
+# unfused one, which the arbitrary tree mask selects: grpo.trainer.megatron.layer_spec) materialises
+# scores [B, heads, L, L] per layer. Per score, with bf16 compute and the softmax in fp32, a layer
+# keeps the fp32 softmax output and its bf16 copy for backward; the layer being worked on adds the
+# shared bf16 score buffer and two fp32 gradients of its softmax backward (4 + 4 - the bf16 copy
+# already freed + 2). fp32 compute keeps less (one fp32 tensor).
+ATTENTION_SCORE_KEPT_BYTES = 4 + 2
+ATTENTION_SCORE_WORKING_BYTES = 8
 
 
 @dataclass
@@ -87,7 +96,19 @@ def _device_memory(train: TrainerConfig) -> tuple[str, int]:
     return "cpu", int(psutil.virtual_memory().available)
 
 
-def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[tuple[str, int, str]]:
+def dequantized_format(train: TrainerConfig, engine_quantization: str | None) -> str | None:
+    """The quantized format whose weights the trainer dequantizes per matmul: its own base's
+    (qlora_*), or, co-located, the FP8 weights it borrows from the engine (backend hf only)."""
+    if train.quantization != "none":
+        return train.quantization
+    if engine_quantization is None or train.backend == "megatron":
+        return None
+    return "fp8"
+
+
+def trainer_rows(
+    train: TrainerConfig, shape: ModelShape, on_gpu: bool, engine_quantization: str | None = None
+) -> list[tuple[str, int, str]]:
     tokens = train.per_device_train_batch_size * train.sequence_len
     h, vocab = shape.hidden_size, shape.vocab_size
     rows: list[tuple[str, int, str]] = []
@@ -134,12 +155,25 @@ def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[
         how = "6 bf16 tensors per layer, every layer's kept"
     logits = min(tokens, train.logprob_chunk_size) * vocab * 4 * 3
     rows.append(("activations", kept + logits, f"{tokens} tokens: {how}, logits chunk"))
-    if train.quantization != "none":
+    if train.backend == "megatron":
+        rows.append(megatron_attention_scores_row(train, shape))
+    dequantized = dequantized_format(train, engine_quantization)
+    if dequantized is not None:
         rows.append(
             (
                 "dequant buffers",
                 3 * shape.max_linear_numel() * 2,
                 "3 bf16 buffers of the largest linear weight",
+            )
+        )
+    if dequantized == "fp8":
+        from grpo.trainer.hf.dequant import DEQUANT_CHUNK_BYTES
+
+        rows.append(
+            (
+                "dequant temporaries",
+                min(DEQUANT_CHUNK_BYTES, 4 * shape.max_linear_numel()),
+                f"one fp32 chunk of FP8 rows (at most {DEQUANT_CHUNK_BYTES // 2**20} MiB)",
             )
         )
     num_embed = 1 if shape.tied_embeddings else 2
@@ -154,13 +188,36 @@ def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[
     return rows
 
 
+def megatron_attention_scores_row(train: TrainerConfig, shape: ModelShape) -> tuple[str, int, str]:
+    """backend megatron's [B, heads, L, L] attention scores at their largest: a padded call holds
+    B x L <= the micro-batch's tokens with L <= sequence_len (grpo.trainer.packing.padded_forwards),
+    and tensor parallelism splits the heads. Every layer keeps its scores for backward unless
+    megatron.recompute recomputes attention (selective or full: one layer's at a time). With
+    pipeline stages a micro-batch's pieces share one call padded to the longest, which can hold
+    more (many short pieces beside a long one)."""
+    tokens = train.per_device_train_batch_size * train.sequence_len
+    num_heads = shape.num_heads // train.megatron.tensor_model_parallel_size
+    num_scores = tokens * train.sequence_len * num_heads
+    recomputes = train.megatron.recompute in ("selective", "full")
+    num_layers_kept = 1 if recomputes else shape.num_layers
+    per_score = num_layers_kept * ATTENTION_SCORE_KEPT_BYTES + ATTENTION_SCORE_WORKING_BYTES
+    which = "one layer's (recomputed)" if recomputes else "every layer's"
+    return (
+        "attention scores",
+        num_scores * per_score,
+        f"[B, {num_heads} heads, L, L], B x L = {tokens}, L = {train.sequence_len}: {which} "
+        f"{ATTENTION_SCORE_KEPT_BYTES} B kept + {ATTENTION_SCORE_WORKING_BYTES} B working per score",
+    )
+
+
 def plan_memory(
     train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig, model_path: str | Path
 ) -> MemoryPlan:
     shape = ModelShape.from_folder(model_path)
     device, total = _device_memory(train)
     on_gpu = device.startswith("cuda")
-    plan = MemoryPlan(device=device, total_bytes=total, rows=trainer_rows(train, shape, on_gpu))
+    rows = trainer_rows(train, shape, on_gpu, engine_quantization=infer.quantization)
+    plan = MemoryPlan(device=device, total_bytes=total, rows=rows)
     num_replicas = infer.dp  # co-located dp: one engine + one trainer rank per replica
     if on_gpu:
         usable = total * (1 - SAFETY_MARGIN) - plan.trainer_bytes

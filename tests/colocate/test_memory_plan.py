@@ -10,6 +10,7 @@ from grpo.colocate.memory_plan import MIN_CPU_KV_CACHE_GB, MemoryPlan, plan_memo
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.trainer import TrainerConfig
+from grpo.models.shape import ModelShape
 
 
 def _plan(model: Path, **infer: object) -> MemoryPlan:
@@ -81,3 +82,70 @@ def test_a_trainer_that_keeps_every_layers_activations_is_planned_more_than_one_
     # layer's and 30 layer inputs [1024 x 576].
     one_layer = 6 * 1024 * 1536 * 2
     assert activations(keeping) - activations(recomputing) == 29 * one_layer - 30 * 1024 * 576 * 2
+
+
+@pytest.mark.parametrize(
+    ("megatron", "num_layers_kept", "num_heads"),
+    [
+        ({}, 30, 9),
+        ({"recompute": "selective"}, 1, 9),
+        ({"recompute": "full"}, 1, 9),
+        ({"tensor_model_parallel_size": 3}, 30, 3),
+    ],
+    ids=["every-layer", "selective", "full", "tp3"],
+)
+def test_a_megatron_trainer_is_planned_with_its_attention_scores(
+    megatron: dict, num_layers_kept: int, num_heads: int, embedded_model_path: Path
+) -> None:
+    from grpo.colocate.memory_plan import (
+        ATTENTION_SCORE_KEPT_BYTES,
+        ATTENTION_SCORE_WORKING_BYTES,
+        trainer_rows,
+    )
+    from grpo.models.shape import ModelShape
+
+    shape = ModelShape.from_folder(embedded_model_path)
+    fields = {"model": str(embedded_model_path), "device": "cpu", "lora": False, "sequence_len": 512}
+    train = TrainerConfig(**fields, backend="megatron", gpus=3, megatron=megatron)
+    rows = {name: size for name, size, _ in trainer_rows(train, shape, on_gpu=True)}
+    # SmolLM2-135M (9 heads, 30 layers), 2 rows x 512 tokens: padded calls of B x L <= 1024 tokens
+    # with L <= 512 hold at most 1024 x 512 scores per head.
+    num_scores = 1024 * 512 * num_heads
+    per_score = num_layers_kept * ATTENTION_SCORE_KEPT_BYTES + ATTENTION_SCORE_WORKING_BYTES
+    assert rows["attention scores"] == num_scores * per_score
+    assert rows["attention scores"] == {30: 188, 1: 14}[num_layers_kept] * num_scores
+    hf = trainer_rows(TrainerConfig(**fields), shape, on_gpu=True)
+    assert "attention scores" not in {name for name, _, _ in hf}
+
+
+def _7b_shape() -> ModelShape:
+    # Qwen2-7B: gate/up [18944, 3584], the largest linear.
+    return ModelShape(3584, 18944, 28, 28, 4, 128, 152064, tied_embeddings=False)
+
+
+@pytest.mark.parametrize(
+    ("train_fields", "engine_quantization"),
+    [({}, "fp8"), ({}, "fp8_per_block"), ({"qlora_fp8": True}, None)],
+    ids=["borrowed-fp8", "borrowed-fp8-per-block", "qlora-fp8"],
+)
+def test_a_trainer_dequantizing_fp8_is_planned_its_buffers_and_one_chunk_of_temporaries(
+    train_fields: dict, engine_quantization: str | None, tiny_model_path: Path
+) -> None:
+    from grpo.colocate.memory_plan import trainer_rows
+    from grpo.trainer.hf.dequant import DEQUANT_CHUNK_BYTES
+
+    train = TrainerConfig(model=str(tiny_model_path), device="cpu", **train_fields)
+    rows = {name: size for name, size, _ in trainer_rows(train, _7b_shape(), True, engine_quantization)}
+    assert rows["dequant buffers"] == 3 * 18944 * 3584 * 2
+    # A per-tensor scale once expanded to 18944 x 18944 fp32 (1.4 GB) per matmul; now 64 MiB at most.
+    assert rows["dequant temporaries"] == DEQUANT_CHUNK_BYTES == 64 * 2**20
+
+
+def test_a_trainer_that_dequantizes_nothing_is_planned_no_dequantization(tiny_model_path: Path) -> None:
+    from grpo.colocate.memory_plan import trainer_rows
+
+    plain = TrainerConfig(model=str(tiny_model_path), device="cpu")
+    megatron = TrainerConfig(model=str(tiny_model_path), device="cpu", lora=False, backend="megatron")
+    for train, engine_quantization in [(plain, None), (megatron, "fp8")]:
+        names = {name for name, _, _ in trainer_rows(train, _7b_shape(), True, engine_quantization)}
+        assert not names & {"dequant buffers", "dequant temporaries"}

@@ -43,21 +43,40 @@ def dequantize_nf4(weight: NF4Weight, out: torch.Tensor | None = None, dtype: An
     return out.copy_(result)
 
 
+DEQUANT_CHUNK_BYTES = 64 * 2**20
+"""The fp32 temporary one FP8 dequantization holds at most: rows are dequantized a chunk at a time,
+so a per-tensor scale (one tile as large as the whole weight) never expands to a full matrix."""
+
+
+def fp8_chunk_rows(num_cols: int) -> int:
+    """Rows of a [rows, num_cols] FP8 weight dequantized at a time (fp32 chunk <= DEQUANT_CHUNK_BYTES)."""
+    return max(1, DEQUANT_CHUNK_BYTES // (4 * num_cols))
+
+
 def dequantize_fp8_block(
     weight: FP8BlockWeight, out: torch.Tensor | None = None, dtype: Any = None
 ) -> torch.Tensor:
+    """[out, in] weight in `dtype` (default bf16), written into `out` when given: fp8 x its tile's
+    scale in fp32, rounded once to the output dtype. The only temporaries are one chunk of rows in
+    fp32 (fp8_chunk_rows) and its rows' scales [chunk, column tiles]."""
     import torch
 
-    dtype = dtype or torch.bfloat16
     rows, cols = weight.weight.shape
-    first, block = weight.row_offset, weight.block
-    scale = weight.scale.repeat_interleave(block, 0)[first : first + rows].repeat_interleave(block, 1)[
-        :, :cols
-    ]
-    result = weight.weight.float() * scale
     if out is None:
-        return result.to(dtype)
-    return out.copy_(result)
+        out = torch.empty((rows, cols), dtype=dtype or torch.bfloat16, device=weight.weight.device)
+    block = weight.block
+    num_whole = cols // block  # column tiles that lie whole inside the weight
+    step = fp8_chunk_rows(cols)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        tiles = torch.arange(weight.row_offset + start, weight.row_offset + stop, device=weight.scale.device)
+        scale = weight.scale[tiles // block].float()  # [chunk, column tiles]
+        chunk = weight.weight[start:stop].to(torch.float32, memory_format=torch.contiguous_format)
+        chunk[:, : num_whole * block].unflatten(1, (num_whole, block)).mul_(scale[:, :num_whole, None])
+        if num_whole * block < cols:  # the last column tile, cut short by the weight's edge
+            chunk[:, num_whole * block :].mul_(scale[:, num_whole : num_whole + 1])
+        out[start:stop].copy_(chunk)
+    return out
 
 
 class DequantBuffers:

@@ -1,7 +1,8 @@
 """megatron-core GPTModel from an HF Llama-style checkpoint: build, load, forward, export.
 
 The layer spec is TransformerEngine's on CUDA where transformer_engine imports, else megatron-core's
-local spec (plain torch modules: what runs on CPU). Weights are held in the compute dtype (bf16
+local spec (plain torch modules: what runs on CPU), both reading each call's attention mask
+(grpo.trainer.megatron.layer_spec). Weights are held in the compute dtype (bf16
 where the hardware has it, see grpo.trainer.device.choose_dtype); with bf16, Megatron's optimizer
 keeps fp32 main weights, so updates do not round away.
 
@@ -41,14 +42,6 @@ if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.megatron.parallel import ParallelRanks
     from grpo.trainer.packing import Forward, MicroBatch
-
-
-def _use_transformer_engine(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    import importlib.util
-
-    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def _rope_theta(hf_config: Any) -> float:
@@ -268,19 +261,13 @@ def build_model(
     from transformers import AutoConfig
 
     from grpo.trainer.megatron.cpu_compat import on_cpu
+    from grpo.trainer.megatron.layer_spec import gpt_layer_spec, use_transformer_engine
 
     hf_config = AutoConfig.from_pretrained(model_path)
     shape = DecoderShape.from_hf_config(hf_config)
     config = transformer_config(cfg, hf_config, dtype, device)
-    use_te = _use_transformer_engine(device)
-    if use_te:
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
-        spec = get_gpt_layer_with_transformer_engine_spec()
-    else:
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    use_te = use_transformer_engine(device)
+    spec = gpt_layer_spec(use_te)
     with on_cpu():
         module = GPTModel(
             config=config,
