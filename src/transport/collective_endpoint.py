@@ -32,9 +32,9 @@ def store_ip(host: str) -> str:
 
 
 def _default_backend() -> Backend:
-    import torch
+    from grpo.utils.device import cuda_present
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if cuda_present() else "gloo"
 
 
 def _describe_ranks(ranks: list[int]) -> str:

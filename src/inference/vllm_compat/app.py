@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
