@@ -195,6 +195,15 @@ class CollectiveEndpoint:
             else torch.device("cpu")
         )
 
+    def _device_identity(self) -> str:
+        """This rank's GPU as NCCL sees it (its UUID), "" on gloo: ranks that share a GPU are refused
+        at the rendezvous, since NCCL cannot run two ranks of one group on one device."""
+        if (self.backend or _default_backend()) != "nccl":
+            return ""
+        import torch
+
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
     def _broadcast(self, tensor: torch.Tensor) -> None:
         import torch.distributed as dist
 

@@ -84,7 +84,9 @@ def stop_at_engine_start(report: Path) -> None:
     def build_async_engine_client(*args: Any, **kwargs: Any) -> Any:
         by_grpo = [c for c in calls if c["caller"].startswith(GRPO_SRC)]
         multiproc = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
-        report.write_text(json.dumps({"grpo_calls": by_grpo, "all_calls": calls, "multiproc_method": multiproc}))
+        report.write_text(
+            json.dumps({"grpo_calls": by_grpo, "all_calls": calls, "multiproc_method": multiproc})
+        )
         sys.stdout.flush()
         os._exit(0)
 

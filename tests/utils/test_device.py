@@ -37,7 +37,9 @@ def _run_until_engine_start(tmp_path: Path, module: str, argv: list[str]) -> dic
 
 
 def _assert_fork_safe(report: dict[str, object]) -> None:
-    assert report["grpo_calls"] == [], f"grpo touched CUDA before vLLM's engine started: {report['grpo_calls']}"
+    assert report["grpo_calls"] == [], (
+        f"grpo touched CUDA before vLLM's engine started: {report['grpo_calls']}"
+    )
     assert report["multiproc_method"] == "spawn"
 
 
