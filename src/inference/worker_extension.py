@@ -39,6 +39,9 @@ def hf_checkpoint_shapes(hf_config: Any, trust_remote_code: bool = False) -> dic
 class WorkerExtension:
     """Mixed into vLLM's worker class; `self` is the worker."""
 
+    model_config: Any
+    """vLLM's ModelConfig of the served model (set by vLLM's worker)."""
+
     def _grpo_model(self) -> torch.nn.Module:
         return cpu_weights.worker_model(self)
 
