@@ -136,3 +136,16 @@ def test_servers_that_serve_in_different_dtypes_are_refused() -> None:
     sender.close()
     for thread, _ in threads:
         thread.join(30)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_nccl_ranks_on_one_device_are_refused_before_nccl_starts() -> None:
+    port = _free_port()
+    receiver = CollectiveWeightReceiver("localhost", port, 30, backend="nccl")
+    receiving = _in_thread(lambda: receiver.receive(expected=None))
+    sender = CollectiveWeightSender("localhost", port, 30, num_servers=1, backend="nccl")
+    with pytest.raises(UserError, match=r"runs on the trainer's own GPU \(\S+\)"):
+        sender.send(1, _weights())
+    sender.close()
+    receiving[0].join(30)
+    assert "runs on the trainer's own GPU" in str(receiving[1]["error"])

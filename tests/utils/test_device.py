@@ -96,3 +96,35 @@ def test_the_probe_reports_what_torch_counts(monkeypatch: pytest.MonkeyPatch) ->
     assert cuda_present()
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert not cuda_present()
+
+
+_FORK_THEN_USE_CUDA = """
+import os, sys, torch
+{probe}
+pid = os.fork()
+if pid == 0:
+    try:
+        torch.zeros(1, device="cuda").add_(1)
+    except RuntimeError:
+        os._exit(3)
+    os._exit(0)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def _fork_after(probe: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    script = _FORK_THEN_USE_CUDA.format(probe=probe)
+    return subprocess.run([sys.executable, "-c", script], env=env, timeout=120).returncode
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_child_forked_after_the_probe_can_use_cuda() -> None:
+    probe = "from grpo.utils.device import cuda_device_facts, cuda_present\nassert cuda_present()\ncuda_device_facts()"
+    assert _fork_after(probe) == 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_child_forked_after_torch_cuda_is_available_cannot_use_cuda() -> None:
+    # Why grpo.utils.device exists: if this ever passes, torch stopped poisoning forks here.
+    assert _fork_after("assert torch.cuda.is_available()") == 3
