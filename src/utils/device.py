@@ -48,7 +48,10 @@ def _facts_here() -> CudaDeviceFacts:
 
 def cuda_device_facts() -> CudaDeviceFacts:
     """The current CUDA device's index, name and total memory. Unless CUDA is already initialised
-    here, they are read in a forked child that exits afterwards, so this process stays forkable."""
+    here, they are read in a forked child that exits afterwards, so this process stays forkable
+    (vLLM reads device properties the same way). Where NVML is missing, device_count() has already
+    asked the CUDA runtime, and that child fails with torch's "Cannot re-initialize CUDA in forked
+    subprocess"."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
