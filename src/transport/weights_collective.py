@@ -75,6 +75,8 @@ from grpo.utils.errors import UserError
 if TYPE_CHECKING:
     import torch
 
+    from grpo.config.transport import NcclWeightBroadcast
+
 _SENDER_KEY = "sender"
 _NONCE_BYTES = 16
 _REFUSAL_LINGER_S = 1.0
@@ -133,6 +135,14 @@ class CollectiveWeightSender(CollectiveEndpoint):
             raise ValueError(f"bucket_bytes is {bucket_bytes}; a bucket holds at least one byte")
         self.bucket_bytes = bucket_bytes
         self._serving_dtypes: dict[int, str] = {}
+
+    @classmethod
+    def for_config(cls, wb: NcclWeightBroadcast) -> CollectiveWeightSender:
+        """The sender train.yaml's weight_broadcast block describes."""
+        return cls(
+            wb.host, wb.port, wb.timeout, num_servers=wb.num_servers, secret_env=wb.secret_env,
+            bucket_bytes=wb.bucket_mib * 2**20,
+        )  # fmt: skip
 
     def _make_store(self) -> Any:
         import torch.distributed as dist

@@ -64,8 +64,10 @@ def test_layout_keeps_order_bounds_every_bucket_and_sends_a_larger_tensor_alone(
         assert all(s.offset % ALIGN_BYTES == 0 for s in bucket.slots)
 
 
-def test_the_default_bound_is_the_configs() -> None:
+def test_the_default_bound_is_the_configs_and_the_config_sets_it() -> None:
     assert NcclWeightBroadcast(type="nccl").bucket_mib == DEFAULT_BUCKET_MIB
+    sender = CollectiveWeightSender.for_config(NcclWeightBroadcast(type="nccl", bucket_mib=3, num_servers=2))
+    assert sender.bucket_bytes == 3 * 2**20 and sender.world_size == 3
 
 
 def test_weights_arrive_equal_in_the_serving_dtype_in_buckets_no_larger_than_the_bound(
