@@ -45,7 +45,9 @@ def _assert_fork_safe(report: dict[str, object]) -> None:
 
 def _infer_yaml(tmp_path: Path, model: Path) -> Path:
     path = tmp_path / "infer.yaml"
-    path.write_text(yaml.safe_dump({"model": str(model), "dtype": "bfloat16", "enable_lora": True}))
+    path.write_text(
+        yaml.safe_dump({"model": str(model), "dtype": "bfloat16", "enable_lora": True, "port": 0})
+    )
     return path
 
 
@@ -65,7 +67,7 @@ def test_colocated_grpo_leaves_cuda_untouched_until_the_engine_starts(
     argv = [
         "--train", str(DEMO / "train.yaml"), "--infer", str(DEMO / "infer.yaml"), "--orch", str(DEMO / "orch.yaml"),
         "--train.model", model, "--infer.model", model, "--orch.model.name", model,
-        "--infer.dtype", "bfloat16", "--train.output_dir", str(tmp_path / "run"),
+        "--infer.dtype", "bfloat16", "--infer.port", "0", "--train.output_dir", str(tmp_path / "run"),
     ]  # fmt: skip
     _assert_fork_safe(_run_until_engine_start(tmp_path, "grpo.cli.grpo", argv))
 
@@ -81,7 +83,7 @@ def test_a_colocated_replica_process_leaves_cuda_untouched_until_its_engine_star
     run_dir = tmp_path / "run"
     model = str(tiny_model_path)
     train = TrainerConfig(model=model, output_dir=str(run_dir))
-    infer = InferenceConfig(model=model, dtype="bfloat16", enable_lora=True, dp=2)
+    infer = InferenceConfig(model=model, dtype="bfloat16", enable_lora=True, dp=2, port=0)
     write_resolved_configs(run_dir, {"train": train, "infer": infer})
     argv = [
         "--run-dir", str(run_dir), "--model-path", model, "--rank", "1", "--world-size", "2",
