@@ -17,12 +17,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _cuda_available() -> bool:
-    try:
-        import torch
+    # Not torch.cuda.is_available(): it would break every vLLM engine a test forks later.
+    from grpo.utils.device import cuda_present
 
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+    return cuda_present()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -84,11 +84,12 @@ class MemoryPlan:
 
 
 def _device_memory(train: TrainerConfig) -> tuple[str, int]:
-    import torch
+    from grpo.utils.device import cuda_device_facts, cuda_present
 
-    if train.device != "cpu" and torch.cuda.is_available():
-        _free, total = torch.cuda.mem_get_info()
-        return f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}", int(total)
+    # Asked without initialising CUDA here: vLLM's engine is forked from this process later.
+    if train.device != "cpu" and cuda_present():
+        facts = cuda_device_facts()
+        return f"cuda:{facts.index} {facts.name}", facts.total_bytes
     if train.device == "cuda":
         raise UserError("train device is 'cuda' but no CUDA device is visible; set device: auto or cpu")
     import psutil

@@ -53,9 +53,9 @@ def replica_devices(num_replicas: int, on_gpu: bool) -> list[str | None]:
     if visible is not None:
         devices = [d.strip() for d in visible.split(",") if d.strip()]
     else:
-        import torch
+        from grpo.utils.device import num_cuda_devices
 
-        devices = [str(i) for i in range(torch.cuda.device_count())]
+        devices = [str(i) for i in range(num_cuda_devices())]
     if len(devices) < num_replicas:
         raise UserError(
             f"infer dp {num_replicas} co-locates one engine and one trainer rank per GPU, but only "

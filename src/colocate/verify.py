@@ -1,8 +1,11 @@
 """Check borrowed weights against the checkpoint once at start-up.
 
-A new vLLM release can change how it lays out fused weights (order, padding, transposition).
-Training on silently mis-mapped weights would look like a broken run much later, so a few
-tensors are compared with the safetensors on disk before training starts.
+A new vLLM release can change how it lays out fused weights (order, padding, transposition), and
+vLLM's kernels may replace, repack or empty a layer's `weight` after loading
+(`process_weights_after_loading`; docs/colocate.md, "What vLLM does to the weights it lends").
+Training on such a handle would look like a broken run much later, so a spread of borrowed
+tensors (the first, the last and a few between) is compared whole with the safetensors on disk
+before training starts, and any difference stops the run in one line.
 """
 
 from __future__ import annotations
@@ -18,6 +21,16 @@ if TYPE_CHECKING:
     from grpo.trainer.quantized_weights import FP8BlockWeight
 
 NUM_CHECKED = 4
+
+_FIX = (
+    "vLLM replaced or repacked the weight after loading, or laid it out differently, so the trainer would train "
+    "on another base; run co-located on a vLLM in the tested range (>=0.32,<0.33) with quantization null or "
+    "fp8_per_block, or use the multi-process mode (the trainer loads its own base)"
+)
+
+
+def _mismatch(name: str, difference: str) -> UserError:
+    return UserError(f"borrowed weight {name} is not the checkpoint's ({difference}): {_FIX}")
 
 
 def _checkpoint_files(model_path: str | Path) -> dict[str, Path]:
@@ -63,12 +76,13 @@ def verify_fp8_against_checkpoint(borrowed: dict[str, FP8BlockWeight], model_pat
         with safe_open(str(on_disk[f"{name}.weight"]), framework="pt") as f:
             expected = f.get_tensor(f"{name}.weight").float()
         got = dequantize_fp8_block(borrowed[name], dtype=torch.float32).cpu()
-        error = (got - expected).norm() / expected.norm() if got.shape == expected.shape else None
-        if error is None or error > FP8_MAX_RELATIVE_ERROR:
-            raise ValueError(
-                f"borrowed FP8 weight {name} does not match the checkpoint (relative error "
-                f"{'shape' if error is None else f'{error:.3f}'}); the engine's FP8 layout is not what this version "
-                "of grpo expects (on CPU, is the row-major FP8 patch active?): check the supported vLLM range"
+        if got.shape != expected.shape:
+            raise _mismatch(name, f"dequantized shape {list(got.shape)}, checkpoint {list(expected.shape)}")
+        error = float((got - expected).norm() / expected.norm())
+        if not error <= FP8_MAX_RELATIVE_ERROR:  # NaN included
+            raise _mismatch(
+                name,
+                f"dequantized FP8 differs by {error:.3f} relative, rounding gives at most {FP8_MAX_RELATIVE_ERROR}",
             )
     return checked
 
@@ -88,15 +102,17 @@ def verify_against_checkpoint(borrowed: dict[str, torch.Tensor], model_path: str
     for name in checked:
         with safe_open(str(on_disk[name]), framework="pt") as f:
             expected = f.get_tensor(name)
-        got = borrowed[name].detach().to("cpu", expected.dtype)
-        if got.shape != expected.shape or not torch.equal(got, expected):
-            diff = (
-                (got.float() - expected.float()).abs().max().item()
-                if got.shape == expected.shape
-                else "shape"
-            )
-            raise ValueError(
-                f"borrowed weight {name} does not match the checkpoint (max diff {diff}); the engine's weight "
-                "layout is not what this version of grpo expects: check the supported vLLM range"
+        engine = borrowed[name].detach()
+        if engine.shape != expected.shape:
+            raise _mismatch(name, f"engine shape {list(engine.shape)}, checkpoint {list(expected.shape)}")
+        # vLLM casts the checkpoint to its dtype while loading: the engine must hold exactly that.
+        expected = expected.to(engine.dtype)
+        got = engine.to("cpu")
+        if not torch.equal(got, expected):
+            rows = (got != expected).reshape(expected.shape[0], -1).any(dim=1).nonzero().flatten()
+            diff = (got.float() - expected.float()).abs().max().item()
+            raise _mismatch(
+                name,
+                f"{rows.numel()} of {expected.shape[0]} rows differ, the first at row {int(rows[0])}, by up to {diff:.3g}",
             )
     return checked

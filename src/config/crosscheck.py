@@ -136,6 +136,12 @@ def check_colocated(
             "orch client.elastic discovers servers of the multi-process mode; a co-located run samples from "
             "its own engines (infer dp N for more): remove client.elastic"
         )
+    if train.weight_broadcast.type == "nccl":
+        problems.append(
+            "weight_broadcast type nccl: a co-located run loads each policy into its own engine, on the trainer's "
+            "GPU, where NCCL cannot join both; set weight_broadcast type filesystem (or remove it) in train.yaml "
+            "and orch.yaml"
+        )
     if infer.tp > 1:
         problems.append(
             f"infer tp {infer.tp}: a co-located trainer rank borrows the weights of one engine worker; set tp: 1 "

@@ -36,15 +36,15 @@ def fp8_problems(
 ) -> list[str]:
     """One line naming `infer quantization` and the fix when this FP8 method cannot run here; else [].
 
-    `cuda_available` defaults to what torch sees (imported here, after the CLI has parsed),
+    `cuda_available` defaults to grpo.utils.device.cuda_present (asked after the CLI has parsed),
     `amx_available` to this CPU's flags.
     """
     if quantization not in PER_TENSOR_FP8_METHODS | BLOCK_FP8_METHODS:
         return []
     if cuda_available is None:
-        import torch
+        from grpo.utils.device import cuda_present
 
-        cuda_available = torch.cuda.is_available()
+        cuda_available = cuda_present()
     if cuda_available:
         return []
     if quantization in BLOCK_FP8_METHODS:

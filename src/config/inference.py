@@ -23,6 +23,10 @@ def round_up_lora_rank(rank: int) -> int:
     )
 
 
+BITSANDBYTES_NAMES = frozenset({"bitsandbytes", "bnb", "nf4"})
+"""Names a user may give bitsandbytes quantization, which vLLM 0.32 does not have."""
+
+
 class InferenceConfig(StrictModel):
     model: str
     """HuggingFace model id or local path. Ids resolve offline: local path, HF cache, embedded store."""
@@ -39,7 +43,8 @@ class InferenceConfig(StrictModel):
     quantization: str | None = None
     """vLLM quantization method for the base weights (vLLM's --quantization), e.g. "fp8" on a GPU or
     "fp8_per_block" (FP8 E4M3, 128x128 block scales; also runs on CPU). null = as the checkpoint is.
-    Co-located runs borrow unquantized and FP8 weights; other methods are refused at start."""
+    Co-located runs borrow unquantized and FP8 weights; other methods are refused at start, and
+    bitsandbytes (NF4), which vLLM 0.32 lacks, at load."""
 
     max_model_len: int | None = Field(None, gt=0)
     """Maximum context length (prompt + completion); null takes the model's."""
@@ -142,6 +147,17 @@ class InferenceConfig(StrictModel):
         if self.quantization is not None and self.quantization.startswith("fp8") and self.dtype == "float32":
             raise ValueError(
                 f"quantization {self.quantization} computes in 16 bits: set dtype to bfloat16 (or float16)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_bitsandbytes(self) -> InferenceConfig:
+        if self.quantization is not None and self.quantization.lower() in BITSANDBYTES_NAMES:
+            raise ValueError(
+                f"quantization {self.quantization}: vLLM 0.32 has no bitsandbytes (NF4) method, so nothing serves "
+                "or lends NF4 weights; set quantization fp8_per_block (FP8 weights, which a co-located trainer "
+                "borrows), or serve unquantized and set qlora_bnb: true in train.yaml (multi-process mode: the "
+                "trainer loads its own NF4 base)"
             )
         return self
 

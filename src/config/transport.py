@@ -67,6 +67,11 @@ class NcclWeightBroadcast(StrictModel):
     trainer waits for exactly these). Must equal the number of servers in the orchestrator's
     client.base_url; set the same value in train.yaml and orch.yaml."""
 
+    bucket_mib: int = Field(512, ge=1)
+    """Most MiB of weights sent (and allocated by each server) at once: each policy crosses in
+    buckets of consecutive tensors no larger than this (a larger tensor alone), floating tensors in
+    the servers' own dtype."""
+
     secret_env: str = "GRPO_WEIGHTS_SECRET"
     """Environment variable holding the secret the trainer and the inference servers prove to each
     other (HMAC-SHA256 challenge-response) and sign each update's manifest with; every grpo-infer

@@ -113,6 +113,10 @@ def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, st
     env: dict[str, str] = {}
     if cfg.enable_lora and resolve_lora_serving(cfg, on_cpu) == "adapter":
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if not on_cpu and "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
+        # A forked engine cannot use CUDA once anything in this process has touched it (vLLM forks
+        # unless CUDA is fully initialised here); spawn is safe whatever ran before (grpo.utils.device).
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     if on_cpu:
         # vLLM takes whole GiB.
         env["VLLM_CPU_KVCACHE_SPACE"] = str(math.ceil(cfg.kv_cache_space_gb or DEFAULT_CPU_KV_CACHE_GB))
@@ -126,6 +130,6 @@ def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, st
 
 
 def _cuda_available() -> bool:
-    import torch
+    from grpo.utils.device import cuda_present
 
-    return bool(torch.cuda.is_available())
+    return cuda_present()

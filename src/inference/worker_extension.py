@@ -39,6 +39,9 @@ def hf_checkpoint_shapes(hf_config: Any, trust_remote_code: bool = False) -> dic
 class WorkerExtension:
     """Mixed into vLLM's worker class; `self` is the worker."""
 
+    model_config: Any
+    """vLLM's ModelConfig of the served model (set by vLLM's worker)."""
+
     def _grpo_model(self) -> torch.nn.Module:
         return cpu_weights.worker_model(self)
 
@@ -93,23 +96,29 @@ class WorkerExtension:
         if version <= getattr(self, "_grpo_collective_version", 0):
             return 0
         expected = self._grpo_checkpoint_shapes()
+        serving_dtype = str(self.model_config.dtype).removeprefix("torch.")
         receiver = CollectiveWeightReceiver(
-            host, port, timeout, rank=rank, world_size=world_size, secret_env=secret_env
-        )
+            host, port, timeout, rank=rank, world_size=world_size, secret_env=secret_env,
+            serving_dtype=serving_dtype,
+        )  # fmt: skip
+        model = self._grpo_model()
+        num_tensors = 0
         try:
-            step, tensors = receiver.receive(expected=expected)
+            step, buckets = receiver.receive_buckets(expected=expected)
+            if step != version:
+                raise ValueError(
+                    f"the trainer at {host}:{port} sent policy {step}, but policy {version} was announced; "
+                    "is another trainer using the same weight_broadcast port?"
+                )
+            # One bucket in memory at a time: vLLM copies each into its parameters (fused ones by shard).
+            for bucket in buckets:
+                model.load_weights(weights=iter(bucket))
+                num_tensors += len(bucket)
         finally:
             receiver.close()
-        if step != version:
-            raise ValueError(
-                f"the trainer at {host}:{port} sent policy {step}, but policy {version} was announced; "
-                "is another trainer using the same weight_broadcast port?"
-            )
-        model = self._grpo_model()
-        model.load_weights(weights=iter(tensors))
         cpu_weights.repack_cpu_linear_weights(model)
         self._grpo_collective_version = version
-        return len(tensors)
+        return num_tensors
 
     def merge_lora_from_path(self, path: str) -> int:
         """Serve base + the PEFT adapter in folder `path` (lora_serving: merged); returns the layers merged.

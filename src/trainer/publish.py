@@ -44,9 +44,7 @@ def send_over_collective(
     write_collective_manifest(staged, version, wb.host, wb.port, len(tensors), num_bytes)
     publish_dir(staged, final)
     prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
-    sender = CollectiveWeightSender(
-        wb.host, wb.port, wb.timeout, num_servers=wb.num_servers, secret_env=wb.secret_env
-    )
+    sender = CollectiveWeightSender.for_config(wb)
     try:
         sender.send(version, tensors)
     finally:

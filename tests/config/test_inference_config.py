@@ -40,3 +40,12 @@ def test_grpo_infer_exits_2_with_one_line(tmp_path: Path) -> None:
     assert_refused_in_one_line(
         [str(BIN / "grpo-infer"), "i.yaml", "--dry-run"], "VLLM_API_KEY", "VLLM_API_KEY", cwd=tmp_path
     )
+
+
+@pytest.mark.parametrize("name", ["bitsandbytes", "bnb", "NF4"])
+def test_bitsandbytes_quantization_is_refused_in_one_line_naming_the_working_alternatives(name: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(InferenceConfig, {"model": "m", "quantization": name}, "infer.yaml")
+    (line,) = str(err.value).splitlines()
+    assert "vLLM 0.32 has no bitsandbytes (NF4) method" in line
+    assert "set quantization fp8_per_block" in line and "qlora_bnb: true in train.yaml" in line

@@ -23,6 +23,7 @@ from grpo.inference.lora_merge import merge_plan, merged_weight
 from grpo.inference.policy_replay import MERGE_LORA_PATH
 from grpo.inference.server import ServerThread
 from grpo.inference.types import GenerateRequest, SamplingParams
+from grpo.utils.device import cuda_present
 
 MODEL = "tiny"
 PROMPT = [1, 504, 3458, 282, 4195, 314, 260, 3436, 28, 1159]
@@ -92,7 +93,7 @@ def test_adapters_that_cannot_merge_are_refused_with_the_reason(
         merge_plan(write_adapter(tmp_path / "a", config, modules), ENGINE_LAYERS)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU GEMM dispatch")
+@pytest.mark.skipif(cuda_present(), reason="vLLM's CPU GEMM dispatch")
 @pytest.mark.parametrize("out_features", [64, 1536])  # small and large GEMMs take different CPU kernels
 def test_the_cpu_kernel_computes_with_the_merged_weight_and_the_parameter_is_not_written(
     out_features: int,

@@ -111,6 +111,14 @@ def test_cpu_env_sizes_the_kv_cache_in_whole_gib_and_keeps_dense_weights() -> No
     assert gpu_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 
+def test_on_cuda_engines_are_spawned_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    assert server_env(InferenceConfig(model="m"), on_cpu=False)["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in server_env(InferenceConfig(model="m"), on_cpu=True)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in server_env(InferenceConfig(model="m"), on_cpu=False)
+
+
 @pytest.mark.parametrize(
     ("fields", "on_cpu", "expected"),
     [

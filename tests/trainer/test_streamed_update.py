@@ -9,8 +9,8 @@ import pytest
 import torch
 from trainer_batches import distributed_test_batch, make_row
 
-from grpo.trainer.hf import model as trainer_model
 from grpo.trainer.entry import run
+from grpo.trainer.hf import model as trainer_model
 from grpo.trainer.hf.trainer import Trainer
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.transport.batches.memory import memory_transport_pair

@@ -24,11 +24,18 @@ told another world size is refused on both sides. Rendezvous, explicit:
 - then every rank marks itself ready and waits for every other rank's mark; after `timeout`
   seconds it raises TimeoutError naming the missing ranks (rank 0 is the trainer).
 
+Each receiver's hello also names the dtype its server computes in and, over NCCL, its GPU's UUID:
+the sender refuses a receiver on its own GPU (NCCL cannot run two ranks of one group on one device;
+the message names the fix), and casts the floating tensors to the serving dtype before sending
+(servers told apart by dtype are refused: one broadcast serves them all).
+
 Protocol, update k (0, 1, ...): the sender writes `update/{k}/tag` (HMAC over the session nonce
-and the document) and `update/{k}`, a JSON document `{"step": s, "tensors": [[name, dtype,
-shape], ...]}` (no pickle anywhere), then broadcasts the tensors one by one in that order; each
-receiver checks the tag, then the document (`check_manifest`: against the served model's own
-shapes, before anything is allocated), allocates, and receives.
+and the document) and `update/{k}`, a JSON document `{"step": s, "bucket_bytes": b, "tensors":
+[[name, dtype, shape], ...]}` (no pickle anywhere), then broadcasts the tensors in that order,
+grouped into flat byte buckets of at most b bytes (grpo.transport.weights.buckets; a larger tensor
+alone); each receiver checks the tag, then the document (`check_manifest`: against the served
+model's own shapes, before anything is allocated), and then allocates, receives and hands on one
+bucket at a time, so neither side holds more than one bucket beyond the model.
 
 The secret decides who joins and what is announced; the tensors themselves cross the network
 unencrypted (gloo / NCCL), so a machine that can intercept or redirect that traffic at the network
@@ -41,10 +48,17 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from grpo.transport.weights.buckets import (
+    DEFAULT_BUCKET_MIB,
+    bucket_layout,
+    pack_bucket,
+    tensor_bytes,
+    unpack_bucket,
+)
 from grpo.transport.weights.collective_endpoint import (
     DEFAULT_SECRET_ENV,
     POLL_S,
@@ -61,10 +75,15 @@ from grpo.utils.errors import UserError
 if TYPE_CHECKING:
     import torch
 
+    from grpo.config.transport import NcclWeightBroadcast
+
 _SENDER_KEY = "sender"
 _NONCE_BYTES = 16
 _REFUSAL_LINGER_S = 1.0
 """Seconds a sender keeps its store open after refusing a rank, so that rank reads why (many polls)."""
+_SERVING_DTYPES = ("bfloat16", "float16", "float32")
+_HELLO_FIELDS = {"world_size": int, "nonce": str, "proof": str, "dtype": str, "device": str}
+"""A receiver's hello; dtype and device are "" where unknown (no served model, not on NCCL)."""
 
 
 def _json_object(raw: bytes, fields: dict[str, type]) -> dict[str, Any] | None:
@@ -97,7 +116,10 @@ class CollectiveWeightSender(CollectiveEndpoint):
         num_servers: int,
         backend: Backend | None = None,
         secret_env: str = DEFAULT_SECRET_ENV,
+        bucket_bytes: int = DEFAULT_BUCKET_MIB * 2**20,
     ) -> None:
+        """`bucket_bytes`: the most bytes sent (and allocated by a receiver) at once
+        (weight_broadcast.bucket_mib)."""
         if num_servers < 1:
             raise ValueError(f"num_servers is {num_servers}; the weights go to at least one inference server")
         super().__init__(
@@ -109,6 +131,18 @@ class CollectiveWeightSender(CollectiveEndpoint):
             backend=backend,
             secret_env=secret_env,
         )
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes is {bucket_bytes}; a bucket holds at least one byte")
+        self.bucket_bytes = bucket_bytes
+        self._serving_dtypes: dict[int, str] = {}
+
+    @classmethod
+    def for_config(cls, wb: NcclWeightBroadcast) -> CollectiveWeightSender:
+        """The sender train.yaml's weight_broadcast block describes."""
+        return cls(
+            wb.host, wb.port, wb.timeout, num_servers=wb.num_servers, secret_env=wb.secret_env,
+            bucket_bytes=wb.bucket_mib * 2**20,
+        )  # fmt: skip
 
     def _make_store(self) -> Any:
         import torch.distributed as dist
@@ -144,7 +178,7 @@ class CollectiveWeightSender(CollectiveEndpoint):
 
     def _answer(self, store: Any, rank: int, raw_hello: bytes) -> None:
         """Prove the secret to `rank`, or refuse it (before any tensor is sent)."""
-        hello = _json_object(raw_hello, {"world_size": int, "nonce": str, "proof": str})
+        hello = _json_object(raw_hello, _HELLO_FIELDS)
         if hello is None:
             self._refuse(
                 store,
@@ -167,6 +201,20 @@ class CollectiveWeightSender(CollectiveEndpoint):
                 "give every grpo-infer this secret (in the variable its weight_secret_env names), or find "
                 f"which peer claimed rank {rank} at {self.address}",
             )
+        own_device = self._device_identity()
+        if own_device and hello["device"] == own_device:
+            self._refuse(
+                store,
+                rank,
+                f"rank {rank} (an inference server) runs on the trainer's own GPU ({own_device}), and NCCL cannot "
+                "join two ranks on one device; give grpo-train and grpo-infer different GPUs (CUDA_VISIBLE_DEVICES), "
+                "or set weight_broadcast type filesystem (or run both co-located with grpo, which needs no collective)",
+            )
+        if hello["dtype"] not in ("", *_SERVING_DTYPES):
+            self._refuse(
+                store, rank, f"rank {rank} serves in dtype {hello['dtype']!r}, which is not a weight dtype"
+            )
+        self._serving_dtypes[rank] = hello["dtype"]
         store.set(f"rank{rank}_verdict", json.dumps({"proof": self._proof("sender", hello["nonce"], rank)}))
 
     def _refuse(self, store: Any, rank: int, problem: str) -> NoReturn:
@@ -175,18 +223,47 @@ class CollectiveWeightSender(CollectiveEndpoint):
         time.sleep(_REFUSAL_LINGER_S)
         raise UserError(f"weight sender at {self.address}: {problem}")
 
+    def _wire_dtype(self) -> torch.dtype | None:
+        """The dtype every receiver serves in (floating tensors are sent in it), None if unknown."""
+        import torch
+
+        dtypes = sorted({d for d in self._serving_dtypes.values() if d})
+        if len(dtypes) > 1:
+            by_rank = ", ".join(f"rank {r}: {d}" for r, d in sorted(self._serving_dtypes.items()))
+            raise UserError(
+                f"weight sender at {self.address}: the inference servers serve in different dtypes ({by_rank}), "
+                "but one broadcast reaches them all; give every grpo-infer the same dtype"
+            )
+        return getattr(torch, dtypes[0]) if dtypes else None
+
     def send(self, step: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Broadcast one full set of weights for policy `step` (blocks until every receiver has them)."""
+        """Broadcast one full set of weights for policy `step` (blocks until every receiver has them):
+        floating tensors in the receivers' serving dtype, in buckets of at most `bucket_bytes`."""
         self.connect()
         device = self._device()
-        tensors = [(name, tensor.detach().to(device).contiguous()) for name, tensor in named_tensors]
+        wire_dtype = self._wire_dtype()
+        named = list(named_tensors)
+
+        def on_wire(tensor: torch.Tensor) -> torch.dtype:
+            return wire_dtype if wire_dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+        dtypes = [on_wire(tensor) for _name, tensor in named]
         manifest = {
             "step": step,
-            "tensors": [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in tensors],
+            "bucket_bytes": self.bucket_bytes,
+            "tensors": [
+                [name, str(dtype).removeprefix("torch."), list(tensor.shape)]
+                for (name, tensor), dtype in zip(named, dtypes, strict=True)
+            ],
         }
         self._publish_manifest(json.dumps(manifest))
-        for _name, tensor in tensors:
-            self._broadcast(tensor)
+        sizes = [
+            tensor_bytes(dtype, tensor.shape) for (_name, tensor), dtype in zip(named, dtypes, strict=True)
+        ]
+        for bucket in bucket_layout(sizes, self.bucket_bytes):
+            # Cast one bucket at a time: a whole fp32 -> bf16 copy of the model would not fit beside it.
+            cast = {s.index: named[s.index][1].detach().to(device, dtypes[s.index]) for s in bucket.slots}
+            self._broadcast(pack_bucket(bucket, cast, device))
         if self._num_updates > 0:  # every receiver read the previous manifest before this broadcast
             previous = f"update/{self._num_updates - 1}"
             self._store.delete_key(previous)
@@ -218,7 +295,10 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
         rank: int = 1,
         world_size: int = 2,
         secret_env: str = DEFAULT_SECRET_ENV,
+        serving_dtype: str = "",
     ) -> None:
+        """`serving_dtype`: the dtype the server computes in ("bfloat16"...), which the trainer sends
+        floating tensors in; "" takes them as the trainer holds them."""
         if not 0 < rank < world_size:
             raise ValueError(
                 f"receiver rank {rank} is outside 1..{world_size - 1} (world size {world_size} = the trainer + "
@@ -227,6 +307,7 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
         super().__init__(
             host, port, timeout, rank=rank, world_size=world_size, backend=backend, secret_env=secret_env
         )
+        self.serving_dtype = serving_dtype
 
     def _make_store(self) -> Any:
         import torch.distributed as dist
@@ -254,6 +335,8 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
             "world_size": self.world_size,
             "nonce": nonce,
             "proof": self._proof("receiver", nonce, self.rank),
+            "dtype": self.serving_dtype,
+            "device": self._device_identity(),
         }
         # Written even when the world sizes differ, so the trainer names this rank too.
         store.set(f"rank{self.rank}_hello", json.dumps(hello))
@@ -288,11 +371,19 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
     def receive(
         self, *, expected: Mapping[str, Sequence[int]] | None
     ) -> tuple[int, list[tuple[str, torch.Tensor]]]:
-        """Block until the next weight update arrives; return (policy step, [(name, tensor)]).
+        """receive_buckets with every bucket received: (policy step, [(name, tensor)])."""
+        step, buckets = self.receive_buckets(expected=expected)
+        return step, [named for bucket in buckets for named in bucket]
 
-        `expected`: HF name -> shape of the served model's tensors; the update must fit it before
-        anything is allocated (check_manifest). None only in transport tests."""
-        import torch
+    def receive_buckets(
+        self, *, expected: Mapping[str, Sequence[int]] | None
+    ) -> tuple[int, Iterator[list[tuple[str, torch.Tensor]]]]:
+        """Block until the next weight update is announced; return (policy step, its buckets).
+
+        Each bucket ([(name, tensor)], views over one buffer) is allocated and received as the
+        iterator reaches it: use it before taking the next, and take them all (the sender waits
+        for every receiver). `expected`: HF name -> shape of the served model's tensors; the update
+        must fit it before anything is allocated (check_manifest). None only in transport tests."""
         import torch.distributed as dist
 
         self.connect()
@@ -311,12 +402,22 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
                 f"weight receiver rank {self.rank} at {self.address}: update {self._num_updates}'s manifest is not "
                 f"signed with the secret in ${self.secret_env}; a peer other than the trainer wrote it, so it is refused"
             )
-        step, entries = check_manifest(json.loads(text), expected)
-        device = self._device()
-        received = []
-        for name, dtype, shape in entries:
-            tensor = torch.empty(shape, dtype=dtype, device=device)
-            self._broadcast(tensor)
-            received.append((name, tensor))
+        manifest = json.loads(text)
+        step, entries = check_manifest(manifest, expected)
+        bucket_bytes = manifest.get("bucket_bytes")
+        if type(bucket_bytes) is not int or bucket_bytes < 1:
+            raise ValueError(f"weight update {self._num_updates}'s manifest has no bucket_bytes >= 1")
         self._num_updates += 1
-        return step, received
+        return step, self._buckets(entries, bucket_bytes)
+
+    def _buckets(
+        self, entries: list[tuple[str, torch.dtype, list[int]]], bucket_bytes: int
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        import torch
+
+        device = self._device()
+        sizes = [tensor_bytes(dtype, shape) for _name, dtype, shape in entries]
+        for bucket in bucket_layout(sizes, bucket_bytes):
+            buffer = torch.empty(bucket.num_bytes, dtype=torch.uint8, device=device)
+            self._broadcast(buffer)
+            yield unpack_bucket(bucket, buffer, entries)

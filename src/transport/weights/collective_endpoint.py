@@ -32,9 +32,9 @@ def store_ip(host: str) -> str:
 
 
 def _default_backend() -> Backend:
-    import torch
+    from grpo.utils.device import cuda_present
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if cuda_present() else "gloo"
 
 
 def _describe_ranks(ranks: list[int]) -> str:
@@ -194,6 +194,15 @@ class CollectiveEndpoint:
             if self.backend == "nccl"
             else torch.device("cpu")
         )
+
+    def _device_identity(self) -> str:
+        """This rank's GPU as NCCL sees it (its UUID), "" on gloo: ranks that share a GPU are refused
+        at the rendezvous, since NCCL cannot run two ranks of one group on one device."""
+        if (self.backend or _default_backend()) != "nccl":
+            return ""
+        import torch
+
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         import torch.distributed as dist

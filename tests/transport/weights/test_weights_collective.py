@@ -12,6 +12,7 @@ import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -334,7 +335,7 @@ def _receive_from_liar(liar: _SenderThatLies, port: int, expected: dict[str, tup
 
 def test_a_manifest_not_signed_with_the_secret_is_refused() -> None:
     port = _free_port()
-    manifest = {"step": 1, "tensors": [["model.norm.weight", "float32", [8]]]}
+    manifest = {"step": 1, "bucket_bytes": 2**20, "tensors": [["model.norm.weight", "float32", [8]]]}
     liar = _SenderThatLies(
         "localhost",
         port,
@@ -352,7 +353,7 @@ def test_a_manifest_not_signed_with_the_secret_is_refused() -> None:
 def test_a_huge_shape_is_refused_before_anything_is_allocated() -> None:
     port = _free_port()
     huge = [2**31, 2**31]  # 16 EiB of float32: torch.empty would fail with a RuntimeError, not this
-    manifest = {"step": 1, "tensors": [["model.norm.weight", "float32", huge]]}
+    manifest = {"step": 1, "bucket_bytes": 2**20, "tensors": [["model.norm.weight", "float32", huge]]}
     liar = _SenderThatLies(
         "localhost", port, 30, num_servers=1, backend="gloo", secret_env=SECRET_ENV, manifest=manifest
     )
@@ -472,9 +473,10 @@ class _FakeWorker(WorkerExtension):
     """The worker extension on a stand-in for vLLM's worker: serves a model of `config` that
     records what it loads."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, dtype: torch.dtype = torch.float32) -> None:
         self.model = _FakeModel()
         self.config = config
+        self.model_config = SimpleNamespace(dtype=dtype)
 
     def _grpo_model(self) -> Any:
         return self.model
