@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo.colocate.verify import verify_against_checkpoint, verify_fp8_against_checkpoint
-from grpo.trainer.quantized_base import quantize_fp8_block
+from grpo.trainer.hf.quantized_base import quantize_fp8_block
 from grpo.utils.errors import UserError
 
 FIX = "run co-located on a vLLM in the tested range (>=0.32,<0.33) with quantization null or fp8_per_block"
