@@ -9,8 +9,8 @@ import pytest
 import torch
 from trainer_batches import distributed_test_batch, make_row
 
-from grpo.trainer import model as trainer_model
 from grpo.trainer.entry import run
+from grpo.trainer.hf import model as trainer_model
 from grpo.trainer.hf.trainer import Trainer
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.transport.batches.memory import memory_transport_pair
@@ -77,7 +77,7 @@ def test_streamed_update_equals_the_one_shot_update(make_cfg, tmp_path, float32,
         assert torch.equal(value, before[name]), "both trainers start from the same weights"
     for step in range(2):  # the second step also compares the optimizer state the first one left
         whole = one_shot.train_step(copy.deepcopy(_batch(step)))
-        constant = cfg.loss.loss_scale(0) if cfg.loss.normalization == "constant" else None
+        constant = cfg.loss.loss_scale(0, 0) if cfg.loss.normalization == "constant" else None
         streamed.begin_step(step, constant)
         for part in _parts(_batch(step)):
             streamed.accumulate(part)

@@ -58,7 +58,8 @@ class _OpenStep:
     lr: float
     totals: LossSums = field(default_factory=LossSums)
     num_loss_tokens: int = 0
-    """Over every part and rank: the normaliser when loss_scale is None."""
+    """Over every part and rank: with num_loss_samples, the normaliser when loss_scale is None."""
+    num_loss_samples: int = 0
     num_tokens: int = 0
     num_sequence_tokens: int = 0
     compute_seconds: float = 0.0
@@ -204,7 +205,7 @@ class Trainer:
 
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
         """One optimizer step on a whole batch."""
-        self.begin_step(batch.step, self.cfg.loss.loss_scale(batch.num_loss_tokens))
+        self.begin_step(batch.step, self.cfg.loss.loss_scale(batch.num_loss_tokens, batch.num_loss_samples))
         self.accumulate(batch)
         return self.finish_step(wait_time)
 
@@ -224,6 +225,7 @@ class Trainer:
         batch.validate()
         started = time.perf_counter()
         state.num_loss_tokens += batch.num_loss_tokens
+        state.num_loss_samples += batch.num_loss_samples
         loss_scale = 1 if state.loss_scale is None else state.loss_scale
         micro_batches = self._micro_batches(self._local_rows(batch.rows))
         for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
@@ -251,7 +253,7 @@ class Trainer:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch_step)
         totals, num_tokens, num_sequence_tokens = state.totals, state.num_tokens, state.num_sequence_tokens
         if state.loss_scale is None:
-            scale = self.cfg.loss.loss_scale(state.num_loss_tokens)
+            scale = self.cfg.loss.loss_scale(state.num_loss_tokens, state.num_loss_samples)
             for param in self.params:
                 if param.grad is not None:
                     param.grad.div_(scale)

@@ -167,7 +167,7 @@ class MegatronTrainer:
         started = time.perf_counter()
         if batch.num_loss_tokens == 0:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch.step)
-        loss_scale = self.cfg.loss.loss_scale(batch.num_loss_tokens)
+        loss_scale = self.cfg.loss.loss_scale(batch.num_loss_tokens, batch.num_loss_samples)
         lr = set_learning_rate(self.cfg, self.optimizer, self.num_steps_done)
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
