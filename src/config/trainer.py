@@ -199,7 +199,8 @@ class TrainerConfig(StrictModel):
     """AdamW weight decay."""
 
     max_grad_norm: float = Field(1.0, ge=0.0)
-    """Gradient clipping norm (0 = no clipping)."""
+    """Gradient clipping norm (0 = no clipping). The grad_norm metric is the norm after clipping (as
+    the reference defines it), grad_norm_before_clip the norm before (docs/loss.md, "Metrics")."""
 
     recipe: Literal["bf16", "fp8_hybrid", "nvfp4"] = "bf16"
     """Precision recipe. fp8_hybrid needs SM89+, nvfp4 needs SM100+; on CPU bf16 runs as bf16

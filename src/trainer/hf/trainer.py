@@ -13,7 +13,8 @@ Everything that touches the weights of every rank is collective, so every rank c
 order: train_step, score, publish (rank 0 writes), save_checkpoint (rank 0 writes), maybe_resume.
 
 Metrics (one JSON object per step in trainer_metrics.jsonl): kl, masked, tokens, loss, entropy,
-teacher_kl (see grpo.trainer.loss), grad_norm (before clipping, see grpo.trainer.optim), lr (used by
+teacher_kl (see grpo.trainer.loss and docs/loss.md), grad_norm (after clipping, as the reference
+defines it) and grad_norm_before_clip (see grpo.trainer.optim), lr (used by
 this step), step_time (seconds of compute), wait_time (seconds blocked on the batch), tokens_per_s
 (all tokens forwarded, prompt included, per second of step_time), sequence_tokens_per_s (the same
 with every sequence counted whole, as if no prefix were shared: the rate plain packing would need to
@@ -293,7 +294,8 @@ class Trainer:
         step_time = state.compute_seconds + time.perf_counter() - started
         metrics = step_metrics(
             totals,
-            grad_norm=grad_norm,
+            grad_norm_before_clip=grad_norm,
+            max_grad_norm=self.cfg.max_grad_norm,
             lr=lr,
             step_time=step_time,
             wait_time=wait_time,

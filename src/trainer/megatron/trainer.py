@@ -187,7 +187,8 @@ class MegatronTrainer:
         step_time = time.perf_counter() - started
         metrics = step_metrics(
             totals,
-            grad_norm=grad_norm,
+            grad_norm_before_clip=grad_norm,
+            max_grad_norm=self.cfg.max_grad_norm,
             lr=lr,
             step_time=step_time,
             wait_time=wait_time,
