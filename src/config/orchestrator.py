@@ -144,10 +144,11 @@ class AdvantageConfig(StrictModel):
     """default: reward minus the group mean. grpo: that divided by the group's std (a group of equal
     rewards gets 0). dr_grpo (Dr. GRPO): reward minus the group mean, and the loss divided by a
     constant instead of the step's loss tokens, so it needs train loss.normalization: constant.
-    rloo: reward minus the mean of the group's other rollouts. reinforce_pp (REINFORCE++): rewards
-    whitened over the batch, (r - batch mean) / batch std. reinforce_pp_baseline: group mean
-    removed, then whitened over the batch. custom: import_path. Every std is the sample std
-    (ddof=1), as TRL's GRPO and OpenRLHF's group_norm compute it."""
+    rloo: reward minus the mean of the group's other rollouts (never whitened). reinforce_pp
+    (REINFORCE++): rewards whitened over the batch's completion tokens, (r - mean) / (std + 1e-6),
+    each rollout weighing its completion length. reinforce_pp_baseline: group mean removed, then
+    whitened the same way. custom: import_path. The grpo group std is the sample std (ddof=1), as
+    TRL's GRPO and OpenRLHF's group_norm compute it."""
 
     length_weighted_mean: bool = False
     """(default only) Weight the group mean by completion length; the other types use the baseline

@@ -19,8 +19,12 @@ DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 
 
 class LossConfig(StrictModel):
-    ratio_type: Literal["token", "sequence"] = "token"
-    """Importance ratio per token, or one per sequence (geometric mean of its tokens)."""
+    ratio_type: Literal["token", "sequence", "sequence_geometric_mean"] = "token"
+    """Importance ratio per token, or one per sequence (per sample) shared by its tokens. sequence:
+    exp of the sum of the sample's token log-ratios (the sample's probability ratio), clipped at
+    sequence_clip_high. sequence_geometric_mean: exp of their mean (GSPO's length-normalised ratio),
+    clipped the same way. Both sequence types normalise per sample: each sample's token loss is
+    averaged over its own loss tokens and the step over its samples (docs/loss.md)."""
 
     kl_tau: float = Field(0.0, ge=0.0)
     """Weight of the -log_ratio term that keeps the policy near the inference policy."""
@@ -51,12 +55,14 @@ class LossConfig(StrictModel):
     """Mask a sequence when its largest token ratio is above this."""
 
     sequence_clip_high: float = Field(10.0, gt=0.0)
-    """Upper clip of the sequence-level ratio (ratio_type: sequence)."""
+    """Upper clip of the sequence-level ratio (ratio_type: sequence or sequence_geometric_mean)."""
 
     normalization: Literal["tokens", "constant"] = "tokens"
     """What the step's summed token loss is divided by. tokens: the step's loss tokens (every token
-    weighs the same within a step). constant: normalization_constant, whatever the step's lengths
-    (Dr. GRPO's unbiased aggregation; orch advantage.type dr_grpo needs it)."""
+    weighs the same within a step); with a sequence ratio_type, per sample instead: each sample's
+    mean over its loss tokens, divided by the step's samples. constant: normalization_constant,
+    whatever the step's lengths (Dr. GRPO's unbiased aggregation; orch advantage.type dr_grpo needs
+    it; ratio_type token only)."""
 
     normalization_constant: int | None = Field(None, gt=0)
     """(constant) The divisor; Dr. GRPO uses rollouts per step x max completion tokens
@@ -74,14 +80,23 @@ class LossConfig(StrictModel):
                 "loss.normalization_constant is only used with loss.normalization: constant; set one or "
                 "remove the constant"
             )
+        if self.normalization == "constant" and self.ratio_type != "token":
+            raise ValueError(
+                f"loss.ratio_type {self.ratio_type} averages each sample over its own tokens, which "
+                "loss.normalization: constant (Dr. GRPO) exists to avoid; use ratio_type: token with it, "
+                "or normalization: tokens"
+            )
         return self
 
-    def loss_scale(self, num_loss_tokens: int) -> int:
-        """Divisor of a step's summed token loss, given the step's loss tokens (all ranks)."""
+    def loss_scale(self, num_loss_tokens: int, num_loss_samples: int) -> int:
+        """Divisor of a step's summed (per-sample weighted, for a sequence ratio_type) token loss,
+        given the step's loss tokens and the samples that have some (all ranks)."""
         if self.normalization == "constant":
             assert self.normalization_constant is not None  # the validator guarantees it
             return self.normalization_constant
-        return max(num_loss_tokens, 1)
+        if self.ratio_type == "token":
+            return max(num_loss_tokens, 1)
+        return max(num_loss_samples, 1)
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> LossConfig:
@@ -184,7 +199,8 @@ class TrainerConfig(StrictModel):
     """AdamW weight decay."""
 
     max_grad_norm: float = Field(1.0, ge=0.0)
-    """Gradient clipping norm (0 = no clipping)."""
+    """Gradient clipping norm (0 = no clipping). The grad_norm metric is the norm after clipping (as
+    the reference defines it), grad_norm_before_clip the norm before (docs/loss.md, "Metrics")."""
 
     recipe: Literal["bf16", "fp8_hybrid", "nvfp4"] = "bf16"
     """Precision recipe. fp8_hybrid needs SM89+, nvfp4 needs SM100+; on CPU bf16 runs as bf16

@@ -11,16 +11,21 @@ return advantages of that shape (numpy float64). Each is the estimator of its pa
   half, a constant loss normaliser instead of the step's token count, is the trainer's
   loss.normalization: constant (config cross-check).
 - rloo (Ahmadian et al. 2024): reward minus the mean of the *other* rollouts of the group (the
-  unbiased leave-one-out baseline).
-- reinforce_pp (REINFORCE++, Hu 2025): no group baseline; the rewards are whitened over the whole
-  batch: (reward - batch mean) / batch std.
+  unbiased leave-one-out baseline), never whitened: a division by a batch std would rescale the
+  unbiased estimate (OpenRLHF's rloo does not whiten either).
+- reinforce_pp (REINFORCE++, Hu 2025): no group baseline; the advantages are whitened over the
+  whole batch: (A - batch mean) / (batch std + eps).
 - reinforce_pp_baseline (REINFORCE++-baseline): group mean removed, then whitened over the batch.
 - length_weighted_mean (default only): the group mean is weighted by completion length (long
   samples carry more tokens of the loss, so their reward counts more in the baseline).
 
-Every std is the sample std (ddof=1, Bessel-corrected), as TRL's GRPO and OpenRLHF's group_norm
-compute it; a set of fewer than two rewards has none, and its advantages are 0. Batch whitening is
-over rollouts (one advantage each), not over tokens.
+Every group std (grpo) is the sample std (ddof=1, Bessel-corrected), as TRL's GRPO and OpenRLHF's
+group_norm compute it; a group of fewer than two rewards has none, and its advantages are 0.
+
+Batch whitening (the REINFORCE++ pair) is over the batch's completion tokens, as REINFORCE++ and
+OpenRLHF define it: every token of a rollout carries the rollout's advantage, so a rollout weighs
+its completion length (`lengths`) in the batch mean and in the batch std, which is the population
+std over those tokens; then A <- (A - mean) / (std + 1e-6). Equal advantages whiten to 0.
 """
 
 from __future__ import annotations
@@ -61,14 +66,16 @@ def _sample_std(centred: np.ndarray, valid: np.ndarray, axis: int | None) -> np.
     )
 
 
-def _whiten(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """(values - mean) / sample std over every valid entry of the batch; 0 when the std is 0."""
-    if not valid.any():
+def _whiten(values: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """(values - mean) / (std + eps) over the completion tokens of the valid rollouts: each rollout's
+    value counts once per token (`lengths`), the std is the population std over those tokens."""
+    weights = np.where(valid, np.maximum(lengths, 0.0), 0.0)
+    total = weights.sum()
+    if total <= 0:
         return np.zeros_like(values)
-    centred = np.where(valid, values - values[valid].mean(), 0.0)
-    std = float(_sample_std(centred, valid, axis=None))
-    # equal values carry no signal; dividing would give 0/0
-    return centred / std if std > _EPS else np.zeros_like(values)
+    centred = np.where(valid, values - (values * weights).sum() / total, 0.0)
+    std = float(np.sqrt((weights * centred**2).sum() / total))
+    return centred / (std + _EPS)
 
 
 def mean_baseline(
@@ -101,14 +108,14 @@ def rloo(rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = No
 
 
 def reinforce_pp(rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
-    return _whiten(rewards, _all_valid(rewards, valid))
+    return _whiten(rewards, lengths, _all_valid(rewards, valid))
 
 
 def reinforce_pp_baseline(
     rewards: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = None
 ) -> np.ndarray:
     valid = _all_valid(rewards, valid)
-    return _whiten(mean_baseline(rewards, lengths, False, valid), valid)
+    return _whiten(mean_baseline(rewards, lengths, False, valid), lengths, valid)
 
 
 _ESTIMATORS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {

@@ -134,7 +134,7 @@ def _train_streamed_step(
     was requested first (the step is abandoned: its gradients are dropped by the next begin_step,
     and a resume trains it again from part 0)."""
     constant = trainer.cfg.loss.normalization == "constant"
-    trainer.begin_step(step, trainer.cfg.loss.loss_scale(0) if constant else None)
+    trainer.begin_step(step, trainer.cfg.loss.loss_scale(0, 0) if constant else None)
     wait_time = 0.0
     for part in range(parts.num_parts):
         waited_from = time.perf_counter()

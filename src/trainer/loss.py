@@ -1,22 +1,27 @@
-"""The GRPO loss on per-token log-probabilities (docs: "GRPO Loss Formula", "On-Policy Distillation").
+"""The GRPO loss on per-token log-probabilities; every formula is written out in docs/loss.md.
 
-Per loss token t:
+Per loss token t of sample s (`sample_ids`), with keep[t] the masks of `keep_mask`:
 
-    log_ratio = trainer_lp - inference_lp,  ratio = exp(log_ratio)
+    log_ratio = trainer_lp - inference_lp
+    ratio     = exp(log_ratio)                                  ratio_type token
+              = min(exp(sum_s log_ratio), sequence_clip_high)   ratio_type sequence
+              = min(exp(mean_s log_ratio), sequence_clip_high)  ratio_type sequence_geometric_mean
     coeff     = ratio * (adv_tau * A + teacher_tau * (teacher_lp - trainer_lp_1) - kl_tau * log_ratio)
-    loss      = -(coeff.detach() * trainer_lp)[keep].sum() / loss_scale
+    weight    = 1 (token)  or  1 / (loss tokens of s) (both sequence types: per-sample normalisation)
+    loss      = -(coeff.detach() * weight * trainer_lp)[keep].sum() / loss_scale
 
 where trainer_lp is at the token's sampling temperature (as vLLM's inference_lp is) and
 trainer_lp_1 at temperature 1, as the teacher's prompt logprobs are (vLLM scores prompts with no
 sampling processor): the teacher term compares the two models' own distributions, whatever the
-sampling temperature. So d loss / d trainer_lp[t] = -coeff[t] * keep[t] / loss_scale.
-`loss_scale` is the same for every micro-batch of a step (the step's loss tokens, or
-loss.normalization_constant for Dr. GRPO), so micro-batches can be backpropagated one at a time
-and their gradients simply add up.
+sampling temperature. So d loss / d trainer_lp[t] = -coeff[t] * weight[t] * keep[t] / loss_scale.
+`loss_scale` is the same for every micro-batch of a step (LossConfig.loss_scale: the step's loss
+tokens, its samples for the sequence types, or loss.normalization_constant for Dr. GRPO), so
+micro-batches can be backpropagated one at a time and their gradients simply add up.
 
 Metrics use the k3 estimator (r - 1) - log r, which is unbiased, never negative, and low-variance
-for samples drawn from the denominator policy:
-- kl: r = p_trainer / p_inference over all loss tokens (estimates KL(inference || trainer)).
+for samples drawn from the denominator policy, averaged over the tokens the loss keeps (a masked
+token, whose ratio may have overflowed, counts in `masked` and `tokens` only):
+- kl: r = p_trainer / p_inference (estimates KL(inference || trainer)).
 - teacher_kl: r = p_teacher / p_trainer, both at temperature 1 (estimates KL(student || teacher)).
 """
 
@@ -42,6 +47,7 @@ class LossSums:
     """Already divided by loss_scale: the step loss is the plain sum over micro-batches."""
     num_loss_tokens: int = 0
     num_masked_tokens: int = 0
+    """Loss tokens the masks dropped; the kl, entropy and teacher_kl sums leave them out."""
     kl_sum: float = 0.0
     entropy_sum: float = 0.0
     teacher_kl_sum: float = 0.0
@@ -57,17 +63,30 @@ class LossSums:
         self.has_teacher = self.has_teacher or other.has_teacher
 
     def metrics(self) -> dict[str, float]:
-        denom = max(self.num_loss_tokens, 1)
+        num_kept = max(self.num_loss_tokens - self.num_masked_tokens, 1)
         out = {
             "loss": self.loss,
             "tokens": float(self.num_loss_tokens),
-            "masked": self.num_masked_tokens / denom,
-            "kl": self.kl_sum / denom,
-            "entropy": self.entropy_sum / denom,
+            "masked": self.num_masked_tokens / max(self.num_loss_tokens, 1),
+            "kl": self.kl_sum / num_kept,
+            "entropy": self.entropy_sum / num_kept,
         }
         if self.has_teacher:
-            out["teacher_kl"] = self.teacher_kl_sum / denom
+            out["teacher_kl"] = self.teacher_kl_sum / num_kept
         return out
+
+
+def _num_samples(sample_ids: torch.Tensor) -> int:
+    return int(sample_ids.max().item()) + 1 if sample_ids.numel() else 0
+
+
+def _per_sample_sum(values: torch.Tensor, sample_ids: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """[num_samples] sum of `values` [T] over each sample's tokens."""
+    import torch
+
+    return torch.zeros(num_samples, dtype=values.dtype, device=values.device).index_add_(
+        0, sample_ids, values
+    )
 
 
 def keep_mask(
@@ -78,15 +97,11 @@ def keep_mask(
 
     ratio = torch.exp(log_ratio)
     keep = loss_mask & (ratio >= cfg.token_mask_low) & (ratio <= cfg.token_mask_high)
-    num_samples = int(sample_ids.max().item()) + 1 if sample_ids.numel() else 0
+    num_samples = _num_samples(sample_ids)
+    count = _per_sample_sum(loss_mask.to(log_ratio.dtype), sample_ids, num_samples)
     masked_lr = torch.where(loss_mask, log_ratio, torch.zeros_like(log_ratio))
-    count = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(
-        0, sample_ids, loss_mask.to(log_ratio.dtype)
-    )
-    mean_lr = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(0, sample_ids, masked_lr)
-    mean_lr = mean_lr / count.clamp(min=1)
-    geo_mean = torch.exp(mean_lr)
-    inf = torch.full((num_samples,), float("inf"), dtype=ratio.dtype)
+    geo_mean = torch.exp(_per_sample_sum(masked_lr, sample_ids, num_samples) / count.clamp(min=1))
+    inf = torch.full((num_samples,), float("inf"), dtype=ratio.dtype, device=ratio.device)
     min_ratio = inf.scatter_reduce(0, sample_ids, torch.where(loss_mask, ratio, inf[0]), "amin")
     max_ratio = (-inf).scatter_reduce(0, sample_ids, torch.where(loss_mask, ratio, -inf[0]), "amax")
     sample_bad = (
@@ -101,17 +116,35 @@ def keep_mask(
 def importance_ratio(
     log_ratio: torch.Tensor, loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossConfig
 ) -> torch.Tensor:
-    """[T] ratio used in coeff: per token, or per sample exp(mean log_ratio) clipped (sequence)."""
+    """[T] ratio used in coeff: per token, or one per sample (the exp of the sum, or of the mean,
+    of its loss tokens' log-ratios) clipped at sequence_clip_high."""
+    import math
+
     import torch
 
     if cfg.ratio_type == "token":
         return torch.exp(log_ratio)
-    num_samples = int(sample_ids.max().item()) + 1 if sample_ids.numel() else 0
+    num_samples = _num_samples(sample_ids)
     weights = loss_mask.to(log_ratio.dtype)
-    count = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(0, sample_ids, weights)
-    total = torch.zeros(num_samples, dtype=log_ratio.dtype).index_add_(0, sample_ids, log_ratio * weights)
-    seq_ratio = torch.exp(total / count.clamp(min=1)).clamp(max=cfg.sequence_clip_high)
+    seq_log_ratio = _per_sample_sum(log_ratio * weights, sample_ids, num_samples)
+    if cfg.ratio_type == "sequence_geometric_mean":
+        seq_log_ratio = seq_log_ratio / _per_sample_sum(weights, sample_ids, num_samples).clamp(min=1)
+    # Clipped in log space: the exp of a long sequence's sum would overflow before the clip.
+    seq_ratio = torch.exp(seq_log_ratio.clamp(max=math.log(cfg.sequence_clip_high)))
     return seq_ratio[sample_ids]
+
+
+def token_weights(loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """[T] weight of each token in its micro-batch's sum: 1 (ratio_type token), or 1 / the loss
+    tokens of its sample (the sequence types: each sample counts once, whatever its length)."""
+    import torch
+
+    weights = loss_mask.to(torch.float64)
+    if cfg.ratio_type == "token":
+        return weights
+    num_samples = _num_samples(sample_ids)
+    count = _per_sample_sum(weights, sample_ids, num_samples).clamp(min=1)
+    return weights / count[sample_ids]
 
 
 def grpo_loss(
@@ -128,10 +161,11 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, LossSums]:
     """Loss of one micro-batch's tokens, all tensors [T]; returns (loss, sums).
 
-    `sample_ids` says which sample each token belongs to (any integers >= 0; the sequence masks and
-    ratios group by it). Only `trainer_lp` may carry a gradient; inference and teacher logprobs are
-    treated as data. `untempered_lp` (the trainer's logprobs at temperature 1, no gradient) comes
-    with `teacher_lp`: the teacher term and teacher_kl compare it with the teacher.
+    `sample_ids` says which sample each token belongs to (any integers >= 0; the sequence masks,
+    ratios and per-sample weights group by it, so a sample's loss tokens must all be in this call).
+    Only `trainer_lp` may carry a gradient; inference and teacher logprobs are treated as data.
+    `untempered_lp` (the trainer's logprobs at temperature 1, no gradient) comes with `teacher_lp`:
+    the teacher term and teacher_kl compare it with the teacher.
     """
     import torch
 
@@ -144,7 +178,8 @@ def grpo_loss(
     loss_mask = loss_mask.bool()
     inference_lp = inference_lp.detach().to(trainer_lp.dtype)
     lp = trainer_lp.detach()
-    log_ratio = torch.where(loss_mask, lp - inference_lp, torch.zeros_like(lp))
+    zeros = torch.zeros_like(lp)
+    log_ratio = torch.where(loss_mask, lp - inference_lp, zeros)
     with torch.no_grad():
         ratio = importance_ratio(log_ratio, loss_mask, sample_ids, cfg)
         signal = cfg.adv_tau * advantages.to(lp.dtype) - cfg.kl_tau * log_ratio
@@ -153,16 +188,16 @@ def grpo_loss(
             teacher_lp = teacher_lp.detach().to(lp.dtype)
             student_lp = untempered_lp.detach().to(lp.dtype)
             signal = signal + cfg.teacher_tau * (teacher_lp - student_lp)
-        coeff = ratio * signal
+        coeff = ratio * signal * token_weights(loss_mask, sample_ids, cfg).to(lp.dtype)
         keep = keep_mask(log_ratio, loss_mask, sample_ids, cfg)
         # `where`, not a multiplication by keep: a dropped token's coeff may be inf (its ratio
-        # overflowed), and inf * 0 would make the loss and every gradient NaN.
-        coeff = torch.where(keep, coeff, torch.zeros_like(coeff))
+        # overflowed), and inf * 0 would make the loss and every gradient NaN. The metrics below
+        # select the kept tokens the same way.
+        coeff = torch.where(keep, coeff, zeros)
     loss = -(coeff * trainer_lp).sum() / loss_scale
 
     with torch.no_grad():
-        token_ratio = torch.exp(log_ratio)
-        k3 = torch.where(loss_mask, token_ratio - 1 - log_ratio, torch.zeros_like(lp))
+        k3 = torch.where(keep, torch.exp(log_ratio) - 1 - log_ratio, zeros)
         sums = LossSums(
             loss=float(loss.detach()),
             num_loss_tokens=int(loss_mask.sum()),
@@ -170,10 +205,10 @@ def grpo_loss(
             kl_sum=float(k3.sum()),
         )
         if entropy is not None:
-            sums.entropy_sum = float(entropy.detach()[loss_mask].sum())
+            sums.entropy_sum = float(torch.where(keep, entropy.detach().to(lp.dtype), zeros).sum())
         if teacher_lp is not None:
-            teacher_log_r = torch.where(loss_mask, teacher_lp - student_lp, torch.zeros_like(lp))
-            sums.teacher_kl_sum = float((torch.exp(teacher_log_r) - 1 - teacher_log_r)[loss_mask].sum())
+            teacher_log_r = torch.where(keep, teacher_lp - student_lp, zeros)
+            sums.teacher_kl_sum = float((torch.exp(teacher_log_r) - 1 - teacher_log_r).sum())
             sums.has_teacher = True
     return loss, sums
 

@@ -22,7 +22,8 @@ log = get_logger("trainer")
 def step_metrics(
     totals: LossSums,
     *,
-    grad_norm: float,
+    grad_norm_before_clip: float,
+    max_grad_norm: float,
     lr: float,
     step_time: float,
     wait_time: float,
@@ -31,9 +32,12 @@ def step_metrics(
     num_skipped_steps: int,
 ) -> dict[str, float]:
     """The row of one step; `totals` already summed over ranks."""
+    from grpo.trainer.optim import norm_after_clipping
+
     return {
         **totals.metrics(),
-        "grad_norm": grad_norm,
+        "grad_norm": norm_after_clipping(grad_norm_before_clip, max_grad_norm),
+        "grad_norm_before_clip": grad_norm_before_clip,
         "lr": lr,
         "step_time": step_time,
         "wait_time": wait_time,

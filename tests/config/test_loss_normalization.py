@@ -35,9 +35,9 @@ def _train(**loss: object) -> TrainerConfig:
 
 
 def test_the_step_normaliser_is_the_token_count_or_the_constant() -> None:
-    assert LossConfig().loss_scale(37) == 37
-    assert LossConfig().loss_scale(0) == 1  # an empty step divides a zero loss by 1
-    assert LossConfig(**CONSTANT).loss_scale(37) == 512  # type: ignore[arg-type]
+    assert LossConfig().loss_scale(37, 5) == 37
+    assert LossConfig().loss_scale(0, 0) == 1  # an empty step divides a zero loss by 1
+    assert LossConfig(**CONSTANT).loss_scale(37, 5) == 512  # type: ignore[arg-type]
 
 
 def test_a_constant_normaliser_needs_its_value_and_only_it_uses_one() -> None:

@@ -46,18 +46,40 @@ def test_rloo_uses_leave_one_out_mean() -> None:
     np.testing.assert_allclose(adv[1], 0.0)
 
 
-def test_reinforce_pp_whitens_the_rewards_over_the_batch() -> None:
-    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [3.0, 3.0, 3.0, 5.0]])
-    adv = compute_advantages(AdvantageConfig(type="reinforce_pp"), rewards, np.ones_like(rewards))
-    np.testing.assert_allclose(adv, (rewards - rewards.mean()) / rewards.std(ddof=1))
-    assert adv.mean() == pytest.approx(0.0) and adv.std(ddof=1) == pytest.approx(1.0)
+def _token_whitened(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Whitening over tokens written out: every rollout's value repeated once per completion token."""
+    tokens = np.repeat(values.ravel(), lengths.ravel().astype(int))
+    return (values - tokens.mean()) / (tokens.std() + 1e-6)
 
 
-def test_reinforce_pp_baseline_removes_the_group_mean_then_whitens_over_the_batch() -> None:
+def test_rloo_is_never_whitened_its_scale_is_the_rewards():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [30.0, 30.0, 30.0, 50.0]])
+    adv = compute_advantages(AdvantageConfig(type="rloo"), rewards, LENGTHS)
+    np.testing.assert_allclose(adv[1], [-20 / 3, -20 / 3, -20 / 3, 20.0])
+    np.testing.assert_allclose(
+        compute_advantages(AdvantageConfig(type="rloo"), rewards * 10, LENGTHS), adv * 10
+    )
+
+
+def test_reinforce_pp_whitens_the_rewards_over_the_batch_tokens():
     rewards = np.array([[1.0, 0.0, 0.0, 1.0], [3.0, 3.0, 3.0, 5.0]])
-    adv = compute_advantages(AdvantageConfig(type="reinforce_pp_baseline"), rewards, np.ones_like(rewards))
+    adv = compute_advantages(AdvantageConfig(type="reinforce_pp"), rewards, LENGTHS)
+    np.testing.assert_allclose(adv, _token_whitened(rewards, LENGTHS))
+    # zero mean and unit variance over the tokens the loss sees, not over rollouts
+    tokens = np.repeat(adv.ravel(), LENGTHS.ravel())
+    assert tokens.mean() == pytest.approx(0.0, abs=1e-9) and tokens.std() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_reinforce_pp_baseline_removes_the_group_mean_then_whitens_over_the_batch_tokens():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [3.0, 3.0, 3.0, 5.0]])
+    adv = compute_advantages(AdvantageConfig(type="reinforce_pp_baseline"), rewards, LENGTHS)
     centred = rewards - rewards.mean(axis=1, keepdims=True)
-    np.testing.assert_allclose(adv, (centred - centred.mean()) / centred.std(ddof=1))
+    np.testing.assert_allclose(adv, _token_whitened(centred, LENGTHS))
+
+
+def test_batch_whitening_of_equal_advantages_gives_zero():
+    adv = compute_advantages(AdvantageConfig(type="reinforce_pp"), np.full((2, 4), 0.7), LENGTHS)
+    np.testing.assert_allclose(adv, 0.0, atol=1e-9)
 
 
 @pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"])

@@ -138,24 +138,112 @@ def test_sequence_min_and_max_ratio_masks():
     assert sums.num_masked_tokens == 4
 
 
-def test_sequence_ratio_is_clipped_geometric_mean_shared_by_the_sample():
+def test_sequence_ratio_is_the_clipped_product_of_token_ratios_and_each_sample_is_averaged():
+    # sample 0: log ratios 0.4 + 0.8 = 1.2 -> ratio e^1.2 = 3.32; sample 1: one token, log ratio -0.1
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -1.0, -1.0, 0.0, -1.0],
+        [0.0, -1.4, -1.8, 0.0, -0.9],
+        [0, 1, 1, 0, 2],
+        [False, True, True, False, True],
+        [0, 1, 2, 0, 1],
+    )
+    loss, _ = grpo_loss(lp, inf, adv, mask, pos, LossConfig(ratio_type="sequence"), loss_scale=2)
+    loss.backward()
+    # each sample's tokens are divided by its own loss tokens (2 and 1), the step by its samples (2)
+    expected = [0, -math.exp(1.2) / 2 / 2, -math.exp(1.2) / 2 / 2, 0, -math.exp(-0.1) * 2 / 1 / 2]
+    assert lp.grad is not None
+    assert lp.grad.tolist() == pytest.approx(expected)
+    clipped = LossConfig(ratio_type="sequence", sequence_clip_high=1.5)
+    lp.grad = None
+    loss, _ = grpo_loss(lp, inf, adv, mask, pos, clipped, loss_scale=2)
+    loss.backward()
+    assert lp.grad.tolist() == pytest.approx([0, -1.5 / 4, -1.5 / 4, 0, -math.exp(-0.1)])
+
+
+def test_sequence_geometric_mean_ratio_is_the_clipped_mean_log_ratio_gspo():
     lp, inf, adv, mask, pos = _row(
         [0.0, -1.0, -1.0], [0.0, -1.4, -1.8], [0, 1, 1], [False, True, True], [0, 1, 2]
     )
-    cfg = LossConfig(ratio_type="sequence", sequence_clip_high=1.5)
-    loss, _ = grpo_loss(lp, inf, adv, mask, pos, cfg, loss_scale=2)
+    cfg = LossConfig(ratio_type="sequence_geometric_mean", sequence_clip_high=1.5)
+    loss, _ = grpo_loss(lp, inf, adv, mask, pos, cfg, loss_scale=1)
     loss.backward()
     seq_ratio = min(math.exp((0.4 + 0.8) / 2), 1.5)  # e^0.6 = 1.82 -> clipped to 1.5
     assert lp.grad is not None
     assert lp.grad.tolist() == pytest.approx([0, -seq_ratio / 2, -seq_ratio / 2])
-    unclipped = LossConfig(ratio_type="sequence")
     lp.grad = None
-    loss, _ = grpo_loss(lp, inf, adv, mask, pos, unclipped, loss_scale=2)
+    loss, _ = grpo_loss(
+        lp, inf, adv, mask, pos, LossConfig(ratio_type="sequence_geometric_mean"), loss_scale=1
+    )
     loss.backward()
     assert lp.grad.tolist() == pytest.approx([0, -math.exp(0.6) / 2, -math.exp(0.6) / 2])
 
 
-def test_kl_metric_is_k3_mean_over_loss_tokens():
+def test_a_long_sequence_ratio_is_clipped_without_overflow():
+    # 400 tokens of log ratio +0.5 each: e^200 overflows float32, the clip must come first
+    n = 400
+    lp = torch.full((n,), -1.0, dtype=torch.float32, requires_grad=True)
+    inf = torch.full((n,), -1.5, dtype=torch.float32)
+    cfg = LossConfig(ratio_type="sequence", token_mask_high=8.0, geo_mask_high=10.0, sequence_mask_high=100.0)
+    loss, _ = grpo_loss(
+        lp, inf, torch.ones(n), torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long), cfg, 1
+    )
+    loss.backward()
+    assert lp.grad is not None
+    assert torch.allclose(lp.grad, torch.full((n,), -10.0 / n))
+
+
+def test_the_step_normaliser_counts_samples_for_the_sequence_ratio_types():
+    assert LossConfig(ratio_type="sequence").loss_scale(37, 5) == 5
+    assert LossConfig(ratio_type="sequence_geometric_mean").loss_scale(37, 5) == 5
+    assert LossConfig(ratio_type="sequence").loss_scale(0, 0) == 1
+    with pytest.raises(ValueError, match="ratio_type: token"):
+        LossConfig(ratio_type="sequence", normalization="constant", normalization_constant=64)
+
+
+def test_a_masked_token_whose_ratio_overflows_leaves_the_metrics_finite_and_unchanged():
+    # Sample 1 is one token with log ratio 200 (e^200 = inf in float32): masked, and the metrics
+    # must be those of the batch without it (no inf in kl, no share in entropy or teacher_kl).
+    def run(with_overflow: bool):
+        trainer = [0.0, -1.0, -1.2, 0.0, -0.5]
+        inference = [0.0, -1.3, -1.0, 0.0, -200.5]
+        keep = 5 if with_overflow else 3
+        lp = torch.tensor(trainer[:keep], requires_grad=True)
+        entropy = torch.tensor([0.0, 1.0, 2.0, 0.0, 7.0][:keep])
+        teacher = torch.tensor([0.0, -0.9, -1.1, 0.0, -9.0][:keep])
+        mask = torch.tensor([False, True, True, False, True][:keep])
+        sample_ids = torch.tensor([0, 0, 0, 1, 1][:keep])
+        loss, sums = grpo_loss(
+            lp,
+            torch.tensor(inference[:keep]),
+            torch.ones(keep),
+            mask,
+            sample_ids,
+            LossConfig(teacher_tau=0.5),
+            loss_scale=2,
+            teacher_lp=teacher,
+            entropy=entropy,
+            untempered_lp=lp.detach(),
+        )
+        loss.backward()
+        return loss, sums, lp.grad
+
+    loss, sums, grad = run(with_overflow=True)
+    clean_loss, clean_sums, clean_grad = run(with_overflow=False)
+    metrics, clean = sums.metrics(), clean_sums.metrics()
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    for key in ("loss", "kl", "entropy", "teacher_kl"):
+        assert metrics[key] == pytest.approx(clean[key]), key
+    assert metrics["masked"] == pytest.approx(1 / 3) and clean["masked"] == 0.0
+    assert loss.item() == pytest.approx(clean_loss.item())
+    assert (
+        grad is not None
+        and clean_grad is not None
+        and grad[:3].tolist() == pytest.approx(clean_grad.tolist())
+    )
+    assert grad[3:].tolist() == [0.0, 0.0]
+
+
+def test_kl_metric_is_k3_mean_over_kept_loss_tokens():
     lp, inf, adv, mask, pos = _row(
         [0.0, -1.0, -1.0], [0.0, -1.5, -0.5], [0, 0, 0], [False, True, True], [0, 1, 2]
     )

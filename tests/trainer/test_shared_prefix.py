@@ -181,3 +181,19 @@ def test_a_training_step_on_shared_rows_reports_whole_sequence_tokens(make_cfg, 
         stats.num_sample_tokens / stats.num_tokens
     )
     trainer.close()
+
+
+@pytest.mark.parametrize("seq_len", [40, 512])
+@pytest.mark.parametrize("share_prefixes", [False, True])
+@pytest.mark.parametrize("multi_turn", [False, True])
+def test_a_row_counts_the_samples_that_the_loss_tells_apart(multi_turn, share_prefixes, seq_len):
+    """The per-sample normaliser (PackedRow.num_loss_samples) counts the sample groups the loss
+    sees (LossTokens.sequence_ids): one per trained rollout, whatever the layout."""
+    from grpo.trainer.packing import build_micro_batch
+
+    rollouts = random_rollouts(1, multi_turn=multi_turn)
+    rows, _ = pack_rollouts(rollouts, seq_len, share_prefixes=share_prefixes)
+    for row in rows:
+        tokens = build_micro_batch([row], torch.device("cpu"), varlen_attention=False).loss
+        assert row.num_loss_samples == len(torch.unique(tokens.sequence_ids))
+    assert sum(r.num_loss_samples for r in rows) == sum(not r.masked for r in rollouts)

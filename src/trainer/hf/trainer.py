@@ -13,7 +13,8 @@ Everything that touches the weights of every rank is collective, so every rank c
 order: train_step, score, publish (rank 0 writes), save_checkpoint (rank 0 writes), maybe_resume.
 
 Metrics (one JSON object per step in trainer_metrics.jsonl): kl, masked, tokens, loss, entropy,
-teacher_kl (see grpo.trainer.loss), grad_norm (before clipping, see grpo.trainer.optim), lr (used by
+teacher_kl (see grpo.trainer.loss and docs/loss.md), grad_norm (after clipping, as the reference
+defines it) and grad_norm_before_clip (see grpo.trainer.optim), lr (used by
 this step), step_time (seconds of compute), wait_time (seconds blocked on the batch), tokens_per_s
 (all tokens forwarded, prompt included, per second of step_time), sequence_tokens_per_s (the same
 with every sequence counted whole, as if no prefix were shared: the rate plain packing would need to
@@ -58,7 +59,8 @@ class _OpenStep:
     lr: float
     totals: LossSums = field(default_factory=LossSums)
     num_loss_tokens: int = 0
-    """Over every part and rank: the normaliser when loss_scale is None."""
+    """Over every part and rank: with num_loss_samples, the normaliser when loss_scale is None."""
+    num_loss_samples: int = 0
     num_tokens: int = 0
     num_sequence_tokens: int = 0
     compute_seconds: float = 0.0
@@ -204,7 +206,7 @@ class Trainer:
 
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
         """One optimizer step on a whole batch."""
-        self.begin_step(batch.step, self.cfg.loss.loss_scale(batch.num_loss_tokens))
+        self.begin_step(batch.step, self.cfg.loss.loss_scale(batch.num_loss_tokens, batch.num_loss_samples))
         self.accumulate(batch)
         return self.finish_step(wait_time)
 
@@ -224,6 +226,7 @@ class Trainer:
         batch.validate()
         started = time.perf_counter()
         state.num_loss_tokens += batch.num_loss_tokens
+        state.num_loss_samples += batch.num_loss_samples
         loss_scale = 1 if state.loss_scale is None else state.loss_scale
         micro_batches = self._micro_batches(self._local_rows(batch.rows))
         for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
@@ -251,7 +254,7 @@ class Trainer:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch_step)
         totals, num_tokens, num_sequence_tokens = state.totals, state.num_tokens, state.num_sequence_tokens
         if state.loss_scale is None:
-            scale = self.cfg.loss.loss_scale(state.num_loss_tokens)
+            scale = self.cfg.loss.loss_scale(state.num_loss_tokens, state.num_loss_samples)
             for param in self.params:
                 if param.grad is not None:
                     param.grad.div_(scale)
@@ -291,7 +294,8 @@ class Trainer:
         step_time = state.compute_seconds + time.perf_counter() - started
         metrics = step_metrics(
             totals,
-            grad_norm=grad_norm,
+            grad_norm_before_clip=grad_norm,
+            max_grad_norm=self.cfg.max_grad_norm,
             lr=lr,
             step_time=step_time,
             wait_time=wait_time,

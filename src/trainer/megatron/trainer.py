@@ -167,7 +167,7 @@ class MegatronTrainer:
         started = time.perf_counter()
         if batch.num_loss_tokens == 0:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch.step)
-        loss_scale = self.cfg.loss.loss_scale(batch.num_loss_tokens)
+        loss_scale = self.cfg.loss.loss_scale(batch.num_loss_tokens, batch.num_loss_samples)
         lr = set_learning_rate(self.cfg, self.optimizer, self.num_steps_done)
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -187,7 +187,8 @@ class MegatronTrainer:
         step_time = time.perf_counter() - started
         metrics = step_metrics(
             totals,
-            grad_norm=grad_norm,
+            grad_norm_before_clip=grad_norm,
+            max_grad_norm=self.cfg.max_grad_norm,
             lr=lr,
             step_time=step_time,
             wait_time=wait_time,

@@ -61,6 +61,19 @@ class PackedRow:
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    @property
+    def num_loss_samples(self) -> int:
+        """Samples with at least one loss token. A sample's loss tokens form one chain of only
+        children (in a prefix tree only loss-free tokens are shared), so these are the chains that
+        hold a loss token: the trainer's `sequence_segments`, counted in numpy."""
+        n = self.num_tokens
+        parents = self.parent_ids
+        num_children = np.bincount(parents[parents >= 0], minlength=n)
+        continues: np.ndarray = np.zeros(n, np.bool_)
+        continues[1:] = (parents[1:] == np.arange(n - 1)) & (num_children[:-1] == 1)
+        segments = np.cumsum(~continues)
+        return int(np.unique(segments[self.loss_mask]).shape[0])
+
     def sequence_lengths(self) -> list[int]:
         """Token count of every sequence ending in this row (one per leaf of its tree), as it
         would be unshared: a sequence's length is its last token's position + 1."""
@@ -127,6 +140,11 @@ class TrainingBatch:
     def num_loss_tokens(self) -> int:
         """Loss normaliser: loss tokens over the whole step (all rows, all ranks)."""
         return sum(r.num_loss_tokens for r in self.rows)
+
+    @property
+    def num_loss_samples(self) -> int:
+        """Per-sample loss normaliser (sequence ratio types): samples with a loss token, all rows."""
+        return sum(r.num_loss_samples for r in self.rows)
 
     def validate(self) -> None:
         if self.step < 0:

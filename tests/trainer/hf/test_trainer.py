@@ -79,6 +79,7 @@ def test_metrics_are_written_per_step(make_cfg, tmp_path):
         "tokens",
         "loss",
         "grad_norm",
+        "grad_norm_before_clip",
         "entropy",
         "lr",
         "step_time",
@@ -193,4 +194,15 @@ def test_a_masked_token_whose_ratio_overflows_does_not_make_the_loss_nan(make_cf
     row.inference_logprobs[first_loss_token] = -9999.0  # vLLM's stand-in: the ratio is exp(~9999) = inf
     metrics = trainer.train_step(batch)
     assert metrics["masked"] > 0 and np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])
+    assert np.isfinite(metrics["kl"]) and np.isfinite(metrics["entropy"])  # the masked token is left out
+    trainer.close()
+
+
+def test_grad_norm_is_the_norm_after_clipping_and_grad_norm_before_clip_the_one_before(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(max_grad_norm=1e-3), tmp_path)
+    metrics = trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
+    applied = torch.nn.utils.get_total_norm([p.grad for p in trainer.params if p.grad is not None])
+    assert metrics["grad_norm_before_clip"] > 1e-2  # the step was clipped
+    assert metrics["grad_norm"] == pytest.approx(float(applied), rel=1e-4)
+    assert metrics["grad_norm"] == pytest.approx(1e-3, rel=1e-3)
     trainer.close()

@@ -18,7 +18,17 @@ from megatron_dist_worker import batch, launch, resume_cfg
 
 pytestmark = pytest.mark.slow
 
-COMPARED_METRICS = ("loss", "kl", "entropy", "masked", "tokens", "grad_norm", "lr", "skipped_steps")
+COMPARED_METRICS = (
+    "loss",
+    "kl",
+    "entropy",
+    "masked",
+    "tokens",
+    "grad_norm",
+    "grad_norm_before_clip",
+    "lr",
+    "skipped_steps",
+)
 
 
 def _result(out_dir: Path, name: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -132,7 +142,7 @@ def test_a_data_parallel_checkpoint_resumes_on_one_rank(
         trainer.close()
     whole, whole_metrics = _result(out_dir, "whole")
     # One rank sums the step's gradient in another order than two: float32 rounding apart.
-    for key in ("loss", "kl", "entropy", "grad_norm"):
+    for key in ("loss", "kl", "entropy", "grad_norm", "grad_norm_before_clip"):
         assert metrics[key] == pytest.approx(whole_metrics[key], rel=1e-4), key
     assert weights is not None
     for name, tensor in whole.items():

@@ -25,7 +25,17 @@ from grpo.utils.jsonl import read_jsonl
 if TYPE_CHECKING:
     from grpo.trainer.megatron.trainer import MegatronTrainer
 
-COMPARED_METRICS = ("loss", "kl", "entropy", "masked", "tokens", "grad_norm", "lr", "skipped_steps")
+COMPARED_METRICS = (
+    "loss",
+    "kl",
+    "entropy",
+    "masked",
+    "tokens",
+    "grad_norm",
+    "grad_norm_before_clip",
+    "lr",
+    "skipped_steps",
+)
 
 
 def batch(step: int) -> TrainingBatch:

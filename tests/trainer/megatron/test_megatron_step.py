@@ -61,9 +61,9 @@ def test_one_megatron_update_equals_the_hf_backends_full_update(
     before = {name: tensor.clone() for name, tensor in whole.items()}
     hf_metrics = hf.train_step(copy.deepcopy(batch))
     megatron_metrics = megatron.train_step(copy.deepcopy(batch))
-    for key in ("loss", "kl", "entropy", "masked", "tokens", "grad_norm", "lr"):
+    for key in ("loss", "kl", "entropy", "masked", "tokens", "grad_norm", "grad_norm_before_clip", "lr"):
         assert megatron_metrics[key] == pytest.approx(hf_metrics[key], rel=1e-4, abs=1e-6), key
-    assert hf_metrics["grad_norm"] > 0.5  # clipped: the clipping is compared too
+    assert hf_metrics["grad_norm_before_clip"] > 0.5  # clipped: the clipping is compared too
     after = megatron.hf_state_dict()
     assert after is not None
     hf_after = hf.policy.causal_lm.state_dict()
@@ -149,7 +149,16 @@ def test_loss_variants_update_as_the_hf_backend_does(
     megatron = MegatronTrainer(megatron_cfg(**common), tmp_path / "megatron")
     hf_metrics = hf.train_step(copy.deepcopy(batch))
     megatron_metrics = megatron.train_step(copy.deepcopy(batch))
-    for key in ("loss", "kl", "teacher_kl", "entropy", "masked", "tokens", "grad_norm"):
+    for key in (
+        "loss",
+        "kl",
+        "teacher_kl",
+        "entropy",
+        "masked",
+        "tokens",
+        "grad_norm",
+        "grad_norm_before_clip",
+    ):
         assert megatron_metrics[key] == pytest.approx(hf_metrics[key], rel=1e-4, abs=1e-6), key
     assert 0 < hf_metrics["masked"] < 1 if "masks" in variant else hf_metrics["masked"] == 0
     after = megatron.hf_state_dict()
