@@ -58,10 +58,15 @@ def check_lora_targets(causal_lm: nn.Module, targets: Iterable[str]) -> None:
 
 
 def check_borrowed_names(causal_lm: nn.Module, names: Iterable[str]) -> None:
-    """Raise UserError if the engine hands over weights under names the HF model does not have."""
-    params = dict(causal_lm.named_parameters())
+    """Raise UserError if the engine hands over weights under names the HF model does not have
+    (a parameter name, or a module name for a quantized linear)."""
     modules = dict(causal_lm.named_modules())
-    missing = [n for n in names if n not in params and n not in modules]
+
+    def exists(name: str) -> bool:
+        module_name, _, attr = name.rpartition(".")
+        return name in modules or isinstance(getattr(modules.get(module_name), attr, None), nn.Parameter)
+
+    missing = [n for n in names if not exists(n)]
     if missing:
         raise UserError(
             f"{causal_lm.config.model_type}: the engine's base weights do not map onto the HF model's "
