@@ -58,7 +58,9 @@ class Forward:
     """[B, L]; padding is position 0."""
     attention_mask: torch.Tensor
     """[B, 1, L, L] bool, True = may attend; a padding query attends only to itself, so no softmax row
-    is empty (an all-masked row would be NaN, and 0 * NaN would reach the real tokens' gradients)."""
+    is empty (an all-masked row would be NaN, and 0 * NaN would reach the real tokens' gradients).
+    The HF backend turns it into the masks its decoder takes (grpo.trainer.hf.attention: the form of
+    its attention implementation, a window for sliding layers)."""
     slots: torch.Tensor
     """[n] flat index into the B * L outputs of each micro-batch token this call computes."""
     tokens: torch.Tensor

@@ -57,6 +57,16 @@ def test_parents_that_do_not_come_first_are_rejected():
         row.validate()
 
 
+@pytest.mark.parametrize("root", [0, 4], ids=["first sample", "second sample"])
+def test_a_loss_token_at_a_sequence_start_is_rejected(root):
+    """Nothing predicts a sequence's first token: packed, it would be scored from the previous
+    sample's last hidden state (or the row's last one), so such a row is malformed."""
+    row = make_row([(2, 2), (2, 2)], [1.0, 1.0])
+    row.loss_mask[root] = True
+    with pytest.raises(ValueError, match="sequence's first token"):
+        build_micro_batch([row], torch.device("cpu"), varlen_attention=False)
+
+
 def test_packed_logprobs_equal_each_sample_alone(make_cfg, tiny_model_path):
     policy = build_policy(make_cfg(), DiskWeights(tiny_model_path))
     shapes = [(4, 5), (3, 6), (5, 3)]

@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from grpo.trainer.device import check_precision_support, choose_dtype, resolve_device
+from grpo.trainer.hf.attention import (
+    attention_implementation_for,
+    attention_layout,
+    check_attention,
+    decoder_attention_mask,
+)
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
@@ -50,9 +56,10 @@ class Policy:
 
     @property
     def lm_head(self) -> nn.Module:
-        head = self.causal_lm.get_output_embeddings()
-        assert head is not None
-        return head
+        """Hidden states -> the logits the model samples from (soft-capped where the model caps them)."""
+        from grpo.trainer.hf.families import output_layer
+
+        return output_layer(self.causal_lm)
 
     @property
     def uses_varlen_attention(self) -> bool:
@@ -84,12 +91,16 @@ class Policy:
                     "shared-prefix rows need attention that takes a mask (sdpa or eager), but the "
                     "trainer's model uses flash attention; set shared_prefix: false in orch.yaml"
                 )
+            layout = attention_layout(self.causal_lm)
+            mask_dtype = self.autocast_dtype or self.dtype
             parts, tokens = [], []
             for forward in batch.forwards:
                 out = decoder(
                     input_ids=forward.input_ids,
                     position_ids=forward.position_ids,
-                    attention_mask=forward.attention_mask,
+                    attention_mask=decoder_attention_mask(
+                        layout, forward.attention_mask, forward.position_ids, mask_dtype
+                    ),
                     use_cache=False,
                 ).last_hidden_state  # [B, L, H]
                 parts.append(out.reshape(-1, out.shape[-1])[forward.slots])
@@ -124,8 +135,9 @@ def _lora_targets(cfg: TrainerConfig) -> str | list[str]:
 
 def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
 
+    from grpo.trainer.hf.families import check_borrowed_names, check_lora_targets
     from grpo.trainer.weights import install_borrowed
 
     device = resolve_device(cfg)
@@ -146,6 +158,9 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     # Full training keeps fp32 weights (bf16 Adam updates would round away); compute is autocast.
     load_dtype = dtype if cfg.lora else torch.float32
     kwargs: dict[str, object] = {"dtype": load_dtype}
+    config = AutoConfig.from_pretrained(source.model_path)
+    if (attn_implementation := attention_implementation_for(config)) is not None:
+        kwargs["attn_implementation"] = attn_implementation
     if cfg.qlora_bnb:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
@@ -154,7 +169,9 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             bnb_4bit_use_double_quant=False,
         )
         kwargs["device_map"] = {"": device}
-    causal_lm = AutoModelForCausalLM.from_pretrained(source.model_path, **kwargs)
+    causal_lm = AutoModelForCausalLM.from_pretrained(source.model_path, config=config, **kwargs)
+    check_attention(causal_lm)
+    check_borrowed_names(causal_lm, [*borrowed, *borrowed_quantized])
     if cfg.qlora_fp8:
         from grpo.trainer.hf.quantized_base import quantize_base_linears_fp8
 
@@ -184,11 +201,14 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     if cfg.lora:
         from peft import LoraConfig, get_peft_model
 
+        targets = _lora_targets(cfg)
+        if targets != "all-linear":
+            check_lora_targets(causal_lm, targets)
         lora_cfg = LoraConfig(
             r=cfg.lora_rank,
             lora_alpha=cfg.lora_alpha,
             lora_dropout=cfg.lora_dropout,
-            target_modules=_lora_targets(cfg),
+            target_modules=targets,
             task_type="CAUSAL_LM",
         )
         torch.manual_seed(cfg.seed)  # LoRA A init

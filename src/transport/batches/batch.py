@@ -82,7 +82,8 @@ class PackedRow:
         return (self.position_ids[~has_child] + 1).tolist()
 
     def validate(self) -> None:
-        """Raise ValueError if arrays disagree in length or dtype."""
+        """Raise ValueError if arrays disagree in length or dtype, the tree is malformed, or a loss
+        token starts a sequence."""
         n = self.num_tokens
         for name, dtype in {**ROW_FIELDS, **OPTIONAL_ROW_FIELDS}.items():
             arr = getattr(self, name)
@@ -93,6 +94,9 @@ class PackedRow:
             if arr.dtype != np.dtype(dtype):
                 raise ValueError(f"row field {name} has dtype {arr.dtype}, expected {np.dtype(dtype)}")
         check_tree(self.parent_ids, self.position_ids)
+        if np.any(self.loss_mask & (self.parent_ids < 0)):
+            # Nothing predicts a sequence's first token (a prompt always precedes a completion).
+            raise ValueError("row loss_mask is set on a sequence's first token, which no token predicts")
 
 
 def plain_parent_ids(position_ids: np.ndarray) -> np.ndarray:
