@@ -31,8 +31,10 @@ from grpo.transport.weights.collective import (
     DEFAULT_SECRET_ENV,
     CollectiveWeightReceiver,
     CollectiveWeightSender,
+    _manifest_payload,
 )
 from grpo.transport.weights.manifest import check_manifest
+from grpo.utils.auth import sign
 
 SECRET_ENV = "GRPO_TEST_WEIGHTS_SECRET"
 ROGUE_SECRET_ENV = "GRPO_TEST_ROGUE_SECRET"
@@ -318,7 +320,12 @@ class _SenderThatLies(CollectiveWeightSender):
         self.connect()
         text = json.dumps(self.manifest)
         if self.sign_another:
-            self._publish_manifest(json.dumps({**self.manifest, "step": step + 1}))
+            # The tag first, over another document, then this one: a receiver never sees a valid pair.
+            other = json.dumps({**self.manifest, "step": step + 1})
+            assert self._secret is not None
+            self._store.set(
+                "update/0/tag", sign(self._secret, _manifest_payload(self._session_nonce, other)).hex()
+            )
             self._store.set("update/0", text)
         else:
             self._publish_manifest(text)
