@@ -94,10 +94,15 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         argv.append("--enable-auto-tool-choice")
     if cfg.tool_call_parser:
         argv += ["--tool-call-parser", cfg.tool_call_parser]
+    # float32 logits from the 16-bit lm_head (no rounding to bf16: a bf16 logit of 10-30 is off by up
+    # to 1/16), as the trainer computes them (grpo.trainer.logprobs.float32_logits); a no-op for a
+    # float32 model.
+    overrides: dict[str, object] = {"head_dtype": "float32"}
     if cfg.rope_scaling:
         # vLLM >= 0.32 (transformers 5) reads RoPE settings from `rope_parameters`; dict
         # overrides merge into the model's own, so rope_theta is kept.
-        argv += ["--hf-overrides", json.dumps({"rope_parameters": cfg.rope_scaling})]
+        overrides["rope_parameters"] = cfg.rope_scaling
+    argv += ["--hf-overrides", json.dumps(overrides)]
     if cfg.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(cfg.max_num_seqs)]
     api_key = os.environ.get(cfg.api_key_var, "")

@@ -9,6 +9,12 @@ SmolLM2), and autograd would keep them, their log_softmax and their gradient ali
 the lm_head runs on `chunk_size` tokens at a time inside `torch.utils.checkpoint`: forward keeps
 only each chunk's inputs, and backward recomputes one chunk's logits at a time, so the peak is one
 chunk's logits instead of all of them.
+
+The logits are float32 from 16-bit hidden states and weights (each product exact, the sum
+accumulated and kept in float32) rather than rounded to bf16 by a bf16 matmul: a bf16 logit of
+SmolLM2's size (10-30) is off by up to 1/16, which alone gives a mismatch KL near 1e-3. vLLM is
+started with `head_dtype: float32` for the same reason (grpo.inference.server_args), so both sides
+compute the same unrounded logits.
 """
 
 from __future__ import annotations
@@ -18,6 +24,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+
+def float32_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [C, H] -> logits [C, V] float32, unrounded; an lm_head that is not a plain linear
+    layer (LoRA or quantized) computes as it does and its output is cast."""
+    import torch
+    from torch import nn
+
+    if type(lm_head) is not nn.Linear or lm_head.weight.dtype == torch.float32:
+        return lm_head(hidden).float()
+    # A float32 copy of the weight per chunk (V x H x 4 bytes, freed after the chunk).
+    weight, bias = lm_head.weight, lm_head.bias
+    return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
 
 def _chunk_logprobs(
@@ -31,7 +50,7 @@ def _chunk_logprobs(
     logprob at temperature 1 [C] float32 when `untempered`, else [0])."""
     import torch
 
-    raw = lm_head(hidden).float()  # [C, V]
+    raw = float32_logits(lm_head, hidden)  # [C, V]
     log_probs = torch.log_softmax(raw / temperatures.float().unsqueeze(-1), dim=-1)
     token_lp = log_probs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():

