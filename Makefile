@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup lock demo test test-fast lint typecheck bench gpu-validate clean
+.PHONY: setup lock lock-gpu demo test test-fast lint typecheck bench gpu-validate clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,11 @@ lock:
 	GRPO_UNLOCKED=1 bash scripts/setup.sh
 	{ sed -n 1,2p constraints/cpu.txt; $(BIN)/python -m pip freeze --exclude-editable --disable-pip-version-check | grep -v '^#'; } > constraints/cpu.txt.new
 	mv constraints/cpu.txt.new constraints/cpu.txt
+
+# Renew constraints/gpu.txt (what setup installs when nvidia-smi works): resolved by uv for linux
+# x86_64 + PyPI's CUDA wheels, Python 3.11 and 3.12, from any machine (no GPU needed).
+lock-gpu:
+	bash scripts/lock_gpu.sh
 
 # A fresh run each time: grpo refuses to start a new run over an earlier one in the same output_dir.
 demo: setup
