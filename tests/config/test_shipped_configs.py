@@ -58,9 +58,10 @@ def test_shipped_config_sets_pass_cross_file_checks(folder: Path) -> None:
 
 
 def test_quickstart_keeps_reference_values() -> None:
-    """The reference quick-start's keys, with only the model id swapped, load with their values."""
+    """The reference quick-start's keys load with their values; the model id is swapped and recipe
+    fp8-hybrid (refused: not implemented) is bf16, so it trains as written on a CPU or one GPU."""
     train = load_config(TrainerConfig, REPO / "examples/quickstart/train.yaml")
-    assert train.recipe == "fp8_hybrid"  # written "fp8-hybrid" in the reference
+    assert train.recipe == "bf16"
     assert train.loss.geo_mask_high == 10.0
     orch = load_config(OrchestratorConfig, REPO / "examples/quickstart/orch.yaml")
     assert orch.batch_size == 128 and orch.rollouts_per_example == 16 and orch.sampling.max_tokens == 128
