@@ -44,7 +44,7 @@ def test_gpu_lock_pins_every_package_of_the_gpu_dev_and_megatron_extras() -> Non
 
 def test_gpu_lock_holds_only_exact_pins() -> None:
     lines = [line for line in GPU_LOCK.read_text().splitlines() if line and not line.startswith("#")]
-    assert lines and all(PIN.match(line) for line in lines), [l for l in lines if not PIN.match(l)]
+    assert lines and all(PIN.match(line) for line in lines), [x for x in lines if not PIN.match(x)]
 
 
 def test_setup_installs_with_the_gpu_lock_on_gpu_machines() -> None:

@@ -155,10 +155,15 @@ def trainer_rows(train: TrainerConfig, shape: ModelShape, on_gpu: bool) -> list[
 
 
 def plan_memory(
-    train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig, model_path: str | Path
+    train: TrainerConfig,
+    infer: InferenceConfig,
+    orch: OrchestratorConfig,
+    model_path: str | Path,
+    gpu: tuple[str, float] | None = None,
 ) -> MemoryPlan:
+    """`gpu` (name, GiB): plan for that GPU instead of this machine's device (grpo --plan-gpu-gib)."""
     shape = ModelShape.from_folder(model_path)
-    device, total = _device_memory(train)
+    device, total = ("cuda " + gpu[0], int(gpu[1] * GIB)) if gpu is not None else _device_memory(train)
     on_gpu = device.startswith("cuda")
     plan = MemoryPlan(device=device, total_bytes=total, rows=trainer_rows(train, shape, on_gpu))
     num_replicas = infer.dp  # co-located dp: one engine + one trainer rank per replica
