@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup lock demo test test-fast lint typecheck bench gpu-validate clean
+.PHONY: setup lock lock-gpu demo test test-fast lint typecheck bench gpu-validate clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,11 @@ lock:
 	GRPO_UNLOCKED=1 bash scripts/setup.sh
 	{ sed -n 1,2p constraints/cpu.txt; $(BIN)/python -m pip freeze --exclude-editable --disable-pip-version-check | grep -v '^#'; } > constraints/cpu.txt.new
 	mv constraints/cpu.txt.new constraints/cpu.txt
+
+# Renew constraints/gpu.txt (what setup installs when nvidia-smi works): resolved by uv for linux
+# x86_64 + PyPI's CUDA wheels, Python 3.11 and 3.12, from any machine (no GPU needed).
+lock-gpu:
+	bash scripts/lock_gpu.sh
 
 # A fresh run each time: grpo refuses to start a new run over an earlier one in the same output_dir.
 demo: setup
@@ -42,3 +47,8 @@ bench: setup
 
 clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache
+
+# The acceptance run on a GPU machine (~25 min, no vLLM or network needed): every gpu-marked test,
+# trainer tokens/s, MFU and peak memory against the plan; outputs/gpu_validate/summary.json.
+gpu-validate:
+	bash scripts/gpu_validate.sh

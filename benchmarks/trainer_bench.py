@@ -102,19 +102,60 @@ def run_variant(
     step_fn(batches[0])  # warm-up (kernels, allocator)
     warmup_s = time.perf_counter() - warm_started
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    on_cuda = trainer.policy.causal_lm.device.type == "cuda"
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     for batch in batches[1:]:
         step_fn(batch)
+    if on_cuda:
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tokens_per_s = num_steps * num_rows * row_tokens / elapsed
+    cuda = (
+        _cuda_figures(cfg.model_copy(update={"sequence_len": row_tokens}), model, tokens_per_s)
+        if on_cuda
+        else {}
+    )
     return {
-        "tokens_per_s": num_steps * num_rows * row_tokens / elapsed,
+        **cuda,
+        "tokens_per_s": tokens_per_s,
         "step_s": elapsed / num_steps,
         "warmup_step_s": warmup_s,
         "peak_rss_growth_mib": (rss_after - rss_before) / 1024,
         "peak_rss_mib": rss_after / 1024,
         "dtype": str(trainer.policy.dtype),
         "threads": torch.get_num_threads(),
+    }
+
+
+# Dense bf16 tensor-core peak (no sparsity) by device name, for MFU.
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def _cuda_figures(cfg, model: str, tokens_per_s: float) -> dict[str, object]:
+    """On CUDA: MFU (6 x decoder-linear parameters FLOPs per token, the usual convention, over the
+    GPU's bf16 peak) and the peak memory next to the memory plan's prediction for this trainer. The
+    plan counts what a co-located trainer adds to vLLM; this benchmark loads the base weights itself,
+    so they are added to the prediction (bf16)."""
+    import torch
+
+    from grpo.colocate.memory_plan import GIB, trainer_rows
+    from grpo.models.shape import ModelShape
+
+    shape = ModelShape.from_folder(model)
+    name = torch.cuda.get_device_name()
+    peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    num_params = shape.num_linear_params()
+    predicted = sum(b for _, b, _ in trainer_rows(cfg, shape, on_gpu=True)) + num_params * 2
+    measured = torch.cuda.max_memory_reserved()
+    return {
+        "device": name,
+        "mfu": None if peak is None else 6 * num_params * tokens_per_s / peak,
+        "peak_cuda_reserved_gib": measured / GIB,
+        "planned_gib": predicted / GIB,
+        "peak_within_plan": measured <= predicted,
     }
 
 

@@ -25,10 +25,11 @@ from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.shared_facts import File, share_overrides
 from grpo.config.trainer import TrainerConfig
+from grpo.utils.errors import UserError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
-OPTIONS = ["--train", "--infer", "--orch", "--dry-run", "--verbose", "--help"]
+OPTIONS = ["--train", "--infer", "--orch", "--dry-run", "--plan-gpu-gib", "--verbose", "--help"]
 
 
 @app.command(context_settings=EXTRA_ARGS)
@@ -39,6 +40,12 @@ def grpo(
     orch: Path = typer.Option(..., "--orch", help="orch.yaml (orchestrator)"),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Validate, print the resolved configs and the memory plan, exit."
+    ),
+    plan_gpu_gib: float | None = typer.Option(
+        None,
+        "--plan-gpu-gib",
+        help="With --dry-run: plan memory for one GPU of this many GiB (e.g. 79.6 for an 80 GB H100) "
+        "instead of this machine's device, to check a GPU recipe from any machine.",
     ),
     verbose: bool = typer.Option(
         False,
@@ -60,7 +67,11 @@ def grpo(
         infer_cfg = load_with_overrides(InferenceConfig, infer, overrides["infer"])
         orch_cfg = load_with_overrides(OrchestratorConfig, orch, overrides["orch"])
         sources: dict[File, str] = {"train": str(train), "infer": str(infer), "orch": str(orch)}
-        train_cfg, infer_cfg, orch_cfg = check_colocated(train_cfg, infer_cfg, orch_cfg, sources)
+        if plan_gpu_gib is not None and not dry_run:
+            raise UserError("--plan-gpu-gib plans for a GPU this machine may not have; use it with --dry-run")
+        # Planned for a GPU: the settings a GPU can run pass whatever this machine is.
+        on_cuda = True if plan_gpu_gib is not None else None
+        train_cfg, infer_cfg, orch_cfg = check_colocated(train_cfg, infer_cfg, orch_cfg, sources, on_cuda)
         from grpo.envs.loading import check_environments
 
         # Before the engine starts: a bad env[] should not cost a minute of start-up to learn about.
@@ -76,7 +87,8 @@ def grpo(
 
             # Before the engine starts (a minute or more). Each engine replica holds one trainer rank.
             check_megatron_start(train_cfg, resolved.path, world_size=infer_cfg.dp)
-        plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path)
+        gpu = None if plan_gpu_gib is None else ("(planned with --plan-gpu-gib)", plan_gpu_gib)
+        plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path, gpu)
         if dry_run:
             from grpo.orchestrator.sampling import describe_sampling
 

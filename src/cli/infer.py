@@ -36,9 +36,10 @@ def infer(
         return run_server(cfg)
 
     def check(cfg: InferenceConfig) -> None:
+        from grpo.config.engine_dtype import dtype_problems
         from grpo.config.fp8_support import fp8_problems
 
-        problems = fp8_problems(cfg.quantization)
+        problems = fp8_problems(cfg.quantization) + dtype_problems(cfg)
         if problems:
             raise ConfigError("\n".join(problems))
 

@@ -212,10 +212,15 @@ def megatron_attention_scores_row(train: TrainerConfig, shape: ModelShape) -> tu
 
 
 def plan_memory(
-    train: TrainerConfig, infer: InferenceConfig, orch: OrchestratorConfig, model_path: str | Path
+    train: TrainerConfig,
+    infer: InferenceConfig,
+    orch: OrchestratorConfig,
+    model_path: str | Path,
+    gpu: tuple[str, float] | None = None,
 ) -> MemoryPlan:
+    """`gpu` (name, GiB): plan for that GPU instead of this machine's device (grpo --plan-gpu-gib)."""
     shape = ModelShape.from_folder(model_path)
-    device, total = _device_memory(train)
+    device, total = ("cuda " + gpu[0], int(gpu[1] * GIB)) if gpu is not None else _device_memory(train)
     on_gpu = device.startswith("cuda")
     rows = trainer_rows(train, shape, on_gpu, engine_quantization=infer.quantization)
     plan = MemoryPlan(device=device, total_bytes=total, rows=rows)

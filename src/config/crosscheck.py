@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
+from grpo.config.engine_dtype import dtype_problems
 from grpo.config.errors import ConfigError
 from grpo.config.fp8_support import fp8_problems
 from grpo.config.inference import InferenceConfig
@@ -102,10 +103,12 @@ def check_colocated(
     infer: InferenceConfig,
     orch: OrchestratorConfig,
     sources: Mapping[File, str] | None = None,
+    on_cuda: bool | None = None,
 ) -> tuple[TrainerConfig, InferenceConfig, OrchestratorConfig]:
     """Validate the three files of a one-shot run: the settings they share reconciled (a value set in
     one file reaches the others, grpo.config.shared_facts), then the relations between them.
-    `sources` names the files in messages. Returns the reconciled configs."""
+    `sources` names the files in messages; `on_cuda` is the device the run is checked for (None: a
+    CUDA device is used when one is visible). Returns the reconciled configs."""
     shared = reconcile({"train": train, "infer": infer, "orch": orch}, sources)
     train = cast(TrainerConfig, shared["train"])
     infer = cast(InferenceConfig, shared["infer"])
@@ -122,7 +125,8 @@ def check_colocated(
             f"infer quantization '{infer.quantization}' with train qlora_bnb/qlora_fp8: the trainer borrows "
             "the engine's quantized weights as they are; set qlora_bnb and qlora_fp8 to false"
         )
-    problems += fp8_problems(infer.quantization)
+    problems += fp8_problems(infer.quantization, cuda_available=on_cuda)
+    problems += dtype_problems(infer, on_cuda)
     if orch.ckpt.keep_last is not None and orch.ckpt.interval is not None:
         min_keep = orch.max_async_level + 2
         if orch.ckpt.keep_last < min_keep:

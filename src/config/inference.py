@@ -37,8 +37,11 @@ class InferenceConfig(StrictModel):
     port: int = Field(8000, ge=0, le=65535)
     """Bind port (0 picks a free one; the chosen port is logged)."""
 
-    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
-    """Weight and activation dtype of the engine."""
+    dtype: Literal["auto", "float16", "bfloat16", "float32", "float32_on_cpu"] = "auto"
+    """Weight and activation dtype of the engine (and of a co-located trainer, which computes on the
+    engine's weights). auto: vLLM's choice (the checkpoint's; 16-bit on a GPU). float32 with
+    enable_lora is refused on a GPU (vLLM's CUDA LoRA kernels take 16-bit only). float32_on_cpu:
+    float32 on CPU (trainer and engine logprobs agree to ~1e-8), bfloat16 on a GPU."""
 
     quantization: str | None = None
     """vLLM quantization method for the base weights (vLLM's --quantization), e.g. "fp8" on a GPU or
@@ -144,9 +147,10 @@ class InferenceConfig(StrictModel):
 
     @model_validator(mode="after")
     def _fp8_computes_in_16_bits(self) -> InferenceConfig:
-        if self.quantization is not None and self.quantization.startswith("fp8") and self.dtype == "float32":
+        if self.quantization is not None and self.quantization.startswith("fp8") and "float32" in self.dtype:
             raise ValueError(
-                f"quantization {self.quantization} computes in 16 bits: set dtype to bfloat16 (or float16)"
+                f"quantization {self.quantization} computes in 16 bits, not dtype {self.dtype}: set dtype to "
+                "bfloat16 (or float16, or auto)"
             )
         return self
 

@@ -10,6 +10,7 @@ import math
 import os
 from typing import Literal
 
+from grpo.config.engine_dtype import resolve_engine_dtype
 from grpo.config.inference import InferenceConfig
 from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
 from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS
@@ -52,12 +53,14 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
             "enable_auto_tool_choice needs tool_call_parser; set tool_call_parser (e.g. 'hermes') "
             "in the inference config, or turn enable_auto_tool_choice off"
         )
+    if on_cpu is None:
+        on_cpu = not _cuda_available()
     argv = [
         "--model", model_path,
         "--served-model-name", cfg.model,
         "--host", cfg.bind_host,
         "--port", str(cfg.port),
-        "--dtype", cfg.dtype,
+        "--dtype", resolve_engine_dtype(cfg, on_cuda=not on_cpu),
         "--tensor-parallel-size", str(cfg.tp),
         "--data-parallel-size", str(cfg.dp),
         "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),

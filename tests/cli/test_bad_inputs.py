@@ -141,6 +141,12 @@ CASES = [
         "set dtype to bfloat16",
     ),
     (
+        "precision recipe not implemented",
+        ["grpo-train", "t.yaml"],
+        {"t.yaml": "model: m\nrecipe: fp8-hybrid\n"},
+        "set recipe: bf16",
+    ),
+    (
         "co-located engine quantization the trainer cannot borrow",
         _demo_grpo("--infer.quantization", "awq", "--infer.dtype", "bfloat16"),
         {},
@@ -255,6 +261,16 @@ def test_bad_input_gives_one_line_and_exit_2(
     assert all(line.startswith(f"{command[0]}: error: ") for line in result.stderr.strip().splitlines()), (
         result.stderr
     )
+
+
+def test_memory_planned_for_a_gpu_is_refused_outside_a_dry_run(tmp_path: Path) -> None:
+    command = _demo_grpo("--plan-gpu-gib", "79.6")
+    result = subprocess.run(
+        [str(BIN / command[0]), *command[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("grpo: error: ") and "use it with --dry-run" in line
 
 
 def test_verbose_shows_the_traceback(tmp_path: Path) -> None:

@@ -107,3 +107,11 @@ def test_qerl_noise_loads_where_the_norms_travel_as_files() -> None:
     assert validate(TrainerConfig, lora, "train.yaml").noise_scheduler.enabled
     files = {"model": "m", "lora": False, "noise_scheduler": {"enabled": True}}
     assert validate(TrainerConfig, files, "train.yaml").weight_broadcast.type == "filesystem"
+
+
+@pytest.mark.parametrize("recipe", ["fp8-hybrid", "fp8_hybrid", "nvfp4"])
+def test_an_unimplemented_precision_recipe_is_refused_at_load_in_one_line(recipe: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(TrainerConfig, {"model": "m", "recipe": recipe}, "train.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and "not implemented" in lines[0] and "set recipe: bf16" in lines[0], lines

@@ -55,9 +55,7 @@ def test_qlora_bnb_builds_nf4_base_with_lora_on_cpu(make_cfg, tiny_model_path):
 @pytest.mark.parametrize(
     "overrides, needed",
     [
-        ({"recipe": "fp8-hybrid"}, "SM89"),
         ({"qlora_fp4": True}, "SM100"),
-        ({"recipe": "nvfp4"}, "SM100"),
     ],
 )
 def test_low_precision_formats_fail_at_start_without_a_capable_gpu(
