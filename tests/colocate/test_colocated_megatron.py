@@ -53,7 +53,9 @@ def test_a_colocated_megatron_run_serves_each_full_weight_policy(
     orch = read_jsonl(run_dir / "metrics.jsonl")
     # max_async_level 0: batch n is sampled from policy n, so each published full-weight policy reached vLLM.
     assert [r["policy/version"] for r in orch] == [0, 1, 2]
-    assert (run_dir / "broadcasts" / "step_3" / "model.safetensors").exists()
+    # One file in bf16; a float32 trainer (a CPU without bf16 matmuls) writes two size-bounded shards.
+    final = run_dir / "broadcasts" / "step_3"
+    assert (final / "config.json").exists() and list(final.glob("model*.safetensors"))
     assert "megatron parameters" in result.stderr  # the memory plan counts the trainer's own copy
     assert "borrowed" not in result.stderr
     # The engine core and its worker closed their shared-memory queues before they ended: none was
