@@ -23,7 +23,8 @@ def resolve_device(cfg: TrainerConfig) -> torch.device:
 
 
 def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
-    """Fail at start (not mid-run) when the recipe or quantization needs hardware that is absent.
+    """Fail at start (not mid-run) when a quantization needs hardware that is absent (recipes other
+    than bf16 are refused when the config loads).
 
     qlora_fp8 is weight-only (FP8 storage, matmuls in bf16/fp32), so it runs on any device.
     """
@@ -31,12 +32,8 @@ def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
 
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     needs = []
-    if cfg.recipe == "fp8_hybrid":
-        needs.append(("recipe fp8_hybrid", (8, 9)))
     if cfg.qlora_fp4:
         needs.append(("qlora_fp4", (10, 0)))
-    if cfg.recipe == "nvfp4":
-        needs.append(("recipe nvfp4", (10, 0)))
     for what, (major, minor) in needs:
         if capability is None or capability < (major, minor):
             found = f"SM{capability[0]}{capability[1]}" if capability else device.type.upper()
