@@ -58,8 +58,9 @@ async def serve(
         if extend_app is not None:
             extend_app(app)
         await init_app_state(engine_client, app.state, args, supported_tasks)
-        global _lora_path_refusal
-        _lora_path_refusal = lora_path_refusal
+        # Per server, not per process: tests (and a replica pool in one process) run several
+        # servers side by side, each with its own weight_dirs.
+        app.state.openai_serving_models.grpo_lora_path_refusal = lora_path_refusal
         if on_ready is not None:
             on_ready(engine_client, port)
         shutdown_task = await launcher.serve_http(
@@ -143,13 +144,12 @@ def allow_server_in_thread(loop: asyncio.AbstractEventLoop) -> dict[int, Callabl
 # In-place LoRA reload
 
 _lora_patch_applied = False
-_lora_path_refusal: Callable[[str], str | None] | None = None
-"""Set by `serve`: why an adapter path must not be loaded, or None (grpo.inference.weight_routes)."""
 
 
 def reset_inplace_flag_after_lora_load() -> None:
-    """Refuse adapter paths `_lora_path_refusal` names (403); after an in-place adapter load, store
-    the adapter's request with load_inplace=False.
+    """Refuse adapter paths the server's `grpo_lora_path_refusal` names (403; set by `serve` on
+    its OpenAIServingModels); after an in-place adapter load, store the adapter's request with
+    load_inplace=False.
 
     The server keeps the LoRARequest it loaded and attaches it to every later request for that
     adapter; with load_inplace still set, the worker re-reads the adapter from disk on every
@@ -164,7 +164,8 @@ def reset_inplace_flag_after_lora_load() -> None:
     original = OpenAIServingModels.load_lora_adapter
 
     async def load_lora_adapter(self: Any, request: Any, base_model_name: str | None = None) -> Any:
-        refusal = None if _lora_path_refusal is None else _lora_path_refusal(request.lora_path)
+        path_refusal = getattr(self, "grpo_lora_path_refusal", None)
+        refusal = None if path_refusal is None else path_refusal(request.lora_path)
         if refusal is not None:
             from vllm.entrypoints.serve import create_error_response
 
