@@ -160,20 +160,30 @@ def _cuda_figures(cfg, model: str, tokens_per_s: float) -> dict[str, object]:
 
 
 def _logprob_memory(variant: str, model: str, num_tokens: int) -> dict[str, object]:
-    """Peak RSS growth of forward + backward through lm_head and log-softmax for num_tokens."""
+    """Peak memory growth (RSS on a CPU, CUDA allocations on a GPU) of forward + backward through
+    lm_head and log-softmax for num_tokens."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from grpo.trainer.logprobs import token_logprobs
+    from grpo.utils.device import cuda_present
 
+    # Where the trainer would run: on a GPU machine the head and its logits live in CUDA memory.
+    device = torch.device("cuda" if cuda_present() else "cpu")
     causal_lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
-    lm_head = causal_lm.get_output_embeddings()
+    lm_head = causal_lm.get_output_embeddings().to(device)
     lm_head.weight.requires_grad_(False)
     vocab = lm_head.weight.shape[0]
-    hidden = torch.randn(num_tokens, lm_head.weight.shape[1], dtype=torch.bfloat16, requires_grad=True)
-    targets = torch.randint(0, vocab, (num_tokens,))
-    temperatures = torch.ones(num_tokens)
+    hidden = torch.randn(
+        num_tokens, lm_head.weight.shape[1], dtype=torch.bfloat16, device=device, requires_grad=True
+    )
+    targets = torch.randint(0, vocab, (num_tokens,), device=device)
+    temperatures = torch.ones(num_tokens, device=device)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    cuda_before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
     started = time.perf_counter()
     if variant == "logprobs_chunked":
         lp, _ = token_logprobs(hidden, lm_head, targets, temperatures, chunk_size=256)
@@ -181,13 +191,20 @@ def _logprob_memory(variant: str, model: str, num_tokens: int) -> dict[str, obje
         logits = lm_head(hidden).float() / temperatures[:, None]
         lp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
     lp.sum().backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    growth_mib = (rss_after - rss_before) / 1024
+    if device.type == "cuda":
+        growth_mib = (torch.cuda.max_memory_allocated() - cuda_before) / 2**20
     return {
+        "device": device.type,
         "num_tokens": num_tokens,
         "chunk_size": 256 if variant == "logprobs_chunked" else None,
         "fp32_logits_mib": num_tokens * vocab * 4 / 2**20,
-        "peak_rss_growth_mib": (rss_after - rss_before) / 1024,
+        # Peak RSS growth on a CPU, peak CUDA allocation growth on a GPU.
+        "peak_growth_mib": growth_mib,
         "seconds": elapsed,
     }
 
@@ -219,7 +236,7 @@ def _plain_step(trainer, cfg):
             log_probs = torch.log_softmax(logits[:-1] / mb.temperatures[1:, None], -1)
             lp = log_probs.gather(-1, mb.input_ids[1:, None]).squeeze(-1)
             lp = torch.cat([lp.new_zeros(1), lp])
-            mask = torch.from_numpy(row.loss_mask)
+            mask = torch.from_numpy(row.loss_mask).to(lp.device)
             loss, _ = grpo_loss(
                 lp[mask],
                 mb.loss.inference_logprobs,
@@ -279,7 +296,7 @@ def main() -> None:
         forwarded = ["--model", model, "--rows", str(args.rows), "--row-tokens", str(args.row_tokens)]
         out = subprocess.run(
             [sys.executable, __file__, "--variant", variant, *forwarded, "--steps", str(args.steps)],
-            capture_output=True,
+            stdout=subprocess.PIPE,  # the result line; the variant's log and errors reach stderr
             text=True,
             check=True,
             env={**os.environ, "HF_HUB_OFFLINE": "1", **threads},
@@ -319,8 +336,8 @@ def main() -> None:
         / results["plain_peft"]["tokens_per_s"],
         "speedup_with_checkpointing_vs_plain_peft": results["trainer"]["tokens_per_s"]
         / results["plain_peft"]["tokens_per_s"],
-        "logprob_peak_memory_ratio_naive_over_chunked": results["logprobs_naive"]["peak_rss_growth_mib"]
-        / max(results["logprobs_chunked"]["peak_rss_growth_mib"], 1.0),
+        "logprob_peak_memory_ratio_naive_over_chunked": results["logprobs_naive"]["peak_growth_mib"]
+        / max(results["logprobs_chunked"]["peak_growth_mib"], 1.0),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"trainer_{machine}.json").write_text(json.dumps(record, indent=2))

@@ -39,9 +39,21 @@ MEGATRON_BYTES = 2 + 4 + 4 + 8
 # scores [B, heads, L, L] per layer. Per score, with bf16 compute and the softmax in fp32, a layer
 # keeps the fp32 softmax output and its bf16 copy for backward; the layer being worked on adds the
 # shared bf16 score buffer and two fp32 gradients of its softmax backward (4 + 4 - the bf16 copy
-# already freed + 2). fp32 compute keeps less (one fp32 tensor).
+# already freed + 2). fp32 compute keeps less (one fp32 tensor). Measured on an H200 (megatron-core's
+# local attention, bf16, 2/4/6 layers, 2 heads x 2048^2 scores): exactly the fp32 and bf16 copy kept
+# per layer, a step's peak above the activation rows 23.6/36.8/49.9 B per score = 6.56 B per layer
+# + 10.5 B. The plan counts 1 B per layer beyond the kept copies and 12 B working.
 ATTENTION_SCORE_KEPT_BYTES = 4 + 2
-ATTENTION_SCORE_WORKING_BYTES = 8
+ATTENTION_SCORE_LAYER_MARGIN_BYTES = 1
+ATTENTION_SCORE_WORKING_BYTES = 12
+# Activations per decoder layer and token, in bf16 tensors of max(hidden, intermediate) elements.
+# Keeping every layer's: measured on an H200 (Qwen3-0.6B shape, LoRA rank 16, 8 x 2048 tokens, no
+# gradient checkpointing) 32.1 GiB reserved at peak, about 11 such tensors per layer (RMSNorm's
+# float32 copies, q/k/v/o, the MLP's four intermediate-sized tensors, LoRA's inputs); 12 counted.
+# Recomputing, one layer's working set at a time: 6 counted (the same run with checkpointing
+# peaked at 5.49 GiB reserved against a 5.63 GiB plan).
+ACTIVATION_TENSORS_PER_LAYER_KEPT = 12
+ACTIVATION_TENSORS_ONE_LAYER = 6
 
 
 @dataclass
@@ -142,18 +154,18 @@ def trainer_rows(
                 f"{num / 1e6:.1f}M params x {per} B (master, grad, {train.optimizer})",
             )
         )
-    per_layer = 6 * tokens * max(h, shape.intermediate_size) * 2
+    tensor_bytes = tokens * max(h, shape.intermediate_size) * 2
     # Recomputing, each layer keeps only its input for backward and one layer's tensors are live at
     # a time; otherwise every layer keeps its own until backward reaches it.
     recomputes = (
         train.megatron.recompute == "full" if train.backend == "megatron" else train.gradient_checkpointing
     )
     if recomputes:
-        kept = per_layer + shape.num_layers * tokens * h * 2
-        how = "one layer's 6 bf16 tensors, each layer's input (recomputed)"
+        kept = ACTIVATION_TENSORS_ONE_LAYER * tensor_bytes + shape.num_layers * tokens * h * 2
+        how = f"one layer's {ACTIVATION_TENSORS_ONE_LAYER} bf16 tensors, each layer's input (recomputed)"
     else:
-        kept = shape.num_layers * per_layer
-        how = "6 bf16 tensors per layer, every layer's kept"
+        kept = shape.num_layers * ACTIVATION_TENSORS_PER_LAYER_KEPT * tensor_bytes
+        how = f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} bf16 tensors per layer, every layer's kept"
     logits = min(tokens, train.logprob_chunk_size) * vocab * 4 * 3
     rows.append(("activations", kept + logits, f"{tokens} tokens: {how}, logits chunk"))
     if train.backend == "megatron":
@@ -201,13 +213,14 @@ def megatron_attention_scores_row(train: TrainerConfig, shape: ModelShape) -> tu
     num_scores = tokens * train.sequence_len * num_heads
     recomputes = train.megatron.recompute in ("selective", "full")
     num_layers_kept = 1 if recomputes else shape.num_layers
-    per_score = num_layers_kept * ATTENTION_SCORE_KEPT_BYTES + ATTENTION_SCORE_WORKING_BYTES
+    per_layer = ATTENTION_SCORE_KEPT_BYTES + ATTENTION_SCORE_LAYER_MARGIN_BYTES
+    per_score = num_layers_kept * per_layer + ATTENTION_SCORE_WORKING_BYTES
     which = "one layer's (recomputed)" if recomputes else "every layer's"
     return (
         "attention scores",
         num_scores * per_score,
         f"[B, {num_heads} heads, L, L], B x L = {tokens}, L = {train.sequence_len}: {which} "
-        f"{ATTENTION_SCORE_KEPT_BYTES} B kept + {ATTENTION_SCORE_WORKING_BYTES} B working per score",
+        f"{per_layer} B kept per layer + {ATTENTION_SCORE_WORKING_BYTES} B working per score",
     )
 
 

@@ -19,7 +19,7 @@ compute the same unrounded logits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -34,9 +34,47 @@ def float32_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
     if type(lm_head) is not nn.Linear or lm_head.weight.dtype == torch.float32:
         return lm_head(hidden).float()
-    # A float32 copy of the weight per chunk (V x H x 4 bytes, freed after the chunk).
     weight, bias = lm_head.weight, lm_head.bias
+    if hidden.is_cuda and hidden.dtype == weight.dtype:
+        # cuBLAS multiplies the 16-bit operands, accumulates in float32 and writes float32: the same
+        # unrounded logits as the cast below without its float32 copy of the weight (2.5 GB for a
+        # 151936 x 4096 head, made per chunk and again in backward's recompute).
+        logits = _float32_out_matmul().apply(hidden, weight)
+        return logits if bias is None else logits + bias.float()
+    # No 16-bit GEMM with a float32 output off CUDA: a float32 copy of the weight per chunk
+    # (V x H x 4 bytes, freed after the chunk).
     return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+
+
+_FLOAT32_OUT_MATMUL: type | None = None
+
+
+def _float32_out_matmul() -> type:
+    """autograd Function: hidden [C, H] x weight [V, H] (both 16-bit, CUDA) -> [C, V] float32.
+
+    torch's mm with out_dtype (as of 2.13) has no derivative. Backward rounds the float32 gradient of
+    the logits to the operands' dtype and multiplies in it (float32 accumulation): the gradients
+    bf16 autocast would give, again without a float32 weight."""
+    global _FLOAT32_OUT_MATMUL
+    if _FLOAT32_OUT_MATMUL is None:
+        import torch
+
+        class Float32OutMatmul(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+                ctx.save_for_backward(hidden, weight)
+                return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+
+            @staticmethod
+            def backward(ctx: Any, grad_logits: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+                hidden, weight = ctx.saved_tensors
+                grad = grad_logits.to(hidden.dtype)  # [C, V]
+                grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+                grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
+                return grad_hidden, grad_weight
+
+        _FLOAT32_OUT_MATMUL = Float32OutMatmul
+    return _FLOAT32_OUT_MATMUL
 
 
 def _chunk_logprobs(

@@ -109,18 +109,19 @@ def tree_attention_mask(parent_ids: torch.Tensor) -> torch.Tensor:
     or one of its ancestors."""
     import torch
 
+    device = parent_ids.device
     segments = sequence_segments(parent_ids)
     num_segments = int(segments[-1]) + 1
-    first_token = torch.zeros(num_segments, dtype=torch.long).scatter_reduce(
-        0, segments, torch.arange(parent_ids.shape[0]), "amin", include_self=False
+    first_token = torch.zeros(num_segments, dtype=torch.long, device=device).scatter_reduce(
+        0, segments, torch.arange(parent_ids.shape[0], device=device), "amin", include_self=False
     )
     parent_token = parent_ids[first_token]
     # ancestors[s, a]: segment a is s or an ancestor of s. Parents come first, so one pass suffices.
-    ancestors = torch.eye(num_segments, dtype=torch.bool)
+    ancestors = torch.eye(num_segments, dtype=torch.bool, device=device)
     for seg, parent in enumerate(parent_token.tolist()):
         if parent >= 0:
             ancestors[seg] |= ancestors[int(segments[parent])]
-    causal = torch.ones(parent_ids.shape[0], parent_ids.shape[0], dtype=torch.bool).tril()
+    causal = torch.ones(parent_ids.shape[0], parent_ids.shape[0], dtype=torch.bool, device=device).tril()
     return (ancestors[segments][:, segments] & causal)[None, None]
 
 

@@ -78,10 +78,10 @@ def test_a_trainer_that_keeps_every_layers_activations_is_planned_more_than_one_
         rows = trainer_rows(TrainerConfig(**fields, **extra), shape, on_gpu=False)
         return next(size for name, size, _ in rows if name == "activations")
 
-    # SmolLM2-135M, 2 rows x 512 tokens: 30 layers' 6 bf16 [1024 x 1536] tensors kept, against one
-    # layer's and 30 layer inputs [1024 x 576].
-    one_layer = 6 * 1024 * 1536 * 2
-    assert activations(keeping) - activations(recomputing) == 29 * one_layer - 30 * 1024 * 576 * 2
+    # SmolLM2-135M, 2 rows x 512 tokens: 30 layers' 12 bf16 [1024 x 1536] tensors kept, against one
+    # layer's 6 and 30 layer inputs [1024 x 576].
+    tensor = 1024 * 1536 * 2
+    assert activations(keeping) - activations(recomputing) == (30 * 12 - 6) * tensor - 30 * 1024 * 576 * 2
 
 
 @pytest.mark.parametrize(
@@ -99,6 +99,7 @@ def test_a_megatron_trainer_is_planned_with_its_attention_scores(
 ) -> None:
     from grpo.colocate.memory_plan import (
         ATTENTION_SCORE_KEPT_BYTES,
+        ATTENTION_SCORE_LAYER_MARGIN_BYTES,
         ATTENTION_SCORE_WORKING_BYTES,
         trainer_rows,
     )
@@ -111,9 +112,10 @@ def test_a_megatron_trainer_is_planned_with_its_attention_scores(
     # SmolLM2-135M (9 heads, 30 layers), 2 rows x 512 tokens: padded calls of B x L <= 1024 tokens
     # with L <= 512 hold at most 1024 x 512 scores per head.
     num_scores = 1024 * 512 * num_heads
-    per_score = num_layers_kept * ATTENTION_SCORE_KEPT_BYTES + ATTENTION_SCORE_WORKING_BYTES
+    per_layer = ATTENTION_SCORE_KEPT_BYTES + ATTENTION_SCORE_LAYER_MARGIN_BYTES
+    per_score = num_layers_kept * per_layer + ATTENTION_SCORE_WORKING_BYTES
     assert rows["attention scores"] == num_scores * per_score
-    assert rows["attention scores"] == {30: 188, 1: 14}[num_layers_kept] * num_scores
+    assert rows["attention scores"] == {30: 222, 1: 19}[num_layers_kept] * num_scores
     hf = trainer_rows(TrainerConfig(**fields), shape, on_gpu=True)
     assert "attention scores" not in {name for name, _, _ in hf}
 

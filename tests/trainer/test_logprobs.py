@@ -157,3 +157,42 @@ def test_bf16_lm_head_gives_float32_logprobs_closer_to_float64_than_bf16_logits(
     hidden.requires_grad_(True)
     token_logprobs(hidden, lm_head, targets, ones, chunk_size=16)[0].sum().backward()
     assert hidden.grad is not None and hidden.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+def test_on_cuda_bf16_logits_are_float32_without_a_float32_copy_of_the_head():
+    """Qwen3-0.6B's head (151936 x 1024, 311 MB in bf16): float32 logits with the values and
+    gradients of the float32-cast computation, without its 622 MB float32 weight."""
+    from grpo.trainer.logprobs import float32_logits
+
+    torch.manual_seed(0)
+    lm_head = nn.Linear(1024, 151936, bias=False, dtype=torch.bfloat16, device="cuda")
+    hidden = torch.randn(64, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    upstream = torch.randn(64, 151936, device="cuda")
+
+    def peak_growth(logits_of) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        hidden.grad = None
+        lm_head.weight.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        logits = logits_of()
+        (logits * upstream).sum().backward()  # gradients of order 1 for every logit
+        torch.cuda.synchronize()
+        growth = torch.cuda.max_memory_allocated() - before
+        return logits.detach(), hidden.grad, lm_head.weight.grad, growth
+
+    logits, hidden_grad, weight_grad, growth = peak_growth(lambda: float32_logits(lm_head, hidden))
+    cast = lambda: torch.nn.functional.linear(hidden.float(), lm_head.weight.float())  # noqa: E731
+    ref_logits, ref_hidden_grad, ref_weight_grad, cast_growth = peak_growth(cast)
+
+    assert logits.dtype == torch.float32
+    assert growth + lm_head.weight.numel() * 4 <= cast_growth, (growth, cast_growth)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-5)
+    assert hidden_grad.dtype == torch.bfloat16 and weight_grad.dtype == torch.bfloat16
+    # The float32 logits' gradient is rounded to bf16 before the products (as under bf16 autocast):
+    # within a few bf16 steps of the float32-cast computation's gradient, relative to its scale.
+    for got, ref in ((hidden_grad, ref_hidden_grad), (weight_grad, ref_weight_grad)):
+        scale = float(ref.float().abs().max())
+        torch.testing.assert_close(got.float(), ref.float(), atol=2e-2 * scale, rtol=2e-2)
+        assert float((got.float() - ref.float()).abs().mean()) < 4e-3 * scale

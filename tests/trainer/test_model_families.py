@@ -129,7 +129,8 @@ def _trainer_side(
         )
         (_weight(tokens.inference_logprobs) * lp).sum().backward()
         logprobs.update(zip(tokens.inference_logprobs.tolist(), lp.tolist(), strict=True))
-    grads = {name: p.grad for name, p in policy.causal_lm.named_parameters() if p.grad is not None}
+    # On a CUDA machine the trainer runs there; the reference stays on the CPU.
+    grads = {name: p.grad.cpu() for name, p in policy.causal_lm.named_parameters() if p.grad is not None}
     return logprobs, grads
 
 
