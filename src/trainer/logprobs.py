@@ -46,10 +46,10 @@ def float32_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
 
-_FLOAT32_OUT_MATMUL: type | None = None
+_FLOAT32_OUT_MATMUL: Any = None
 
 
-def _float32_out_matmul() -> type:
+def _float32_out_matmul() -> Any:
     """autograd Function: hidden [C, H] x weight [V, H] (both 16-bit, CUDA) -> [C, V] float32.
 
     torch's mm with out_dtype (as of 2.13) has no derivative. Backward rounds the float32 gradient of
