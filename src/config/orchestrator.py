@@ -6,6 +6,7 @@ re-exported here).
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -135,6 +136,10 @@ class BufferConfig(StrictModel):
                 "would drop every group and no batch would ever fill; set online_difficulty_filtering: false"
             )
         return self
+
+
+GROUP_RELATIVE_ADVANTAGES = ("default", "grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+"""Advantage types whose baseline is the prompt's group: all 0 for a group of one rollout."""
 
 
 class AdvantageConfig(StrictModel):
@@ -388,6 +393,19 @@ class OrchestratorConfig(StrictModel):
         problem = streaming_advantage_problem(self.streaming.groups_per_part, self.advantage.type)
         if problem is not None:
             raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _groups_that_learn(self) -> OrchestratorConfig:
+        # The spec's default is 1, which only learns with a batch-wide baseline; a warning rather than
+        # a refusal, since some use a group of one to measure throughput or rewards.
+        if self.rollouts_per_example == 1 and self.advantage.type in GROUP_RELATIVE_ADVANTAGES:
+            logging.getLogger("grpo.config").warning(
+                "rollouts_per_example is 1: advantage.type %s compares each rollout with the others of "
+                "its prompt, so every advantage is 0 and nothing is learned; set rollouts_per_example "
+                "to 8 or 16 (batch_size a multiple of it), or advantage.type reinforce_pp",
+                self.advantage.type,
+            )
         return self
 
     @model_validator(mode="after")

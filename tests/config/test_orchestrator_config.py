@@ -145,3 +145,24 @@ def test_max_off_policy_steps_below_the_async_level_is_refused() -> None:
         lines
     )
     assert validate(OrchestratorConfig, {"max_async_level": 2, "max_off_policy_steps": 2}, "orch.yaml")
+
+
+@pytest.mark.parametrize(
+    ("fields", "warns"),
+    [
+        ({}, True),
+        ({"advantage": {"type": "rloo"}}, True),
+        ({"advantage": {"type": "reinforce_pp"}}, False),
+        ({"rollouts_per_example": 16, "batch_size": 32}, False),
+    ],
+    ids=["default-group-of-one", "rloo-group-of-one", "batch-baseline", "groups-of-16"],
+)
+def test_a_group_of_one_rollout_with_a_group_baseline_is_warned_about_at_load(
+    fields: dict[str, Any], warns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="grpo.config"):
+        OrchestratorConfig.model_validate({"model": {"name": "m"}, **fields})
+    warned = [r.getMessage() for r in caplog.records if "rollouts_per_example is 1" in r.getMessage()]
+    assert bool(warned) == warns
+    if warns:
+        assert "every advantage is 0" in warned[0] and "set rollouts_per_example" in warned[0]

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from trainer_batches import distributed_test_batch
 
 from grpo.trainer.checkpoint import STATE_FILE, checkpoint_dir, complete_checkpoints, rng_file
-from grpo.trainer.hf.checkpoint import OPTIMIZER_FILE, TRAINABLE_FILE, load_checkpoint
+from grpo.trainer.hf.checkpoint import TRAINABLE_FILE, load_checkpoint, read_optimizer_state
 from grpo.trainer.hf.trainer import Trainer
 from grpo.utils.atomic import is_stable
 from grpo.utils.jsonl import read_jsonl
@@ -67,8 +67,8 @@ def test_resumed_two_rank_run_ends_with_the_state_of_an_uninterrupted_run(two_ra
         "steps 3..4 trained"
     )
     _assert_same_tree(
-        torch.load(resumed / OPTIMIZER_FILE, weights_only=True),
-        torch.load(uninterrupted / OPTIMIZER_FILE, weights_only=True),
+        read_optimizer_state(resumed),
+        read_optimizer_state(uninterrupted),
         "optimizer",
     )
     resumed_metrics = read_jsonl(out_dir / "split" / "trainer_metrics.jsonl")
@@ -109,7 +109,7 @@ def test_one_rank_resumes_a_two_rank_checkpoint(two_rank_runs, tiny_model_path, 
     for name, param in trainer.policy.model.named_parameters():
         if param.requires_grad:
             assert torch.equal(param.detach(), saved[name]), name
-    saved_optimizer = torch.load(folder / OPTIMIZER_FILE, weights_only=True)["state"]
+    saved_optimizer = read_optimizer_state(folder)["state"]
     names = [n for n, p in trainer.policy.model.named_parameters() if p.requires_grad]
     for index, name in enumerate(names):
         state = trainer.optimizer.state_dict()["state"][index]

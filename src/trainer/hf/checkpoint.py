@@ -3,10 +3,12 @@
 
 Files beside the shared ones (rng_rank{r}.json, trainer_state.json):
 - `trainable.safetensors`: every trainable parameter by name, whole (FSDP2 shards gathered).
-- `optimizer.pt`: torch.save of the optimizer state keyed by parameter NAME, the "full state dict"
-  of torch.distributed.checkpoint (get/set_optimizer_state_dict re-shard it for any rank count);
-  loaded with weights_only=True, only this trainer writes it.
-- `scheduler.pt`: torch.save of the LR scheduler state.
+- `optimizer.safetensors` + `optimizer.json`: the optimizer state keyed by parameter NAME, the
+  "full state dict" of torch.distributed.checkpoint (get/set_optimizer_state_dict re-shard it for
+  any rank count): its tensors (Adam's moments, 8-bit quantisation state) in safetensors as
+  `<param name>/<state key>`, everything else (numbers, param groups) in JSON.
+- `scheduler.json`: the LR scheduler's state.
+Nothing in the folder is a pickle: resuming loads tensors and JSON only.
 
 Whole tensors rather than a DCP sharded save keep the folder readable by plain safetensors/torch
 tools and resumable on another number of ranks; the price is that rank 0 holds the whole model and
@@ -39,10 +41,45 @@ if TYPE_CHECKING:
 TRAINABLE_FILE = "trainable.safetensors"
 
 
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
+OPTIMIZER_JSON_FILE = "optimizer.json"
+SCHEDULER_FILE = "scheduler.json"
 
 
-SCHEDULER_FILE = "scheduler.pt"
+def _optimizer_to_files(optimizer_state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A full optimizer state dict -> (tensors by "<param name>/<key>", the rest as JSON)."""
+    import torch
+
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for name, param_state in optimizer_state["state"].items():
+        for key, value in param_state.items():
+            if isinstance(value, torch.Tensor):
+                # clone: safetensors refuses tensors sharing storage
+                tensors[f"{name}/{key}"] = value.detach().cpu().contiguous().clone()
+            else:
+                scalars.setdefault(name, {})[key] = value
+    return tensors, {"scalars": scalars, "param_groups": optimizer_state["param_groups"]}
+
+
+def read_optimizer_state(folder: Path) -> dict[str, Any]:
+    """The full optimizer state dict a checkpoint folder holds (parameter names as keys)."""
+    from safetensors.torch import load_file
+
+    return _optimizer_from_files(
+        load_file(str(folder / OPTIMIZER_TENSORS_FILE)),
+        json.loads((folder / OPTIMIZER_JSON_FILE).read_text()),
+    )
+
+
+def _optimizer_from_files(tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, dict[str, Any]] = {}
+    for key, tensor in tensors.items():
+        name, _, state_key = key.rpartition("/")
+        state.setdefault(name, {})[state_key] = tensor
+    for name, values in rest["scalars"].items():
+        state.setdefault(name, {}).update(values)
+    return {"state": state, "param_groups": rest["param_groups"]}
 
 
 def _whole_state_options(**overrides: bool) -> Any:
@@ -74,7 +111,6 @@ def save_checkpoint(
     dist_ctx: DistContext | None = None,
 ) -> Path:
     """Write checkpoint step_{step}; under torchrun every rank calls this and all return once it is STABLE."""
-    import torch
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -93,8 +129,10 @@ def save_checkpoint(
     if dist_ctx is None or dist_ctx.is_main:
         staged = staging_dir(final)
         save_file(trainable, str(staged / TRAINABLE_FILE))
-        torch.save(optimizer_state, staged / OPTIMIZER_FILE)
-        torch.save(scheduler.state_dict(), staged / SCHEDULER_FILE)
+        optimizer_tensors, optimizer_rest = _optimizer_to_files(optimizer_state)
+        save_file(optimizer_tensors, str(staged / OPTIMIZER_TENSORS_FILE))
+        (staged / OPTIMIZER_JSON_FILE).write_text(json.dumps(optimizer_rest))
+        (staged / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict()))
         state = {"step": step, "world_size": len(rng_per_rank)}
         publish_checkpoint(staged, final, state, rng_per_rank, keep_last)
     if dist_ctx is not None:
@@ -111,7 +149,6 @@ def load_checkpoint(
 ) -> int:
     """Restore state in place; return the step (optimizer steps done). Under torchrun every rank
     calls this with the same folder (re-sharding is collective)."""
-    import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -139,9 +176,9 @@ def load_checkpoint(
         )
     # strict=False: the checkpoint holds the trainable parameters only (frozen base weights come from the model).
     set_model_state_dict(policy.model, trainable, options=_whole_state_options(strict=False))
-    optimizer_state = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
+    optimizer_state = read_optimizer_state(folder)
     set_optimizer_state_dict(policy.model, optimizer, optimizer_state, options=_whole_state_options())
-    scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
+    scheduler.load_state_dict(json.loads((folder / SCHEDULER_FILE).read_text()))
     step = int(state["step"])
     restore_process_state(folder, step, state["world_size"], dist_ctx)
     return step
