@@ -80,7 +80,10 @@ class GroupRewardSet:
         fn = self.fns[index]
         if inspect.iscoroutinefunction(fn):
             return await asyncio.wait_for(fn(**kwargs), self.timeout)
-        return await REWARD_POOL.run(fn, kwargs, self.timeout)
+        out = await REWARD_POOL.run(fn, kwargs, self.timeout)
+        if inspect.isawaitable(out):  # an object whose async __call__ iscoroutinefunction does not see
+            return await asyncio.wait_for(out, self.timeout)
+        return out
 
     async def _values(self, index: int, kwargs: dict[str, Any], n: int) -> list[float | None] | str:
         """Function `index`'s value per completion, or why the group fails."""
@@ -95,7 +98,12 @@ class GroupRewardSet:
             detail = f"{reason}: {exc}"
         else:
             try:
-                if isinstance(out, str | bytes | dict) or not isinstance(out, Sequence):
+                # a list, or what TRL also takes (torch.tensor(out)): a tuple, a numpy array, a tensor
+                if (
+                    isinstance(out, str | bytes | dict)
+                    or not hasattr(out, "__len__")
+                    or not hasattr(out, "__iter__")
+                ):
                     raise ValueError(f"returned {type(out).__name__}, not a list")
                 if len(out) != n:
                     raise ValueError(f"returned {len(out)} values for {n} completions")

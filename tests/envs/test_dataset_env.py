@@ -65,6 +65,23 @@ def chat_content(completions: list[Any], **kw: Any) -> list[float]:
 NOT_A_FUNCTION = 3
 
 
+def as_array(completions: list[Any], **kw: Any) -> Any:
+    import numpy as np
+
+    return np.array([len(c) for c in completions], dtype=np.float32)
+
+
+class AsyncJudge:
+    """A callable object with an async __call__ (iscoroutinefunction does not see it)."""
+
+    async def __call__(self, completions: list[Any], **kw: Any) -> list[float]:
+        await asyncio.sleep(0)
+        return [0.5 for _ in completions]
+
+
+judge = AsyncJudge()
+
+
 def _jsonl(tmp_path: Path, rows: list[dict[str, Any]] = ROWS, name: str = "data.jsonl") -> Path:
     path = tmp_path / name
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -277,3 +294,8 @@ def test_dataset_and_id_blocks_mix_in_one_config() -> None:
     )
     assert isinstance(cfg.env[1], DatasetEnvConfig) and cfg.env[1].display_name == "d"
     assert DatasetEnvConfig(dataset="openai/gsm8k", reward_funcs=["m:f"]).display_name == "gsm8k"
+
+
+def test_arrays_and_async_callable_objects_are_taken_as_trl_takes_them(tmp_path: Path) -> None:
+    env = load_environment(_cfg(_jsonl(tmp_path), "as_array", "judge"))
+    assert [s.reward for s in _score(env, 0, "4", "four")] == [1.5, 4.5]
