@@ -99,11 +99,16 @@ def rollout_metrics(
         scored = [r for g in groups if g.env_index == env_index for r in g.rollouts if r.failure is None]
         if scored:
             metrics[f"reward/{label}"] = statistics.fmean(r.reward for r in scored)
-        # each reward function's mean over the rollouts it scored (a TRL-style one may pass on some)
-        values: dict[str, list[float]] = {}
-        for r in scored:
-            for name, value in r.reward_metrics.items():
-                values.setdefault(name, []).append(value)
-        for name, fn_values in values.items():
-            metrics[f"reward/{label}/{name}"] = statistics.fmean(fn_values)
+        for name, mean in reward_function_means(scored).items():
+            metrics[f"reward/{label}/{name}"] = mean
     return metrics
+
+
+def reward_function_means(rollouts: list[Rollout]) -> dict[str, float]:
+    """Each reward function's mean over the rollouts it scored (a TRL-style one may pass on some:
+    None, so absent from their reward_metrics); failed rollouts carry none."""
+    values: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        for name, value in rollout.reward_metrics.items():
+            values.setdefault(name, []).append(value)
+    return {name: statistics.fmean(fn_values) for name, fn_values in values.items()}
