@@ -85,7 +85,9 @@ class GroupRewardSet:
             return await asyncio.wait_for(out, self.timeout)
         return out
 
-    async def _values(self, index: int, kwargs: dict[str, Any], n: int) -> list[float | None] | str:
+    async def _values(
+        self, index: int, kwargs: dict[str, Any], num_completions: int
+    ) -> list[float | None] | str:
         """Function `index`'s value per completion, or why the group fails."""
         name = self.names[index]
         try:
@@ -105,8 +107,8 @@ class GroupRewardSet:
                     or not hasattr(out, "__iter__")
                 ):
                     raise ValueError(f"returned {type(out).__name__}, not a list")
-                if len(out) != n:
-                    raise ValueError(f"returned {len(out)} values for {n} completions")
+                if len(out) != num_completions:
+                    raise ValueError(f"returned {len(out)} values for {num_completions} completions")
                 return [_value(v) for v in out]
             except ValueError as exc:
                 reason = f"reward {name} returned a bad list"
@@ -122,13 +124,17 @@ class GroupRewardSet:
         columns: dict[str, list[Any]],
     ) -> list[Score]:
         """One Score per completion; `columns` holds one list (a value per completion) per column."""
-        n = len(completions)
+        num_completions = len(completions)
         kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
-        results = await asyncio.gather(*(self._values(i, kwargs, n) for i in range(len(self.fns))))
+        results = await asyncio.gather(
+            *(self._values(i, kwargs, num_completions) for i in range(len(self.fns)))
+        )
         group_failure = next((r for r in results if isinstance(r, str)), None)
         if group_failure is not None:
-            return [Score(reward=0.0, failure=group_failure) for _ in range(n)]
-        return [self._combine([r[j] for r in results if not isinstance(r, str)]) for j in range(n)]
+            return [Score(reward=0.0, failure=group_failure) for _ in range(num_completions)]
+        return [
+            self._combine([r[j] for r in results if not isinstance(r, str)]) for j in range(num_completions)
+        ]
 
     def _combine(self, values: list[float | None]) -> Score:
         """One completion's Score from each function's value for it."""

@@ -46,6 +46,13 @@ def raises(completions: list[Any], **kw: Any) -> list[float]:
     raise RuntimeError("judge down")
 
 
+def slow(completions: list[Any], **kw: Any) -> list[float]:
+    import time
+
+    time.sleep(1.0)
+    return [1.0] * len(completions)
+
+
 def too_short(completions: list[Any], **kw: Any) -> list[float]:
     return [1.0]
 
@@ -152,12 +159,13 @@ def test_a_completion_no_function_applies_to_is_unscored(tmp_path: Path) -> None
     [
         ("raises", "reward raises raised RuntimeError"),
         ("too_short", "reward too_short returned a bad list"),
+        ("slow", "reward slow timed out after 0.2s over a group"),
     ],
 )
 def test_a_function_that_fails_over_the_group_fails_every_rollout_of_it(
     tmp_path: Path, fn: str, failure: str
 ) -> None:
-    env = load_environment(_cfg(_jsonl(tmp_path), "exact", fn))
+    env = load_environment(_cfg(_jsonl(tmp_path), "exact", fn, reward_timeout=0.2))
     scores = _score(env, 0, "4", "5")
     assert all(s.failed and s.failure == failure and s.reward == 0.0 for s in scores)
 
