@@ -5,10 +5,14 @@ Run: .venv/bin/python scripts/config_reference.py   (tests check the file is up 
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 import sys
+import types
 import typing
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -32,7 +36,20 @@ def _models(annotation: object) -> list[type[BaseModel]]:
     return [m for arg in typing.get_args(annotation) for m in _models(arg)]
 
 
+def _plain(annotation: Any) -> Any:
+    """`annotation` without Annotated's metadata (union tags, discriminators)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _plain(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return functools.reduce(operator.or_, [_plain(a) for a in args])
+    if origin is list:
+        return list[_plain(args[0])]  # type: ignore[misc]
+    return annotation
+
+
 def _type_name(annotation: object) -> str:
+    annotation = _plain(annotation)
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation).replace("typing.", "")
     text = re.sub(r"grpo\.config\.\w+\.", "", text)

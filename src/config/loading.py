@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Discriminator, Tag, ValidationError
 
 from grpo.config.errors import ConfigError
 
@@ -207,10 +207,14 @@ def _as_model(annotation: Any, node: Any) -> type[BaseModel] | None:
         return annotation
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _as_model(typing.get_args(annotation)[0], node)
+        inner, *metadata = typing.get_args(annotation)
+        picked = _tagged_member(inner, metadata, node)
+        return _as_model(inner if picked is None else picked, node)
     if origin in (list, tuple):
         args = typing.get_args(annotation)
-        return _as_model(args[0], node[0] if isinstance(node, list) and node else None) if args else None
+        # node is the list, or already the element _model_at indexed
+        element = (node[0] if node else None) if isinstance(node, list) else node
+        return _as_model(args[0], element) if args else None
     if origin in (typing.Union, types.UnionType):
         candidates = [m for a in typing.get_args(annotation) if (m := _as_model(a, node)) is not None]
         tag = node.get("type") if isinstance(node, dict) else None
@@ -219,4 +223,16 @@ def _as_model(annotation: Any, node: Any) -> type[BaseModel] | None:
             if tag is not None and type_field is not None and tag in typing.get_args(type_field.annotation):
                 return cand
         return candidates[0] if candidates else None
+    return None
+
+
+def _tagged_member(union: Any, metadata: list[Any], node: Any) -> Any:
+    """The member of a union with a callable Discriminator that `node` validates as (None otherwise)."""
+    pick = next((m.discriminator for m in metadata if isinstance(m, Discriminator)), None)
+    if not callable(pick) or node is None:
+        return None
+    tag = pick(node)
+    for member in typing.get_args(union):
+        if any(isinstance(m, Tag) and m.tag == tag for m in typing.get_args(member)[1:]):
+            return member
     return None

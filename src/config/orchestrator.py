@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from grpo.config.base import StrictModel
+from grpo.config.dataset_env import ENV_BLOCK_TAGS, DatasetEnvConfig, env_block_kind
 from grpo.config.sampling import SamplingConfig
 from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
 from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
@@ -60,6 +61,13 @@ class EnvConfig(StrictModel):
     @property
     def display_name(self) -> str:
         return self.name or self.id
+
+
+EnvBlock = Annotated[
+    Annotated[EnvConfig, Tag(ENV_BLOCK_TAGS[0])] | Annotated[DatasetEnvConfig, Tag(ENV_BLOCK_TAGS[1])],
+    Discriminator(env_block_kind),
+]
+"""One `env:` entry: an environment by id (`- id: ...`) or a dataset with reward functions (`- dataset: ...`)."""
 
 
 class ElasticConfig(StrictModel):
@@ -234,12 +242,12 @@ class CheckpointConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    env: list[EnvConfig]
-    """Environments to evaluate on."""
+    env: list[EnvBlock]
+    """Environments to evaluate on (blocks as in env)."""
 
     @field_validator("env")
     @classmethod
-    def _at_least_one_env(cls, env: list[EnvConfig]) -> list[EnvConfig]:
+    def _at_least_one_env(cls, env: list[EnvBlock]) -> list[EnvBlock]:
         if not env:
             raise ValueError("needs at least one environment; to turn evaluation off, remove eval")
         return env
@@ -300,12 +308,17 @@ class TeacherModelConfig(StrictModel):
         return self
 
 
+def _default_env() -> list[EnvConfig | DatasetEnvConfig]:
+    return [EnvConfig(id="reverse-text")]
+
+
 class OrchestratorConfig(StrictModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model."""
 
-    env: list[EnvConfig] = Field(default_factory=lambda: [EnvConfig(id="reverse-text")], min_length=1)
-    """Training environments."""
+    env: list[EnvBlock] = Field(default_factory=lambda: _default_env(), min_length=1)
+    """Training environments: each a block with `id` (built-in, import path, or a server at `address`)
+    or with `dataset` (a dataset scored by TRL-style reward functions; the (dataset block) keys)."""
 
     batch_size: int = Field(128, gt=0)
     """Rollouts per training step."""

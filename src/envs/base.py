@@ -70,6 +70,19 @@ class Environment(Protocol):
         ...
 
 
+@runtime_checkable
+class GroupScoring(Protocol):
+    """A single-turn environment that scores a whole group (all completions of one example) at once,
+    e.g. TRL-style reward functions; the orchestrator then calls score_group instead of score."""
+
+    async def score_group(
+        self, example: Example, completions: list[list[Message]], completion_ids: list[list[int]]
+    ) -> list[Score]:
+        """One Score per completion, in order; never raises (failures come back in `Score.failure`).
+        `completion_ids`: each completion's sampled token ids."""
+        ...
+
+
 def normalise_examples(examples: list[Example]) -> list[Example]:
     """Check every example has a prompt; copy them so later mutation cannot leak back."""
     out = []

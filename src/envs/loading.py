@@ -1,10 +1,14 @@
-"""`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", or a `grpo-env`
-server at env_cfg.address.
+"""`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", a `grpo-env`
+server at env_cfg.address, or a `- dataset:` block (grpo.envs.dataset_env).
 
-`check_environment(env_cfg)` checks the same things without building the examples (what
-`--dry-run` needs): the id resolves, every `env[].args` key is one the loader takes, with the type it
-declares, and a reasoning-gym dataset accepts its arguments. Every mistake is a `UserError` naming
-the environment, the key and the fix.
+`check_environment(env_cfg)` is what `--dry-run`, and every run before its inference server starts,
+checks: the id resolves, every `env[].args` key is one the loader takes, with the type it declares, and
+the loader runs and returns an environment (a raising loader or a wrong return type is found in seconds,
+not after vLLM has started); a dataset block is loaded and its reward functions imported. What a check
+builds, the run's load_environment of the same config object takes over instead of building it again.
+Not built by the check: reasoning-gym tasks (generating them can take minutes; their arguments are
+checked against the dataset's config) and remote environments (their server may not be up yet). Every
+mistake is a `UserError` naming the environment, the key and the fix.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
 from grpo.envs.args import check_args
 from grpo.envs.base import Environment, check_num_examples
@@ -130,9 +135,9 @@ def _reasoning_gym(env_cfg: EnvConfig) -> Callable[[], Environment]:
 
 
 def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:
-    """A zero-argument builder for env_cfg (args already checked), and whether building it is cheap."""
+    """A zero-argument builder for env_cfg (args already checked), and whether it is grpo's own."""
     if env_cfg.id.startswith(REASONING_GYM_PREFIX):
-        return _reasoning_gym(env_cfg), False
+        return _reasoning_gym(env_cfg), True
     loader = _builtin(env_cfg.id)
     builtin = loader is not None
     if loader is None:
@@ -166,16 +171,45 @@ def _check_remote(env_cfg: EnvConfig, address: str) -> None:
     base_url(address)
 
 
-def check_environment(env_cfg: EnvConfig) -> None:
-    """Check env_cfg without building its examples or contacting its server (for --dry-run, and
-    before a run starts its inference server). Built-in environments other than reasoning-gym are
-    cheap, so they are built: that also checks their values (min_words <= max_words, ...)."""
-    if env_cfg.address is not None:
+def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
+    """Run env_cfg's loader (args already checked) and check that it returned an environment."""
+    if isinstance(env_cfg, DatasetEnvConfig):
+        from grpo.envs.dataset_env import load_dataset_env
+
+        return load_dataset_env(env_cfg)
+    build, builtin = _resolve(env_cfg)
+    try:
+        env = build()
+    except UserError:
+        raise
+    except Exception as exc:  # a user's loader may raise anything: one line naming the env, not a traceback
+        if builtin:
+            raise
+        raise UserError(
+            f"env {env_cfg.display_name}: its loader {env_cfg.id} raised {type(exc).__name__}: {exc}; fix the "
+            "loader or env[].args (--verbose shows the traceback)"
+        ) from exc
+    if not isinstance(env, Environment):
+        raise UserError(
+            f"env {env_cfg.id!r}: the loader returned {type(env).__name__}, which is not an environment "
+            "(needs name, examples, max_turns, prompt_messages, reset, step, score); return a SingleTurnEnv"
+        )
+    return env
+
+
+_prebuilt: dict[int, tuple[EnvConfig | DatasetEnvConfig, Environment]] = {}
+"""Environments check_environment built, by id() of their config, until load_environment takes them."""
+
+
+def check_environment(env_cfg: EnvConfig | DatasetEnvConfig) -> None:
+    """Check env_cfg (the module docstring says how far) without contacting its server."""
+    if isinstance(env_cfg, EnvConfig) and env_cfg.address is not None:
         _check_remote(env_cfg, env_cfg.address)
         return
-    build, cheap = _resolve(env_cfg)
-    if cheap:
-        build()
+    if isinstance(env_cfg, EnvConfig) and env_cfg.id.startswith(REASONING_GYM_PREFIX):
+        _resolve(env_cfg)
+        return
+    _prebuilt[id(env_cfg)] = (env_cfg, _build(env_cfg))
 
 
 def check_environments(cfg: OrchestratorConfig) -> None:
@@ -187,17 +221,12 @@ def check_environments(cfg: OrchestratorConfig) -> None:
             check_environment(env_cfg)
 
 
-def load_environment(env_cfg: EnvConfig) -> Environment:
+def load_environment(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
     """Build the environment `env_cfg` names (or connect to the server at env_cfg.address); its metric
     name is env_cfg.display_name."""
-    if env_cfg.address is not None:
+    if isinstance(env_cfg, EnvConfig) and env_cfg.address is not None:
         return _connect(env_cfg, env_cfg.address)
-    build, _ = _resolve(env_cfg)
-    env = build()
-    if not isinstance(env, Environment):
-        raise UserError(
-            f"env {env_cfg.id!r}: the loader returned {type(env).__name__}, which is not an environment "
-            "(needs name, examples, max_turns, prompt_messages, reset, step, score); return a SingleTurnEnv"
-        )
+    checked = _prebuilt.pop(id(env_cfg), None)
+    env = checked[1] if checked is not None and checked[0] is env_cfg else _build(env_cfg)
     env.name = env_cfg.display_name
     return env

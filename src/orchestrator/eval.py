@@ -13,6 +13,7 @@ from grpo.envs.base import Environment
 from grpo.inference.types import SamplingParams
 from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.step_batch import reward_function_means
 
 
 def should_evaluate(cfg: EvalConfig | None, step: int, resumed_at: int | None) -> bool:
@@ -29,7 +30,8 @@ async def evaluate(
     cfg: EvalConfig, envs: list[Environment], runner: RolloutRunner, params: SamplingParams
 ) -> dict[str, float]:
     """Per eval env (by its label, grpo.orchestrator.env_labels): mean reward `eval/<env>/reward`, `eval/<env>/num_rollouts` and
-    `eval/<env>/num_failed` (scoring failed: reward 0.0); plus `eval/policy_version`, the policy the
+    `eval/<env>/num_failed` (scoring failed: reward 0.0), each reward function's mean over the rollouts it
+    scored `eval/<env>/reward/<function>`; plus `eval/policy_version`, the policy the
     servers ran when evaluation started."""
     metrics: dict[str, float] = {"eval/policy_version": float(runner.policy.version)}
     for env_index, (env, label) in enumerate(zip(envs, env_labels(envs), strict=True)):
@@ -50,4 +52,6 @@ async def evaluate(
         metrics[f"eval/{label}/reward"] = sum(r.reward for r in rollouts) / len(rollouts)
         metrics[f"eval/{label}/num_rollouts"] = float(len(rollouts))
         metrics[f"eval/{label}/num_failed"] = float(sum(r.failure is not None for r in rollouts))
+        for name, mean in reward_function_means(rollouts).items():
+            metrics[f"eval/{label}/reward/{name}"] = mean
     return metrics

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from grpo.envs.base import Environment, EnvReply, Example, Message
+from grpo.envs.base import Environment, EnvReply, Example, GroupScoring, Message, Score
 from grpo.envs.rewards import FailureLog
 from grpo.inference.types import GenerateRequest, RolloutClient, SamplingParams
 from grpo.orchestrator.partial import Resumed, ResumingGenerator, UpdateGate
@@ -102,11 +102,15 @@ class RolloutRunner:
         completion: list[Message],
         state: Any,
         failure: str | None = None,
+        score: Score | None = None,
     ) -> Rollout:
+        """Score the rollout (unless `score` came with it from its group's score_group), then fetch
+        the teacher's logprobs."""
         if failure is None and not req.skip_verification:
-            score, failure = await self._env_call(
-                req.env, "score", req.env.score, req.example, completion, state
-            )
+            if score is None:
+                score, failure = await self._env_call(
+                    req.env, "score", req.env.score, req.example, completion, state
+                )
             if score is not None and failure is None:
                 failure = score.failure or self._bad_reward(req.env, score.reward)
             if score is not None and failure is None:
@@ -176,10 +180,11 @@ class RolloutRunner:
             rollouts = [self._rollout(req, prompt_ids, c, start) for c in choices]
             resets = [await self._env_call(req.env, "reset", req.env.reset, req.example) for _ in rollouts]
             texts = [[{"role": "assistant", "content": c.completion.text}] for c in choices]
+            scores = await self._group_scores(req, rollouts, texts, [failure for _, failure in resets])
             done = await asyncio.gather(
                 *(
-                    self._finish(req, r, t, state, failure)
-                    for r, t, (state, failure) in zip(rollouts, texts, resets, strict=True)
+                    self._finish(req, r, t, state, failure, score)
+                    for r, t, (state, failure), score in zip(rollouts, texts, resets, scores, strict=True)
                 )
             )
         else:
@@ -187,6 +192,38 @@ class RolloutRunner:
                 *(self._multi_turn(req, messages, prompt_ids, i) for i in range(req.num_rollouts))
             )
         return Group(req.env_index, req.example, req.example_index, list(done))
+
+    async def _group_scores(
+        self,
+        req: GroupRequest,
+        rollouts: list[Rollout],
+        completions: list[list[Message]],
+        failures: list[str | None],
+    ) -> list[Score | None]:
+        """Each rollout's Score from one score_group call over the rollouts that can be scored, when
+        the environment scores groups; else None for each (then _finish scores them one by one)."""
+        if not isinstance(req.env, GroupScoring) or req.skip_verification:
+            return [None] * len(rollouts)
+        live = [i for i, failure in enumerate(failures) if failure is None]
+        scores: list[Score | None] = [None] * len(rollouts)
+        if not live:
+            return scores
+        group, failure = await self._env_call(
+            req.env,
+            "score_group",
+            req.env.score_group,
+            req.example,
+            [completions[i] for i in live],
+            [rollouts[i].completion_ids for i in live],
+        )
+        if group is not None and len(group) != len(live):
+            failure = f"env {req.env.name}: score_group returned {len(group)} scores for {len(live)} rollouts"
+            self.failures.record(req.env.name, failure, failure)
+        for k, i in enumerate(live):
+            scores[i] = (
+                Score(reward=0.0, failure=failure) if failure is not None or group is None else group[k]
+            )
+        return scores
 
     async def _multi_turn(
         self, req: GroupRequest, messages: list[Message], prompt_ids: list[int], index: int

@@ -219,6 +219,42 @@ CASES = [
         "did you mean 'num_examples'",
     ),
     (
+        "env loader raises",
+        ["grpo-orch", "o.yaml"],
+        {"o.yaml": "env:\n  - id: uuid:UUID\n"},
+        "env uuid:UUID: its loader uuid:UUID raised TypeError",
+    ),
+    (
+        "env loader returns no environment",
+        ["grpo-orch", "o.yaml"],
+        {"o.yaml": "env:\n  - id: builtins:dict\n"},
+        "the loader returned dict, which is not an environment",
+    ),
+    (
+        "dataset env: missing prompt column",
+        ["grpo-orch", "o.yaml"],
+        {
+            "o.yaml": "env:\n  - dataset: d.jsonl\n    prompt_column: question\n    reward_funcs: [json:loads]\n",
+            "d.jsonl": '{"prompt": "2+2?", "answer": "4"}\n',
+        },
+        "env d: dataset d.jsonl has no column 'question' (prompt_column); its columns: prompt, answer",
+    ),
+    (
+        "dataset env: reward function of the wrong signature",
+        _demo_grpo("--orch.env", '[{"dataset": "d.jsonl", "reward_funcs": ["json:loads"]}]'),
+        {"d.jsonl": '{"prompt": "2+2?", "answer": "4"}\n'},
+        "reward_funcs[0] 'json:loads': cannot be called as fn(prompts, completions, completion_ids, answer)",
+    ),
+    (
+        "dataset env: reward function not importable",
+        ["grpo-orch", "o.yaml"],
+        {
+            "o.yaml": "env:\n  - dataset: d.jsonl\n    reward_funcs: [my_rewards:correct]\n",
+            "d.jsonl": '{"prompt": "2+2?", "answer": "4"}\n',
+        },
+        "no module named 'my_rewards'",
+    ),
+    (
         "empty eval env list",
         ["grpo-orch", str(DEMO / "orch.yaml"), "--eval.env", "[]"],
         {},

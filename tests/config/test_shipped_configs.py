@@ -96,7 +96,9 @@ def test_every_shipped_yaml_outside_a_set_passes_its_commands_dry_run(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kind = next(k for k in KIND_BY_NAME if path.stem.startswith(k))
-    # As their comments say to run them: with their own folder on PYTHONPATH (a user's env module).
+    # As their comments say to run them: from the repository root (a dataset path is relative to it),
+    # with their own folder on PYTHONPATH (a user's env module or reward functions).
+    monkeypatch.chdir(REPO)
     monkeypatch.syspath_prepend(str(path.parent))
     _dry_run([kind, str(path)], monkeypatch)
 

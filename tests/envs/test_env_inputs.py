@@ -1,5 +1,6 @@
 """What a user writes under env[]: every mistake is one ValueError naming the key and the fix, found
-by `check_environment` (the dry-run check) without building examples; correct input loads and scores."""
+by `check_environment` (the dry-run check, which runs user loaders but does not generate reasoning-gym
+examples); correct input loads and scores."""
 
 from __future__ import annotations
 
@@ -155,3 +156,46 @@ def test_reasoning_gym_rewards_right_one_wrong_zero_and_stay_in_range(task: str)
         assert _score(env, "<answer>zzzz</answer>", index) == 0.0
         # partial credit is reasoning-gym's own scoring; it never exceeds 1 (spell_backward overshot)
         assert 0.0 <= _score(env, f"<answer>{answer}x</answer>", index) < 1.0
+
+
+LOADS: list[str] = []
+
+
+def loader_counted() -> SingleTurnEnv:
+    LOADS.append("built")
+    return SingleTurnEnv(examples=[{"prompt": "q"}], rewards=[lambda: 1.0])
+
+
+def loader_raising(path: str = "missing.csv") -> SingleTurnEnv:
+    raise FileNotFoundError(f"no such file: {path}")
+
+
+def loader_wrong_type() -> dict[str, Any]:
+    return {"examples": []}
+
+
+@pytest.mark.parametrize(
+    ("loader", "expected"),
+    [
+        (
+            "loader_raising",
+            f"env {__name__}:loader_raising: its loader {__name__}:loader_raising raised FileNotFoundError: "
+            "no such file: missing.csv; fix the loader or env[].args",
+        ),
+        ("loader_wrong_type", "the loader returned dict, which is not an environment"),
+    ],
+)
+def test_the_dry_run_check_runs_user_loaders(loader: str, expected: str) -> None:
+    with pytest.raises(ValueError) as info:
+        check_environment(EnvConfig(id=f"{__name__}:{loader}"))
+    assert expected in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_what_the_check_built_the_run_takes_over() -> None:
+    LOADS.clear()
+    cfg = EnvConfig(id=f"{__name__}:loader_counted", name="counted")
+    check_environment(cfg)
+    env = load_environment(cfg)
+    assert LOADS == ["built"] and env.name == "counted"
+    load_environment(cfg)  # taken once: a second load builds afresh
+    assert LOADS == ["built", "built"]

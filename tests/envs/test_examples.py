@@ -19,7 +19,9 @@ ORCH_CONFIGS = sorted(REPO.glob("examples/*/orch.yaml")) + sorted(REPO.glob("con
 
 @pytest.mark.parametrize("path", ORCH_CONFIGS, ids=[str(p.relative_to(REPO)) for p in ORCH_CONFIGS])
 def test_example_orch_configs_name_loadable_environments(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(MULTI_TURN))
+    # as their comments say to run them: from the repository root, their own folder on PYTHONPATH
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(path.parent))
     check_environments(OrchestratorConfig.model_validate(read_yaml(path)))
 
 
@@ -51,3 +53,19 @@ def test_guess_number_multi_turn_example(monkeypatch: pytest.MonkeyPatch) -> Non
     assert asyncio.run(play(str(wrong), str(wrong), str(wrong))) == 0.0
     with pytest.raises(ValueError, match=r"unknown arg 'hgh'.*did you mean 'high'"):
         load_environment(EnvConfig(id="guess_number:load_environment", args={"hgh": 5}))
+
+
+def test_gsm8k_example_rewards_the_right_boxed_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "gsm8k"))
+    env = load_environment(
+        OrchestratorConfig.model_validate(read_yaml(REPO / "examples/gsm8k/orch.yaml")).env[0]
+    )
+    assert env.name == "gsm8k" and len(env.examples) == 12
+    example = env.examples[0]
+    assert example["prompt"].startswith("Mia buys") and example["answer"].endswith("#### 29")
+    replies = ["36 - 7 = 29, so \\boxed{29}", "The answer is 29.", "\\boxed{30}"]
+    scores = asyncio.run(
+        env.score_group(example, [[{"role": "assistant", "content": r}] for r in replies], [[1], [2], [3]])  # type: ignore[attr-defined]
+    )
+    assert [s.reward for s in scores] == [1.2, 1.0, 0.2]

@@ -47,12 +47,15 @@ def test_evaluate_scores_the_first_num_examples_of_each_env(tmp_path: Path) -> N
         "eval/half/reward": 0.5,
         "eval/half/num_rollouts": 12.0,
         "eval/half/num_failed": 0.0,
+        "eval/half/reward/exact": 0.5,  # each reward function's own mean
         "eval/none/reward": 0.0,
         "eval/none/num_rollouts": 12.0,
         "eval/none/num_failed": 0.0,
+        "eval/none/reward/exact": 0.0,  # each reward function's own mean
         "eval/small/reward": 0.5,  # num_examples beyond the env's size: all of them
         "eval/small/num_rollouts": 6.0,
         "eval/small/num_failed": 0.0,
+        "eval/small/reward/exact": 0.5,
     }
     assert {r.n for r in client.requests} == {3}
     assert {r.params.temperature for r in client.requests} == {0.5}

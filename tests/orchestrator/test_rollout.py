@@ -96,3 +96,50 @@ def test_a_null_max_tokens_asks_for_the_room_left_in_seq_len(tmp_path: Path) -> 
     unset, configured = client.requests
     assert unset.params.max_tokens == 100 - len(unset.prompt_token_ids)
     assert configured.params.max_tokens == 7
+
+
+def test_a_group_scoring_env_scores_each_group_in_one_call(tmp_path: Path) -> None:
+    from grpo.envs.dataset_env import DatasetEnv
+    from grpo.envs.group_rewards import GroupRewardSet
+
+    calls: list[tuple[list[str], list[list[int]]]] = []
+
+    def per_group(
+        prompts: list[str], completions: list[str], completion_ids: list[list[int]], **kw: Any
+    ) -> list[float]:
+        calls.append((completions, completion_ids))
+        return [0.25 * (i + 1) for i in range(len(completions))]
+
+    rewards = GroupRewardSet("ds", [per_group], ["per_group"])
+    env = DatasetEnv("ds", [{"prompt": "q", "answer": "3"}], rewards)
+    group = _run(env, SessionClient(), tmp_path, n=3)
+    assert len(calls) == 1 and calls[0][0] == ["3", "3", "3"]
+    assert calls[0][1] == [r.completion_ids for r in group.rollouts]
+    assert [r.reward for r in group.rollouts] == [0.25, 0.5, 0.75]
+    assert [r.reward_metrics for r in group.rollouts] == [{"per_group": v} for v in (0.25, 0.5, 0.75)]
+
+
+def test_rollouts_whose_reset_failed_stay_out_of_the_group_score(tmp_path: Path) -> None:
+    from grpo.envs.dataset_env import DatasetEnv
+    from grpo.envs.group_rewards import GroupRewardSet
+
+    sizes: list[int] = []
+
+    def per_group(completions: list[str], **kw: Any) -> list[float]:
+        sizes.append(len(completions))
+        return [1.0] * len(completions)
+
+    class FlakyReset(DatasetEnv):
+        count = 0
+
+        async def reset(self, example: Any) -> dict[str, Any]:
+            self.count += 1
+            if self.count == 2:
+                raise ConnectionError("sandbox down")
+            return {}
+
+    env = FlakyReset("ds", [{"prompt": "q"}], GroupRewardSet("ds", [per_group], ["per_group"]))
+    group = _run(env, SessionClient(), tmp_path, n=3)
+    assert sizes == [2]
+    assert [r.failure is None for r in group.rollouts] == [True, False, True]
+    assert [r.reward for r in group.rollouts] == [1.0, 0.0, 1.0]

@@ -1,0 +1,108 @@
+"""An `env:` block that is a dataset plus reward functions written for TRL's GRPOTrainer.
+
+```yaml
+env:
+  - dataset: examples/gsm8k/gsm8k_sample.jsonl   # or a hub id: openai/gsm8k (with subset: main)
+    prompt_column: question
+    reward_funcs: ["gsm8k_rewards:correctness", "gsm8k_rewards:format"]
+    reward_weights: [1.0, 0.2]
+```
+
+A block is this kind when it has a `dataset` key, the `id` kind otherwise (`ENV_BLOCK_TAGS`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePath
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from grpo.config.base import StrictModel
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+"""'pkg.module:function'."""
+
+ENV_BLOCK_TAGS = ("env[id]", "env[dataset]")
+"""Pydantic's tags of the two kinds of env block; their brackets keep them out of error paths
+(grpo.config.loading drops location parts with a '[')."""
+
+
+class DatasetEnvConfig(StrictModel):
+    dataset: str
+    """(dataset block) A local .jsonl, .json or .parquet file (relative paths from the working
+    directory), or a Hugging Face hub dataset id loaded with datasets.load_dataset (cached after the first
+    download; offline, only a cached one loads)."""
+
+    subset: str | None = None
+    """(dataset block) The hub dataset's configuration (datasets' `name`, e.g. 'main' for openai/gsm8k);
+    null for local files."""
+
+    split: str = "train"
+    """(dataset block) Split to load (a local file is loaded as this split)."""
+
+    prompt_column: str = "prompt"
+    """(dataset block) Column holding the prompt: a string (sent as one user message) or a list of chat
+    messages ({role, content}). Every other column reaches each reward function as a keyword argument
+    (one value per completion), as in TRL."""
+
+    reward_funcs: list[str] = Field(min_length=1)
+    """(dataset block) Reward functions 'pkg.module:function', called as TRL calls them, once per group:
+    fn(prompts, completions, completion_ids, **columns) -> list[float | None] (None: not applicable to
+    that completion). Sync or async; async ones, and sync ones on worker threads, run concurrently."""
+
+    reward_weights: list[float] | None = None
+    """(dataset block) Weight of each reward function (null = 1.0 each); a completion's reward is the
+    weighted sum over the functions that returned a value for it."""
+
+    system_prompt: str | None = None
+    """(dataset block) System message put before each prompt that does not start with one."""
+
+    num_examples: int | None = Field(None, gt=0)
+    """(dataset block) Use the split's first N rows (null = all)."""
+
+    reward_timeout: float = Field(60.0, gt=0)
+    """(dataset block) Seconds one reward function may take over one group; past it the group's
+    rollouts fail (masked, counted in failed/num_rollouts)."""
+
+    name: str | None = None
+    """(dataset block) Name used in metrics (defaults to the dataset's file or hub name without its
+    extension)."""
+
+    @field_validator("reward_funcs")
+    @classmethod
+    def _import_paths(cls, funcs: list[str]) -> list[str]:
+        for fn in funcs:
+            if not IMPORT_PATH.match(fn):
+                raise ValueError(
+                    f"reward function {fn!r} is not an import path; write it 'pkg.module:function' "
+                    "(its module on PYTHONPATH)"
+                )
+        return funcs
+
+    @model_validator(mode="after")
+    def _one_weight_per_function(self) -> DatasetEnvConfig:
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"{len(self.reward_weights)} reward_weights for {len(self.reward_funcs)} reward_funcs; "
+                "give one weight per function, in the same order"
+            )
+        return self
+
+    @property
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        last = PurePath(self.dataset.rstrip("/")).name
+        for suffix in (".jsonl", ".json", ".parquet"):
+            last = last.removesuffix(suffix)
+        return last or self.dataset
+
+
+def env_block_kind(block: Any) -> str:
+    """Which kind of env block `block` (YAML dict or config object) is: a `dataset` key picks the
+    dataset kind; anything else is validated (and its mistakes explained) as the `id` kind."""
+    if isinstance(block, dict):
+        return ENV_BLOCK_TAGS[1] if "dataset" in block else ENV_BLOCK_TAGS[0]
+    return ENV_BLOCK_TAGS[1] if isinstance(block, DatasetEnvConfig) else ENV_BLOCK_TAGS[0]

@@ -1,0 +1,201 @@
+"""`- dataset: ...` env blocks: a dataset's rows as examples, scored by TRL-style reward functions.
+
+Each row becomes an example: its prompt column under `prompt`, every other column as is. The prompt is
+a string (sent as one user message through the chat template) or a list of chat messages. A group's
+completions are scored together by `grpo.envs.group_rewards.GroupRewardSet` with TRL's arguments:
+`prompts` (the prompt column's value per completion), `completions` (the reply text for a string
+prompt; `[{"role": "assistant", "content": text}]` for a chat prompt), `completion_ids` (the sampled
+token ids) and the other columns (a value per completion; a `completion` column is left out, as TRL
+does).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpo.config.dataset_env import DatasetEnvConfig
+from grpo.envs.base import EnvReply, Example, Message, Score, completion_text, normalise_examples
+from grpo.envs.group_rewards import OWN_ARGUMENTS, GroupRewardSet, check_signature
+from grpo.utils.errors import UserError
+
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+"""File suffix -> the datasets builder that reads it."""
+
+NOT_PASSED = ("prompt", "completion")
+"""Example keys that do not reach reward functions as columns (TRL leaves them out too)."""
+
+
+class DatasetEnv:
+    """A single-turn environment over dataset rows whose reward functions score a group at once."""
+
+    max_turns = 1
+
+    def __init__(
+        self, name: str, examples: list[Example], rewards: GroupRewardSet, system_prompt: str | None = None
+    ) -> None:
+        self.name = name
+        self.examples = normalise_examples(examples)
+        self.rewards = rewards
+        self.system_prompt = system_prompt
+
+    def prompt_messages(self, example: Example) -> list[Message]:
+        prompt = example["prompt"]
+        messages: list[Message] = (
+            [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        )
+        if self.system_prompt and not (messages and messages[0].get("role") == "system"):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    async def reset(self, example: Example) -> dict[str, Any]:
+        return {}
+
+    async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
+        return EnvReply(messages=[], done=True)
+
+    async def score_group(
+        self, example: Example, completions: list[list[Message]], completion_ids: Sequence[list[int] | None]
+    ) -> list[Score]:
+        num_completions = len(completions)
+        prompt = example["prompt"]
+        texts = [completion_text(c) for c in completions]
+        as_trl: list[Any] = (
+            [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompt, list) else texts
+        )
+        columns = {k: [v] * num_completions for k, v in example.items() if k not in NOT_PASSED}
+        return await self.rewards.score([prompt] * num_completions, as_trl, list(completion_ids), columns)
+
+    async def score(self, example: Example, completion: list[Message], state: dict[str, Any]) -> Score:
+        """One rollout alone, as a group of one (for callers that score rollouts one by one, such as a
+        grpo-env server); its `completion_ids` entry is None there: that caller has no token ids."""
+        (score,) = await self.score_group(example, [completion], [None])
+        return score
+
+
+def import_reward(where: str, path: str) -> Callable[..., Any]:
+    """The function at 'pkg.module:function', or a UserError that says what is missing."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        missing = getattr(exc, "name", None)
+        if isinstance(exc, ModuleNotFoundError) and missing and module_name.startswith(missing):
+            raise UserError(
+                f"{where}: no module named {missing!r}; check the import path 'pkg.module:function' and that "
+                "the module is on PYTHONPATH (e.g. PYTHONPATH=<its folder> grpo ...)"
+            ) from exc
+        raise UserError(
+            f"{where}: importing {module_name} failed ({type(exc).__name__}: {exc}); install what it needs"
+        ) from exc
+    fn = getattr(module, attr, None)
+    if fn is None:
+        functions = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        close = difflib.get_close_matches(attr, functions, n=1, cutoff=0.6)
+        hint = f"did you mean {module_name}:{close[0]}? " if close else ""
+        raise UserError(
+            f"{where}: module {module_name} has no attribute {attr!r}; {hint}"
+            f"its functions: {', '.join(functions) or 'none'}"
+        )
+    if not callable(fn):
+        raise UserError(f"{where}: {path} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _read(cfg: DatasetEnvConfig, where: str) -> Any:
+    """The split as a datasets.Dataset."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(cfg.dataset).expanduser()
+    suffix = path.suffix.lower()
+    if suffix not in LOCAL_FORMATS and not path.exists():
+        try:
+            return datasets.load_dataset(cfg.dataset, cfg.subset, split=cfg.split)
+        except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as exc:
+            raise UserError(
+                f"{where}: cannot load hub dataset {cfg.dataset!r} ({type(exc).__name__}: {exc}); without "
+                "network only a dataset downloaded before loads: download it once with network, or point "
+                "dataset: at a local .jsonl or .parquet file"
+            ) from exc
+        except ValueError as exc:  # an unknown split or subset
+            raise UserError(f"{where}: hub dataset {cfg.dataset!r}: {exc}; fix split: or subset:") from exc
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else f"does not exist (relative to {Path.cwd()})"
+        raise UserError(f"{where}: dataset {cfg.dataset} {what}; give a .jsonl, .json or .parquet file")
+    if suffix not in LOCAL_FORMATS:
+        raise UserError(f"{where}: dataset {cfg.dataset} is not a .jsonl, .json or .parquet file")
+    if cfg.subset is not None:
+        raise UserError(f"{where}: subset: is for hub datasets, {cfg.dataset} is a local file; remove subset")
+    try:
+        return datasets.load_dataset(
+            LOCAL_FORMATS[suffix], data_files={cfg.split: str(path)}, split=cfg.split
+        )
+    except datasets.exceptions.DatasetGenerationError as exc:
+        raise UserError(f"{where}: cannot read {cfg.dataset}: {exc.__cause__ or exc}") from exc
+
+
+def _check_prompt(where: str, row: int, prompt: Any, column: str) -> None:
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in prompt
+    ):
+        return
+    raise UserError(
+        f"{where}: row {row}: column {column!r} holds {str(prompt)[:80]!r}, neither a string nor a list of "
+        "chat messages {role: str, content: str}; fix the data or prompt_column"
+    )
+
+
+def load_examples(cfg: DatasetEnvConfig, where: str) -> list[Example]:
+    """The rows of cfg's split as examples (the prompt column renamed `prompt`), checked."""
+    dataset = _read(cfg, where)
+    columns = list(dataset.column_names)
+    if cfg.prompt_column not in columns:
+        raise UserError(
+            f"{where}: dataset {cfg.dataset} has no column {cfg.prompt_column!r} (prompt_column); "
+            f"its columns: {', '.join(columns)}"
+        )
+    if cfg.prompt_column != "prompt" and "prompt" in columns:
+        raise UserError(
+            f"{where}: dataset {cfg.dataset} has a 'prompt' column besides prompt_column "
+            f"{cfg.prompt_column!r}; set prompt_column: prompt, or rename that column"
+        )
+    clashing = [c for c in columns if c in OWN_ARGUMENTS]
+    if clashing:
+        raise UserError(
+            f"{where}: column {clashing[0]!r} has the name of an argument reward functions get themselves; "
+            "rename it in the data"
+        )
+    if len(dataset) == 0:
+        raise UserError(f"{where}: split {cfg.split!r} of {cfg.dataset} has no rows")
+    if cfg.num_examples is not None:
+        dataset = dataset.select(range(min(cfg.num_examples, len(dataset))))
+    examples = []
+    for i, row in enumerate(dataset.to_list()):
+        prompt = row.pop(cfg.prompt_column)
+        _check_prompt(where, i, prompt, cfg.prompt_column)
+        examples.append({"prompt": prompt, **row})
+    return examples
+
+
+def load_dataset_env(cfg: DatasetEnvConfig) -> DatasetEnv:
+    """The environment a `- dataset:` block describes: functions imported and their signatures
+    checked against the dataset's columns, rows read and checked."""
+    name = cfg.display_name
+    where = f"env {name}"
+    paths = cfg.reward_funcs
+    fns = [import_reward(f"{where}: reward_funcs[{i}] {p!r}", p) for i, p in enumerate(paths)]
+    examples = load_examples(cfg, where)
+    columns = sorted({k for example in examples for k in example if k not in NOT_PASSED})
+    for i, (path, fn) in enumerate(zip(paths, fns, strict=True)):
+        check_signature(f"{where}: reward_funcs[{i}] {path!r}", fn, columns)
+    attrs = [p.partition(":")[2] for p in paths]
+    names = [a if attrs.count(a) == 1 else f"{a}#{i}" for i, a in enumerate(attrs)]
+    rewards = GroupRewardSet(name, fns, names, cfg.reward_weights, cfg.reward_timeout)
+    return DatasetEnv(name, examples, rewards, cfg.system_prompt)
