@@ -34,7 +34,16 @@ def float32_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
     if type(lm_head) is not nn.Linear or lm_head.weight.dtype == torch.float32:
         return lm_head(hidden).float()
-    weight, bias = lm_head.weight, lm_head.bias
+    return float32_linear(hidden, lm_head.weight, lm_head.bias)
+
+
+def float32_linear(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """hidden [C, H] @ weight [V, H]^T (+ bias) -> [C, V] float32: each product of the 16-bit
+    operands exact, the sums accumulated and kept in float32."""
+    import torch
+
+    if weight.dtype == torch.float32:
+        return torch.nn.functional.linear(hidden.float(), weight, bias)
     if hidden.is_cuda and hidden.dtype == weight.dtype:
         # cuBLAS multiplies the 16-bit operands, accumulates in float32 and writes float32: the same
         # unrounded logits as the cast below without its float32 copy of the weight (2.5 GB for a

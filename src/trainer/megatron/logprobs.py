@@ -5,7 +5,8 @@ Each tensor-parallel rank computes logits for its slice of the vocabulary only; 
 tensor-parallel group) into -log p(target). It overwrites float32 logits in place, so it always
 gets a fresh tensor (the division by the temperature makes one). As in grpo.trainer.logprobs, the
 output layer runs on `chunk_size` tokens at a time inside activation checkpointing, so at most one
-chunk's [tokens x vocab / tp] logits is alive.
+chunk's [tokens x vocab / tp] logits is alive, and its logits are float32 from 16-bit weights
+(grpo.trainer.logprobs.float32_linear), as the HF backend's.
 """
 
 from __future__ import annotations
@@ -45,10 +46,21 @@ def _chunk(
     temperatures: torch.Tensor,
     untempered: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
-    logits, _ = model.module.output_layer(hidden[:, None, :], weight=model.output_weight())  # [C, 1, V/tp]
-    raw = logits[:, 0, :].float()
+    from grpo.trainer.logprobs import float32_linear
+
+    # The output layer's own product, in float32 as vLLM computes the logits (head_dtype float32)
+    # rather than rounded to bf16. What ColumnParallelLinear adds around it without sequence
+    # parallelism or fused weight-gradient accumulation (both off: grpo.trainer.megatron.model) is
+    # the all-reduce of the input's gradient over the tensor-parallel ranks.
+    layer = model.module.output_layer
+    weight = model.output_weight()
+    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+        hidden = copy_to_tensor_model_parallel_region(hidden)
+    raw = float32_linear(hidden, layer.weight if weight is None else weight, layer.bias)  # [C, V/tp]
     tempered = raw / temperatures.float()[:, None]  # a new tensor: the cross entropy writes into it
     entropy = _vocab_parallel_entropy(tempered.detach())  # before the cross entropy overwrites it
     token_lp = -vocab_parallel_cross_entropy(tempered[:, None, :], targets.long()[:, None])[:, 0]

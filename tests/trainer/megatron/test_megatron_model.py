@@ -118,3 +118,32 @@ def test_megatron_logprobs_on_cuda_equal_the_hf_models(
     trainer.close()
     for lp, ref in zip(got, reference_logprobs(tiny_llama_tp2_path, rows), strict=True):
         np.testing.assert_allclose(lp, ref, atol=1e-4)  # TF32/cuBLAS reductions differ from the CPU's
+
+
+def test_bf16_megatron_logprobs_come_from_unrounded_float32_logits(
+    megatron_cfg: Callable[..., TrainerConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM computes float32 logits (head_dtype float32); a bf16 product would round each logit by up
+    to 1/256 of its size, a mismatch of its own."""
+    from grpo.trainer.megatron.logprobs import token_logprobs
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+
+    monkeypatch.setattr("grpo.trainer.device.choose_dtype", lambda device: torch.bfloat16)
+    trainer = MegatronTrainer(megatron_cfg(), tmp_path)
+    model = trainer.model
+    weight = model.output_weight()
+    weight = model.module.output_layer.weight if weight is None else weight
+    assert weight.dtype == torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(40, weight.shape[1], generator=gen) * 8).to(torch.bfloat16)  # logits of 10-30
+    targets = torch.randint(0, weight.shape[0], (40,), generator=gen)
+    with torch.no_grad():
+        lp, _, _ = token_logprobs(model, hidden, targets, torch.ones(40), chunk_size=16)
+    trainer.close()
+    exact = torch.log_softmax(hidden.double() @ weight.detach().double().T, -1)
+    exact = exact.gather(-1, targets[:, None]).squeeze(-1)
+    rounded = (
+        torch.log_softmax((hidden @ weight.detach().T).float(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    )
+    assert (lp.double() - exact).abs().max() < 1e-4
+    assert (rounded.double() - exact).abs().max() > 1e-3  # the test can tell the two apart
