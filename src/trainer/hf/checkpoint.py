@@ -8,6 +8,7 @@ Files beside the shared ones (rng_rank{r}.json, trainer_state.json):
   any rank count): its tensors (Adam's moments, 8-bit quantisation state) in safetensors as
   `<param name>/<state key>`, everything else (numbers, param groups) in JSON.
 - `scheduler.json`: the LR scheduler's state.
+- `grad_scale.json` (float16 compute only): the dynamic gradient scale (grpo.trainer.grad_scale).
 Nothing in the folder is a pickle: resuming loads tensors and JSON only.
 
 Whole tensors rather than a DCP sharded save keep the folder readable by plain safetensors/torch
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo.trainer.distributed import DistContext
+    from grpo.trainer.grad_scale import Float16GradScale
     from grpo.trainer.hf.model import Policy
 
 
@@ -44,6 +46,7 @@ TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
 OPTIMIZER_JSON_FILE = "optimizer.json"
 SCHEDULER_FILE = "scheduler.json"
+GRAD_SCALE_FILE = "grad_scale.json"
 
 
 def _optimizer_to_files(optimizer_state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -109,6 +112,7 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     keep_last: int | None,
     dist_ctx: DistContext | None = None,
+    grad_scale: Float16GradScale | None = None,
 ) -> Path:
     """Write checkpoint step_{step}; under torchrun every rank calls this and all return once it is STABLE."""
     from safetensors.torch import save_file
@@ -133,6 +137,8 @@ def save_checkpoint(
         save_file(optimizer_tensors, str(staged / OPTIMIZER_TENSORS_FILE))
         (staged / OPTIMIZER_JSON_FILE).write_text(json.dumps(optimizer_rest))
         (staged / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict()))
+        if grad_scale is not None:
+            (staged / GRAD_SCALE_FILE).write_text(json.dumps(grad_scale.state_dict()))
         state = {"step": step, "world_size": len(rng_per_rank)}
         publish_checkpoint(staged, final, state, rng_per_rank, keep_last)
     if dist_ctx is not None:
@@ -146,6 +152,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     dist_ctx: DistContext | None = None,
+    grad_scale: Float16GradScale | None = None,
 ) -> int:
     """Restore state in place; return the step (optimizer steps done). Under torchrun every rank
     calls this with the same folder (re-sharding is collective)."""
@@ -179,6 +186,9 @@ def load_checkpoint(
     optimizer_state = read_optimizer_state(folder)
     set_optimizer_state_dict(policy.model, optimizer, optimizer_state, options=_whole_state_options())
     scheduler.load_state_dict(json.loads((folder / SCHEDULER_FILE).read_text()))
+    # A checkpoint from a bf16/float32 run resumed in float16 starts from the initial scale.
+    if grad_scale is not None and (folder / GRAD_SCALE_FILE).exists():
+        grad_scale.load_state_dict(json.loads((folder / GRAD_SCALE_FILE).read_text()))
     step = int(state["step"])
     restore_process_state(folder, step, state["world_size"], dist_ctx)
     return step

@@ -18,7 +18,8 @@ defines it) and grad_norm_before_clip (see grpo.trainer.optim), lr (used by
 this step), step_time (seconds of compute), wait_time (seconds blocked on the batch), tokens_per_s
 (all tokens forwarded, prompt included, per second of step_time), sequence_tokens_per_s (the same
 with every sequence counted whole, as if no prefix were shared: the rate plain packing would need to
-match), skipped_steps (steps so far whose gradient norm was not finite and were not applied).
+match), skipped_steps (steps so far whose gradient norm was not finite and were not applied),
+fp16_grad_scale (only when computing in float16: the dynamic gradient scale after the step).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo.trainer.grad_scale import Float16GradScale
 from grpo.trainer.loss import LossSums, loss_of_tokens
 from grpo.trainer.packing import split_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
@@ -108,6 +110,10 @@ class Trainer:
         """Optimizer steps taken = the version of the current policy."""
         self.num_skipped_steps = 0
         """Steps whose gradient was not finite and was dropped (the weights stayed as they were)."""
+        self.grad_scale: Float16GradScale | None = (
+            Float16GradScale() if self.policy.dtype == torch.float16 else None
+        )
+        """Dynamic gradient scaling when the trainer computes in float16 (grpo.trainer.grad_scale)."""
         self._open: _OpenStep | None = None
         """The step between begin_step and finish_step."""
         self._report = StepReport(cfg, self.run_dir, self.is_main)
@@ -240,6 +246,8 @@ class Trainer:
                 state.num_tokens += mb.num_tokens
                 state.num_sequence_tokens += mb.num_sequence_tokens
             if group_loss is not None:
+                if self.grad_scale is not None:
+                    group_loss = group_loss * self.grad_scale.scale
                 group_loss.backward()
         state.compute_seconds += time.perf_counter() - started
 
@@ -253,12 +261,17 @@ class Trainer:
         if state.num_loss_tokens == 0:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch_step)
         totals, num_tokens, num_sequence_tokens = state.totals, state.num_tokens, state.num_sequence_tokens
+        divisor = 1.0
         if state.loss_scale is None:
             scale = self.cfg.loss.loss_scale(state.num_loss_tokens, state.num_loss_samples)
+            divisor *= scale
+            totals.loss /= scale
+        if self.grad_scale is not None:
+            divisor *= self.grad_scale.scale
+        if divisor != 1.0:
             for param in self.params:
                 if param.grad is not None:
-                    param.grad.div_(scale)
-            totals.loss /= scale
+                    param.grad.div_(divisor)
         if self.dist is not None:
             totals, num_tokens, num_sequence_tokens = self._sum_over_ranks(
                 totals, num_tokens, num_sequence_tokens
@@ -275,14 +288,19 @@ class Trainer:
         # One non-finite gradient would reach every weight through Adam's moments and be published
         # and checkpointed; such a step keeps the weights (and the optimizer state) as they were.
         skipped = not math.isfinite(grad_norm)
+        if self.grad_scale is not None:
+            self.grad_scale.after_step(finite=not skipped)
         if skipped:
             self.num_skipped_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
             log.warning(
-                "step %d: gradient norm is %s; the update is skipped (%d skipped so far), the policy stays as it was",
+                "step %d: gradient norm is %s; the update is skipped (%d skipped so far), the policy stays as it was%s",
                 batch_step + 1,
                 grad_norm,
                 self.num_skipped_steps,
+                ""
+                if self.grad_scale is None
+                else f"; float16 gradient scale lowered to {self.grad_scale.scale:g}",
             )
         else:
             self.optimizer.step()
@@ -303,6 +321,8 @@ class Trainer:
             num_sequence_tokens=num_sequence_tokens,
             num_skipped_steps=self.num_skipped_steps,
         )
+        if self.grad_scale is not None:
+            metrics["fp16_grad_scale"] = self.grad_scale.scale
         self._report.write(batch_step, metrics, totals.num_loss_tokens)
         return metrics
 
@@ -392,6 +412,7 @@ class Trainer:
             self.scheduler,
             self.cfg.ckpt.keep_last,
             self.dist,
+            self.grad_scale,
         )
 
     def maybe_resume(self) -> int:
@@ -404,7 +425,9 @@ class Trainer:
         if found is None:
             return 0
         step, folder = found
-        self.num_steps_done = load_checkpoint(folder, self.policy, self.optimizer, self.scheduler, self.dist)
+        self.num_steps_done = load_checkpoint(
+            folder, self.policy, self.optimizer, self.scheduler, self.dist, self.grad_scale
+        )
         assert self.num_steps_done == step
         return step
 

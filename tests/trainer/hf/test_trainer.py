@@ -206,3 +206,48 @@ def test_grad_norm_is_the_norm_after_clipping_and_grad_norm_before_clip_the_one_
     assert metrics["grad_norm"] == pytest.approx(float(applied), rel=1e-4)
     assert metrics["grad_norm"] == pytest.approx(1e-3, rel=1e-3)
     trainer.close()
+
+
+@pytest.fixture
+def float16_compute(monkeypatch):
+    """The trainer computing in float16, as over a float16 engine's borrowed weights."""
+    import grpo.trainer.hf.model as model_module
+
+    monkeypatch.setattr(model_module, "choose_dtype", lambda device: torch.float16)
+
+
+@pytest.mark.usefixtures("float16_compute")
+def test_a_float16_trainer_scales_its_gradients_and_backs_off_on_an_overflow(make_cfg, tmp_path):
+    from grpo.trainer.grad_scale import INITIAL_SCALE
+
+    trainer = Trainer(make_cfg(output_dir=str(tmp_path)), tmp_path)
+    assert trainer.policy.dtype == torch.float16 and trainer.grad_scale is not None
+    before = _snapshot(trainer.policy.model)
+    metrics = trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
+    assert metrics["fp16_grad_scale"] == INITIAL_SCALE and metrics["skipped_steps"] == 0
+    after = _snapshot(trainer.policy.model)
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert changed and all(torch.isfinite(after[n]).all() for n in changed)
+
+    # A scale no float16 product survives: the step is skipped, the weights kept, the scale halved.
+    trainer.grad_scale.scale = 2.0**60
+    metrics = trainer.train_step(on_policy_batch(trainer, 1, default_rows(seed=5)))
+    assert metrics["skipped_steps"] == 1 and metrics["fp16_grad_scale"] == 2.0**59
+    assert all(torch.equal(t, after[n]) for n, t in _snapshot(trainer.policy.model).items())
+
+    trainer.grad_scale.scale = 1024.0
+    folder = trainer.save_checkpoint()
+    trainer.close()
+    from grpo.trainer.hf.checkpoint import load_checkpoint
+
+    fresh = Trainer(make_cfg(output_dir=str(tmp_path / "fresh")), tmp_path / "fresh")
+    assert load_checkpoint(folder, fresh.policy, fresh.optimizer, fresh.scheduler, None, fresh.grad_scale) == 2
+    assert fresh.grad_scale is not None and fresh.grad_scale.scale == 1024.0
+    fresh.close()
+
+
+def test_a_bf16_or_float32_trainer_has_no_gradient_scale(make_cfg, tmp_path):
+    trainer = Trainer(make_cfg(output_dir=str(tmp_path)), tmp_path)
+    metrics = trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
+    assert trainer.grad_scale is None and "fp16_grad_scale" not in metrics
+    trainer.close()
