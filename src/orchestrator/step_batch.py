@@ -42,7 +42,7 @@ def build_batch(
     num_failed = bounded_advantages(cfg.advantage, groups)
     for key, count in apply_filters(rollouts, cfg.filters, vocab_size).items():
         stats[key] = stats.get(key, 0) + count
-    metadata = {"policy_version": policy_version}
+    metadata: dict[str, float | int | str] = {"policy_version": policy_version}
     rows, pack = pack_rollouts(rollouts, cfg.seq_len, share_prefixes=cfg.shared_prefix)
     batch = TrainingBatch(step=step, rows=rows, metadata=metadata)
     try:

@@ -49,4 +49,3 @@ def send_over_collective(
     finally:
         sender.close()
     return final
-

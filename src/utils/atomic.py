@@ -164,7 +164,9 @@ def intact_step_dirs(parent: str | Path) -> dict[int, Path]:
         if is_intact(path):
             found[n] = path
         else:
-            log.warning("%s is marked STABLE but files its manifest lists are missing: not resuming from it", path)
+            log.warning(
+                "%s is marked STABLE but files its manifest lists are missing: not resuming from it", path
+            )
     return found
 
 

@@ -28,10 +28,12 @@ from grpo.orchestrator.checkpoint import (
 )
 from grpo.trainer.checkpoint import (
     checkpoint_dir,
-    checkpoint_root as trainer_root,
     complete_checkpoints,
     find_resume_checkpoint,
     publish_checkpoint,
+)
+from grpo.trainer.checkpoint import (
+    checkpoint_root as trainer_root,
 )
 from grpo.utils.atomic import STABLE, staging_dir
 
@@ -85,7 +87,9 @@ def _save_trainer_checkpoint(run_dir: Path, step: int, keep_last: int | None) ->
 
 
 def _trainer_whole(folder: Path, step: int) -> bool:
-    return all((folder / name).is_file() and (folder / name).read_text() == f"{step}:{name}" for name in _FILES)
+    return all(
+        (folder / name).is_file() and (folder / name).read_text() == f"{step}:{name}" for name in _FILES
+    )
 
 
 def _orchestrator_whole(folder: Path, step: int) -> bool:
