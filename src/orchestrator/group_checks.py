@@ -40,12 +40,10 @@ failed/num_rollouts."""
 
 
 def fail_group(group: Group, reason: str) -> None:
-    """Fail every rollout of `group` (masked, no baseline, advantage 0), logging why."""
-    log.warning(
-        "example %d: its group of %d rollouts fails whole: %s",
-        group.example_index,
-        len(group.rollouts),
-        reason,
+    """Fail every rollout of `group` (masked, no baseline, advantage 0). Logged at debug level, one
+    line per group; build_batch logs each step's count (a broken reward fails groups every step)."""
+    log.debug(
+        "example %d: its %d rollouts fail as a group: %s", group.example_index, len(group.rollouts), reason
     )
     for rollout in group.rollouts:
         if rollout.failure is None:

@@ -22,6 +22,9 @@ from grpo.orchestrator.partial import partial_metrics
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.transport.batches.validate import check_batch_values
+from grpo.utils.logging import get_logger
+
+log = get_logger("orchestrator")
 
 
 def build_batch(
@@ -59,6 +62,14 @@ def build_batch(
         rows, pack = pack_rollouts(packed, cfg.seq_len, share_prefixes=cfg.shared_prefix)
         batch = TrainingBatch(step=step, rows=rows, metadata=metadata)
         check_batch_values(batch, vocab_size)  # what no group causes (metadata): stop, send nothing
+    if num_failed:
+        log.warning(
+            "batch %d: %d of %d group(s) failed whole (a reward or advantage beyond the trainer's bound, "
+            "or values its batch check refuses; GRPO_LOG_LEVEL=DEBUG names each)",
+            step,
+            num_failed,
+            len(groups),
+        )
     stats[FAILED_GROUPS_METRIC] = stats.get(FAILED_GROUPS_METRIC, 0) + num_failed
     # Sums over the step's parts (one part unless streaming); pack_metrics turns them into rates.
     for key, value in (
