@@ -18,7 +18,6 @@ metrics rows) belongs to an abandoned future and is removed before anything star
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,15 @@ from grpo.config.orchestrator import CheckpointConfig
 from grpo.orchestrator.report import METRICS_FILE
 from grpo.transport.run_dir import TRAINER_METRICS_FILE, complete_trainer_checkpoints, trainer_checkpoint_root
 from grpo.transport.weights.filesystem import broadcasts_dir
-from grpo.utils.atomic import publish_dir, staging_dir, step_dirs, write_json_atomic
+from grpo.utils.atomic import (
+    clean_staging,
+    intact_step_dirs,
+    publish_dir,
+    remove_published,
+    staging_dir,
+    step_dirs,
+    write_json_atomic,
+)
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
@@ -41,7 +48,8 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 
 def stable_steps(run_dir: Path) -> list[int]:
-    return list(step_dirs(checkpoint_root(run_dir), stable_only=True))
+    """Steps of the complete checkpoints: STABLE, and every file its manifest lists there."""
+    return list(intact_step_dirs(checkpoint_root(run_dir)))
 
 
 def save_checkpoint(
@@ -60,15 +68,17 @@ def prune_checkpoints(run_dir: Path, cfg: CheckpointConfig) -> None:
     """Keep the newest keep_last checkpoints plus every multiple of keep_interval."""
     if cfg.keep_last is None:
         return
-    steps = stable_steps(run_dir)
+    steps = list(step_dirs(checkpoint_root(run_dir), stable_only=True))
     for step in steps[: -cfg.keep_last]:
         if cfg.keep_interval is not None and step % cfg.keep_interval == 0:
             continue
-        shutil.rmtree(checkpoint_root(run_dir) / f"step_{step}")
+        remove_published(checkpoint_root(run_dir) / f"step_{step}")
 
 
 def resolve_resume_step(run_dir: Path, resume_step: int | None) -> int | None:
-    """The checkpoint step to resume from (None = start fresh)."""
+    """The checkpoint step to resume from (None = start fresh). The orchestrator writes this folder,
+    so it first removes what a killed save or delete left there."""
+    clean_staging(checkpoint_root(run_dir))
     if resume_step is None:
         return None
     steps = stable_steps(run_dir)
@@ -205,7 +215,5 @@ def _remove_steps_after(root: Path, step: int) -> None:
     for n, path in step_dirs(root).items():
         if n > step:
             log.info("removing %s (written after step %d by the run being resumed)", path, step)
-            shutil.rmtree(path)
-    for staged in root.glob(".step_*.tmp-*") if root.is_dir() else []:
-        if staged.is_dir():
-            shutil.rmtree(staged)
+            remove_published(path)
+    clean_staging(root)

@@ -14,13 +14,17 @@ import numpy as np
 
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.base import Environment
-from grpo.orchestrator.advantage import compute_advantages
 from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.filters import apply_filters
+from grpo.orchestrator.group_checks import FAILED_GROUPS_METRIC, bounded_advantages, fail_group
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.partial import partial_metrics
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.validate import check_batch_values
+from grpo.utils.logging import get_logger
+
+log = get_logger("orchestrator")
 
 
 def build_batch(
@@ -32,18 +36,41 @@ def build_batch(
     stats: dict[str, float],
 ) -> tuple[TrainingBatch, list[Rollout]]:
     """Batch `step` (or one part of it) from `groups`, and their rollouts with advantages set; adds
-    the filters' and the packer's counts to `stats`."""
+    the filters', the packer's and the failed groups' counts to `stats`.
+
+    The batch passes the trainer's own check (check_batch_values) before anyone spools or sends it:
+    groups whose rewards or advantages the trainer would refuse fail whole (grpo.orchestrator.
+    group_checks); a group that still fails the check on its own is left out of the batch."""
     rollouts = [r for g in groups for r in g.rollouts]
-    rewards = np.array([g.rewards for g in groups], dtype=np.float64)
-    lengths = np.array([[r.num_model_tokens for r in g.rollouts] for g in groups], dtype=np.float64)
-    scored = np.array([g.scored for g in groups], dtype=bool)
-    advantages = compute_advantages(cfg.advantage, rewards, lengths, scored)
-    for group, row in zip(groups, advantages, strict=True):
-        for rollout, adv in zip(group.rollouts, row, strict=True):
-            rollout.advantage = float(adv)
+    num_failed = bounded_advantages(cfg.advantage, groups)
     for key, count in apply_filters(rollouts, cfg.filters, vocab_size).items():
         stats[key] = stats.get(key, 0) + count
+    metadata: dict[str, float | int | str] = {"policy_version": policy_version}
     rows, pack = pack_rollouts(rollouts, cfg.seq_len, share_prefixes=cfg.shared_prefix)
+    batch = TrainingBatch(step=step, rows=rows, metadata=metadata)
+    try:
+        check_batch_values(batch, vocab_size)
+    except ValueError:
+        kept = []
+        for group in groups:
+            if _passes_alone(cfg, vocab_size, group):
+                kept.append(group)
+            else:
+                fail_group(group, "the trainer's batch check refuses its rollouts")
+                num_failed += 1
+        packed = [r for g in kept for r in g.rollouts]
+        rows, pack = pack_rollouts(packed, cfg.seq_len, share_prefixes=cfg.shared_prefix)
+        batch = TrainingBatch(step=step, rows=rows, metadata=metadata)
+        check_batch_values(batch, vocab_size)  # what no group causes (metadata): stop, send nothing
+    if num_failed:
+        log.warning(
+            "batch %d: %d of %d group(s) failed whole (a reward or advantage beyond the trainer's bound, "
+            "or values its batch check refuses; GRPO_LOG_LEVEL=DEBUG names each)",
+            step,
+            num_failed,
+            len(groups),
+        )
+    stats[FAILED_GROUPS_METRIC] = stats.get(FAILED_GROUPS_METRIC, 0) + num_failed
     # Sums over the step's parts (one part unless streaming); pack_metrics turns them into rates.
     for key, value in (
         ("packing/num_rows", pack.num_rows),
@@ -52,8 +79,16 @@ def build_batch(
         ("packing/num_sample_tokens", pack.num_sample_tokens),
     ):
         stats[key] = stats.get(key, 0) + value
-    batch = TrainingBatch(step=step, rows=rows, metadata={"policy_version": policy_version})
     return batch, rollouts
+
+
+def _passes_alone(cfg: OrchestratorConfig, vocab_size: int, group: Group) -> bool:
+    rows, _pack = pack_rollouts(group.rollouts, cfg.seq_len, share_prefixes=cfg.shared_prefix)
+    try:
+        check_batch_values(TrainingBatch(step=0, rows=rows, metadata={}), vocab_size)
+    except ValueError:
+        return False
+    return True
 
 
 def pack_metrics(stats: dict[str, float], rollouts: list[Rollout], seq_len: int) -> None:

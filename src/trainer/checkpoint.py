@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo.trainer.publish import prune_step_dirs
 from grpo.transport.run_dir import TRAINER_METRICS_FILE as METRICS_FILE
 from grpo.transport.run_dir import complete_trainer_checkpoints as complete_checkpoints
 from grpo.transport.run_dir import trainer_checkpoint_dir as checkpoint_dir
 from grpo.transport.run_dir import trainer_checkpoint_root as checkpoint_root
-from grpo.utils.atomic import publish_dir
+from grpo.utils.atomic import clean_staging, prune_stable, publish_dir
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import drop_metrics_from
 from grpo.utils.logging import get_logger
@@ -86,11 +85,14 @@ def publish_checkpoint(
     (staged / STATE_FILE).write_text(json.dumps(state))
     publish_dir(staged, final)
     if keep_last is not None:
-        prune_step_dirs(final.parent, keep=keep_last)
+        prune_stable(final.parent, keep=keep_last)
 
 
 def find_resume_checkpoint(run_dir: Path, resume_step: int | None) -> tuple[int, Path] | None:
-    """(step, folder) to resume from: None = start fresh, -1 = latest complete, n = exactly step n."""
+    """(step, folder) to resume from: None = start fresh, -1 = latest complete, n = exactly step n.
+    Only intact checkpoints count (grpo.utils.atomic.is_intact); the trainer writes this folder, so
+    it first removes what a killed save or delete left there."""
+    clean_staging(checkpoint_root(run_dir))
     if resume_step is None:
         return None
     found = complete_checkpoints(run_dir)

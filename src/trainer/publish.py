@@ -16,12 +16,11 @@ version: a restarted trainer or server never meets stale state.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.transport.weights.filesystem import broadcast_dir
-from grpo.utils.atomic import publish_dir, staging_dir, step_dirs
+from grpo.utils.atomic import prune_stable, publish_dir, staging_dir
 
 if TYPE_CHECKING:
     import torch
@@ -43,16 +42,10 @@ def send_over_collective(
     num_bytes = sum(t.numel() * t.element_size() for _, t in tensors)
     write_collective_manifest(staged, version, wb.host, wb.port, len(tensors), num_bytes)
     publish_dir(staged, final)
-    prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
+    prune_stable(final.parent, keep=cfg.max_async_level + 1)
     sender = CollectiveWeightSender.for_config(wb)
     try:
         sender.send(version, tensors)
     finally:
         sender.close()
     return final
-
-
-def prune_step_dirs(parent: Path, keep: int) -> None:
-    """Delete all but the `keep` newest `step_{n}` folders of `parent`."""
-    for path in list(step_dirs(parent).values())[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo.utils.atomic import step_dirs
+from grpo.utils.atomic import intact_step_dirs
 
 TRAINER_METRICS_FILE = "trainer_metrics.jsonl"
 """The trainer's per-step metrics in the run dir, one JSON object per step."""
@@ -26,5 +26,6 @@ def trainer_checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def complete_trainer_checkpoints(run_dir: Path) -> dict[int, Path]:
-    """{step: folder} of the trainer checkpoints that are complete (STABLE written)."""
-    return step_dirs(trainer_checkpoint_root(run_dir), stable_only=True)
+    """{step: folder} of the trainer checkpoints that are complete: STABLE, and every file its
+    manifest lists there (grpo.utils.atomic.is_intact)."""
+    return intact_step_dirs(trainer_checkpoint_root(run_dir))

@@ -5,15 +5,22 @@ adapter, a checkpoint) are complete once their `STABLE` marker exists; the marke
 last, after the folder's files are fsynced, because readers on network filesystems can otherwise
 see the marker before the files.
 
-Two rules keep a `STABLE` folder whole for its whole life:
-- a folder that is already `STABLE` is never republished: a resumed writer producing the same
-  step keeps the published one (a reader may be reading it right now);
-- a folder is taken down `STABLE` first (`remove_published`), then moved aside and deleted, so a
-  kill mid-delete leaves a folder without `STABLE` (ignored by readers), never `STABLE` with
-  files missing.
+Three rules keep a `STABLE` folder whole for its whole life:
+- a folder that is already `STABLE` (and intact, below) is never republished: a resumed writer
+  producing the same step keeps the published one (a reader may be reading it right now);
+- every delete of a published folder goes through `remove_published`: `STABLE` goes first
+  (durably), then the folder is renamed to a hidden `.step_N.deleting.tmp-*` name that no reader
+  lists, then deleted; a kill at any point leaves a folder without `STABLE` (ignored by readers,
+  replaced or pruned by its writer) or a hidden one (removed at the writer's next start), never
+  `STABLE` with files missing;
+- `STABLE` holds the folder's manifest (`{"files": {relative path: size}}`); a resume picks only
+  intact folders (`is_intact`: every listed file there with its size), so a folder damaged by
+  anything else (an older grpo's plain delete, a hand-made copy) is never resumed from. An empty
+  `STABLE` (written before manifests) is trusted.
 
 Temporary names carry the PID and a uuid (two hosts sharing a filesystem can share a PID); the
-first staging folder a process makes in a parent removes what killed writers left there.
+first staging folder a process makes in a parent removes what killed writers left there, and so
+does every resume pick (`clean_staging`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ import threading
 import uuid
 from pathlib import Path
 from typing import Any
+
+from grpo.utils.logging import get_logger
+
+log = get_logger("atomic")
 
 STABLE = "STABLE"
 # Every temporary name contains this, so leftovers are recognisable (`clean_staging`).
@@ -86,14 +97,46 @@ def fsync_tree(folder: str | Path) -> None:
                 os.close(fd)
 
 
+def _file_sizes(folder: Path) -> dict[str, int]:
+    sizes = {}
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            path = Path(root, name)
+            sizes[path.relative_to(folder).as_posix()] = path.stat().st_size
+    sizes.pop(STABLE, None)
+    return sizes
+
+
+def _write_stable(folder: Path, sizes: dict[str, int]) -> None:
+    write_text_atomic(folder / STABLE, json.dumps({"files": sizes}, sort_keys=True))
+
+
 def mark_stable(folder: str | Path) -> None:
-    """Declare `folder` complete: fsync its files, then write the STABLE marker."""
+    """Declare `folder` complete: fsync its files, then write the STABLE marker with its manifest."""
     fsync_tree(folder)
-    write_text_atomic(Path(folder) / STABLE, "")
+    _write_stable(Path(folder), _file_sizes(Path(folder)))
 
 
 def is_stable(folder: str | Path) -> bool:
+    """STABLE exists (cheap: the check readers poll with)."""
     return (Path(folder) / STABLE).exists()
+
+
+def is_intact(folder: str | Path) -> bool:
+    """STABLE exists and every file its manifest lists is there with the listed size (files added
+    after STABLE, e.g. a batch's CONSUMED, do not matter). An empty STABLE has no manifest: trusted."""
+    folder = Path(folder)
+    try:
+        text = (folder / STABLE).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if not text.strip():
+        return True
+    try:
+        files = json.loads(text)["files"]
+        return all((folder / name).stat().st_size == size for name, size in files.items())
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return False  # a malformed manifest or a listed file gone
 
 
 _STEP_DIR = re.compile(r"step_(\d+)")
@@ -111,6 +154,20 @@ def step_dirs(parent: str | Path, stable_only: bool = False) -> dict[int, Path]:
         if match and child.is_dir() and (not stable_only or is_stable(child)):
             found[int(match.group(1))] = child
     return dict(sorted(found.items()))
+
+
+def intact_step_dirs(parent: str | Path) -> dict[int, Path]:
+    """`parent`'s STABLE `step_{n}` folders whose files match their manifest (`is_intact`), by n:
+    what a resume may pick. Logs each STABLE folder it leaves out."""
+    found = {}
+    for n, path in step_dirs(parent, stable_only=True).items():
+        if is_intact(path):
+            found[n] = path
+        else:
+            log.warning(
+                "%s is marked STABLE but files its manifest lists are missing: not resuming from it", path
+            )
+    return found
 
 
 def clean_staging(parent: str | Path) -> list[Path]:
@@ -158,14 +215,16 @@ def staging_dir(final: str | Path) -> Path:
 
 
 def remove_published(folder: str | Path) -> None:
-    """Delete a published folder so that no reader and no crash ever sees it STABLE but partial:
-    STABLE goes first (durably), then the folder is moved aside and deleted."""
+    """Delete a published (or unfinished) folder so that no reader and no crash ever sees it STABLE
+    but partial: STABLE goes first (durably), then the folder is renamed to a hidden
+    `.{name}.deleting.tmp-*` (`clean_staging` removes one a kill left) and deleted. The one way
+    grpo deletes a step folder."""
     folder = Path(folder)
     if not folder.exists():
         return
     (folder / STABLE).unlink(missing_ok=True)
     fsync_dir(folder)
-    aside = folder.with_name(_tmp_name(folder.name))
+    aside = folder.with_name(_tmp_name(f"{folder.name}.deleting"))
     try:
         os.replace(folder, aside)
     except FileNotFoundError:
@@ -177,17 +236,19 @@ def remove_published(folder: str | Path) -> None:
 def publish_dir(staged: str | Path, final: str | Path) -> bool:
     """Move a fully written staging folder into place and mark it STABLE.
 
-    Returns False (and discards `staged`) when `final` is already STABLE: it is the same step,
-    published earlier (e.g. by the run a resumed writer replaces), and readers may hold it open."""
+    Returns False (and discards `staged`) when `final` is already STABLE and intact: it is the same
+    step, published earlier (e.g. by the run a resumed writer replaces), and readers may hold it
+    open. A STABLE `final` with files missing is replaced like an unfinished one."""
     staged, final = Path(staged), Path(final)
-    if is_stable(final):
+    if is_intact(final):
         shutil.rmtree(staged, ignore_errors=True)
         return False
     fsync_tree(staged)
-    remove_published(final)  # an unfinished folder from a killed writer
+    sizes = _file_sizes(staged)
+    remove_published(final)  # an unfinished (or damaged) folder from a killed writer
     os.replace(staged, final)
     fsync_dir(final.parent)
-    write_text_atomic(final / STABLE, "")
+    _write_stable(final, sizes)
     return True
 
 

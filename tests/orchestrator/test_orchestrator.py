@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ from grpo.config.orchestrator import CheckpointConfig, OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.types import Group, Rollout
+from grpo.transport.batches.filesystem import FilesystemBatchReceiver, FilesystemBatchSender
+from grpo.utils.atomic import publish_dir, staging_dir
 from grpo.utils.jsonl import read_jsonl
 
 
@@ -244,3 +248,46 @@ def test_failed_and_non_finite_rewards_are_masked_not_trained_as_zero(tmp_path: 
         assert failed > 0 and record["masked/num_rollouts"] == failed
         assert loss_tokens == (8 - failed) * 4  # 4 model tokens per rollout; failed ones carry none
         assert record["reward/mean"] == 1.0 and math.isfinite(record["advantage/std"])
+
+
+def test_a_huge_reward_fails_its_group_and_no_trainer_restart_meets_a_refused_batch(tmp_path: Path) -> None:
+    # Rewards of 1e308 (finite) overflow the group mean; before, the batch carried inf advantages,
+    # the trainer refused it, and the delivered batch stopped every restart at that step.
+    examples = [{"prompt": f"question {i}", "answer": ["ok", "huge"][i % 2]} for i in range(20)]
+
+    def judged(completion: str, answer: str) -> float:
+        return {"ok": 1.0, "huge": 1e308}[answer]
+
+    env = SingleTurnEnv(examples=examples, rewards=[judged], name="toy")
+    cfg = _cfg(max_steps=3)
+    sender = FilesystemBatchSender(tmp_path, max_buffered=1, keep_consumed=10)
+
+    def trainer() -> None:
+        receiver = FilesystemBatchReceiver(tmp_path)
+        for step in range(3):
+            receiver.receive(step, timeout=30)
+            final = tmp_path / "broadcasts" / f"step_{step + 1}"
+            staged = staging_dir(final)
+            (staged / "adapter_config.json").write_text("{}")
+            publish_dir(staged, final)
+
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _record_errors(trainer, errors), daemon=True)
+    thread.start()
+    orch = Orchestrator(cfg, FakeClient(), sender, tmp_path, fake_tokenizer(), [env])
+    asyncio.run(asyncio.wait_for(orch.run(), timeout=60))
+    thread.join(timeout=30)
+    assert errors == []
+    restarted = FilesystemBatchReceiver(tmp_path)  # a trainer restarted with no checkpoint reads them again
+    assert [restarted.receive(step, timeout=1).step for step in range(3)] == [0, 1, 2]
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert sum(r["failed/num_groups"] for r in records) > 0
+    assert all(r["failed/num_rollouts"] == 2 * r["failed/num_groups"] for r in records)
+    assert all(r["reward/mean"] in (0.0, 1.0) for r in records)  # failed rollouts are not averaged in
+
+
+def _record_errors(fn: Callable[[], None], errors: list[BaseException]) -> None:
+    try:
+        fn()
+    except BaseException as exc:
+        errors.append(exc)

@@ -12,6 +12,8 @@ from grpo.utils import atomic
 from grpo.utils.atomic import (
     STABLE,
     clean_staging,
+    intact_step_dirs,
+    is_intact,
     is_stable,
     prune_stable,
     publish_dir,
@@ -59,6 +61,37 @@ def test_kill_mid_delete_never_leaves_stable_with_files_missing(
     with pytest.raises(KeyboardInterrupt):
         remove_published(final)
     assert not any(is_stable(p) for p in tmp_path.iterdir())
+
+
+def test_a_stable_folder_with_a_listed_file_gone_is_not_intact_and_is_republished(tmp_path: Path) -> None:
+    for n in (1, 2):
+        _publish(tmp_path / f"step_{n}", f"data {n}")
+    (tmp_path / "step_2" / "shard.bin").unlink()  # e.g. an older grpo's delete, killed midway
+    assert is_stable(tmp_path / "step_2") and not is_intact(tmp_path / "step_2")
+    assert list(intact_step_dirs(tmp_path)) == [1]
+    assert _publish(tmp_path / "step_2", "whole")  # the writer replaces it instead of keeping it
+    assert list(intact_step_dirs(tmp_path)) == [1, 2]
+
+
+def test_files_added_after_stable_and_manifestless_markers_keep_a_folder_intact(tmp_path: Path) -> None:
+    _publish(tmp_path / "step_1", "x")
+    (tmp_path / "step_1" / "CONSUMED").write_text("")  # the trainer acknowledges a batch folder
+    old = tmp_path / "step_2"
+    old.mkdir()
+    (old / STABLE).write_text("")  # written by a grpo without manifests
+    assert is_intact(tmp_path / "step_1") and is_intact(old)
+    (tmp_path / "step_1" / "shard.bin").write_text("longer than before")
+    assert not is_intact(tmp_path / "step_1")
+
+
+def test_only_the_atomic_module_deletes_folder_trees() -> None:
+    # Every delete of a STABLE step folder must go through remove_published (STABLE first, then a
+    # rename out of the step_N names); a plain rmtree elsewhere would bring back the partial-STABLE
+    # folders. The others listed delete folders that never carry STABLE.
+    allowed = {"utils/atomic.py", "models/embedded.py", "models/tiny.py", "transport/batches/zmq_spool.py"}
+    src = Path(atomic.__file__).resolve().parent.parent
+    users = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if "rmtree" in p.read_text()}
+    assert users <= allowed, f"rmtree outside grpo.utils.atomic: {sorted(users - allowed)}"
 
 
 def test_staging_names_are_unique_within_a_process(tmp_path: Path) -> None:

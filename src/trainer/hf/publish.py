@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo.trainer.publish import prune_step_dirs, send_over_collective
+from grpo.trainer.publish import send_over_collective
 from grpo.transport.weights.filesystem import broadcast_dir
-from grpo.utils.atomic import publish_dir, staging_dir
+from grpo.utils.atomic import prune_stable, publish_dir, staging_dir
 
 if TYPE_CHECKING:
     import torch
@@ -69,5 +69,5 @@ def publish_policy(policy: Policy, cfg: TrainerConfig, run_dir: Path, version: i
     if cfg.noise_scheduler.enabled:
         write_noisy_norms(rms_norm_weights(policy.causal_lm), cfg, version, staged)
     publish_dir(staged, final)
-    prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
+    prune_stable(final.parent, keep=cfg.max_async_level + 1)
     return final

@@ -154,9 +154,8 @@ def publish_full_weights(
     over_collective: bool,
 ) -> Path:
     """Write (or announce and send) policy `version` as grpo.trainer.publish does for the HF backend."""
-    from grpo.trainer.publish import prune_step_dirs
     from grpo.transport.weights.filesystem import broadcast_dir
-    from grpo.utils.atomic import publish_dir, staging_dir
+    from grpo.utils.atomic import prune_stable, publish_dir, staging_dir
 
     if over_collective:
         from grpo.trainer.publish import send_over_collective
@@ -171,5 +170,5 @@ def publish_full_weights(
         # Norms are replicated over tensor-parallel ranks; drawn here, once, every server gets one noise.
         write_noisy_norms({n: t for n, t in tensors.items() if is_hf_norm(n)}, cfg, version, staged)
     publish_dir(staged, final)
-    prune_step_dirs(final.parent, keep=cfg.max_async_level + 1)
+    prune_stable(final.parent, keep=cfg.max_async_level + 1)
     return final

@@ -20,7 +20,9 @@ Restarts (either side, from any checkpoint) rest on two rules, so that no wait i
 - the sender writes no batch below the committed step (no trainer asks for it again; an
   orchestrator resumed from an older checkpoint than the trainer's samples those steps once more
   and drops them), and never rewrites a STABLE folder (the first delivery wins, a trainer may be
-  reading it);
+  reading it) unless the trainer refuses what it holds (not CONSUMED, and it fails the trainer's
+  decode and value checks): that batch was never trained, and kept it would end every trainer
+  restart at its step;
 - so a trainer waiting for batch n < c, whose folder is not STABLE, waits for something nobody
   will write: it fails at once (checked on every poll), naming both steps. A folder below c that
   is still there (kept for inspection) is read as usual.
@@ -81,6 +83,18 @@ def _gone_message(step: int, committed: int, run_dir: Path) -> str:
 def _published_steps(run_dir: Path) -> list[int]:
     """Steps whose folder is STABLE, ascending."""
     return list(step_dirs(rollouts_dir(run_dir), stable_only=True))
+
+
+def _refusal(folder: Path) -> str | None:
+    """Why the trainer refuses the delivered batch in `folder` (its own decode and value checks), or
+    None. A CONSUMED batch passed them."""
+    if (folder / CONSUMED).exists():
+        return None
+    try:
+        decode_batch((folder / BATCH_FILE).read_bytes())
+    except (ValueError, OSError) as err:
+        return str(err)
+    return None
 
 
 class _Backoff:
@@ -155,10 +169,20 @@ class FilesystemBatchSender:
             return True
         folder = step_dir(self.run_dir, step)
         if is_stable(folder):
-            # Published before a restart of the orchestrator: the trainer may be reading it, or have
-            # trained on it; a second, different batch n would train step n twice or not at all.
-            log.info("batch %d was delivered before the restart (%s); keeping that one", step, folder)
-            return True
+            refusal = _refusal(folder)
+            if refusal is None:
+                # Published before a restart of the orchestrator: the trainer may be reading it, or
+                # have trained on it; a second, different batch n would train step n twice or not at all.
+                log.info("batch %d was delivered before the restart (%s); keeping that one", step, folder)
+                return True
+            # One the trainer refuses (an older orchestrator's, e.g. with inf advantages): it was
+            # never trained, and kept it would stop every trainer restart at this step.
+            log.warning(
+                "batch %d delivered before the restart is one the trainer refuses (%s): replacing it",
+                step,
+                refusal,
+            )
+            remove_published(folder)
         return False
 
     def _wait_for_room(self, step: int) -> None:

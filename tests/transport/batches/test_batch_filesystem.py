@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from grpo.transport.batches.filesystem import (
@@ -19,8 +20,8 @@ from grpo.transport.batches.filesystem import (
     step_dir,
 )
 from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
-from grpo.transport.batches.wire import decode_batch
-from grpo.utils.atomic import STABLE
+from grpo.transport.batches.wire import decode_batch, encode_batch
+from grpo.utils.atomic import STABLE, publish_dir, staging_dir
 
 
 def _start_sender_process(
@@ -216,3 +217,23 @@ def test_corrupt_batch_file_is_rejected_naming_the_step(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(ValueError, match="step 0"):
         FilesystemBatchReceiver(tmp_path).receive(0)
+
+
+def test_a_delivered_batch_the_trainer_refuses_is_replaced_when_the_orchestrator_restarts(
+    tmp_path: Path,
+) -> None:
+    # Batch 0 as an older orchestrator published it: inf advantages, which the trainer refuses.
+    bad = synthetic_batch(0)
+    bad.rows[0].advantages[:] = np.inf
+    folder = step_dir(tmp_path, 0)
+    staged = staging_dir(folder)
+    (staged / BATCH_FILE).write_bytes(encode_batch(bad))
+    publish_dir(staged, folder)
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        FilesystemBatchReceiver(tmp_path).receive(0, timeout=1)  # each trainer restart stopped here
+
+    FilesystemBatchSender(tmp_path).send(synthetic_batch(0, seed=3))  # the restarted orchestrator's
+    assert_batches_equal(FilesystemBatchReceiver(tmp_path).receive(0, timeout=1), synthetic_batch(0, seed=3))
+    # A batch the trainer accepts stays the first delivery, consumed or not.
+    FilesystemBatchSender(tmp_path).send(synthetic_batch(0, seed=4))
+    assert_batches_equal(FilesystemBatchReceiver(tmp_path).receive(0, timeout=1), synthetic_batch(0, seed=3))

@@ -2,9 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo.trainer.publish import prune_step_dirs
 from grpo.transport.weights.filesystem import broadcast_dir, broadcasts_dir, latest_broadcast
-from grpo.utils.atomic import publish_dir, staging_dir
+from grpo.utils.atomic import prune_stable, publish_dir, staging_dir
 
 
 def _publish(run_dir: Path, version: int) -> None:
@@ -18,7 +17,7 @@ def _publish(run_dir: Path, version: int) -> None:
 def test_only_the_keep_newest_versions_survive(tmp_path: Path) -> None:
     for version in range(1, 6):
         _publish(tmp_path, version)
-        prune_step_dirs(broadcasts_dir(tmp_path), keep=2)
+        prune_stable(broadcasts_dir(tmp_path), keep=2)
     assert sorted(p.name for p in broadcasts_dir(tmp_path).iterdir()) == ["step_4", "step_5"]
     assert latest_broadcast(tmp_path) == 5
 
