@@ -241,7 +241,9 @@ def test_a_float16_trainer_scales_its_gradients_and_backs_off_on_an_overflow(mak
     from grpo.trainer.hf.checkpoint import load_checkpoint
 
     fresh = Trainer(make_cfg(output_dir=str(tmp_path / "fresh")), tmp_path / "fresh")
-    assert load_checkpoint(folder, fresh.policy, fresh.optimizer, fresh.scheduler, None, fresh.grad_scale) == 2
+    assert (
+        load_checkpoint(folder, fresh.policy, fresh.optimizer, fresh.scheduler, None, fresh.grad_scale) == 2
+    )
     assert fresh.grad_scale is not None and fresh.grad_scale.scale == 1024.0
     fresh.close()
 
