@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from typing import Any
 
@@ -18,6 +17,7 @@ import httpx
 
 from grpo.envs.base import EnvReply, Example, Message, Score
 from grpo.envs.rewards import FailureLog
+from grpo.utils.auth import secret_from_env
 from grpo.utils.errors import UserError
 
 CONNECT_RETRY_S = 10.0
@@ -34,6 +34,11 @@ TOKEN_ENV = "GRPO_ENV_TOKEN"
 
 class BadReply(ValueError):
     """The server's JSON is not what the protocol says (another server, or another version)."""
+
+
+def _token_from_env() -> str | None:
+    token = secret_from_env(TOKEN_ENV)
+    return None if token is None else token.decode()
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
@@ -149,7 +154,7 @@ class RemoteEnv:
 
     def __init__(self, address: str, name: str, info: dict[str, Any], token: str | None = None) -> None:
         self.address = address
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.token = token if token is not None else _token_from_env()
         self.base_url = base_url(address)
         self.name = name
         self.max_turns: int = int(info["max_turns"])
@@ -166,7 +171,7 @@ class RemoteEnv:
     @classmethod
     def connect(cls, address: str, env_id: str, name: str, retry_s: float | None = None) -> RemoteEnv:
         """Fetch the server's info (waiting up to `retry_s`, default CONNECT_RETRY_S, for it to come up)."""
-        token = os.environ.get(TOKEN_ENV)
+        token = _token_from_env()
         info = fetch_info(address, env_id, CONNECT_RETRY_S if retry_s is None else retry_s, token)
         return cls(address, name, info, token)
 
