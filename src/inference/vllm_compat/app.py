@@ -16,6 +16,9 @@ from grpo.inference.vllm_compat.engine_process import (
     give_the_engine_time_to_tear_down,
 )
 
+LoraPathCheck = Callable[[str], tuple[str, None] | tuple[None, str]]
+"""An adapter path -> (the resolved path to load, None) or (None, why it is refused)."""
+
 OnReady = Callable[[Any, int], None]
 """Called on the server's event loop once the engine is up, just before HTTP serving starts:
 (engine_client, bound port). Poll /health to know when requests are answered."""
@@ -25,13 +28,14 @@ async def serve(
     args: argparse.Namespace,
     on_ready: OnReady | None = None,
     extend_app: Callable[[Any], None] | None = None,
-    lora_path_refusal: Callable[[str], str | None] | None = None,
+    lora_path_check: LoraPathCheck | None = None,
 ) -> bool:
     """Run vLLM's OpenAI server until it shuts down; True if the engine died (errored).
 
     `extend_app(app)` adds routes (grpo's weight routes) before serving starts;
-    `lora_path_refusal(path)` says why /v1/load_lora_adapter must not load `path` (403), or None.
-    Adapters of the server's own --lora-modules load before it applies.
+    `lora_path_check(path)` gives the path /v1/load_lora_adapter (and SageMaker's POST /adapters)
+    loads instead of `path`, or why it must not load it (403). Adapters of the server's own
+    --lora-modules load before it applies.
 
     Mirrors vLLM's run_server/build_and_serve, plus the in-place LoRA flag reset, the actual bound
     port (port 0) and the engine client handed to `on_ready`.
@@ -60,7 +64,7 @@ async def serve(
         await init_app_state(engine_client, app.state, args, supported_tasks)
         # Per server, not per process: tests (and a replica pool in one process) run several
         # servers side by side, each with its own weight_dirs.
-        app.state.openai_serving_models.grpo_lora_path_refusal = lora_path_refusal
+        app.state.openai_serving_models.grpo_lora_path_check = lora_path_check
         if on_ready is not None:
             on_ready(engine_client, port)
         shutdown_task = await launcher.serve_http(
@@ -147,9 +151,10 @@ _lora_patch_applied = False
 
 
 def reset_inplace_flag_after_lora_load() -> None:
-    """Refuse adapter paths the server's `grpo_lora_path_refusal` names (403; set by `serve` on
-    its OpenAIServingModels); after an in-place adapter load, store the adapter's request with
-    load_inplace=False.
+    """Check adapter paths with the server's `grpo_lora_path_check` (set by `serve` on its
+    OpenAIServingModels): a refused path gets 403, an accepted one is loaded from the resolved path
+    the check returned (not the one the client sent, which a link could redirect after the check);
+    after an in-place adapter load, store the adapter's request with load_inplace=False.
 
     The server keeps the LoRARequest it loaded and attaches it to every later request for that
     adapter; with load_inplace still set, the worker re-reads the adapter from disk on every
@@ -164,12 +169,14 @@ def reset_inplace_flag_after_lora_load() -> None:
     original = OpenAIServingModels.load_lora_adapter
 
     async def load_lora_adapter(self: Any, request: Any, base_model_name: str | None = None) -> Any:
-        path_refusal = getattr(self, "grpo_lora_path_refusal", None)
-        refusal = None if path_refusal is None else path_refusal(request.lora_path)
-        if refusal is not None:
-            from vllm.entrypoints.serve import create_error_response
+        path_check: LoraPathCheck | None = getattr(self, "grpo_lora_path_check", None)
+        if path_check is not None:
+            resolved, refusal = path_check(request.lora_path)
+            if resolved is None:
+                from vllm.entrypoints.serve import create_error_response
 
-            return create_error_response(refusal, err_type="Forbidden", status_code=HTTPStatus.FORBIDDEN)
+                return create_error_response(refusal, err_type="Forbidden", status_code=HTTPStatus.FORBIDDEN)
+            request = request.model_copy(update={"lora_path": resolved})
         result = await original(self, request, base_model_name)
         # No await between the original storing the request and this replacement, so no
         # request can pick up the flagged copy.
