@@ -137,7 +137,8 @@ class InferenceConfig(StrictModel):
     """Sequences the scheduler runs at once; null keeps vLLM's default."""
 
     api_key_var: str = "VLLM_API_KEY"
-    """Env var holding the API key the server requires; unset or empty = no key."""
+    """Env var holding the API key the server requires on every route but /health (at least 16
+    characters, not whitespace only); unset or empty = no key, allowed on a loopback host only."""
 
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     """grpo-infer only: restart the vLLM server when it dies or hangs; off by default. A co-located

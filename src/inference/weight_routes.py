@@ -1,7 +1,7 @@
 """grpo's own HTTP routes on the vLLM server: how the orchestrator changes the served policy.
 
-They sit under /v1, so vLLM's API-key middleware guards them like every OpenAI route (a server bound
-off loopback must have a key: grpo.config.inference). Behind the key, two rules keep any client to
+With an API key, the server requires it on them as on every route but /health
+(grpo.inference.api_key_guard; a server bound off loopback must have a key: grpo.config.inference). Behind the key, two rules keep any client to
 what a run needs:
 - every path a route loads (full weights, an adapter, noisy norms, and vLLM's own
   /v1/load_lora_adapter) must lie inside the server's weight_dirs, symlinks resolved, so no request

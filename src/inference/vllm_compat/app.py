@@ -1,5 +1,6 @@
-"""Building and serving vLLM's OpenAI app: grpo's routes added, the bound port and engine client
-handed back, the server run in a non-main thread, LoRA adapter loads checked and made one-shot."""
+"""Building and serving vLLM's OpenAI app: only the routes grpo uses kept, the API key required on
+all of them but /health, grpo's routes added, the bound port and engine client handed back, the
+server run in a non-main thread, LoRA adapter loads checked and made one-shot."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
+from grpo.inference.api_key_guard import ApiKeyGuard
 from grpo.inference.vllm_compat.engine_process import (
     end_engine_with_its_parent,
     give_the_engine_time_to_tear_down,
@@ -18,6 +20,14 @@ from grpo.inference.vllm_compat.engine_process import (
 
 LoraPathCheck = Callable[[str], tuple[str, None] | tuple[None, str]]
 """An adapter path -> (the resolved path to load, None) or (None, why it is refused)."""
+
+SERVED_VLLM_PATHS = frozenset(
+    {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/load_lora_adapter"}
+)
+"""vLLM's routes a grpo server keeps: what grpo's client, supervisor and recovery use (liveness,
+Prometheus metrics, the model list, token-id completions, adapter hot-loads). vLLM 0.32 adds many
+more (chat, responses, messages, tokenize, /invocations, SageMaker's /adapters, /load, /version,
+the docs, elastic-EP scaling, ...); none is used by a run, so none is served."""
 
 OnReady = Callable[[Any, int], None]
 """Called on the server's event loop once the engine is up, just before HTTP serving starts:
@@ -59,6 +69,8 @@ async def serve(
         engine_client = client
         supported_tasks = await engine_client.get_supported_tasks()
         app = build_app(args, supported_tasks, engine_client.model_config)
+        keep_only_served_routes(app)
+        require_api_key(app, args)
         if extend_app is not None:
             extend_app(app)
         await init_app_state(engine_client, app.state, args, supported_tasks)
@@ -89,6 +101,33 @@ async def serve(
         sock.close()
     # A requested shutdown also leaves the engine client errored (vLLM kills the engine).
     return bool(engine_client is not None and engine_client.errored and not shutdown_requested)
+
+
+def keep_only_served_routes(app: Any) -> list[str]:
+    """Drop every route of vLLM's `app` outside SERVED_VLLM_PATHS (before grpo adds its own);
+    returns the paths dropped."""
+    kept = [route for route in app.router.routes if getattr(route, "path", None) in SERVED_VLLM_PATHS]
+    dropped = sorted({str(getattr(route, "path", route)) for route in app.router.routes} - SERVED_VLLM_PATHS)
+    app.router.routes[:] = kept
+    return dropped
+
+
+def require_api_key(app: Any, args: argparse.Namespace) -> bool:
+    """Guard every route of `app` but /health with the API key vLLM would use (--api-key, else
+    $VLLM_API_KEY), if there is one; whether there is. vLLM's own check covers only /v1 and a few
+    other prefixes."""
+    import vllm.envs as envs
+
+    from grpo.utils.auth import check_secret
+
+    keys = [key for key in (args.api_key or [envs.VLLM_API_KEY]) if key]
+    for key in keys:
+        check_secret(key, "the inference server's API key (--api-key or $VLLM_API_KEY)")
+    if keys:
+        # Outside everything: build_app has already built the middleware stack (SageMaker's
+        # bootstrap), so add_middleware is closed; the built stack is wrapped instead.
+        app.middleware_stack = ApiKeyGuard(app.middleware_stack or app.build_middleware_stack(), keys)
+    return bool(keys)
 
 
 def _flag_signal_handlers(loop: asyncio.AbstractEventLoop) -> list[int]:
