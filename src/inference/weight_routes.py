@@ -159,7 +159,7 @@ def add_weight_routes(app: Any, rules: WeightRouteRules) -> None:
             body["host"],
             body["port"],
             # The server's own limit: a request may shorten the wait, never lengthen it.
-            min(float(asked), rules.receive_timeout_s),
+            float(min(asked, rules.receive_timeout_s)),
             body["version"],
             body.get("rank", 1),
             body.get("world_size", 2),
