@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import tiny_inference_config
 
+from grpo.config.inference import InferenceConfig
 from grpo.inference import weight_routes
 from grpo.inference.server import ServerThread
 
@@ -24,7 +24,18 @@ def keyed_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
     """The server's root URL; adapter serving, so vLLM's runtime LoRA routes (/adapters too) exist."""
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setenv(KEY_VAR, KEY)
-    cfg = tiny_inference_config(api_key_var=KEY_VAR, weight_dirs=[str(tmp_path_factory.mktemp("weights"))])
+    cfg = InferenceConfig(
+        model="tiny",
+        port=0,
+        kv_cache_space_gb=1,
+        max_model_len=128,
+        max_lora_rank=8,
+        max_loras=1,
+        max_num_seqs=4,
+        lora_serving="adapter",
+        api_key_var=KEY_VAR,
+        weight_dirs=[str(tmp_path_factory.mktemp("weights"))],
+    )
     server = ServerThread(cfg, str(tiny_model_path), quiet=True).start()
     try:
         server.wait_ready(timeout=300)
