@@ -52,9 +52,16 @@ def env(
     max_sessions_per_client: int = typer.Option(
         4096,
         "--max-sessions-per-client",
-        help="Open rollouts kept per client host (its own oldest go first).",
+        help="Open rollouts kept per client: its token when the server has one, else its host "
+        "(its own oldest go first).",
     ),
     max_body_mb: float = typer.Option(16.0, "--max-body-mb", help="Largest request body accepted (MiB)."),
+    max_example_kb: float = typer.Option(
+        64.0,
+        "--max-example-kb",
+        help="Largest example (its JSON, KiB) a client may send that is not one of the environment's own; "
+        "larger ones are refused (413) before any session stores them.",
+    ),
     token_env: str = typer.Option(
         "GRPO_ENV_TOKEN",
         "--token-env",
@@ -82,6 +89,7 @@ def env(
             token=token,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
             max_sessions_per_client=max_sessions_per_client,
+            max_example_bytes=int(max_example_kb * 1024),
         )
         try:
             sock = socket.create_server((host, port))

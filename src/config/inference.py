@@ -104,7 +104,13 @@ class InferenceConfig(StrictModel):
     /v1/load_lora_adapter included); any other path is refused (HTTP 403), so a client cannot make
     the engine read files the run did not write. Relative paths are read from the server's working
     directory. null: that working directory (where grpo-orch's output_dir usually lies). Co-located
-    runs use the run's broadcasts folder (where the trainer publishes every policy)."""
+    runs use the run's broadcasts folder (where the trainer publishes every policy). / is refused
+    (listed, or as the working directory when null): it would admit every file."""
+
+    weight_receive_timeout_s: float = Field(1200, gt=0)
+    """(weight_broadcast_type nccl) Longest wait, in seconds, for the trainer when the orchestrator
+    asks this server to receive a policy over the collective. The server's own limit: a request
+    may ask for a shorter wait (the orchestrator's weight_broadcast.timeout), never a longer one."""
 
     weight_secret_env: str = "GRPO_WEIGHTS_SECRET"
     """(weight_broadcast_type nccl) Environment variable holding the secret of the trainer's
@@ -131,7 +137,8 @@ class InferenceConfig(StrictModel):
     """Sequences the scheduler runs at once; null keeps vLLM's default."""
 
     api_key_var: str = "VLLM_API_KEY"
-    """Env var holding the API key the server requires; unset or empty = no key."""
+    """Env var holding the API key the server requires on every route but /health (at least 16
+    characters, not whitespace only); unset or empty = no key, allowed on a loopback host only."""
 
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     """grpo-infer only: restart the vLLM server when it dies or hangs; off by default. A co-located

@@ -58,6 +58,16 @@ class EnvConfig(StrictModel):
     address: str | None = None
     """Address (host:port) of an external environment server; null runs the environment in-process."""
 
+    request_timeout_s: float = Field(600, gt=0)
+    """(address) Deadline of one request to the environment server, from sending it to the reply's
+    last byte however slowly the server sends it; a later reply fails its rollout (masked and
+    counted, training goes on). Scoring runs the server's reward functions, which may be slow."""
+
+    max_reply_mib: float = Field(64, gt=0)
+    """(address) Largest reply accepted from the environment server, in MiB (counted as it
+    arrives); a larger one fails its rollout, or the load for the /info reply (the examples and
+    their prompts)."""
+
     @property
     def display_name(self) -> str:
         return self.name or self.id

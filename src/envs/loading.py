@@ -154,10 +154,16 @@ def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:
 
 def _connect(env_cfg: EnvConfig, address: str) -> Environment:
     """The environment a `grpo-env` server at env_cfg.address serves."""
-    from grpo.envs.remote import RemoteEnv
+    from grpo.envs.remote import MIB, RemoteEnv
 
     _check_remote(env_cfg, address)
-    return RemoteEnv.connect(address, env_cfg.id, env_cfg.display_name)
+    return RemoteEnv.connect(
+        address,
+        env_cfg.id,
+        env_cfg.display_name,
+        timeout_s=env_cfg.request_timeout_s,
+        max_reply_bytes=int(env_cfg.max_reply_mib * MIB),
+    )
 
 
 def _check_remote(env_cfg: EnvConfig, address: str) -> None:

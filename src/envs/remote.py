@@ -3,14 +3,16 @@
 The examples, max_turns and every example's prompt messages are fetched once at load. Per-rollout
 state lives on the server; the local state dict only carries its session id. A server that stops
 answering mid-run fails the rollouts it was serving (their scores carry the reason) instead of
-stopping training, exactly like a raising reward function.
+stopping training, exactly like a raising reward function. So does a request that takes longer
+than its deadline (`timeout_s`, from sending it to the reply's last byte, however the server paces
+its bytes) or a reply above `max_reply_bytes` (counted as it arrives, decompressed; never held
+whole beyond the limit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from typing import Any
 
@@ -18,13 +20,20 @@ import httpx
 
 from grpo.envs.base import EnvReply, Example, Message, Score
 from grpo.envs.rewards import FailureLog
+from grpo.utils.auth import secret_from_env
 from grpo.utils.errors import UserError
 
 CONNECT_RETRY_S = 10.0
 """How long loading waits for a server that does not answer yet (it may still be starting)."""
 
 REQUEST_TIMEOUT_S = 600.0
-"""Per-request limit; scoring runs user reward functions, which may be slow."""
+"""Default deadline of one request (EnvConfig.request_timeout_s); scoring runs user reward
+functions, which may be slow."""
+
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+"""Default largest reply (EnvConfig.max_reply_mib)."""
+
+MIB = 1024 * 1024
 
 _RETRY_INTERVAL_S = 0.2
 
@@ -34,6 +43,31 @@ TOKEN_ENV = "GRPO_ENV_TOKEN"
 
 class BadReply(ValueError):
     """The server's JSON is not what the protocol says (another server, or another version)."""
+
+
+class ReplyTooLarge(ValueError):
+    """The server's reply is larger than the client accepts."""
+
+
+class ErrorStatus(Exception):
+    """The server answered an HTTP error status; `text` is the start of its body."""
+
+    def __init__(self, status_code: int, text: str) -> None:
+        super().__init__(f"HTTP {status_code}")
+        self.status_code = status_code
+        self.text = text
+
+
+def too_large(max_reply_bytes: int) -> ReplyTooLarge:
+    return ReplyTooLarge(
+        f"reply above {max_reply_bytes / MIB:g} MiB; raise env[].max_reply_mib if the server's replies are "
+        "meant to be that large"
+    )
+
+
+def _token_from_env() -> str | None:
+    token = secret_from_env(TOKEN_ENV)
+    return None if token is None else token.decode()
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
@@ -97,14 +131,24 @@ def example_key(example: Example) -> str:
     return json.dumps(example, sort_keys=True)
 
 
-def fetch_info(address: str, env_id: str, retry_s: float, token: str | None = None) -> dict[str, Any]:
-    """GET /info, retrying connection errors for `retry_s` seconds."""
+def fetch_info(
+    address: str,
+    env_id: str,
+    retry_s: float,
+    token: str | None = None,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    max_reply_bytes: int = MAX_REPLY_BYTES,
+) -> dict[str, Any]:
+    """GET /info, retrying connection errors for `retry_s` seconds; the reply must arrive within
+    `timeout_s` (checked as each piece arrives) and hold at most `max_reply_bytes`."""
     url = f"{base_url(address)}/info"
     deadline = time.monotonic() + retry_s
     while True:
         try:
-            response = httpx.get(url, timeout=REQUEST_TIMEOUT_S, headers=auth_headers(token))
+            response = _get_bounded(url, token, timeout_s, max_reply_bytes)
             break
+        except (ReplyTooLarge, TimeoutError) as exc:
+            raise UserError(f"env {env_id}: {url}: {exc}") from exc
         except httpx.TransportError as exc:
             if time.monotonic() >= deadline:
                 raise UserError(
@@ -132,6 +176,21 @@ def fetch_info(address: str, env_id: str, retry_s: float, token: str | None = No
     return info
 
 
+def _get_bounded(url: str, token: str | None, timeout_s: float, max_reply_bytes: int) -> httpx.Response:
+    """GET `url`, its body read in pieces: ReplyTooLarge past `max_reply_bytes`, TimeoutError once
+    `timeout_s` have passed since the request went out."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.stream("GET", url, timeout=timeout_s, headers=auth_headers(token)) as response:
+        body = bytearray()
+        for piece in response.iter_bytes():
+            body += piece
+            if len(body) > max_reply_bytes:
+                raise too_large(max_reply_bytes)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no reply within {timeout_s:g} s (env[].request_timeout_s)")
+    return httpx.Response(response.status_code, headers=response.headers, content=bytes(body))
+
+
 def _info_or_none(response: httpx.Response) -> dict[str, Any] | None:
     """The /info body, or None when another kind of server answered."""
     if response.status_code != 200:
@@ -147,9 +206,20 @@ def _info_or_none(response: httpx.Response) -> dict[str, Any] | None:
 class RemoteEnv:
     """The `Environment` protocol over HTTP; build it with `RemoteEnv.connect`."""
 
-    def __init__(self, address: str, name: str, info: dict[str, Any], token: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        info: dict[str, Any],
+        token: str | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+    ) -> None:
         self.address = address
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.timeout_s = timeout_s
+        """Deadline of one request, from sending it to the reply's last byte."""
+        self.max_reply_bytes = max_reply_bytes
+        self.token = token if token is not None else _token_from_env()
         self.base_url = base_url(address)
         self.name = name
         self.max_turns: int = int(info["max_turns"])
@@ -164,11 +234,20 @@ class RemoteEnv:
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def connect(cls, address: str, env_id: str, name: str, retry_s: float | None = None) -> RemoteEnv:
+    def connect(
+        cls,
+        address: str,
+        env_id: str,
+        name: str,
+        retry_s: float | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+    ) -> RemoteEnv:
         """Fetch the server's info (waiting up to `retry_s`, default CONNECT_RETRY_S, for it to come up)."""
-        token = os.environ.get(TOKEN_ENV)
-        info = fetch_info(address, env_id, CONNECT_RETRY_S if retry_s is None else retry_s, token)
-        return cls(address, name, info, token)
+        token = _token_from_env()
+        retry = CONNECT_RETRY_S if retry_s is None else retry_s
+        info = fetch_info(address, env_id, retry, token, timeout_s, max_reply_bytes)
+        return cls(address, name, info, token, timeout_s, max_reply_bytes)
 
     def prompt_messages(self, example: Example) -> list[Message]:
         prompt = self._prompts.get(example_key(example))
@@ -213,26 +292,53 @@ class RemoteEnv:
         """(checked reply, None), or (None, failure reason): whatever the server (or a proxy in
         front of it) sends, the rollout fails and training goes on."""
         try:
-            response = await self._http().post(path, json=body)
-            response.raise_for_status()
-            return check_reply(path, response.json()), None
-        except (httpx.HTTPError, ValueError) as exc:  # JSONDecodeError and BadReply are ValueErrors
+            async with asyncio.timeout(self.timeout_s):
+                status_code, data = await self._post_bounded(path, body)
+            if status_code >= 400:
+                raise ErrorStatus(status_code, data[:300].decode(errors="replace"))
+            return check_reply(path, json.loads(data)), None
+        # JSONDecodeError, BadReply and ReplyTooLarge are ValueErrors
+        except (httpx.HTTPError, ValueError, TimeoutError, ErrorStatus) as exc:
             return None, self._failure(path, exc)
+
+    async def _post_bounded(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """(status, reply body) of POST `path`; ReplyTooLarge as soon as the body passes
+        max_reply_bytes (a declared length says so before anything is read)."""
+        async with self._http().stream("POST", path, json=body) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_reply_bytes:
+                raise too_large(self.max_reply_bytes)
+            data = bytearray()
+            async for piece in response.aiter_bytes():
+                data += piece
+                if len(data) > self.max_reply_bytes:
+                    raise too_large(self.max_reply_bytes)
+            return response.status_code, bytes(data)
 
     def _http(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
+            # httpx's timeout bounds each read; _call's deadline bounds the whole request.
             self._client = httpx.AsyncClient(
-                base_url=self.base_url, timeout=REQUEST_TIMEOUT_S, headers=auth_headers(self.token)
+                base_url=self.base_url, timeout=self.timeout_s, headers=auth_headers(self.token)
             )
             self._client_loop = loop
         return self._client
 
     def _failure(self, path: str, exc: Exception) -> str:
         """The rollout's failure reason (deduplicated in the log): what went wrong, not which rollout."""
-        if isinstance(exc, httpx.HTTPStatusError):
-            reason = f"env server {self.address} answered HTTP {exc.response.status_code} on {path}"
-            detail = f"{reason}: {exc.response.text[:300]}"
+        if isinstance(exc, ErrorStatus):
+            reason = f"env server {self.address} answered HTTP {exc.status_code} on {path}"
+            detail = f"{reason}: {exc.text}"
+        elif isinstance(exc, TimeoutError):
+            reason = (
+                f"env server {self.address} sent no reply within {self.timeout_s:g} s on {path} "
+                "(env[].request_timeout_s)"
+            )
+            detail = reason
+        elif isinstance(exc, ReplyTooLarge):
+            reason = f"env server {self.address} sent a {exc} on {path}"
+            detail = reason
         elif isinstance(exc, httpx.HTTPError):
             reason = f"env server {self.address} unreachable on {path} ({type(exc).__name__})"
             detail = f"{reason}: {exc}"

@@ -8,16 +8,22 @@ Endpoints:
 
 Per-rollout state stays here behind an opaque session id, because an environment's state dict may
 hold objects that have no JSON form. Abandoned sessions (a client that died mid-rollout) would pile
-up, so the store keeps at most `max_sessions_per_client` per client host (its own oldest go first)
-and `max_sessions` in all (the oldest of the biggest holder goes first): a client flooding `/reset`
-evicts its own sessions, never another client's live ones.
+up, so the store keeps at most `max_sessions_per_client` per client (its own oldest go first) and
+`max_sessions` in all (the oldest of the biggest holder goes first): a client flooding `/reset`
+evicts its own sessions, never another client's live ones. A client is its token when the server
+has one (every request proves it; addresses are no identity behind NAT or a proxy, and one host
+may hold many), else its source address (loopback only).
 
 With a token every request needs `Authorization: Bearer TOKEN` (401 otherwise); request bodies
-above `max_body_bytes` get 413 before they are parsed.
+above `max_body_bytes` get 413 before they are parsed, and are read into one buffer (never
+re-copied per piece). An example a client sends that is not one of the environment's own and
+whose JSON is above `max_example_bytes` gets 413 before the environment sees it, so no session
+stores it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import socket
@@ -42,6 +48,7 @@ log = get_logger("envs")
 DEFAULT_MAX_SESSIONS = 10_000
 DEFAULT_MAX_SESSIONS_PER_CLIENT = 4_096
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_EXAMPLE_BYTES = 64 * 1024
 
 
 # Request bodies live at module level: FastAPI resolves the routes' (string) annotations here.
@@ -150,17 +157,19 @@ class RequestGuard:
         if not declared.isdigit() or int(declared) > self.max_body_bytes:
             await _plain(send, 413, f"request body above {self.max_body_bytes} bytes")
             return
-        # Chunked bodies declare no length: read (bounded) before the app does.
-        body, more = b"", True
+        # Chunked bodies declare no length: read (bounded) before the app does, into one buffer
+        # (appending to bytes would copy everything received so far for every piece).
+        buffer, more = bytearray(), True
         while more:
             message = await receive()
             if message["type"] != "http.request":
                 return  # the client went away
-            body += message.get("body", b"")
+            buffer += message.get("body", b"")
             more = message.get("more_body", False)
-            if len(body) > self.max_body_bytes:
+            if len(buffer) > self.max_body_bytes:
                 await _plain(send, 413, f"request body above {self.max_body_bytes} bytes")
                 return
+        body = bytes(buffer)
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -208,11 +217,15 @@ def build_app(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_sessions_per_client: int | None = DEFAULT_MAX_SESSIONS_PER_CLIENT,
+    max_example_bytes: int = DEFAULT_MAX_EXAMPLE_BYTES,
 ) -> FastAPI:
     """The HTTP app serving `env`; `env_id` is what clients' env[].id must match."""
     from fastapi import FastAPI, HTTPException
 
     info = info_payload(env, env_id)
+    own_examples = {_example_key(example) for example in env.examples}
+    # Every request proves the token (RequestGuard), so its holders are one client.
+    token_client = None if not token else "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
     per_client = None if max_sessions_per_client is None else min(max_sessions, max_sessions_per_client)
     sessions = SessionStore(env.name, max_sessions, per_client)
     app = FastAPI(title=f"grpo environment {env_id}", docs_url=None, redoc_url=None, openapi_url=None)
@@ -222,14 +235,24 @@ def build_app(
     def unknown(session_id: str) -> HTTPException:
         return HTTPException(404, f"unknown session {session_id} (already scored, or evicted)")
 
+    def check_example(example: Example) -> None:
+        key = _example_key(example)
+        if key not in own_examples and len(key.encode()) > max_example_bytes:
+            raise HTTPException(
+                413,
+                f"example of {len(key.encode())} bytes (JSON) is not one of the environment's own and is above "
+                f"{max_example_bytes} bytes; start grpo-env with a larger --max-example-kb to accept it",
+            )
+
     @app.get("/info")
     async def get_info() -> dict[str, Any]:
         return info
 
     @app.post("/reset")
     async def reset(body: ResetBody, request: Request) -> dict[str, Any]:
+        check_example(body.example)
         state = await env.reset(body.example)
-        client = request.client.host if request.client is not None else ""
+        client = token_client or (request.client.host if request.client is not None else "")
         return {"session_id": sessions.add(state, client)}
 
     @app.post("/step")
@@ -242,6 +265,7 @@ def build_app(
 
     @app.post("/score")
     async def score(body: ScoreBody) -> dict[str, Any]:
+        check_example(body.example)
         state = sessions.pop(body.session_id)
         if state is None:
             raise unknown(body.session_id)
@@ -249,6 +273,11 @@ def build_app(
         return {"reward": result.reward, "metrics": result.metrics, "failure": result.failure}
 
     return app
+
+
+def _example_key(example: Example) -> str:
+    """An example's canonical JSON (what identifies it, and what its size is measured on)."""
+    return json.dumps(example, sort_keys=True)
 
 
 class BackgroundServer:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from typing import Any
 
 import httpx
@@ -36,6 +35,7 @@ from grpo.inference.retry import ServerLeftError, TransientServerError, backoff_
 from grpo.inference.streaming import StreamStatusError, stream_completions
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.transport.weights.announce import read_collective_manifest
+from grpo.utils.auth import secret_from_env
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
@@ -77,8 +77,8 @@ class InferenceClient:
         )
         self._admissions: dict[str, asyncio.Task[None]] = {}
         self._model: str | None = None
-        api_key = os.environ.get(cfg.api_key_var, "")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        api_key = secret_from_env(cfg.api_key_var)
+        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key.decode()}"}
         self._http = httpx.AsyncClient(
             headers=headers,
             timeout=httpx.Timeout(cfg.timeout),

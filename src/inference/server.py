@@ -59,7 +59,7 @@ async def serve_with_weight_routes(
         args,
         on_ready=on_ready,
         extend_app=lambda app: add_weight_routes(app, rules),
-        lora_path_refusal=rules.path_refusal,
+        lora_path_check=rules.resolve_allowed,
     )
 
 

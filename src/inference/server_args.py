@@ -14,6 +14,7 @@ from grpo.config.engine_dtype import resolve_engine_dtype
 from grpo.config.inference import InferenceConfig
 from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
 from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS
+from grpo.utils.auth import secret_from_env
 from grpo.utils.errors import UserError
 
 DEFAULT_CPU_KV_CACHE_GB = 2
@@ -108,9 +109,9 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
     argv += ["--hf-overrides", json.dumps(overrides)]
     if cfg.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(cfg.max_num_seqs)]
-    api_key = os.environ.get(cfg.api_key_var, "")
-    if api_key:
-        argv += ["--api-key", api_key]
+    api_key = secret_from_env(cfg.api_key_var)
+    if api_key is not None:
+        argv += ["--api-key", api_key.decode()]
     return argv
 
 

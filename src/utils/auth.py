@@ -12,6 +12,8 @@ import hmac
 import ipaddress
 import os
 
+from grpo.utils.errors import UserError
+
 TAG_BYTES = hashlib.sha256().digest_size
 
 
@@ -26,18 +28,45 @@ def is_loopback_host(host: str) -> bool:
         return False  # a hostname or a wildcard such as '*': may be reachable from elsewhere
 
 
+MIN_SECRET_CHARS = 16
+"""Shortest secret or key accepted. 16 random characters (e.g. `secrets.token_urlsafe(16)`, ~95
+bits) are out of reach of online guessing and of brute-forcing an HMAC tag offline, while a short
+value is most often a placeholder ("secret", "test", a space) an attacker tries first."""
+
+GENERATE_HINT = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
 def secret_from_env(var: str | None) -> bytes | None:
-    """The secret in `$var` (None when no variable is named or it is unset or empty)."""
+    """The secret in `$var` (None when no variable is named or it is unset or empty).
+
+    Every secret and key grpo reads (batch and weight secrets, the env server token, the
+    inference API key) comes through here, so a weak one is refused wherever it is used."""
     if not var:
         return None
     value = os.environ.get(var, "")
-    return value.encode() if value else None
+    if not value:
+        return None
+    check_secret(value, f"${var}")
+    return value.encode()
+
+
+def check_secret(value: str, what: str) -> None:
+    """Raise UserError naming `what` when `value` is whitespace only or shorter than MIN_SECRET_CHARS
+    (leading and trailing whitespace not counted)."""
+    if not value.strip():
+        raise UserError(f"{what} is only whitespace; set it to a random string ({GENERATE_HINT}) or unset it")
+    if len(value.strip()) < MIN_SECRET_CHARS:
+        raise UserError(
+            f"{what} has {len(value.strip())} characters; a secret needs at least {MIN_SECRET_CHARS}: "
+            f"set it to a random string ({GENERATE_HINT})"
+        )
 
 
 def open_without_secret(host: str, var: str | None) -> bool:
     """Whether an endpoint at `host` would be reachable from other machines with no secret in
-    `$var`: the combination every grpo server and sender refuses at load."""
-    return not is_loopback_host(host) and secret_from_env(var) is None
+    `$var`: the combination every grpo server and sender refuses at load. A weak secret is refused
+    (UserError) on any host: set but weak is a mistake, not a choice."""
+    return secret_from_env(var) is None and not is_loopback_host(host)
 
 
 def sign(secret: bytes, payload: bytes) -> bytes:

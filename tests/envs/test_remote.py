@@ -283,11 +283,11 @@ def test_server_with_a_token_refuses_clients_without_it(monkeypatch: pytest.Monk
     import httpx
 
     monkeypatch.delenv(remote_module.TOKEN_ENV, raising=False)
-    with BackgroundServer(build_app(load_echo_env(), "echo-id", token="s3cret")) as address:
+    with BackgroundServer(build_app(load_echo_env(), "echo-id", token="s3cret-env-token-0123")) as address:
         assert httpx.post(f"http://{address}/reset", json={"example": {}}).status_code == 401
         with pytest.raises(ValueError, match="refused the token; export GRPO_ENV_TOKEN"):
             RemoteEnv.connect(address, "echo-id", "echo", retry_s=0)
-        monkeypatch.setenv(remote_module.TOKEN_ENV, "s3cret")
+        monkeypatch.setenv(remote_module.TOKEN_ENV, "s3cret-env-token-0123")
         remote = RemoteEnv.connect(address, "echo-id", "echo", retry_s=0)
 
         async def rollout() -> Any:

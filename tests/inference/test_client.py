@@ -154,7 +154,7 @@ def test_a_session_sticks_to_its_first_server() -> None:
 
 
 def test_adapter_load_goes_to_every_server_in_place_with_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GRPO_TEST_KEY", "secret")
+    monkeypatch.setenv("GRPO_TEST_KEY", "secret-of-sixteen-or-more")
     seen: list[tuple[str, str, dict[str, object], str | None]] = []
 
     def handler(req: httpx.Request) -> httpx.Response:
@@ -169,7 +169,7 @@ def test_adapter_load_goes_to_every_server_in_place_with_the_api_key(monkeypatch
     for _host, path, body, auth in seen:
         assert path == "/v1/load_lora_adapter"
         assert body == {"lora_name": "policy", "lora_path": "/run/broadcasts/step_1", "load_inplace": True}
-        assert auth == "Bearer secret"
+        assert auth == "Bearer secret-of-sixteen-or-more"
 
 
 def test_each_server_takes_the_adapter_the_way_it_serves_lora() -> None:

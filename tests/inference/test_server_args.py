@@ -16,7 +16,7 @@ def option(argv: list[str], flag: str) -> str:
 
 
 def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MY_KEY", "k-123")
+    monkeypatch.setenv("MY_KEY", "k-123-a-long-enough-key")
     cfg = InferenceConfig(
         model="org/model",
         host="0.0.0.0",
@@ -65,7 +65,7 @@ def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatc
     assert option(argv, "--seed") == "7"
     assert option(argv, "--max-num-seqs") == "64"
     assert option(argv, "--worker-extension-cls") == WORKER_EXTENSION_CLS
-    assert option(argv, "--api-key") == "k-123"
+    assert option(argv, "--api-key") == "k-123-a-long-enough-key"
     assert option(argv, "--logprobs-mode") == "processed_logprobs"
 
 

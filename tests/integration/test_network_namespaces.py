@@ -65,7 +65,7 @@ def test_inference_on_another_host_serves_orchestrator_and_trainer_over_veth(
     netns_pair: NetnsPair, tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A server reachable from another host needs a key; every process started here inherits it.
-    monkeypatch.setenv("VLLM_API_KEY", "netns-test-key")
+    monkeypatch.setenv("VLLM_API_KEY", "netns-test-key-of-enough-length")
     launcher = Launcher(tmp_path)
     try:
         run_dir = tmp_path / "run"

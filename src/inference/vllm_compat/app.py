@@ -1,5 +1,6 @@
-"""Building and serving vLLM's OpenAI app: grpo's routes added, the bound port and engine client
-handed back, the server run in a non-main thread, LoRA adapter loads checked and made one-shot."""
+"""Building and serving vLLM's OpenAI app: only the routes grpo uses kept, the API key required on
+all of them but /health, grpo's routes added, the bound port and engine client handed back, the
+server run in a non-main thread, LoRA adapter loads checked and made one-shot."""
 
 from __future__ import annotations
 
@@ -11,10 +12,22 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
+from grpo.inference.api_key_guard import ApiKeyGuard
 from grpo.inference.vllm_compat.engine_process import (
     end_engine_with_its_parent,
     give_the_engine_time_to_tear_down,
 )
+
+LoraPathCheck = Callable[[str], tuple[str, None] | tuple[None, str]]
+"""An adapter path -> (the resolved path to load, None) or (None, why it is refused)."""
+
+SERVED_VLLM_PATHS = frozenset(
+    {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/load_lora_adapter"}
+)
+"""vLLM's routes a grpo server keeps: what grpo's client, supervisor and recovery use (liveness,
+Prometheus metrics, the model list, token-id completions, adapter hot-loads). vLLM 0.32 adds many
+more (chat, responses, messages, tokenize, /invocations, SageMaker's /adapters, /load, /version,
+the docs, elastic-EP scaling, ...); none is used by a run, so none is served."""
 
 OnReady = Callable[[Any, int], None]
 """Called on the server's event loop once the engine is up, just before HTTP serving starts:
@@ -25,13 +38,14 @@ async def serve(
     args: argparse.Namespace,
     on_ready: OnReady | None = None,
     extend_app: Callable[[Any], None] | None = None,
-    lora_path_refusal: Callable[[str], str | None] | None = None,
+    lora_path_check: LoraPathCheck | None = None,
 ) -> bool:
     """Run vLLM's OpenAI server until it shuts down; True if the engine died (errored).
 
     `extend_app(app)` adds routes (grpo's weight routes) before serving starts;
-    `lora_path_refusal(path)` says why /v1/load_lora_adapter must not load `path` (403), or None.
-    Adapters of the server's own --lora-modules load before it applies.
+    `lora_path_check(path)` gives the path /v1/load_lora_adapter (and SageMaker's POST /adapters)
+    loads instead of `path`, or why it must not load it (403). Adapters of the server's own
+    --lora-modules load before it applies.
 
     Mirrors vLLM's run_server/build_and_serve, plus the in-place LoRA flag reset, the actual bound
     port (port 0) and the engine client handed to `on_ready`.
@@ -55,12 +69,14 @@ async def serve(
         engine_client = client
         supported_tasks = await engine_client.get_supported_tasks()
         app = build_app(args, supported_tasks, engine_client.model_config)
+        keep_only_served_routes(app)
+        require_api_key(app, args)
         if extend_app is not None:
             extend_app(app)
         await init_app_state(engine_client, app.state, args, supported_tasks)
         # Per server, not per process: tests (and a replica pool in one process) run several
         # servers side by side, each with its own weight_dirs.
-        app.state.openai_serving_models.grpo_lora_path_refusal = lora_path_refusal
+        app.state.openai_serving_models.grpo_lora_path_check = lora_path_check
         if on_ready is not None:
             on_ready(engine_client, port)
         shutdown_task = await launcher.serve_http(
@@ -85,6 +101,33 @@ async def serve(
         sock.close()
     # A requested shutdown also leaves the engine client errored (vLLM kills the engine).
     return bool(engine_client is not None and engine_client.errored and not shutdown_requested)
+
+
+def keep_only_served_routes(app: Any) -> list[str]:
+    """Drop every route of vLLM's `app` outside SERVED_VLLM_PATHS (before grpo adds its own);
+    returns the paths dropped."""
+    kept = [route for route in app.router.routes if getattr(route, "path", None) in SERVED_VLLM_PATHS]
+    dropped = sorted({str(getattr(route, "path", route)) for route in app.router.routes} - SERVED_VLLM_PATHS)
+    app.router.routes[:] = kept
+    return dropped
+
+
+def require_api_key(app: Any, args: argparse.Namespace) -> bool:
+    """Guard every route of `app` but /health with the API key vLLM would use (--api-key, else
+    $VLLM_API_KEY), if there is one; whether there is. vLLM's own check covers only /v1 and a few
+    other prefixes."""
+    import vllm.envs as envs
+
+    from grpo.utils.auth import check_secret
+
+    keys = [key for key in (args.api_key or [envs.VLLM_API_KEY]) if key]
+    for key in keys:
+        check_secret(key, "the inference server's API key (--api-key or $VLLM_API_KEY)")
+    if keys:
+        # Outside everything: build_app has already built the middleware stack (SageMaker's
+        # bootstrap), so add_middleware is closed; the built stack is wrapped instead.
+        app.middleware_stack = ApiKeyGuard(app.middleware_stack or app.build_middleware_stack(), keys)
+    return bool(keys)
 
 
 def _flag_signal_handlers(loop: asyncio.AbstractEventLoop) -> list[int]:
@@ -147,9 +190,10 @@ _lora_patch_applied = False
 
 
 def reset_inplace_flag_after_lora_load() -> None:
-    """Refuse adapter paths the server's `grpo_lora_path_refusal` names (403; set by `serve` on
-    its OpenAIServingModels); after an in-place adapter load, store the adapter's request with
-    load_inplace=False.
+    """Check adapter paths with the server's `grpo_lora_path_check` (set by `serve` on its
+    OpenAIServingModels): a refused path gets 403, an accepted one is loaded from the resolved path
+    the check returned (not the one the client sent, which a link could redirect after the check);
+    after an in-place adapter load, store the adapter's request with load_inplace=False.
 
     The server keeps the LoRARequest it loaded and attaches it to every later request for that
     adapter; with load_inplace still set, the worker re-reads the adapter from disk on every
@@ -164,12 +208,14 @@ def reset_inplace_flag_after_lora_load() -> None:
     original = OpenAIServingModels.load_lora_adapter
 
     async def load_lora_adapter(self: Any, request: Any, base_model_name: str | None = None) -> Any:
-        path_refusal = getattr(self, "grpo_lora_path_refusal", None)
-        refusal = None if path_refusal is None else path_refusal(request.lora_path)
-        if refusal is not None:
-            from vllm.entrypoints.serve import create_error_response
+        path_check: LoraPathCheck | None = getattr(self, "grpo_lora_path_check", None)
+        if path_check is not None:
+            resolved, refusal = path_check(request.lora_path)
+            if resolved is None:
+                from vllm.entrypoints.serve import create_error_response
 
-            return create_error_response(refusal, err_type="Forbidden", status_code=HTTPStatus.FORBIDDEN)
+                return create_error_response(refusal, err_type="Forbidden", status_code=HTTPStatus.FORBIDDEN)
+            request = request.model_copy(update={"lora_path": resolved})
         result = await original(self, request, base_model_name)
         # No await between the original storing the request and this replacement, so no
         # request can pick up the flagged copy.
