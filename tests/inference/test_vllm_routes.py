@@ -20,7 +20,6 @@ UNUSED = {
     "/detokenize",
     "/adapters",
     "/adapters/{adapter_name}",
-    "/v1/chat/completions",
 }
 
 

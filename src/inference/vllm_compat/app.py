@@ -22,12 +22,21 @@ LoraPathCheck = Callable[[str], tuple[str, None] | tuple[None, str]]
 """An adapter path -> (the resolved path to load, None) or (None, why it is refused)."""
 
 SERVED_VLLM_PATHS = frozenset(
-    {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/load_lora_adapter"}
+    {
+        "/health",
+        "/metrics",
+        "/v1/models",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/load_lora_adapter",
+    }
 )
 """vLLM's routes a grpo server keeps: what grpo's client, supervisor and recovery use (liveness,
-Prometheus metrics, the model list, token-id completions, adapter hot-loads). vLLM 0.32 adds many
-more (chat, responses, messages, tokenize, /invocations, SageMaker's /adapters, /load, /version,
-the docs, elastic-EP scaling, ...); none is used by a run, so none is served."""
+Prometheus metrics, the model list, token-id completions, adapter hot-loads), and chat completions,
+the one route people point their own tools at to look at the policy being trained (an
+OpenAI-compatible client, a judge). vLLM 0.32 adds many more (responses, messages, tokenize,
+/invocations, SageMaker's /adapters, /load, /version, the docs, elastic-EP scaling, ...); none is
+used by a run, so none is served."""
 
 OnReady = Callable[[Any, int], None]
 """Called on the server's event loop once the engine is up, just before HTTP serving starts:
