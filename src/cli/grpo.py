@@ -22,7 +22,7 @@ from grpo.cli.common import (
 )
 from grpo.config.crosscheck import check_colocated
 from grpo.config.inference import InferenceConfig
-from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.orchestrator import OrchestratorConfig, warn_unlearnable_groups
 from grpo.config.shared_facts import File, share_overrides
 from grpo.config.trainer import TrainerConfig
 from grpo.utils.errors import UserError
@@ -76,6 +76,7 @@ def grpo(
 
         # Before the engine starts: a bad env[] should not cost a minute of start-up to learn about.
         check_environments(orch_cfg)
+        warn_unlearnable_groups(orch_cfg)
 
         from grpo.colocate.memory_plan import plan_memory
         from grpo.models.resolve import resolve_model

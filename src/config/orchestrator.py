@@ -419,19 +419,6 @@ class OrchestratorConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _groups_that_learn(self) -> OrchestratorConfig:
-        # The spec's default is 1, which only learns with a batch-wide baseline; a warning rather than
-        # a refusal, since some use a group of one to measure throughput or rewards.
-        if self.rollouts_per_example == 1 and self.advantage.type in GROUP_RELATIVE_ADVANTAGES:
-            logging.getLogger("grpo.config").warning(
-                "rollouts_per_example is 1: advantage.type %s compares each rollout with the others of "
-                "its prompt, so every advantage is 0 and nothing is learned; set rollouts_per_example "
-                "to 8 or 16 (batch_size a multiple of it), or advantage.type reinforce_pp",
-                self.advantage.type,
-            )
-        return self
-
-    @model_validator(mode="after")
     def _groups_fill_batch(self) -> OrchestratorConfig:
         if self.batch_size % self.rollouts_per_example != 0:
             raise ValueError(
@@ -476,3 +463,16 @@ class OrchestratorConfig(StrictModel):
     def num_parts_per_step(self) -> int:
         """Batches (parts) each step reaches the trainer in: 1 unless streaming."""
         return self.streaming.num_parts(self.num_groups_per_step)
+
+
+def warn_unlearnable_groups(cfg: OrchestratorConfig) -> None:
+    """Warn (once, after the whole config passed its checks) about a group size of one with a
+    group-relative advantage. The spec's default is 1, which only learns with a batch-wide baseline;
+    a warning rather than a refusal, since some use a group of one to measure throughput or rewards."""
+    if cfg.rollouts_per_example == 1 and cfg.advantage.type in GROUP_RELATIVE_ADVANTAGES:
+        logging.getLogger("grpo.config").warning(
+            "rollouts_per_example is 1: advantage.type %s compares each rollout with the others of "
+            "its prompt, so every advantage is 0 and nothing is learned; set rollouts_per_example "
+            "to 8 or 16 (batch_size a multiple of it), or advantage.type reinforce_pp",
+            cfg.advantage.type,
+        )

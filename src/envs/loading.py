@@ -193,7 +193,7 @@ def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
             raise
         raise UserError(
             f"env {env_cfg.display_name}: its loader {env_cfg.id} raised {type(exc).__name__}: {exc}; fix the "
-            "loader or env[].args (--verbose shows the traceback)"
+            "loader or env[].args"
         ) from exc
     if not isinstance(env, Environment):
         raise UserError(

@@ -160,8 +160,10 @@ def test_max_off_policy_steps_below_the_async_level_is_refused() -> None:
 def test_a_group_of_one_rollout_with_a_group_baseline_is_warned_about_at_load(
     fields: dict[str, Any], warns: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from grpo.config.orchestrator import warn_unlearnable_groups
+
     with caplog.at_level("WARNING", logger="grpo.config"):
-        OrchestratorConfig.model_validate({"model": {"name": "m"}, **fields})
+        warn_unlearnable_groups(OrchestratorConfig.model_validate({"model": {"name": "m"}, **fields}))
     warned = [r.getMessage() for r in caplog.records if "rollouts_per_example is 1" in r.getMessage()]
     assert bool(warned) == warns
     if warns:
