@@ -21,7 +21,9 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 def train(
     ctx: typer.Context,
     config: Path = typer.Argument(..., help="train.yaml"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config and the loss, exit."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Validate, print the resolved config and the loss, exit."
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
 ) -> None:
     """Train the policy on batches from grpo-orch and publish each new policy.

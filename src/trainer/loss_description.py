@@ -54,7 +54,9 @@ def describe_loss(cfg: LossConfig) -> str:
     """One YAML comment line (the --dry-run output around it still parses)."""
     parts = [f"coeff = {_weight(cfg)} * ({_signal(cfg)})", _ratio(cfg)]
     if cfg.type == "default" and (cfg.clip_low is not None or cfg.clip_high is not None):
-        parts.append(f"PPO clip [{_bound(cfg.clip_low)}, {_bound(cfg.clip_high)}] (a clipped token keeps no gradient)")
+        parts.append(
+            f"PPO clip [{_bound(cfg.clip_low)}, {_bound(cfg.clip_high)}] (a clipped token keeps no gradient)"
+        )
     parts.append(
         f"masks: token ratio [{cfg.token_mask_low:g}, {cfg.token_mask_high:g}], sample geometric mean "
         f"[{cfg.geo_mask_low:g}, {cfg.geo_mask_high:g}], sample token ratios "
