@@ -14,8 +14,8 @@ Per loss token t of sample s (`sample_ids`), with keep[t] the masks of `keep_mas
 where trainer_lp is at the token's sampling temperature (as vLLM's inference_lp is) and
 trainer_lp_1 at temperature 1, as the teacher's prompt logprobs are (vLLM scores prompts with no
 sampling processor): the teacher term compares the two models' own distributions, whatever the
-sampling temperature. So d loss / d trainer_lp[t] = -coeff[t] * weight[t] * keep[t] / loss_scale
-(has_gradient, PPO's clip, is false only with loss.clip_low / clip_high).
+sampling temperature. So d loss / d trainer_lp[t] = -coeff[t] * weight[t] * keep[t] *
+has_gradient[t] / loss_scale (has_gradient, PPO's clip, is false only with loss.clip_low / clip_high).
 `loss_scale` is the same for every micro-batch of a step (LossConfig.loss_scale: the step's loss
 tokens, its samples for the sequence types, or loss.normalization_constant for Dr. GRPO), so
 micro-batches can be backpropagated one at a time and their gradients simply add up.
