@@ -39,7 +39,7 @@ def grpo(
     infer: Path = typer.Option(..., "--infer", help="infer.yaml (vLLM server)"),
     orch: Path = typer.Option(..., "--orch", help="orch.yaml (orchestrator)"),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Validate, print the resolved configs and the memory plan, exit."
+        False, "--dry-run", help="Validate, print the resolved configs, the loss and the memory plan, exit."
     ),
     plan_gpu_gib: float | None = typer.Option(
         None,
@@ -92,9 +92,11 @@ def grpo(
         plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path, gpu)
         if dry_run:
             from grpo.orchestrator.sampling import describe_sampling
+            from grpo.trainer.loss_description import describe_loss
 
             print_resolved({"train": train_cfg, "infer": infer_cfg, "orch": orch_cfg})
             print(describe_sampling(orch_cfg))
+            print(describe_loss(train_cfg.loss))
             print(plan.table())
             return 0
         from grpo.colocate.runner import run_colocated

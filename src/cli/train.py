@@ -21,7 +21,9 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 def train(
     ctx: typer.Context,
     config: Path = typer.Argument(..., help="train.yaml"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config, exit."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Validate, print the resolved config and the loss, exit."
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
 ) -> None:
     """Train the policy on batches from grpo-orch and publish each new policy.
@@ -69,7 +71,14 @@ def train(
         start=start,
         model_of=lambda c: c.model,
         check=_check_backend,
+        describe=_describe_loss,
     )
+
+
+def _describe_loss(cfg: TrainerConfig) -> str:
+    from grpo.trainer.loss_description import describe_loss
+
+    return describe_loss(cfg.loss)
 
 
 def _check_backend(cfg: TrainerConfig) -> None:

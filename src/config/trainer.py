@@ -19,6 +19,13 @@ DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 
 
 class LossConfig(StrictModel):
+    type: Literal["default", "cispo"] = "default"
+    """default: the importance-ratio-weighted policy gradient of the spec (AIPO-style), with PPO's
+    clipped surrogate when clip_low / clip_high are set (a token the clip catches keeps no
+    gradient). cispo (MiniMax-M1's CISPO): the ratio is clamped to [clip_low, clip_high] as a
+    weight instead, and every kept token keeps its gradient; needs clip_high and/or clip_low. Both
+    ratios are against the behaviour (inference) logprobs; the masks apply to both (docs/loss.md)."""
+
     ratio_type: Literal["token", "sequence", "sequence_geometric_mean"] = "token"
     """Importance ratio per token, or one per sequence (per sample) shared by its tokens. sequence:
     exp of the sum of the sample's token log-ratios (the sample's probability ratio), clipped at
@@ -56,6 +63,24 @@ class LossConfig(StrictModel):
 
     sequence_clip_high: float = Field(10.0, gt=0.0)
     """Upper clip of the sequence-level ratio (ratio_type: sequence or sequence_geometric_mean)."""
+
+    clip_low: float | None = Field(None, ge=0.0)
+    """Lower ratio bound, a ratio below 1 (1 - epsilon: 0.8 for TRL's epsilon / verl's
+    clip_ratio_low 0.2); null: no lower bound. type default: PPO's clip, a token whose ratio is
+    below it and whose signal (advantage term and the kl/teacher terms) is negative keeps no
+    gradient. type cispo: ratios below it are raised to it in the weight."""
+
+    clip_high: float | None = Field(None, gt=0.0)
+    """Upper ratio bound, a ratio above 1 (1 + epsilon_high: 1.28 for DAPO's clip-higher 0.28);
+    null: no upper bound. type default: PPO's clip, a token whose ratio is above it and whose
+    signal is positive keeps no gradient. type cispo: ratios above it are lowered to it in the
+    weight (MiniMax-M1 sets only this bound; e.g. 5.0)."""
+
+    tis_cap: float | None = Field(None, ge=1.0)
+    """Truncated importance sampling: the token's ratio in the loss coefficient becomes
+    min(ratio, tis_cap) (a detached weight that corrects the trainer/vLLM mismatch without letting
+    one token's weight explode; TRL's vllm_importance_sampling_cap, e.g. 2 or 3). null: off.
+    ratio_type token and type default only."""
 
     normalization: Literal["tokens", "constant"] = "tokens"
     """What the step's summed token loss is divided by. tokens: the step's loss tokens (every token
@@ -107,6 +132,49 @@ class LossConfig(StrictModel):
         ):
             if getattr(self, low) >= getattr(self, high):
                 raise ValueError(f"loss.{low} must be below loss.{high}")
+        return self
+
+    @model_validator(mode="after")
+    def _clip_bounds_make_sense(self) -> LossConfig:
+        if self.clip_low is not None and self.clip_low >= 1.0:
+            raise ValueError(
+                f"loss.clip_low {self.clip_low:g} is a ratio bound below 1 (1 - epsilon): use 0.8 for epsilon 0.2"
+            )
+        if self.clip_high is not None and self.clip_high <= 1.0:
+            raise ValueError(
+                f"loss.clip_high {self.clip_high:g} is a ratio bound above 1 (1 + epsilon_high): use 1.28 for "
+                "DAPO's 0.28"
+            )
+        if self.type == "cispo" and self.clip_low is None and self.clip_high is None:
+            raise ValueError(
+                "loss.type cispo clamps the ratio to [clip_low, clip_high] and neither is set (it would be the "
+                "default loss): set loss.clip_high (e.g. 5.0)"
+            )
+        if self.tis_cap is not None and self.type == "cispo":
+            raise ValueError(
+                "loss.tis_cap with loss.type cispo: cispo already caps the weight at clip_high; set clip_high "
+                "instead of tis_cap"
+            )
+        if self.tis_cap is not None and self.ratio_type != "token":
+            raise ValueError(
+                f"loss.tis_cap truncates the token ratio, and ratio_type {self.ratio_type} has one ratio per "
+                "sample capped by sequence_clip_high: lower sequence_clip_high instead of tis_cap"
+            )
+        # With a token ratio, a token beyond a mask bound is dropped: a clip bound beyond it never acts.
+        if self.ratio_type == "token":
+            for name, bound, mask_name, mask in (
+                ("clip_low", self.clip_low, "token_mask_low", self.token_mask_low),
+                ("clip_high", self.clip_high, "token_mask_high", self.token_mask_high),
+                ("tis_cap", self.tis_cap, "token_mask_high", self.token_mask_high),
+            ):
+                if bound is None:
+                    continue
+                outside = bound <= mask if name == "clip_low" else bound >= mask
+                if outside:
+                    raise ValueError(
+                        f"loss.{name} {bound:g} is not inside loss.{mask_name} {mask:g}: every token it would "
+                        f"act on is masked; move {name} inside the mask band or widen {mask_name}"
+                    )
         return self
 
 

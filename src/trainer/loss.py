@@ -6,14 +6,16 @@ Per loss token t of sample s (`sample_ids`), with keep[t] the masks of `keep_mas
     ratio     = exp(log_ratio)                                  ratio_type token
               = min(exp(sum_s log_ratio), sequence_clip_high)   ratio_type sequence
               = min(exp(mean_s log_ratio), sequence_clip_high)  ratio_type sequence_geometric_mean
-    coeff     = ratio * (adv_tau * A + teacher_tau * (teacher_lp - trainer_lp_1) - kl_tau * log_ratio)
+    signal    = adv_tau * A + teacher_tau * (teacher_lp - trainer_lp_1) - kl_tau * log_ratio
+    coeff     = clipped(ratio) * signal        clipped: grpo.trainer.ratio_clip (identity by default)
     weight    = 1 (token)  or  1 / (loss tokens of s) (both sequence types: per-sample normalisation)
-    loss      = -(coeff.detach() * weight * trainer_lp)[keep].sum() / loss_scale
+    loss      = -(coeff.detach() * weight * trainer_lp)[keep & has_gradient].sum() / loss_scale
 
 where trainer_lp is at the token's sampling temperature (as vLLM's inference_lp is) and
 trainer_lp_1 at temperature 1, as the teacher's prompt logprobs are (vLLM scores prompts with no
 sampling processor): the teacher term compares the two models' own distributions, whatever the
-sampling temperature. So d loss / d trainer_lp[t] = -coeff[t] * weight[t] * keep[t] / loss_scale.
+sampling temperature. So d loss / d trainer_lp[t] = -coeff[t] * weight[t] * keep[t] *
+has_gradient[t] / loss_scale (has_gradient, PPO's clip, is false only with loss.clip_low / clip_high).
 `loss_scale` is the same for every micro-batch of a step (LossConfig.loss_scale: the step's loss
 tokens, its samples for the sequence types, or loss.normalization_constant for Dr. GRPO), so
 micro-batches can be backpropagated one at a time and their gradients simply add up.
@@ -23,13 +25,16 @@ for samples drawn from the denominator policy, averaged over the tokens the loss
 token, whose ratio may have overflowed, counts in `masked` and `tokens` only):
 - kl: r = p_trainer / p_inference (estimates KL(inference || trainer)).
 - teacher_kl: r = p_teacher / p_trainer, both at temperature 1 (estimates KL(student || teacher)).
+With a clip or tis_cap configured, clip_frac_low / clip_frac_high / tis_frac_capped are the shares of
+the kept tokens the clip bounds and the cap acted on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from grpo.trainer.ratio_clip import clip_ratio
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -52,6 +57,13 @@ class LossSums:
     entropy_sum: float = 0.0
     teacher_kl_sum: float = 0.0
     has_teacher: bool = False
+    num_clipped_low: int = 0
+    """Kept tokens clip_low acted on (ratio_clip.ClippedRatio); likewise clip_high and tis_cap."""
+    num_clipped_high: int = 0
+    num_tis_capped: int = 0
+    has_clip: bool = False
+    """clip_low or clip_high configured: the clip fractions are reported."""
+    has_tis: bool = False
 
     def add(self, other: LossSums) -> None:
         self.loss += other.loss
@@ -61,6 +73,26 @@ class LossSums:
         self.entropy_sum += other.entropy_sum
         self.teacher_kl_sum += other.teacher_kl_sum
         self.has_teacher = self.has_teacher or other.has_teacher
+        self.num_clipped_low += other.num_clipped_low
+        self.num_clipped_high += other.num_clipped_high
+        self.num_tis_capped += other.num_tis_capped
+        self.has_clip = self.has_clip or other.has_clip
+        self.has_tis = self.has_tis or other.has_tis
+
+    def as_floats(self) -> list[float]:
+        """Every field as a float, for summing over ranks; from_floats reads the sum back."""
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def from_floats(cls, values: list[float]) -> LossSums:
+        """The fields of `values` (as_floats, possibly summed over ranks): counts rounded, a flag true
+        where any rank had it."""
+        kinds = {f.name: f.type for f in fields(cls)}
+        assert len(values) == len(kinds), "values come from as_floats"
+        out: dict[str, float | int | bool] = {}
+        for (name, kind), value in zip(kinds.items(), values, strict=True):
+            out[name] = value > 0 if kind == "bool" else round(value) if kind == "int" else value
+        return cls(**out)  # type: ignore[arg-type]
 
     def metrics(self) -> dict[str, float]:
         num_kept = max(self.num_loss_tokens - self.num_masked_tokens, 1)
@@ -73,6 +105,11 @@ class LossSums:
         }
         if self.has_teacher:
             out["teacher_kl"] = self.teacher_kl_sum / num_kept
+        if self.has_clip:
+            out["clip_frac_low"] = self.num_clipped_low / num_kept
+            out["clip_frac_high"] = self.num_clipped_high / num_kept
+        if self.has_tis:
+            out["tis_frac_capped"] = self.num_tis_capped / num_kept
         return out
 
 
@@ -188,12 +225,14 @@ def grpo_loss(
             teacher_lp = teacher_lp.detach().to(lp.dtype)
             student_lp = untempered_lp.detach().to(lp.dtype)
             signal = signal + cfg.teacher_tau * (teacher_lp - student_lp)
-        coeff = ratio * signal * token_weights(loss_mask, sample_ids, cfg).to(lp.dtype)
+        clipped = clip_ratio(ratio, signal, cfg)
+        coeff = clipped.weight * signal * token_weights(loss_mask, sample_ids, cfg).to(lp.dtype)
         keep = keep_mask(log_ratio, loss_mask, sample_ids, cfg)
         # `where`, not a multiplication by keep: a dropped token's coeff may be inf (its ratio
         # overflowed), and inf * 0 would make the loss and every gradient NaN. The metrics below
-        # select the kept tokens the same way.
-        coeff = torch.where(keep, coeff, zeros)
+        # select the kept tokens the same way. A token PPO's clip catches stays kept (it counts in
+        # the metrics) but keeps no gradient.
+        coeff = torch.where(keep & clipped.has_gradient, coeff, zeros)
     loss = -(coeff * trainer_lp).sum() / loss_scale
 
     with torch.no_grad():
@@ -203,6 +242,11 @@ def grpo_loss(
             num_loss_tokens=int(loss_mask.sum()),
             num_masked_tokens=int((loss_mask & ~keep).sum()),
             kl_sum=float(k3.sum()),
+            num_clipped_low=int((keep & clipped.clipped_low).sum()),
+            num_clipped_high=int((keep & clipped.clipped_high).sum()),
+            num_tis_capped=int((keep & clipped.tis_capped).sum()),
+            has_clip=cfg.clip_low is not None or cfg.clip_high is not None,
+            has_tis=cfg.tis_cap is not None,
         )
         if entropy is not None:
             sums.entropy_sum = float(torch.where(keep, entropy.detach().to(lp.dtype), zeros).sum())

@@ -13,7 +13,8 @@ Everything that touches the weights of every rank is collective, so every rank c
 order: train_step, score, publish (rank 0 writes), save_checkpoint (rank 0 writes), maybe_resume.
 
 Metrics (one JSON object per step in trainer_metrics.jsonl): kl, masked, tokens, loss, entropy,
-teacher_kl (see grpo.trainer.loss and docs/loss.md), grad_norm (after clipping, as the reference
+teacher_kl, clip_frac_low, clip_frac_high, tis_frac_capped (the last three only with loss.clip_low /
+clip_high / tis_cap; see grpo.trainer.loss and docs/loss.md), grad_norm (after clipping, as the reference
 defines it) and grad_norm_before_clip (see grpo.trainer.optim), lr (used by
 this step), step_time (seconds of compute), wait_time (seconds blocked on the batch), tokens_per_s
 (all tokens forwarded, prompt included, per second of step_time), sequence_tokens_per_s (the same
@@ -354,28 +355,8 @@ class Trainer:
 
         assert self.dist is not None
         sum_gradients(self.params, self.dist)
-        values = [
-            totals.loss,
-            totals.num_loss_tokens,
-            totals.num_masked_tokens,
-            totals.kl_sum,
-            totals.entropy_sum,
-            totals.teacher_kl_sum,
-            float(totals.has_teacher),
-            num_tokens,
-            num_sequence_tokens,
-        ]
-        summed = sum_floats(values, self.dist)
-        merged = LossSums(
-            loss=summed[0],
-            num_loss_tokens=round(summed[1]),
-            num_masked_tokens=round(summed[2]),
-            kl_sum=summed[3],
-            entropy_sum=summed[4],
-            teacher_kl_sum=summed[5],
-            has_teacher=summed[6] > 0,
-        )
-        return merged, round(summed[7]), round(summed[8])
+        summed = sum_floats([*totals.as_floats(), num_tokens, num_sequence_tokens], self.dist)
+        return LossSums.from_floats(summed[:-2]), round(summed[-2]), round(summed[-1])
 
     def publish(self, version: int, over_collective: bool = False) -> Path | None:
         """Publish policy `version` to broadcasts/step_{version}/ (or, `over_collective`, announce it

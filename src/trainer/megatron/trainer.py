@@ -286,34 +286,12 @@ class MegatronTrainer:
 
         from grpo.trainer.megatron.pipeline import from_last_stage
 
-        values = torch.tensor(
-            [
-                totals.loss,
-                totals.num_loss_tokens,
-                totals.num_masked_tokens,
-                totals.kl_sum,
-                totals.entropy_sum,
-                totals.teacher_kl_sum,
-                float(totals.has_teacher),
-                num_tokens,
-                num_sequence_tokens,
-            ],
-            dtype=torch.float64,
-        )
+        values = torch.tensor([*totals.as_floats(), num_tokens, num_sequence_tokens], dtype=torch.float64)
         values = from_last_stage(values, self.model)
         if self.ranks.dp_size > 1:
             torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
         s = values.tolist()
-        merged = LossSums(
-            loss=s[0],
-            num_loss_tokens=round(s[1]),
-            num_masked_tokens=round(s[2]),
-            kl_sum=s[3],
-            entropy_sum=s[4],
-            teacher_kl_sum=s[5],
-            has_teacher=s[6] > 0,
-        )
-        return merged, round(s[7]), round(s[8])
+        return LossSums.from_floats(s[:-2]), round(s[-2]), round(s[-1])
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole policy under HF names on rank 0 (None elsewhere); collective."""
