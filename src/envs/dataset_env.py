@@ -20,6 +20,7 @@ from typing import Any
 from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.envs.base import EnvReply, Example, Message, Score, completion_text, normalise_examples
 from grpo.envs.group_rewards import OWN_ARGUMENTS, GroupRewardSet, check_signature
+from grpo.envs.single_turn import prompt_messages
 from grpo.utils.errors import UserError
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -43,13 +44,7 @@ class DatasetEnv:
         self.system_prompt = system_prompt
 
     def prompt_messages(self, example: Example) -> list[Message]:
-        prompt = example["prompt"]
-        messages: list[Message] = (
-            [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        )
-        if self.system_prompt and not (messages and messages[0].get("role") == "system"):
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return messages
+        return prompt_messages(example, self.system_prompt)
 
     async def reset(self, example: Example) -> dict[str, Any]:
         return {}

@@ -39,13 +39,7 @@ class SingleTurnEnv:
         self.rewards = RewardSet(name, rewards, weights, reward_timeout)
 
     def prompt_messages(self, example: Example) -> list[Message]:
-        prompt = example["prompt"]
-        messages: list[Message] = (
-            [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        )
-        if self.system_prompt and not (messages and messages[0].get("role") == "system"):
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return messages
+        return prompt_messages(example, self.system_prompt)
 
     async def reset(self, example: Example) -> dict[str, Any]:
         return {}
@@ -65,3 +59,15 @@ class SingleTurnEnv:
             "state": state,
         }
         return await self.rewards.score(kwargs)
+
+
+def prompt_messages(example: Example, system_prompt: str | None) -> list[Message]:
+    """An example's prompt as chat messages: a string becomes one user message, a message list is
+    copied; `system_prompt` goes first unless the prompt brings its own system message."""
+    prompt = example["prompt"]
+    messages: list[Message] = (
+        [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    )
+    if system_prompt and not (messages and messages[0].get("role") == "system"):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
