@@ -20,8 +20,12 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 
 @app.command()
 def export(
-    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run's output_dir (holds broadcasts/ and configs/)."),
-    out: Path = typer.Argument(..., metavar="OUT", help="Folder to write; must not exist or be empty (see --force)."),
+    run_dir: Path = typer.Argument(
+        ..., metavar="RUN_DIR", help="The run's output_dir (holds broadcasts/ and configs/)."
+    ),
+    out: Path = typer.Argument(
+        ..., metavar="OUT", help="Folder to write; must not exist or be empty (see --force)."
+    ),
     step: int | None = typer.Option(
         None, "--step", help="Export this published step (default: the newest on disk)."
     ),
@@ -39,7 +43,7 @@ def export(
         None, "--dtype", help="bfloat16, float16 or float32 (default: the dtype the base is stored in)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty OUT."),
-    push_to_hub: str | None = typer.Option(
+    hub_repo: str | None = typer.Option(
         None,
         "--push-to-hub",
         metavar="REPO",
@@ -58,7 +62,7 @@ def export(
     """
 
     def body() -> int:
-        from grpo.models.export import DTYPES, policy_kind, prepare_output, push_to_hub as push, write_adapter
+        from grpo.models.export import DTYPES, policy_kind, prepare_output, push_to_hub, write_adapter
         from grpo.transport.weights.filesystem import find_policy
 
         if dtype is not None and dtype not in DTYPES:
@@ -84,8 +88,8 @@ def export(
             write_merged(folder, kind, base_path, out, out_dtype)
             what = f"step {version} merged into {base_path}" if kind == "adapter" else f"step {version}"
             print(f"wrote {what} ({out_dtype}) to {out}")
-        if push_to_hub is not None:
-            print(push(out, push_to_hub))
+        if hub_repo is not None:
+            print(push_to_hub(out, hub_repo))
         return 0
 
     guard(PROG, verbose, body)

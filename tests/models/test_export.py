@@ -84,9 +84,10 @@ def test_merged_export_is_stored_in_the_base_dtype_with_tokenizer_and_generation
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == "bfloat16"
     assert config["use_cache"] is True  # the trainer turns it off; generation wants it on
-    assert AutoTokenizer.from_pretrained(out)("hello").input_ids == AutoTokenizer.from_pretrained(
-        tiny_model_path
-    )("hello").input_ids
+    assert (
+        AutoTokenizer.from_pretrained(out)("hello").input_ids
+        == AutoTokenizer.from_pretrained(tiny_model_path)("hello").input_ids
+    )
     GenerationConfig.from_pretrained(out)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging folder left beside it
 
@@ -121,7 +122,9 @@ def test_adapter_only_export_loads_with_peft_and_holds_the_trained_weights(
     trained = load_file(str(lora_policy / "adapter_model.safetensors"))
     lora_b = {n: p for n, p in loaded.named_parameters() if "lora_B" in n}
     assert lora_b and any(p.abs().max() > 0 for p in lora_b.values())
-    assert all(torch.equal(t, load_file(str(out / "adapter_model.safetensors"))[n]) for n, t in trained.items())
+    assert all(
+        torch.equal(t, load_file(str(out / "adapter_model.safetensors"))[n]) for n, t in trained.items()
+    )
 
 
 def test_a_non_empty_output_is_refused_unless_forced_and_then_replaced(
