@@ -29,7 +29,9 @@ def _row(seed: int) -> PackedRow:
     )
 
 
-def train_and_publish(run_dir: Path, model_path: Path, lora: bool) -> TrainerConfig:
+def train_and_publish(
+    run_dir: Path, model_path: Path, lora: bool, learning_rate: float | None = None
+) -> TrainerConfig:
     """One on-policy step (LoRA rank 4, or full weights), then policy 1 in run_dir/broadcasts/."""
     from grpo.trainer.hf.trainer import Trainer
 
@@ -37,7 +39,7 @@ def train_and_publish(run_dir: Path, model_path: Path, lora: bool) -> TrainerCon
         model=str(model_path),
         lora=lora,
         optimizer="adamw",
-        learning_rate=1e-2 if lora else 1e-4,
+        learning_rate=learning_rate or (1e-2 if lora else 1e-4),
         lora_rank=4,
         lora_alpha=8,
         per_device_train_batch_size=1,
