@@ -95,7 +95,7 @@ def test_export_without_a_recorded_base_asks_for_base(lora_run: Path, tmp_path: 
     ("case", "args", "expected"),
     [
         ("missing run dir", ["{tmp}/nope", "{tmp}/out"], "pass the output_dir of a training run"),
-        ("nothing published", ["{tmp}", "{tmp}/out"], "train at least one step first"),
+        ("nothing published", ["{tmp}", "{tmp}/out"], "which holds broadcasts/"),
         ("unknown step", ["{full}", "{tmp}/out", "--step", "7"], "published steps: 1"),
         ("adapter of a full run", ["{full}", "{tmp}/out", "--adapter-only"], "leave out --adapter-only"),
         ("non-empty output", ["{full}", "{full}"], "pass --force"),

@@ -54,7 +54,8 @@ def find_policy(run_dir: str | Path, version: int | None) -> tuple[int, Path]:
     if not published:
         raise UserError(
             f"{broadcasts_dir(run_dir)} holds no published policy (no step_N/ with STABLE); "
-            "train at least one step first, or pass the output_dir of the run that did"
+            "pass the run directory itself (orch.yaml's output_dir, which holds broadcasts/), of a run "
+            "that trained a step"
         )
     # Full weights sent over the collective (weight_broadcast type nccl) are only announced here.
     on_disk = [v for v, folder in published.items() if not (folder / COLLECTIVE_MANIFEST).exists()]
