@@ -182,3 +182,21 @@ def test_push_to_hub_is_skipped_offline_with_one_line(
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     message = push_to_hub(tmp_path, "me/model")
     assert message.startswith("skipped --push-to-hub me/model") and "\n" not in message
+
+
+def test_megatron_weights_in_several_files_export_as_one_model(tiny_model_path: Path, tmp_path: Path) -> None:
+    from grpo.trainer.megatron.export import write_hf_folder
+    from grpo.trainer.megatron.model import read_hf_weights
+
+    # The Megatron backend's published folder: HF-named safetensors in size-bounded files with an
+    # index, the base's config.json, no generation config or tokenizer.
+    policy = tmp_path / "step_1"
+    policy.mkdir()
+    write_hf_folder(read_hf_weights(tiny_model_path), tiny_model_path, policy, max_bytes=2 * 1024**2)
+    assert len(list(policy.glob("model-*-of-*.safetensors"))) >= 2
+    assert policy_kind(policy) == "full"
+
+    write_merged(policy, "full", tiny_model_path, tmp_path / "out", "float32")
+    torch.testing.assert_close(_logits(tmp_path / "out"), _logits(tiny_model_path), atol=1e-6, rtol=0)
+    assert (tmp_path / "out" / "tokenizer.json").exists()
+    assert (tmp_path / "out" / "generation_config.json").exists()
