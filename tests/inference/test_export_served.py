@@ -24,6 +24,18 @@ merged weight is rounded once and the adapter path rounds base(x) and the LoRA t
 more than 0.2."""
 
 
+@pytest.fixture(scope="module")
+def exported(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(adapter folder, merged model folder) of a run trained one step with LoRA; under the
+    session's basetemp, the only place the shared server's weight routes load from."""
+    root = tmp_path_factory.mktemp("export_served")
+    train_and_publish(root / "run", tiny_model_path, lora=True, learning_rate=5e-2)
+    policy = broadcast_dir(root / "run", 1)
+    write_adapter(policy, root / "adapter")
+    write_merged(policy, "adapter", tiny_model_path, root / "merged", stored_dtype(tiny_model_path))
+    return root / "adapter", root / "merged"
+
+
 def score(server: ServerThread, model: str) -> list[float]:
     return with_client(server, lambda client: client.prompt_logprobs(PROMPT, model))
 
@@ -32,20 +44,15 @@ def max_abs_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def test_exported_adapter_and_merged_model_are_served_with_the_same_logprobs(
-    vllm_server: ServerThread, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+def test_exported_adapter_and_merged_weights_are_served_with_the_same_logprobs(
+    vllm_server: ServerThread, tiny_model_path: Path, exported: tuple[Path, Path]
 ) -> None:
-    # Under the session's basetemp: the server's weight routes load only from there.
-    root = tmp_path_factory.mktemp("export_served")
-    train_and_publish(root / "run", tiny_model_path, lora=True, learning_rate=5e-2)
-    policy = broadcast_dir(root / "run", 1)
-    write_adapter(policy, root / "adapter")
-    write_merged(policy, "adapter", tiny_model_path, root / "merged", stored_dtype(tiny_model_path))
+    adapter, merged_model = exported
     base = score(vllm_server, MODEL)
 
-    with_client(vllm_server, lambda client: client.load_lora_adapter("exported", str(root / "adapter")))
+    with_client(vllm_server, lambda client: client.load_lora_adapter("exported", str(adapter)))
     with_adapter = score(vllm_server, "exported")
-    with_client(vllm_server, lambda client: client.update_weights(str(root / "merged")))
+    with_client(vllm_server, lambda client: client.update_weights(str(merged_model)))
     try:
         merged = score(vllm_server, MODEL)
     finally:
@@ -53,3 +60,28 @@ def test_exported_adapter_and_merged_model_are_served_with_the_same_logprobs(
 
     assert max_abs_diff(with_adapter, base) > 0.2
     assert max_abs_diff(merged, with_adapter) < LOGPROB_TOLERANCE
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_merged_export_folder_as_its_model(exported: tuple[Path, Path]) -> None:
+    """The folder alone (config, weights, tokenizer, generation config) is what `vllm serve` needs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo.config.inference import InferenceConfig
+
+    _, merged_model = exported
+    cfg = InferenceConfig(
+        model=MODEL, port=0, kv_cache_space_gb=1, max_model_len=512, max_num_seqs=8, enable_lora=False
+    )
+    server = ServerThread(cfg, str(merged_model)).start()
+    try:
+        server.wait_ready(timeout=300)
+        served = score(server, MODEL)
+    finally:
+        server.stop()
+    model = AutoModelForCausalLM.from_pretrained(merged_model, dtype=torch.float32)
+    tokens = torch.tensor([PROMPT])
+    with torch.no_grad():
+        logprobs = model(tokens).logits[0, :-1].log_softmax(-1).gather(1, tokens[0, 1:, None])[:, 0]
+    assert max_abs_diff(served[1:], logprobs.tolist()) < LOGPROB_TOLERANCE
