@@ -76,7 +76,7 @@ def export(
                 f"step {version} of {run_dir} holds full weights (the run trained without LoRA), "
                 "so there is no adapter: leave out --adapter-only"
             )
-        prepare_output(out, force)
+        prepare_output(out, force, source=run_dir)
         if adapter_only:
             write_adapter(folder, out)
             print(f"wrote the LoRA adapter of step {version} to {out}")

@@ -78,8 +78,11 @@ def check_mergeable_base(base: Path) -> None:
         )
 
 
-def prepare_output(out: Path, force: bool) -> None:
-    """Refuse an output that holds something, unless `force` (it is then replaced at the end)."""
+def prepare_output(out: Path, force: bool, source: Path) -> None:
+    """Refuse an output that holds something, unless `force` (it is then replaced at the end), and
+    one that is or holds `source` (the run directory: --force would delete it)."""
+    if source.resolve().is_relative_to(out.resolve()):
+        raise UserError(f"output {out} is or holds the run directory {source}; choose a folder outside it")
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out} is a file; choose a folder path")
     if out.is_dir() and any(out.iterdir()) and not force:

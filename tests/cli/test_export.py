@@ -98,7 +98,8 @@ def test_export_without_a_recorded_base_asks_for_base(lora_run: Path, tmp_path: 
         ("nothing published", ["{tmp}", "{tmp}/out"], "which holds broadcasts/"),
         ("unknown step", ["{full}", "{tmp}/out", "--step", "7"], "published steps: 1"),
         ("adapter of a full run", ["{full}", "{tmp}/out", "--adapter-only"], "leave out --adapter-only"),
-        ("non-empty output", ["{full}", "{full}"], "pass --force"),
+        ("non-empty output", ["{full}", "{tmp}/busy"], "pass --force"),
+        ("the run dir as output", ["{full}", "{full}", "--force"], "holds the run directory"),
         ("unknown dtype", ["{full}", "{tmp}/out", "--dtype", "int4"], "choose one of bfloat16"),
         ("no output given", ["{full}"], "Missing argument"),
     ],
@@ -107,6 +108,8 @@ def test_export_refuses_bad_inputs_in_one_line(
     case: str, args: list[str], expected: str, tmp_path: Path
 ) -> None:
     full = _fake_full_run(tmp_path / "full")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("keep")
     argv = [a.format(tmp=tmp_path, full=full) for a in args]
     _assert_refused(_export(*argv), expected)
 

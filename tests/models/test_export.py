@@ -131,16 +131,26 @@ def test_a_non_empty_output_is_refused_unless_forced_and_then_replaced(
     lora_policy: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    prepare_output(out, force=False)  # missing: fine
+    run_dir = lora_policy.parent.parent
+    prepare_output(out, force=False, source=run_dir)  # missing: fine
     out.mkdir()
-    prepare_output(out, force=False)  # empty: fine
+    prepare_output(out, force=False, source=run_dir)  # empty: fine
     (out / "old.txt").write_text("x")
     with pytest.raises(UserError, match="--force"):
-        prepare_output(out, force=False)
-    prepare_output(out, force=True)
+        prepare_output(out, force=False, source=run_dir)
+    prepare_output(out, force=True, source=run_dir)
     write_adapter(lora_policy, out)
     assert not (out / "old.txt").exists() and (out / "adapter_config.json").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing staged or moved aside is left
+
+
+@pytest.mark.parametrize("out", ["run", ".", "run/../run"])
+def test_the_run_directory_or_a_folder_holding_it_is_never_the_output_even_forced(
+    out: str, tmp_path: Path
+) -> None:
+    (tmp_path / "run").mkdir()
+    with pytest.raises(UserError, match="holds the run directory"):
+        prepare_output(tmp_path / out, force=True, source=tmp_path / "run")
 
 
 def test_a_failed_export_leaves_no_output_and_no_staging_folder(tmp_path: Path) -> None:
