@@ -130,8 +130,9 @@ def print_resolved(configs: dict[str, BaseModel]) -> None:
         print(dump_yaml(config), end="")
 
 
-def run_app(app: Any, prog: str) -> NoReturn:
-    """Invoke a typer app so that its usage errors are one line and exit 2 too.
+def run_app(app: Any, prog: str, args: list[str] | None = None) -> NoReturn:
+    """Invoke a typer app on `args` (default: the command line) so that its usage errors are one
+    line and exit 2 too.
 
     The process ends with os._exit once the command has returned and output is flushed: vLLM and
     triton objects otherwise print pages of shutdown noise ("leaked instances", __del__ errors) after
@@ -142,7 +143,7 @@ def run_app(app: Any, prog: str) -> NoReturn:
 
     code: int = 0
     try:
-        app(prog_name=prog, standalone_mode=False)
+        app(args=args, prog_name=prog, standalone_mode=False)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except typer.Exit as exc:

@@ -7,6 +7,7 @@ thread on base weights borrowed from the engine, and the orchestrator runs on th
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import typer
@@ -59,6 +60,8 @@ def grpo(
     --orch.sampling.temperature 0.7 --train.learning_rate 1e-5. A setting two files share (max_steps,
     output_dir, max_async_level, the LoRA rank, ...; docs/config_reference.md) given in one file or
     override reaches the others; two different values are an error.
+
+    The trained model afterwards: `grpo export RUN_DIR OUT` (see `grpo export --help`).
     """
 
     def body() -> int:
@@ -107,6 +110,10 @@ def grpo(
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["export"]:
+        from grpo.cli.export import main as export_main
+
+        export_main(sys.argv[2:])
     # Trainer and engine share the cores in this mode: OpenMP threads that spin while waiting for a
     # descheduled peer slow both several-fold. Must be set before torch loads; a user's value wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -13,13 +13,18 @@ BIN = Path(sys.executable).parent
 COMMANDS = ["grpo", "grpo-infer", "grpo-orch", "grpo-train", "grpo-model", "grpo-env"]
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-def test_help_answers_within_a_second(command: str) -> None:
+SUBCOMMANDS = [["grpo", "export"]]
+"""Subcommands of `grpo` (grpo.cli.grpo.main hands them their arguments)."""
+
+
+@pytest.mark.parametrize("command", [[c] for c in COMMANDS] + SUBCOMMANDS, ids=" ".join)
+def test_help_answers_within_a_second(command: list[str]) -> None:
     # CPU seconds of the child, not wall clock: other work on a shared machine cannot make this flaky,
     # while importing torch (several CPU seconds) would still fail it.
-    subprocess.run([str(BIN / command), "--help"], capture_output=True)  # warm the file cache
+    argv = [str(BIN / command[0]), *command[1:], "--help"]
+    subprocess.run(argv, capture_output=True)  # warm the file cache
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True)
+    result = subprocess.run(argv, capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert result.returncode == 0, result.stderr
@@ -28,7 +33,8 @@ def test_help_answers_within_a_second(command: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["grpo.cli.grpo", "grpo.cli.infer", "grpo.cli.orch", "grpo.cli.train", "grpo.cli.env"]
+    "module",
+    ["grpo.cli.grpo", "grpo.cli.infer", "grpo.cli.orch", "grpo.cli.train", "grpo.cli.env", "grpo.cli.export"],
 )
 def test_cli_modules_do_not_import_torch_or_vllm(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
