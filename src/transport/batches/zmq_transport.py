@@ -31,15 +31,14 @@ DEALER. Protocol (every message is `[header, payload]`, the header JSON):
   for an earlier trainer session are not for it: they come again, in order); a higher step sent
   to this receiver means the sender no longer holds the expected one: an error.
 
-Security: with a shared secret (grpo.utils.auth) every message, hello included, ends with an
-HMAC-SHA256 tag frame over its other frames (length-prefixed), in both directions; a message
-without a valid tag is dropped and logged, so nobody else who reaches the port can stop the trainer
-(`end`), feed it batches, or make the sender drop its spool (`want` with a high `committed`).
-The tag covers the session fields, so a captured message is no use later either: not in another
-run with the same secret, not to a restarted trainer or orchestrator, not twice.
-Without a secret the trainer binds loopback only (checked at config load). Messages above
-`max_message_bytes` are refused by ZMQ itself (MAXMSGSIZE: the peer is disconnected before the
-message is buffered), and every decoded batch goes through `grpo.transport.batches.validate`.
+Security: with a shared secret (grpo.utils.auth) the link is CURVE keyed by it, which a peer
+without it never gets a byte through (grpo.transport.batches.zmq_curve), and every message also
+ends with an HMAC-SHA256 tag frame over its other frames (length-prefixed, session fields
+included), both ways: a message without a valid tag is dropped and logged, so nobody else can stop
+the trainer (`end`), feed it batches, or make the sender drop its spool (`want` with a high
+`committed`), and no captured message is taken again. Without a secret the trainer binds loopback
+only (checked at config load). ZMQ refuses frames above `max_message_bytes` (MAXMSGSIZE), and
+every decoded batch goes through `grpo.transport.batches.validate`.
 """
 
 from __future__ import annotations
@@ -57,6 +56,7 @@ from zmq.utils.monitor import recv_monitor_message
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.transport.batches.errors import TransportClosed
 from grpo.transport.batches.wire import decode_batch, encode_batch
+from grpo.transport.batches.zmq_curve import dial_curve, serve_curve
 from grpo.transport.batches.zmq_frames import (
     WAIT_LOG_EVERY_S,
     DropLog,
@@ -151,6 +151,8 @@ class ZmqBatchSender:
         self._socket.setsockopt(zmq.SNDHWM, hwm)
         self._socket.setsockopt(zmq.LINGER, _END_LINGER_MS)
         self._socket.setsockopt(zmq.MAXMSGSIZE, _MAX_WANT_BYTES)
+        if secret is not None:
+            dial_curve(self._socket, secret)
         # ZMQ_PROBE_ROUTER greets only the first connection, so (re)connections are watched here.
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED)
         self._socket.connect(self.endpoint)
@@ -247,10 +249,7 @@ class ZmqBatchSender:
         peer would block forever)."""
         receiver = self._receiver_id
         if receiver is None:
-            log.warning(
-                "no trainer at %s ever asked for a batch, so none is told that the orchestrator finished",
-                self.endpoint,
-            )
+            log.warning("no trainer at %s asked for a batch, so none is told that we finished", self.endpoint)
             return
         end = {"kind": "end", "next": self._last_step + 1}
         deadline = time.monotonic() + _END_SEND_S
@@ -394,6 +393,7 @@ class ZmqBatchReceiver:
         self._socket.setsockopt(zmq.RCVHWM, hwm)
         self._socket.setsockopt(zmq.LINGER, _RECEIVER_LINGER_MS)
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self._authenticator = None if secret is None else serve_curve(self._context, self._socket, secret)
         try:
             self._socket.bind(f"tcp://{zmq_ip(host)}:{port if port else '*'}")
         except zmq.ZMQError as err:
@@ -492,4 +492,6 @@ class ZmqBatchReceiver:
     def close(self) -> None:
         if not self._socket.closed:
             self._socket.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._context.term()

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from grpo.transport.batches.errors import TransportClosed
 from grpo.transport.batches.synthetic import synthetic_batch
+from grpo.transport.batches.zmq_curve import dial_curve, serve_curve
 from grpo.transport.batches.zmq_transport import ZmqBatchReceiver, ZmqBatchSender
 
 SECRET = b"the run's secret"
@@ -48,10 +50,26 @@ def _tapped_receiver(**kwargs: Any) -> tuple[ZmqBatchReceiver, _Recording]:
 
 
 def _peer_socket(context: zmq.Context, kind: int) -> zmq.Socket:
-    """A socket of someone who captured the run's traffic."""
+    """A socket of someone who captured the run's messages. CURVE keeps a peer without the secret
+    from connecting at all (test_batch_zmq_flood.py); this one completes the handshake, so that
+    what is tested is the message layer behind it."""
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, 2000)
+    if kind == zmq.ROUTER:
+        _authenticators.append(serve_curve(context, socket, SECRET))
+    else:
+        dial_curve(socket, SECRET)
     return socket
+
+
+_authenticators: list[ThreadAuthenticator] = []
+
+
+def _close(context: zmq.Context, socket: zmq.Socket) -> None:
+    socket.close()
+    while _authenticators:
+        _authenticators.pop().stop()
+    context.term()
 
 
 def _replay(port: int, messages: list[list[bytes]]) -> None:
@@ -60,8 +78,7 @@ def _replay(port: int, messages: list[list[bytes]]) -> None:
     dealer.connect(f"tcp://127.0.0.1:{port}")
     for frames in messages:
         dealer.send_multipart(frames)
-    dealer.close()
-    context.term()
+    _close(context, dealer)
 
 
 def _run_captured(num_batches: int, metadata: dict[str, Any]) -> list[list[bytes]]:
@@ -153,8 +170,7 @@ def test_a_want_replayed_within_the_run_does_not_send_the_orchestrator_back(tmp_
         assert not [header for header in got if b'"batch"' in header], got
     finally:
         sender.close()
-        impostor.close()
-        context.term()
+        _close(context, impostor)
 
 
 def test_a_captured_commit_does_not_make_a_later_run_drop_its_spool(tmp_path: Path) -> None:
@@ -188,5 +204,4 @@ def test_a_captured_commit_does_not_make_a_later_run_drop_its_spool(tmp_path: Pa
         assert sorted(p.name for p in spool.iterdir()) == [f"step_{n}.safetensors" for n in range(3)]
     finally:
         later.close()
-        impostor.close()
-        context.term()
+        _close(context, impostor)
