@@ -195,11 +195,13 @@ class CollectiveWeightSender(CollectiveEndpoint):
 
     def _raise_for_unproven(self, store: Any, waiting: list[int], unproven: set[int]) -> None:
         """Name a missing rank that tried to join without proving the secret (an unproven hello,
-        or a knock: a receiver holding another secret looks for other keys, see `_key`)."""
+        or a knock without a claim under our keys: a receiver holding another secret looks for
+        other keys, see `_key`)."""
         if self._secret is None:
             return
         for rank in waiting:
-            if rank in unproven or store.check([knock_key(rank)]):
+            knocked = store.check([knock_key(rank)]) and not store.check([self._key(f"rank{rank}_claims")])
+            if rank in unproven or knocked:
                 raise UserError(
                     f"weight sender at {self.address}: rank {rank} did not prove it holds the secret in "
                     f"${self.secret_env} within {self.timeout}s, so it gets no weights; give every grpo-infer "
