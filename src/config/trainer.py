@@ -324,9 +324,10 @@ class TrainerConfig(StrictModel):
     """(zmq) Port the trainer binds for batches."""
 
     zmq_secret_env: str = "GRPO_ZMQ_SECRET"
-    """(zmq) Environment variable holding the secret both sides sign every batch frame with
-    (HMAC-SHA256; set the same value for grpo-orch). Required when zmq_host is not a loopback
-    address; unset on loopback = unauthenticated."""
+    """(zmq) Environment variable holding the secret of the batch link: it keys its CURVE
+    encryption (a peer without it cannot connect) and the HMAC-SHA256 tag on every message (set
+    the same value for grpo-orch). Required when zmq_host is not a loopback address; unset on
+    loopback = unauthenticated."""
 
     weight_broadcast: WeightBroadcastConfig = Field(default_factory=FilesystemWeightBroadcast)
     """How new weights reach inference (LoRA adapters always go through the filesystem)."""

@@ -27,8 +27,9 @@ class ZmqRolloutTransport(StrictModel):
     """High-water mark: batches queued before the sender blocks (back-pressure)."""
 
     secret_env: str = "GRPO_ZMQ_SECRET"
-    """Environment variable holding the secret batch frames are signed with (HMAC-SHA256); the
-    trainer's zmq_secret_env must hold the same value. Unset = unsigned (loopback only)."""
+    """Environment variable holding the secret of the batch link: it keys the link's CURVE
+    encryption (a peer without it cannot connect) and the HMAC-SHA256 tag on every message; the
+    trainer's zmq_secret_env must hold the same value. Unset = neither (loopback only)."""
 
     @model_validator(mode="after")
     def _secret_off_loopback(self) -> ZmqRolloutTransport:

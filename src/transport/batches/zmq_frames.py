@@ -76,28 +76,38 @@ def wait_for(socket: zmq.Socket, event: int, timeout: float | None, on_slow: str
         log.info(on_slow)
 
 
-def parse_want(frames: list[bytes]) -> dict[str, Any]:
+def _json_header(frames: list[bytes]) -> dict[str, Any] | None:
+    """The header of a [header, payload] message, with its session fields (grpo.transport.batches.zmq_session)
+    well typed; None when it is not one."""
     try:
-        want = json.loads(frames[0]) if len(frames) == 1 else None
+        header = json.loads(frames[0]) if len(frames) == 2 else None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        want = None
+        return None
     if (
-        not isinstance(want, dict)
+        not isinstance(header, dict)
+        or not isinstance(header.get("from"), str)
+        or not isinstance(header.get("to"), (str, type(None)))
+        or not isinstance(header.get("seq"), int)
+    ):
+        return None
+    return header
+
+
+def parse_want(frames: list[bytes]) -> dict[str, Any]:
+    want = _json_header(frames)
+    if (
+        want is None
         or want.get("kind") != "want"
         or not isinstance(want.get("step"), int)
         or not isinstance(want.get("committed"), int)
-        or not isinstance(want.get("receiver"), str)
     ):
         raise ValueError(f"corrupt message from the trainer: {frames[0][:200]!r}")
     return want
 
 
 def parse_header(frames: list[bytes]) -> dict[str, Any]:
-    try:
-        header = json.loads(frames[0]) if len(frames) == 2 else None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        header = None
-    if not isinstance(header, dict) or header.get("kind") not in ("batch", "end", "missing"):
+    header = _json_header(frames)
+    if header is None or header.get("kind") not in ("hello", "batch", "end", "missing"):
         raise ValueError(f"corrupt zmq batch message (unknown step): {len(frames)} frames, bad header")
     if header["kind"] in ("batch", "missing") and not isinstance(header.get("step"), int):
         raise ValueError("corrupt zmq batch message (unknown step): header has no integer step")

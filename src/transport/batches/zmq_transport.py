@@ -2,20 +2,24 @@
 acknowledgements and commits so that restarts of either side neither lose nor repeat a step.
 
 The trainer binds a ROUTER socket (it is the long-lived service); the orchestrator connects a
-DEALER. Protocol:
+DEALER. Protocol (every message is `[header, payload]`, the header JSON):
 
-- sender -> receiver: `[{"kind": "batch", "step": n, "for": id}, blob]` (blob from
-  `grpo.transport.batches.wire`), and `[{"kind": "end", "next": n}, b""]` when the orchestrator finishes.
-  `for` names the receiver the sender knew when it sent (null before it knew one).
-  `[{"kind": "missing", "step": n, "committed": c, "for": id}, b""]` answers a receiver asking
-  for a step below what was committed (deleted, see below).
-- receiver -> sender: `[{"kind": "want", "step": n, "committed": c, "receiver": id}]`: "I need
-  batch n next" (every step below n is *taken*) and "every step below c is in a trainer
-  checkpoint" (*committed*: no resumed trainer asks for it again). Sent when the trainer asks for
-  batch n, right after it takes batch n - 1, when it commits, and in answer to the sender's hello
-  (an empty message the sender sends on every (re)connection, seen through a socket monitor), so
-  a restarted peer learns at once where the other stands. The first step a receiver asks for is
-  its resume point, so it counts as committed too.
+- Every header carries `from` (the writer's session: a random id each process draws at start),
+  `to` (the session it is for, null in a hello) and `seq` (the writer's message count); a side
+  acts only on messages for its own session, from the peer's newest session, each once
+  (grpo.transport.batches.zmq_session).
+- sender -> receiver: `{"kind": "hello"}` on every (re)connection (seen through a socket
+  monitor); `{"kind": "batch", "step": n}` with the blob (from `grpo.transport.batches.wire`);
+  `{"kind": "end", "next": n}` when the orchestrator finishes; `{"kind": "missing", "step": n,
+  "committed": c}` answers a receiver asking for a step below what was committed (deleted, see below).
+- receiver -> sender: `{"kind": "want", "step": n, "committed": c}`: "I need batch n next"
+  (every step below n is *taken*) and "every step below c is in a trainer checkpoint"
+  (*committed*: no resumed trainer asks for it again). Sent when the trainer asks for batch n,
+  right after it takes batch n - 1, when it commits, and in answer to a hello or to the first
+  message of a sender session it did not know, so a restarted peer learns at once where the other
+  stands. The first step a receiver asks for is its resume point, so it counts as committed too.
+  The sender sends batches only to the receiver session whose want it took last: none before a
+  want, so nothing is sent to no one.
 - The sender keeps every batch at or above the committed step in its spool
   (grpo.transport.batches.zmq_spool; on disk under the run dir, so a resumed orchestrator has
   them) and a memory copy of those not taken yet (at most `hwm`: back-pressure). On a want from
@@ -23,17 +27,18 @@ DEALER. Protocol:
   going back, it re-sends from step n in order, reading taken batches back from the spool. A
   resumed orchestrator's fresh copy of a spooled or already taken step is dropped (the first
   delivery wins).
-- The receiver takes exactly the step it expects: lower steps are duplicates and dropped; a higher
-  step sent before the sender knew this receiver is dropped too (it comes again, in order); a
-  higher step sent for this receiver means the sender no longer holds the expected one: an error.
+- The receiver takes exactly the step it expects: lower steps are duplicates and dropped (batches
+  for an earlier trainer session are not for it: they come again, in order); a higher step sent
+  to this receiver means the sender no longer holds the expected one: an error.
 
-Security: with a shared secret (grpo.utils.auth) every message, hello included, ends with an
-HMAC-SHA256 tag frame over its other frames (length-prefixed), in both directions; a message
-without a valid tag is dropped and logged, so nobody else who reaches the port can stop the trainer
-(`end`), feed it batches, or make the sender drop its spool (`want` with a high `committed`).
-Without a secret the trainer binds loopback only (checked at config load). Messages above
-`max_message_bytes` are refused by ZMQ itself (MAXMSGSIZE: the peer is disconnected before the
-message is buffered), and every decoded batch goes through `grpo.transport.batches.validate`.
+Security: with a shared secret (grpo.utils.auth) the link is CURVE keyed by it, which a peer
+without it never gets a byte through (grpo.transport.batches.zmq_curve), and every message also
+ends with an HMAC-SHA256 tag frame over its other frames (length-prefixed, session fields
+included), both ways: a message without a valid tag is dropped and logged, so nobody else can stop
+the trainer (`end`), feed it batches, or make the sender drop its spool (`want` with a high
+`committed`), and no captured message is taken again. Without a secret the trainer binds loopback
+only (checked at config load). ZMQ refuses frames above `max_message_bytes` (MAXMSGSIZE), and
+every decoded batch goes through `grpo.transport.batches.validate`.
 """
 
 from __future__ import annotations
@@ -41,9 +46,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -51,6 +56,7 @@ from zmq.utils.monitor import recv_monitor_message
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.transport.batches.errors import TransportClosed
 from grpo.transport.batches.wire import decode_batch, encode_batch
+from grpo.transport.batches.zmq_curve import dial_curve, serve_curve
 from grpo.transport.batches.zmq_frames import (
     WAIT_LOG_EVERY_S,
     DropLog,
@@ -62,6 +68,7 @@ from grpo.transport.batches.zmq_frames import (
     wait_for,
     zmq_ip,
 )
+from grpo.transport.batches.zmq_session import Outbox, PeerSessions, new_session_id
 from grpo.transport.batches.zmq_spool import BatchSpool, DiskSpool, MemorySpool
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
@@ -121,12 +128,17 @@ class ZmqBatchSender:
         self._untaken_blobs: dict[int, bytes] = {}
         """Memory copies of the batches send() queued that are not taken yet (a disk spool only)."""
         self._to_send: deque[int] = deque()
-        self._notices: deque[list[bytes]] = deque()
+        self._notices: deque[tuple[dict[str, Any], str]] = deque()
+        """Messages (header, receiver session) to send before the next batch."""
         self._wanted = 0
         """The receiver's next step: every step below is taken."""
         self._committed = 0
         """Every step below is in a trainer checkpoint and gone from the spool."""
         self._receiver_id: str | None = None
+        """The trainer's current session (grpo.transport.batches.zmq_session); nothing is sent to
+        a trainer before it said which step it wants."""
+        self._outbox = Outbox(new_session_id())
+        self._receivers = PeerSessions(self._outbox.session, "the trainer")
         self._last_step = max(self._spool.steps(), default=-1)
         self._end_requested = False
         self._error: BaseException | None = None
@@ -139,6 +151,8 @@ class ZmqBatchSender:
         self._socket.setsockopt(zmq.SNDHWM, hwm)
         self._socket.setsockopt(zmq.LINGER, _END_LINGER_MS)
         self._socket.setsockopt(zmq.MAXMSGSIZE, _MAX_WANT_BYTES)
+        if secret is not None:
+            dial_curve(self._socket, secret)
         # ZMQ_PROBE_ROUTER greets only the first connection, so (re)connections are watched here.
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED)
         self._socket.connect(self.endpoint)
@@ -216,7 +230,7 @@ class ZmqBatchSender:
                 if hello_pending:
                     # Hello: a (re)started trainer answers with the step it wants. A full queue
                     # delays it; the batches queued ahead of it tell the trainer about us anyway.
-                    hello_pending = not self._try_send([b""])
+                    hello_pending = not self._try_send({"kind": "hello"}, to=None)
                 if self._socket in ready:
                     self._read_acknowledgements()
                 with self._changed:
@@ -233,9 +247,13 @@ class ZmqBatchSender:
     def _send_end(self) -> None:
         """Tell the trainer no more batches come, trying for _END_SEND_S at most (a DEALER with no
         peer would block forever)."""
-        end = json.dumps({"kind": "end", "next": self._last_step + 1}).encode()
+        receiver = self._receiver_id
+        if receiver is None:
+            log.warning("no trainer at %s asked for a batch, so none is told that we finished", self.endpoint)
+            return
+        end = {"kind": "end", "next": self._last_step + 1}
         deadline = time.monotonic() + _END_SEND_S
-        while not self._try_send([end, b""]):
+        while not self._try_send(end, to=receiver):
             if time.monotonic() >= deadline:
                 log.warning(
                     "could not tell the trainer at %s that the orchestrator finished (no trainer connected "
@@ -257,8 +275,10 @@ class ZmqBatchSender:
                 self._dropped()
                 continue
             want = parse_want(frames)
+            if not self._receivers.accept(want):
+                continue
             with self._changed:
-                self._acknowledge(want["step"], want["committed"], want["receiver"])
+                self._acknowledge(want["step"], want["committed"], want["from"])
                 self._changed.notify_all()
 
     def _acknowledge(self, wanted: int, committed: int, receiver_id: str) -> None:
@@ -277,32 +297,30 @@ class ZmqBatchSender:
                     wanted,
                     self._committed,
                 )
-                missing = {
-                    "kind": "missing",
-                    "step": wanted,
-                    "committed": self._committed,
-                    "for": receiver_id,
-                }
-                self._notices.append([json.dumps(missing).encode(), b""])
+                missing = {"kind": "missing", "step": wanted, "committed": self._committed}
+                self._notices.append((missing, receiver_id))
         self._wanted = wanted
 
     def _send_queued(self) -> None:
         while self._notices:
-            if not self._try_send(self._notices[0]):
+            if not self._try_send(*self._notices[0]):
                 return
             self._notices.popleft()
+        receiver = self._receiver_id
+        if receiver is None:
+            return  # batches go out once a trainer says which one it wants (an answer to our hello)
         while self._to_send:
             step = self._to_send[0]
             if step >= self._wanted and step in self._spool:
                 blob = self._untaken_blobs.get(step)
                 if blob is None:
                     blob = self._spool.read(step)  # taken before a trainer restart: back from disk
-                header = json.dumps({"kind": "batch", "step": step, "for": self._receiver_id}).encode()
-                if not self._try_send([header, blob]):
+                if not self._try_send({"kind": "batch", "step": step}, receiver, blob):
                     return  # the socket's queue is full: try again on the next tick
             self._to_send.popleft()
 
-    def _try_send(self, frames: list[bytes]) -> bool:
+    def _try_send(self, header: dict[str, Any], to: str | None, payload: bytes = b"") -> bool:
+        frames = [json.dumps(self._outbox.stamp(header, to)).encode(), payload]
         try:
             self._socket.send_multipart(seal(self.secret, frames), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -362,9 +380,12 @@ class ZmqBatchReceiver:
             "the trainer",
             "a process that is not this run's grpo-orch, or one without the same GRPO_ZMQ_SECRET",
         )
-        self.receiver_id = uuid.uuid4().hex
-        """This receiver's identity in the protocol: a restarted trainer is a new receiver."""
-        self._peers: dict[bytes, None] = {}
+        self.receiver_id = new_session_id()
+        """This receiver's session (grpo.transport.batches.zmq_session): a restarted trainer is a new one."""
+        self._outbox = Outbox(self.receiver_id)
+        self._senders = PeerSessions(self.receiver_id, "the orchestrator")
+        self._peers: dict[bytes, str] = {}
+        """Each connected sender's routing id -> its session."""
         self._wanted: int | None = None
         self._committed = 0
         self._context = zmq.Context()
@@ -372,6 +393,7 @@ class ZmqBatchReceiver:
         self._socket.setsockopt(zmq.RCVHWM, hwm)
         self._socket.setsockopt(zmq.LINGER, _RECEIVER_LINGER_MS)
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self._authenticator = None if secret is None else serve_curve(self._context, self._socket, secret)
         try:
             self._socket.bind(f"tcp://{zmq_ip(host)}:{port if port else '*'}")
         except zmq.ZMQError as err:
@@ -387,10 +409,10 @@ class ZmqBatchReceiver:
         """Tell senders (all known, or `peers`) that `step` is needed next (everything below is
         taken) and what is committed."""
         self._wanted = step
-        message = {"kind": "want", "step": step, "committed": self._committed, "receiver": self.receiver_id}
-        encoded = seal(self.secret, [json.dumps(message).encode()])
-        for peer in self._peers if peers is None else peers:
-            self._socket.send_multipart([peer, *encoded])
+        want = {"kind": "want", "step": step, "committed": self._committed}
+        for peer in list(self._peers) if peers is None else peers:
+            header = self._outbox.stamp(want, to=self._peers[peer])
+            self._socket.send_multipart([peer, *seal(self.secret, [json.dumps(header).encode(), b""])])
 
     def commit(self, step: int) -> None:
         """Every batch below `step` is safe in a trainer checkpoint (or, with checkpoints off, was
@@ -425,12 +447,15 @@ class ZmqBatchReceiver:
             if frames is None:
                 self._dropped()  # not even a hello: an unknown peer learns nothing
                 continue
-            if frames == [b""] or peer not in self._peers:  # a sender (re)connected: tell it where we stand
-                self._peers[peer] = None
-                self._want(step, [peer])
-            if frames == [b""]:
-                continue
             header = parse_header(frames)
+            session = header["from"]
+            if not self._senders.is_retired(session) and (
+                header["kind"] == "hello" or self._peers.get(peer) != session
+            ):  # a sender (re)connected: tell it where we stand
+                self._peers[peer] = session
+                self._want(step, [peer])
+            if header["kind"] == "hello" or not self._senders.accept(header):
+                continue  # a hello is only answered; see zmq_session for what is refused
             if header["kind"] == "end":
                 if step >= header["next"]:
                     raise TransportClosed(f"no batch {step}: the orchestrator finished sending")
@@ -439,25 +464,23 @@ class ZmqBatchReceiver:
                 )
                 continue
             if header["kind"] == "missing":
-                if header.get("for") == self.receiver_id and header["step"] == step:
+                if header["step"] == step:
                     raise UserError(
                         f"batch {step} is gone: a trainer of this run committed (checkpointed) every step "
                         f"below {header['committed']} and the orchestrator deleted those batches; resume the "
                         "trainer from its latest checkpoint (ckpt.resume_step -1), or start orchestrator and "
                         "trainer afresh"
                     )
-                continue  # an answer to an earlier receiver or an earlier want
+                continue  # the answer to an earlier want
             sent_step = header["step"]
             if sent_step < step:
                 continue  # a re-sent copy of a batch already taken
-            if sent_step > step:
-                if header.get("for") == self.receiver_id:
-                    raise UserError(
-                        f"received batch {sent_step} while expecting batch {step}: the orchestrator no longer "
-                        f"holds batch {step}, so orchestrator and trainer disagree on the step; resume both "
-                        "from the same checkpoint step"
-                    )
-                continue  # sent before the orchestrator knew this receiver; it comes again in order
+            if sent_step > step:  # sent to this receiver, which asked for `step`: the sender lacks it
+                raise UserError(
+                    f"received batch {sent_step} while expecting batch {step}: the orchestrator no longer "
+                    f"holds batch {step}, so orchestrator and trainer disagree on the step; resume both "
+                    "from the same checkpoint step"
+                )
             batch = decode_batch(frames[1], self.vocab_size)
             if batch.step != sent_step:
                 raise ValueError(
@@ -469,4 +492,6 @@ class ZmqBatchReceiver:
     def close(self) -> None:
         if not self._socket.closed:
             self._socket.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._context.term()

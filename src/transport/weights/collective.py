@@ -14,10 +14,16 @@ told another world size is refused on both sides. Rendezvous, explicit:
   means a server runs more than one worker, tp or dp > 1, or two servers were given the same rank),
 - the peers prove a shared secret to each other (HMAC-SHA256 challenge-response over the store):
   the sender writes a random nonce and the world size; each receiver answers with a nonce of its
-  own, its world size and a proof over both nonces and its rank; the sender refuses (naming the
-  rank, which gets no weights) a wrong proof or world size, else answers with its own proof, which
-  the receiver checks, so a store that does not know the secret cannot feed a server weights.
-  With the secret unset on both sides (loopback only: refused for any other host) proofs are empty,
+  own, its world size and a proof over both nonces and its rank; the sender ignores a hello that
+  does not prove the secret (a stranger's junk must not end the session; the rank is named, and
+  gets no weights, if no proven hello came by the timeout), refuses a proven one whose world size
+  differs from its own num_servers + 1, else answers with its own proof, which the receiver
+  checks, so a store that does not know the secret cannot feed a server weights. With a secret,
+  every one of these keys (challenge, claims, hellos, verdicts) is named by an HMAC of the secret
+  (CollectiveEndpoint._key), so a peer without it cannot guess one before it is written, claim a
+  rank or answer for one; each receiver also sets a plain `knock/rank{r}` key, only so that a
+  sender with another secret can name it. With the secret unset on both sides (loopback only:
+  refused for any other host) proofs are empty and key names plain,
 - from here on the session's keys (readiness, the process group's own rendezvous, the updates)
   live under a prefix derived from the secret (from the nonce alone without one), which a peer
   without the secret cannot find or overwrite,
@@ -65,6 +71,7 @@ from grpo.transport.weights.collective_endpoint import (
     SENDER_RANK,
     Backend,
     CollectiveEndpoint,
+    knock_key,
     store_ip,
     tag_bytes,
 )
@@ -160,25 +167,56 @@ class CollectiveWeightSender(CollectiveEndpoint):
         )
 
     def _join(self, store: Any, deadline: float) -> None:
-        """Challenge the receivers and answer each one's hello as it comes."""
+        """Challenge the receivers and answer each one's hello as it comes. With a secret, a hello
+        that does not prove it is ignored (a stranger's must not end the session): its rank is
+        named only if no proven hello came by the deadline."""
         self._session_nonce = secrets.token_hex(_NONCE_BYTES)
-        store.set(_SENDER_KEY, json.dumps({"nonce": self._session_nonce, "world_size": self.world_size}))
+        challenge = {"nonce": self._session_nonce, "world_size": self.world_size}
+        store.set(self._key(_SENDER_KEY), json.dumps(challenge))
         waiting = list(range(1, self.world_size))
+        unproven: set[int] = set()
         while True:
-            for rank in [rank for rank in waiting if store.check([f"rank{rank}_hello"])]:
-                self._answer(store, rank, store.get(f"rank{rank}_hello"))
-                waiting.remove(rank)
+            for rank in list(waiting):
+                key = self._key(f"rank{rank}_hello")
+                if not store.check([key]):
+                    continue
+                if self._answer(store, rank, store.get(key)):
+                    waiting.remove(rank)
+                else:
+                    unproven.add(rank)
             if not waiting:
                 return
             if time.monotonic() >= deadline:
+                self._raise_for_unproven(store, waiting, unproven)
                 if len(waiting) == self.world_size - 1:
                     raise self._missing_peer("no receiver (inference server) joined")
                 raise self._missing_ranks(waiting, f"did not join within {self.timeout}s")
             time.sleep(POLL_S)
 
-    def _answer(self, store: Any, rank: int, raw_hello: bytes) -> None:
-        """Prove the secret to `rank`, or refuse it (before any tensor is sent)."""
+    def _raise_for_unproven(self, store: Any, waiting: list[int], unproven: set[int]) -> None:
+        """Name a missing rank that tried to join without proving the secret (an unproven hello,
+        or a knock without a claim under our keys: a receiver holding another secret looks for
+        other keys, see `_key`)."""
+        if self._secret is None:
+            return
+        for rank in waiting:
+            knocked = store.check([knock_key(rank)]) and not store.check([self._key(f"rank{rank}_claims")])
+            if rank in unproven or knocked:
+                raise UserError(
+                    f"weight sender at {self.address}: rank {rank} did not prove it holds the secret in "
+                    f"${self.secret_env} within {self.timeout}s, so it gets no weights; give every grpo-infer "
+                    "this secret (in the variable its weight_secret_env names), or find which peer claimed "
+                    f"rank {rank} at {self.address}"
+                )
+
+    def _answer(self, store: Any, rank: int, raw_hello: bytes) -> bool:
+        """Prove the secret to `rank`, or refuse it (before any tensor is sent); False (and no
+        answer) for a hello that does not prove the secret."""
         hello = _json_object(raw_hello, _HELLO_FIELDS)
+        if self._secret is not None and (
+            hello is None or not self._proven("receiver", hello["nonce"], rank, hello["proof"])
+        ):
+            return False
         if hello is None:
             self._refuse(
                 store,
@@ -192,14 +230,6 @@ class CollectiveWeightSender(CollectiveEndpoint):
                 f"rank {rank} was told world size {hello['world_size']} by the orchestrator, but the trainer's "
                 f"weight_broadcast.num_servers {self.world_size - 1} makes it {self.world_size}; set num_servers "
                 "to the number of servers in client.base_url, in train.yaml and orch.yaml",
-            )
-        if self._secret is not None and not self._proven("receiver", hello["nonce"], rank, hello["proof"]):
-            self._refuse(
-                store,
-                rank,
-                f"rank {rank} did not prove it holds the secret in ${self.secret_env}, so it gets no weights; "
-                "give every grpo-infer this secret (in the variable its weight_secret_env names), or find "
-                f"which peer claimed rank {rank} at {self.address}",
             )
         own_device = self._device_identity()
         if own_device and hello["device"] == own_device:
@@ -215,11 +245,13 @@ class CollectiveWeightSender(CollectiveEndpoint):
                 store, rank, f"rank {rank} serves in dtype {hello['dtype']!r}, which is not a weight dtype"
             )
         self._serving_dtypes[rank] = hello["dtype"]
-        store.set(f"rank{rank}_verdict", json.dumps({"proof": self._proof("sender", hello["nonce"], rank)}))
+        verdict = {"proof": self._proof("sender", hello["nonce"], rank)}
+        store.set(self._key(f"rank{rank}_verdict"), json.dumps(verdict))
+        return True
 
     def _refuse(self, store: Any, rank: int, problem: str) -> NoReturn:
         """Tell `rank` why it is refused, and end this session."""
-        store.set(f"rank{rank}_verdict", json.dumps({"refused": problem}))
+        store.set(self._key(f"rank{rank}_verdict"), json.dumps({"refused": problem}))
         time.sleep(_REFUSAL_LINGER_S)
         raise UserError(f"weight sender at {self.address}: {problem}")
 
@@ -319,14 +351,19 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
 
     def _join(self, store: Any, deadline: float) -> None:
         """Claim this rank, answer the sender's challenge and check its proof."""
-        if store.add(f"rank{self.rank}_claims", 1) > 1:
+        store.set(knock_key(self.rank), "1")
+        if store.add(self._key(f"rank{self.rank}_claims"), 1) > 1:
             raise UserError(
                 f"weight receiver at {self.address}: rank {self.rank} was already taken in this session; an "
                 "inference server runs more than one worker (tp or dp > 1: the collective needs tp=1, dp=1, "
                 "start one server per replica instead) or two servers were given the same rank"
             )
-        self._await_keys(store, {SENDER_RANK: _SENDER_KEY}, deadline)
-        sender = _json_object(store.get(_SENDER_KEY), {"nonce": str, "world_size": int})
+        challenge_key = self._key(_SENDER_KEY)
+        try:
+            self._await_keys(store, {SENDER_RANK: challenge_key}, deadline)
+        except TimeoutError as err:
+            raise TimeoutError(self._no_challenge()) from err
+        sender = _json_object(store.get(challenge_key), {"nonce": str, "world_size": int})
         if sender is None:
             raise UserError(self._not_the_trainer("wrote a malformed challenge"))
         self._session_nonce = sender["nonce"]
@@ -339,7 +376,7 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
             "device": self._device_identity(),
         }
         # Written even when the world sizes differ, so the trainer names this rank too.
-        store.set(f"rank{self.rank}_hello", json.dumps(hello))
+        store.set(self._key(f"rank{self.rank}_hello"), json.dumps(hello))
         if sender["world_size"] != self.world_size:
             raise UserError(
                 f"weight receiver rank {self.rank} at {self.address}: the orchestrator gave world size "
@@ -347,7 +384,7 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
                 f"is {sender['world_size'] - 1}; set num_servers to the number of servers in client.base_url, "
                 "in train.yaml and orch.yaml"
             )
-        verdict_key = f"rank{self.rank}_verdict"
+        verdict_key = self._key(f"rank{self.rank}_verdict")
         self._await_keys(store, {SENDER_RANK: verdict_key}, deadline)
         raw_verdict = store.get(verdict_key)
         refusal = _json_object(raw_verdict, {"refused": str})
@@ -360,6 +397,14 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
             raise UserError(self._not_the_trainer("answered with a malformed proof"))
         if self._secret is not None and not self._proven("sender", nonce, self.rank, verdict["proof"]):
             raise UserError(self._not_the_trainer(f"did not prove it holds the secret in ${self.secret_env}"))
+
+    def _no_challenge(self) -> str:
+        secret = "" if self._secret is None else f" for the secret in ${self.secret_env}"
+        return (
+            f"weight receiver rank {self.rank} at {self.address}: the trainer's challenge{secret} did not appear "
+            f"within {self.timeout}s; check that grpo-train runs with weight_broadcast type nccl"
+            + ("" if self._secret is None else " and holds the same secret as this server")
+        )
 
     def _not_the_trainer(self, what: str) -> str:
         return (

@@ -41,6 +41,13 @@ def _describe_ranks(ranks: list[int]) -> str:
     return ", ".join("0 (the trainer)" if rank == SENDER_RANK else str(rank) for rank in ranks)
 
 
+def knock_key(rank: int) -> str:
+    """A key every receiver sets, under no secret: a sender that holds another secret than the
+    receiver sees no key of its own from it (`_key`), and names the rank from this instead. It
+    is only ever used for that message."""
+    return f"knock/rank{rank}"
+
+
 def tag_bytes(text: str) -> bytes:
     """A peer's hex HMAC tag as bytes; empty (which no secret verifies) when it is not hex."""
     try:
@@ -115,6 +122,14 @@ class CollectiveEndpoint:
     def _proven(self, role: str, receiver_nonce: str, rank: int, proof: str) -> bool:
         assert self._secret is not None, "only a side that holds the secret checks proofs"
         return verify(self._secret, self._proof_payload(role, receiver_nonce, rank), tag_bytes(proof))
+
+    def _key(self, name: str) -> str:
+        """The store key of rendezvous entry `name` (the challenge, a rank's claim, hello and
+        verdict): with a secret an HMAC of it, so a peer without the secret can neither guess a
+        key before it is written nor pre-empt one (claim a rank, answer for it)."""
+        if self._secret is None:
+            return name
+        return "k/" + sign(self._secret, json.dumps(["key", name]).encode()).hex()
 
     def _session_prefix(self) -> str:
         """Where this session's keys live once the peers are proven: readiness, the process

@@ -99,9 +99,15 @@ def _push_raw(port: int, frames: list[bytes]) -> None:
     context.term()
 
 
+def _batch_header(receiver: ZmqBatchReceiver, step: int) -> bytes:
+    """A batch header as a sender that knows `receiver` writes it (grpo.transport.batches.zmq_session)."""
+    header = {"kind": "batch", "step": step, "from": "a sender", "to": receiver.receiver_id, "seq": 0}
+    return json.dumps(header).encode()
+
+
 def test_corrupt_blob_is_rejected_naming_the_step(receiver: ZmqBatchReceiver) -> None:
     blob = encode_batch(synthetic_batch(6, num_tokens=64))
-    _push_raw(receiver.port, [json.dumps({"kind": "batch", "step": 6}).encode(), blob[:-20]])
+    _push_raw(receiver.port, [_batch_header(receiver, 6), blob[:-20]])
     with pytest.raises(ValueError, match="step 6"):
         receiver.receive(6, timeout=10)
 
@@ -394,7 +400,7 @@ def test_messages_above_the_size_limit_are_refused() -> None:
 def test_a_forged_batch_with_bad_values_is_refused(receiver: ZmqBatchReceiver) -> None:
     batch = synthetic_batch(0)
     batch.rows[0].input_ids[3] = -1
-    _push_raw(receiver.port, [json.dumps({"kind": "batch", "step": 0}).encode(), encode_batch(batch)])
+    _push_raw(receiver.port, [_batch_header(receiver, 0), encode_batch(batch)])
     with pytest.raises(ValueError, match="token ids must be >= 0"):
         receiver.receive(0, timeout=10)
 

@@ -35,6 +35,7 @@ from grpo.transport.weights.collective import (
 )
 from grpo.transport.weights.manifest import check_manifest
 from grpo.utils.auth import sign
+from grpo.utils.errors import UserError
 
 SECRET_ENV = "GRPO_TEST_WEIGHTS_SECRET"
 ROGUE_SECRET_ENV = "GRPO_TEST_ROGUE_SECRET"
@@ -244,45 +245,49 @@ def test_peers_holding_the_same_secret_exchange_weights() -> None:
 
 
 @pytest.mark.parametrize("rogue_secret_env", [UNSET_ENV, ROGUE_SECRET_ENV], ids=["no_secret", "wrong_secret"])
-def test_a_receiver_that_cannot_prove_the_secret_is_refused_by_name_and_gets_no_weights(
+def test_a_receiver_that_cannot_prove_the_secret_gets_no_weights_and_is_named_at_the_deadline(
     rogue_secret_env: str,
 ) -> None:
     port = _free_port()
     rogue = _in_thread(
-        lambda: _receive_updates(port, 1, 2, num_updates=1, timeout=30, secret_env=rogue_secret_env)
+        lambda: _receive_updates(port, 1, 2, num_updates=1, timeout=5, secret_env=rogue_secret_env)
     )
     sender = CollectiveWeightSender(
-        "localhost", port, timeout=30, num_servers=1, backend="gloo", secret_env=SECRET_ENV
+        "localhost", port, timeout=3, num_servers=1, backend="gloo", secret_env=SECRET_ENV
     )
     with pytest.raises(ValueError, match=rf"rank 1 did not prove it holds the secret in \${SECRET_ENV}"):
         sender.send(1, _weights(1))
     sender.close()
     rogue[0].join(timeout=30)
     assert rogue[1].value is None, "the refused receiver got weights"
-    assert "was refused by the trainer: rank 1 did not prove" in str(rogue[1].error)
+    # It looked for the challenge under keys its own secret (or none) names: there was none.
+    assert "the trainer's challenge" in str(rogue[1].error) and "did not appear" in str(rogue[1].error)
 
 
 class _StoreThatChecksNoOne(CollectiveWeightSender):
     """A rogue trainer: answers every receiver with a proof made with whatever secret it has."""
 
-    def _answer(self, store: Any, rank: int, raw_hello: bytes) -> None:
+    def _answer(self, store: Any, rank: int, raw_hello: bytes) -> bool:
         nonce = json.loads(raw_hello)["nonce"]
-        store.set(f"rank{rank}_verdict", json.dumps({"proof": self._proof("sender", nonce, rank)}))
+        store.set(self._key(f"rank{rank}_verdict"), json.dumps({"proof": self._proof("sender", nonce, rank)}))
+        return True
 
 
 @pytest.mark.parametrize("rogue_secret_env", [UNSET_ENV, ROGUE_SECRET_ENV], ids=["no_secret", "wrong_secret"])
-def test_a_receiver_refuses_a_store_that_cannot_prove_the_secret(rogue_secret_env: str) -> None:
+def test_a_receiver_takes_no_challenge_from_a_store_without_the_secret(rogue_secret_env: str) -> None:
     port = _free_port()
     rogue = _StoreThatChecksNoOne(
         "localhost", port, timeout=3, num_servers=1, backend="gloo", secret_env=rogue_secret_env
     )
     rogue_sends = _in_thread(lambda: rogue.send(1, _weights(1)))
     with pytest.raises(
-        ValueError, match=rf"localhost:{port} did not prove it holds the secret in \${SECRET_ENV}"
+        TimeoutError,
+        match=rf"challenge for the secret in \${SECRET_ENV} did not appear.*holds the same secret",
     ):
-        _receive_updates(port, 1, 2, num_updates=1, timeout=30, secret_env=SECRET_ENV)
+        _receive_updates(port, 1, 2, num_updates=1, timeout=3, secret_env=SECRET_ENV)
     rogue_sends[0].join(timeout=30)
-    assert isinstance(rogue_sends[1].error, TimeoutError)  # the refusing receiver never became ready
+    # The receiver never became ready: the rogue times out, or names the rank knocking with another secret.
+    assert isinstance(rogue_sends[1].error, (TimeoutError, UserError)), rogue_sends[1].error
     rogue.close()
 
 
