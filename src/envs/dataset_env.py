@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config.dataset_env import DatasetEnvConfig
-from grpo.envs.base import EnvReply, Example, Message, Score, completion_text, normalise_examples
+from grpo.envs.base import Example, Message, Score, completion_text, normalise_examples
 from grpo.envs.group_rewards import OWN_ARGUMENTS, GroupRewardSet, check_signature
-from grpo.envs.single_turn import prompt_messages
+from grpo.envs.single_turn import OneReplyEnv
 from grpo.utils.errors import UserError
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -30,10 +30,8 @@ NOT_PASSED = ("prompt", "completion")
 """Example keys that do not reach reward functions as columns (TRL leaves them out too)."""
 
 
-class DatasetEnv:
+class DatasetEnv(OneReplyEnv):
     """A single-turn environment over dataset rows whose reward functions score a group at once."""
-
-    max_turns = 1
 
     def __init__(
         self, name: str, examples: list[Example], rewards: GroupRewardSet, system_prompt: str | None = None
@@ -42,15 +40,6 @@ class DatasetEnv:
         self.examples = normalise_examples(examples)
         self.rewards = rewards
         self.system_prompt = system_prompt
-
-    def prompt_messages(self, example: Example) -> list[Message]:
-        return prompt_messages(example, self.system_prompt)
-
-    async def reset(self, example: Example) -> dict[str, Any]:
-        return {}
-
-    async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
-        return EnvReply(messages=[], done=True)
 
     async def score_group(
         self, example: Example, completions: list[list[Message]], completion_ids: Sequence[list[int] | None]

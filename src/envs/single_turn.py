@@ -10,15 +10,30 @@ from grpo.envs.rewards import RewardFn, RewardSet
 from grpo.utils.errors import UserError
 
 
-class SingleTurnEnv:
+class OneReplyEnv:
+    """The part of an environment whose episode is one reply to one prompt: the prompt as chat
+    messages (with `system_prompt` first), no state, no environment turn."""
+
+    max_turns = 1
+    system_prompt: str | None
+
+    def prompt_messages(self, example: Example) -> list[Message]:
+        return prompt_messages(example, self.system_prompt)
+
+    async def reset(self, example: Example) -> dict[str, Any]:
+        return {}
+
+    async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
+        return EnvReply(messages=[], done=True)
+
+
+class SingleTurnEnv(OneReplyEnv):
     """`SingleTurnEnv(examples=[{"prompt": ..., "answer": ...}], rewards=[fn, ...])`.
 
     Each reward fn takes by keyword what it needs: `completion` (the reply text), `prompt`,
     `answer`, `example`, `info`, `task`, `messages` (the reply as chat messages), `state`.
     It returns a float and may be async. The reward is the weighted sum (weights default to 1).
     """
-
-    max_turns = 1
 
     def __init__(
         self,
@@ -37,15 +52,6 @@ class SingleTurnEnv:
         self.examples = normalise_examples(list(examples))
         self.system_prompt = system_prompt
         self.rewards = RewardSet(name, rewards, weights, reward_timeout)
-
-    def prompt_messages(self, example: Example) -> list[Message]:
-        return prompt_messages(example, self.system_prompt)
-
-    async def reset(self, example: Example) -> dict[str, Any]:
-        return {}
-
-    async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
-        return EnvReply(messages=[], done=True)
 
     async def score(self, example: Example, completion: list[Message], state: dict[str, Any]) -> Score:
         kwargs = {

@@ -87,8 +87,15 @@ def test_files_added_after_stable_and_manifestless_markers_keep_a_folder_intact(
 def test_only_the_atomic_module_deletes_folder_trees() -> None:
     # Every delete of a STABLE step folder must go through remove_published (STABLE first, then a
     # rename out of the step_N names); a plain rmtree elsewhere would bring back the partial-STABLE
-    # folders. The others listed delete folders that never carry STABLE.
-    allowed = {"utils/atomic.py", "models/embedded.py", "models/tiny.py", "transport/batches/zmq_spool.py"}
+    # folders. The others listed delete folders that never carry STABLE (grpo export: the user's old
+    # output folder under --force, and its own staging folder).
+    allowed = {
+        "utils/atomic.py",
+        "models/embedded.py",
+        "models/tiny.py",
+        "models/export.py",
+        "transport/batches/zmq_spool.py",
+    }
     src = Path(atomic.__file__).resolve().parent.parent
     users = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if "rmtree" in p.read_text()}
     assert users <= allowed, f"rmtree outside grpo.utils.atomic: {sorted(users - allowed)}"
