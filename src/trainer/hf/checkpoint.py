@@ -5,8 +5,8 @@ Files beside the shared ones (rng_rank{r}.json, trainer_state.json):
 - `trainable.safetensors`: every trainable parameter by name, whole (FSDP2 shards gathered).
 - `optimizer.safetensors` + `optimizer.json`: the optimizer state keyed by parameter NAME, the
   "full state dict" of torch.distributed.checkpoint (get/set_optimizer_state_dict re-shard it for
-  any rank count): its tensors (Adam's moments, 8-bit quantisation state) in safetensors as
-  `<param name>/<state key>`, everything else (numbers, param groups) in JSON.
+  any rank count), written by grpo.utils.tensor_tree: its tensors (Adam's moments, 8-bit
+  quantisation state) in safetensors, everything else (numbers, param groups) in JSON.
 - `scheduler.json`: the LR scheduler's state.
 - `grad_scale.json` (float16 compute only): the dynamic gradient scale (grpo.trainer.grad_scale).
 Nothing in the folder is a pickle: resuming loads tensors and JSON only.
@@ -31,6 +31,7 @@ from grpo.trainer.checkpoint import (
 )
 from grpo.utils.atomic import staging_dir
 from grpo.utils.errors import UserError
+from grpo.utils.tensor_tree import load_tree, save_tree
 
 if TYPE_CHECKING:
     import torch
@@ -49,40 +50,9 @@ SCHEDULER_FILE = "scheduler.json"
 GRAD_SCALE_FILE = "grad_scale.json"
 
 
-def _optimizer_to_files(optimizer_state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A full optimizer state dict -> (tensors by "<param name>/<key>", the rest as JSON)."""
-    import torch
-
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for name, param_state in optimizer_state["state"].items():
-        for key, value in param_state.items():
-            if isinstance(value, torch.Tensor):
-                # clone: safetensors refuses tensors sharing storage
-                tensors[f"{name}/{key}"] = value.detach().cpu().contiguous().clone()
-            else:
-                scalars.setdefault(name, {})[key] = value
-    return tensors, {"scalars": scalars, "param_groups": optimizer_state["param_groups"]}
-
-
 def read_optimizer_state(folder: Path) -> dict[str, Any]:
     """The full optimizer state dict a checkpoint folder holds (parameter names as keys)."""
-    from safetensors.torch import load_file
-
-    return _optimizer_from_files(
-        load_file(str(folder / OPTIMIZER_TENSORS_FILE)),
-        json.loads((folder / OPTIMIZER_JSON_FILE).read_text()),
-    )
-
-
-def _optimizer_from_files(tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> dict[str, Any]:
-    state: dict[str, dict[str, Any]] = {}
-    for key, tensor in tensors.items():
-        name, _, state_key = key.rpartition("/")
-        state.setdefault(name, {})[state_key] = tensor
-    for name, values in rest["scalars"].items():
-        state.setdefault(name, {}).update(values)
-    return {"state": state, "param_groups": rest["param_groups"]}
+    return load_tree(folder / OPTIMIZER_JSON_FILE, folder / OPTIMIZER_TENSORS_FILE)
 
 
 def _whole_state_options(**overrides: bool) -> Any:
@@ -133,9 +103,7 @@ def save_checkpoint(
     if dist_ctx is None or dist_ctx.is_main:
         staged = staging_dir(final)
         save_file(trainable, str(staged / TRAINABLE_FILE))
-        optimizer_tensors, optimizer_rest = _optimizer_to_files(optimizer_state)
-        save_file(optimizer_tensors, str(staged / OPTIMIZER_TENSORS_FILE))
-        (staged / OPTIMIZER_JSON_FILE).write_text(json.dumps(optimizer_rest))
+        save_tree(optimizer_state, staged / OPTIMIZER_JSON_FILE, staged / OPTIMIZER_TENSORS_FILE)
         (staged / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict()))
         if grad_scale is not None:
             (staged / GRAD_SCALE_FILE).write_text(json.dumps(grad_scale.state_dict()))

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from grpo.colocate.replicas import free_port
 from grpo.transport.weights.collective import (
     DEFAULT_SECRET_ENV,
     CollectiveWeightReceiver,
@@ -29,12 +30,6 @@ def _secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DEFAULT_SECRET_ENV, raising=False)
     monkeypatch.setenv(SECRET_ENV, "the-shared-secret-" + "s" * 32)
     monkeypatch.setenv(ROGUE_SECRET_ENV, "a-guessed-secret-" + "r" * 32)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _weights() -> list[tuple[str, torch.Tensor]]:
@@ -110,7 +105,7 @@ _STORE_WRITER = """
 
 
 def test_a_strangers_hello_and_rank_claim_neither_end_the_publish_nor_take_the_rank() -> None:
-    port = _free_port()
+    port = free_port()
     thread, outcome = _publish_in_thread(port, timeout=30)
     _wait_for_store(port)
     _run_stranger(_STORE_WRITER, port)
@@ -134,7 +129,7 @@ _ROGUE_RECEIVER = f"""
 
 
 def test_a_server_with_another_secret_neither_ends_the_publish_nor_takes_the_rank() -> None:
-    port = _free_port()
+    port = free_port()
     thread, outcome = _publish_in_thread(port, timeout=30)
     _wait_for_store(port)
     _run_stranger(_ROGUE_RECEIVER, port)  # joins first, as rank 1
