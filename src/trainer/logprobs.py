@@ -29,10 +29,9 @@ if TYPE_CHECKING:
 def float32_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """hidden [C, H] -> logits [C, V] float32, unrounded; an lm_head that is not a plain linear
     layer (LoRA or quantized) computes as it does and its output is cast."""
-    import torch
     from torch import nn
 
-    if type(lm_head) is not nn.Linear or lm_head.weight.dtype == torch.float32:
+    if type(lm_head) is not nn.Linear:
         return lm_head(hidden).float()
     return float32_linear(hidden, lm_head.weight, lm_head.bias)
 
