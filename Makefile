@@ -37,7 +37,7 @@ typecheck: setup
 	MYPYPATH=.mypy_pkg $(BIN)/mypy -p grpo
 
 test: setup lint typecheck
-	$(BIN)/pytest -q --timeout=900
+	$(BIN)/pytest -q --timeout=900 --durations=30
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not vllm" --timeout=300

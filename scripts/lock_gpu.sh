@@ -2,7 +2,7 @@
 # Renew constraints/gpu.txt (`make lock-gpu`): the versions a GPU machine installs, resolved from
 # this machine for linux x86_64 + the CUDA wheels on PyPI, whatever this machine is.
 #
-# uv resolves pyproject.toml's `gpu`, `dev` and `megatron` extras once per Python a GPU machine may
+# uv resolves pyproject.toml's `gpu`, `dev`, `megatron`, `verifiers` and `openenv` extras once per Python a GPU machine may
 # run (scripts/setup.sh takes python3.11, else python3: 3.12 on the lent GPU machines). A package
 # pinned the same for both gets one line; one that differs gets a line per Python with a
 # `python_version` marker, which pip honours in a constraints file. uv lives in a throwaway venv
@@ -23,7 +23,7 @@ trap 'rm -rf "$tmp"' EXIT
 resolved=()
 for version in "${PYTHONS[@]}"; do
   resolved+=("$tmp/$version.txt")
-  "$LOCK_VENV/bin/uv" pip compile --quiet pyproject.toml --extra gpu --extra dev --extra megatron \
+  "$LOCK_VENV/bin/uv" pip compile --quiet pyproject.toml --extra gpu --extra dev --extra megatron --extra verifiers --extra openenv \
     --python-platform "$PLATFORM" --python-version "$version" --no-header --no-annotate \
     -o "$tmp/$version.txt"
 done

@@ -51,7 +51,7 @@ else
   pip_install torch==2.13.0
 fi
 
-pip_install -e ".[${EXTRA},dev,megatron]"
+pip_install -e ".[${EXTRA},dev,megatron,verifiers,openenv]"
 if [[ "$EXTRA" == cpu ]]; then
   "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
