@@ -20,7 +20,9 @@ this step), step_time (seconds of compute), wait_time (seconds blocked on the ba
 (all tokens forwarded, prompt included, per second of step_time), sequence_tokens_per_s (the same
 with every sequence counted whole, as if no prefix were shared: the rate plain packing would need to
 match), skipped_steps (steps so far whose gradient norm was not finite and were not applied),
-fp16_grad_scale (only when computing in float16: the dynamic gradient scale after the step).
+fp16_grad_scale (only when computing in float16: the dynamic gradient scale after the step),
+model_tflops_per_s and mfu (this rank's model FLOPs per second of step_time, and that over one
+device's peak in the matmul dtype; see grpo.trainer.flops and grpo.trainer.peak_flops).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.flops import StepFlopCounter
     from grpo.trainer.hf.model import Policy
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
@@ -118,6 +121,7 @@ class Trainer:
         self._open: _OpenStep | None = None
         """The step between begin_step and finish_step."""
         self._report = StepReport(cfg, self.run_dir, self.is_main)
+        self._flops = self._flop_counter()
 
     @property
     def is_main(self) -> bool:
@@ -246,6 +250,7 @@ class Trainer:
                 state.totals.add(sums)
                 state.num_tokens += mb.num_tokens
                 state.num_sequence_tokens += mb.num_sequence_tokens
+                self._flops.add(mb.position_ids, int(mb.loss.targets.numel()))
             if group_loss is not None:
                 if self.grad_scale is not None:
                     group_loss = group_loss * self.grad_scale.scale
@@ -324,6 +329,7 @@ class Trainer:
         )
         if self.grad_scale is not None:
             metrics["fp16_grad_scale"] = self.grad_scale.scale
+        metrics.update(self._flop_rates(step_time))
         self._report.write(batch_step, metrics, totals.num_loss_tokens)
         return metrics
 
@@ -346,6 +352,25 @@ class Trainer:
             untempered=has_teacher,
         )
         return loss_of_tokens(tokens, lp, entropy, untempered_lp, self.cfg.loss, loss_scale)
+
+    def _flop_counter(self) -> StepFlopCounter:
+        from grpo.trainer.flops import StepFlopCounter, flop_shape
+
+        return StepFlopCounter(
+            flop_shape(self.policy.causal_lm.config),
+            trains_base=not self.policy.is_lora,
+            trains_output_layer=not self.policy.is_lora,
+            num_lora_params=sum(p.numel() for p in self.params) if self.policy.is_lora else 0,
+        )
+
+    def _flop_rates(self, step_time: float) -> dict[str, float]:
+        from grpo.trainer.flops import flop_rate_metrics
+        from grpo.trainer.peak_flops import peak_flops
+
+        model_flops = self._flops.model_flops()
+        self._flops.reset()
+        peak, _ = peak_flops(self.policy.device, self.policy.autocast_dtype or self.policy.dtype)
+        return flop_rate_metrics(model_flops, step_time, peak)
 
     def _sum_over_ranks(
         self, totals: LossSums, num_tokens: int, num_sequence_tokens: int

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.flops import StepFlopCounter
     from grpo.trainer.megatron.model import MegatronModel
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
@@ -83,6 +84,7 @@ class MegatronTrainer:
         """Optimizer steps taken = the version of the current policy."""
         self.num_skipped_steps = 0
         self._report = StepReport(cfg, self.run_dir, self.is_main)
+        self._flops = self._flop_counter()
         num_params = sum(p.numel() for p in self.model.module.parameters())
         log.info(
             "megatron policy %s on %s, %s, tp %d pp %d dp %d, %d parameters on this rank%s",
@@ -175,6 +177,8 @@ class MegatronTrainer:
         micro_batches = self._micro_batches(rows)
         num_tokens = sum(mb.num_tokens for mb in micro_batches)
         num_sequence_tokens = sum(mb.num_sequence_tokens for mb in micro_batches)
+        for mb in micro_batches:
+            self._flops.add(mb.position_ids, int(mb.loss.targets.numel()))
         if self.ranks.pp_size > 1:
             totals = self._pipelined_backward(micro_batches, loss_scale)
         else:
@@ -196,8 +200,27 @@ class MegatronTrainer:
             num_sequence_tokens=num_sequence_tokens,
             num_skipped_steps=self.num_skipped_steps,
         )
+        metrics.update(self._flop_rates(step_time))
         self._report.write(batch.step, metrics, totals.num_loss_tokens)
         return metrics
+
+    def _flop_counter(self) -> StepFlopCounter:
+        from transformers import AutoConfig
+
+        from grpo.trainer.flops import StepFlopCounter, flop_shape
+
+        shape = flop_shape(AutoConfig.from_pretrained(self.model_path))
+        return StepFlopCounter(shape, trains_base=True, trains_output_layer=True, num_lora_params=0)
+
+    def _flop_rates(self, step_time: float) -> dict[str, float]:
+        """As the HF trainer's; a rank computes 1/(tp x pp) of its data-parallel share's FLOPs."""
+        from grpo.trainer.flops import flop_rate_metrics
+        from grpo.trainer.peak_flops import peak_flops
+
+        model_flops = self._flops.model_flops() / (self.ranks.tp_size * self.ranks.pp_size)
+        self._flops.reset()
+        peak, _ = peak_flops(self.model.device, self.model.dtype)
+        return flop_rate_metrics(model_flops, step_time, peak)
 
     def _backward(self, micro_batches: list[MicroBatch], loss_scale: int) -> LossSums:
         """Forward and backward every micro-batch (one pipeline stage): the summed loss of each

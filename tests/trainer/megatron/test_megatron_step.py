@@ -64,6 +64,9 @@ def test_one_megatron_update_equals_the_hf_backends_full_update(
     for key in ("loss", "kl", "entropy", "masked", "tokens", "grad_norm", "grad_norm_before_clip", "lr"):
         assert megatron_metrics[key] == pytest.approx(hf_metrics[key], rel=1e-4, abs=1e-6), key
     assert hf_metrics["grad_norm_before_clip"] > 0.5  # clipped: the clipping is compared too
+    # both backends count the same model FLOPs for the same full update (mfu's numerator)
+    hf_flops = hf_metrics["model_tflops_per_s"] * hf_metrics["step_time"]
+    assert megatron_metrics["model_tflops_per_s"] * megatron_metrics["step_time"] == pytest.approx(hf_flops)
     after = megatron.hf_state_dict()
     assert after is not None
     hf_after = hf.policy.causal_lm.state_dict()
