@@ -106,8 +106,7 @@ def run_variant(
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
-    for batch in batches[1:]:
-        step_fn(batch)
+    step_metrics = [step_fn(batch) for batch in batches[1:]]
     if on_cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
@@ -118,8 +117,12 @@ def run_variant(
         if on_cuda
         else {}
     )
+    # The trainer's own metric (LoRA-aware model FLOPs, attention and logits included, over the peak
+    # of grpo.trainer.peak_flops), beside the 6 x parameters convention of `mfu`.
+    own = [m["mfu"] for m in step_metrics if isinstance(m, dict) and "mfu" in m]
     return {
         **cuda,
+        "trainer_mfu_metric": sum(own) / len(own) if own else None,
         "tokens_per_s": tokens_per_s,
         "step_s": elapsed / num_steps,
         "warmup_step_s": warmup_s,
@@ -128,10 +131,6 @@ def run_variant(
         "dtype": str(trainer.policy.dtype),
         "threads": torch.get_num_threads(),
     }
-
-
-# Dense bf16 tensor-core peak (no sparsity) by device name, for MFU.
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
 
 
 def _cuda_figures(cfg, model: str, tokens_per_s: float) -> dict[str, object]:
@@ -143,10 +142,12 @@ def _cuda_figures(cfg, model: str, tokens_per_s: float) -> dict[str, object]:
 
     from grpo.colocate.memory_plan import GIB, trainer_rows
     from grpo.models.shape import ModelShape
+    from grpo.trainer.peak_flops import table_peak_tflops
 
     shape = ModelShape.from_folder(model)
     name = torch.cuda.get_device_name()
-    peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    peak_tflops = table_peak_tflops(name)
+    peak = None if peak_tflops is None else peak_tflops * 1e12
     num_params = shape.num_linear_params()
     predicted = sum(b for _, b, _ in trainer_rows(cfg, shape, on_gpu=True)) + num_params * 2
     measured = torch.cuda.max_memory_reserved()
@@ -331,14 +332,23 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/trainer_bench.py", *sys.argv[1:]]),
         "load_average_1min": {"start": loads[0], "max": max(loads), "end": loads[-1]},
         "results": results,
-        # Same work on both sides: no activation recomputation in either.
-        "speedup_vs_plain_peft": results["trainer_no_checkpointing"]["tokens_per_s"]
-        / results["plain_peft"]["tokens_per_s"],
-        "speedup_with_checkpointing_vs_plain_peft": results["trainer"]["tokens_per_s"]
-        / results["plain_peft"]["tokens_per_s"],
-        "logprob_peak_memory_ratio_naive_over_chunked": results["logprobs_naive"]["peak_growth_mib"]
-        / max(results["logprobs_chunked"]["peak_growth_mib"], 1.0),
     }
+
+    def ratio(name: str, numerator: str, denominator: str, key: str, floor: float = 0.0) -> None:
+        # A variant left out with --skip leaves out the ratios it is part of.
+        if numerator in results and denominator in results:
+            record[name] = results[numerator][key] / max(results[denominator][key], floor)
+
+    # Same work on both sides: no activation recomputation in either.
+    ratio("speedup_vs_plain_peft", "trainer_no_checkpointing", "plain_peft", "tokens_per_s")
+    ratio("speedup_with_checkpointing_vs_plain_peft", "trainer", "plain_peft", "tokens_per_s")
+    ratio(
+        "logprob_peak_memory_ratio_naive_over_chunked",
+        "logprobs_naive",
+        "logprobs_chunked",
+        "peak_growth_mib",
+        floor=1.0,
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"trainer_{machine}.json").write_text(json.dumps(record, indent=2))
     print(json.dumps(record, indent=2))
