@@ -89,6 +89,7 @@ class Judge:
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._limit: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.num_requests = 0
         """Requests sent (attempts included)."""
 
@@ -108,10 +109,13 @@ class Judge:
         return Endpoint(base.base_url if base else cfg.base_url, model, api_key)
 
     async def __call__(self, prompt: Any, completion: str, answer: Any = None) -> float:
-        if self._client is None:
-            # made on first use: on the event loop that scores (the loader runs in a thread)
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # made on the event loop that scores (the loader runs in a thread; a client is bound to
+            # the loop it first ran on)
             self._client = httpx.AsyncClient(transport=self._transport, timeout=self.cfg.timeout_s)
             self._limit = asyncio.Semaphore(self.cfg.max_concurrency)
+            self._loop = loop
         assert self._limit is not None
         endpoint = self.endpoint()
         messages = [{"role": "user", "content": render(self.cfg.prompt, prompt, completion, answer)}]
