@@ -23,6 +23,9 @@ from grpo.config.base import StrictModel
 OWN_SERVER = "self"
 """judge.base_url that means the run's own inference server."""
 
+MATCH_PREFIX = "match:"
+"""judge.parse "match:<regex>": the score is whether the regex is found."""
+
 PROMPT_FIELDS = ("prompt", "completion", "answer")
 """The fields a judge prompt may name in braces."""
 
@@ -56,8 +59,9 @@ class JudgeConfig(StrictModel):
 
     parse: str = "yes/no"
     """How the verdict becomes a score: "yes/no" (1.0 when the verdict's first word is yes, 0.0 when
-    it is no, else unparsable), or a regular expression whose first group (or whole match) is the
-    score as a number; re.search, so it may match anywhere. An unparsable verdict fails its rollout."""
+    it is no, else unparsable); "match:<regex>" (1.0 when the regex is found in the verdict, else
+    0.0; never unparsable); or a regular expression whose first group (or whole match) is the score
+    as a number (found anywhere: re.search). An unparsable verdict fails its rollout."""
 
     weight: float = 1.0
     """Weight of the judge's score in the reward."""
@@ -83,7 +87,9 @@ class JudgeConfig(StrictModel):
         try:
             names = {field for _, field, _, _ in string.Formatter().parse(prompt) if field is not None}
         except ValueError as exc:
-            raise ValueError(f"judge.prompt is not a format string ({exc}); write literal braces doubled") from exc
+            raise ValueError(
+                f"judge.prompt is not a format string ({exc}); write literal braces doubled"
+            ) from exc
         unknown = sorted(names - set(PROMPT_FIELDS))
         if unknown:
             raise ValueError(
@@ -98,9 +104,11 @@ class JudgeConfig(StrictModel):
         if parse == "yes/no":
             return parse
         try:
-            re.compile(parse)
+            re.compile(parse.removeprefix(MATCH_PREFIX))
         except re.error as exc:
-            raise ValueError(f'judge.parse {parse!r} is neither "yes/no" nor a regular expression ({exc})') from exc
+            raise ValueError(
+                f'judge.parse {parse!r} is neither "yes/no" nor a regular expression ({exc})'
+            ) from exc
         return parse
 
 

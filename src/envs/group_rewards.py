@@ -47,7 +47,7 @@ def check_signature(where: str, fn: Callable[..., Any], columns: Sequence[str]) 
         ) from None
 
 
-def _value(value: Any) -> float | None | RewardFailure:
+def _value(value: Any) -> float | RewardFailure | None:
     """A reward entry as float or None (a built-in's RewardFailure kept: it fails that completion);
     ValueError for anything else (bool counts as a number)."""
     if value is None or isinstance(value, RewardFailure):
@@ -96,7 +96,7 @@ class GroupRewardSet:
 
     async def _values(
         self, index: int, kwargs: dict[str, Any], num_completions: int
-    ) -> list[float | None | RewardFailure] | str:
+    ) -> list[float | RewardFailure | None] | str:
         """Function `index`'s value per completion, or why the group fails."""
         name = self.names[index]
         try:
@@ -145,7 +145,7 @@ class GroupRewardSet:
             self._combine([r[j] for r in results if not isinstance(r, str)]) for j in range(num_completions)
         ]
 
-    def _combine(self, values: list[float | None | RewardFailure]) -> Score:
+    def _combine(self, values: list[float | RewardFailure | None]) -> Score:
         """One completion's Score from each function's value for it."""
         metrics: dict[str, float] = {}
         total = 0.0

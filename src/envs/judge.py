@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from grpo.config.judges import OWN_SERVER, JudgeConfig
+from grpo.config.judges import MATCH_PREFIX, OWN_SERVER, JudgeConfig
 from grpo.envs.base import Message
 from grpo.envs.rewards import RewardFailure
 from grpo.utils.auth import secret_from_env
@@ -52,7 +52,9 @@ def use_own_server(endpoint: Endpoint | None) -> None:
 def render(template: str, prompt: Any, completion: str, answer: Any) -> str:
     """The judge prompt with {prompt}, {completion}, {answer} filled in (a chat prompt as its last
     user message)."""
-    return template.format(prompt=prompt_text(prompt), completion=completion, answer="" if answer is None else answer)
+    return template.format(
+        prompt=prompt_text(prompt), completion=completion, answer="" if answer is None else answer
+    )
 
 
 def prompt_text(prompt: str | list[Message]) -> str:
@@ -70,6 +72,8 @@ def parse_verdict(parse: str, verdict: str) -> float:
         word = first.group(1).lower() if first else ""
         if word in ("yes", "no"):
             return 1.0 if word == "yes" else 0.0
+    elif parse.startswith(MATCH_PREFIX):
+        return 1.0 if re.search(parse.removeprefix(MATCH_PREFIX), text) else 0.0
     else:
         match = re.search(parse, text)
         if match is not None:
@@ -142,13 +146,17 @@ class Judge:
                 response = await self._client.post(url, json=body, headers=headers)
             except httpx.TransportError as exc:
                 if last:
-                    raise RewardFailure(f"judge request to {url} failed: {type(exc).__name__}: {exc}") from exc
+                    raise RewardFailure(
+                        f"judge request to {url} failed: {type(exc).__name__}: {exc}"
+                    ) from exc
             else:
                 status = response.status_code
                 if status < 400:
                     return _content(response, url)
                 if last or not (status >= 500 or status == 429):
-                    raise RewardFailure(f"judge {url} answered HTTP {status}: {response.text[:VERDICT_CHARS]}")
+                    raise RewardFailure(
+                        f"judge {url} answered HTTP {status}: {response.text[:VERDICT_CHARS]}"
+                    )
             await asyncio.sleep(backoff_delay_s(attempt, RETRY_BASE_DELAY_S, RETRY_MAX_DELAY_S))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -197,4 +205,3 @@ def judge_group_reward(judge: Judge) -> Any:
 
 def _reply(completion: list[Message]) -> str:
     return "\n".join(str(m.get("content", "")) for m in completion if m.get("role") == "assistant")
-

@@ -26,7 +26,9 @@ def check_reward_model(cfg: RewardModelConfig, where: str) -> None:
     try:
         config = AutoConfig.from_pretrained(cfg.path)
     except (OSError, ValueError) as exc:
-        raise UserError(f"{where}: reward_model {cfg.path!r} cannot be loaded ({exc}); give a local folder or hub id") from None
+        raise UserError(
+            f"{where}: reward_model {cfg.path!r} cannot be loaded ({exc}); give a local folder or hub id"
+        ) from None
     architectures = getattr(config, "architectures", None) or []
     if not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise UserError(
@@ -71,9 +73,7 @@ class RewardModel:
 
     def texts(self, pairs: list[tuple[str | list[Message], str]]) -> list[str]:
         """Each pair through the chat template."""
-        return [
-            self._tokenizer.apply_chat_template(conversation(p, r), tokenize=False) for p, r in pairs
-        ]
+        return [self._tokenizer.apply_chat_template(conversation(p, r), tokenize=False) for p, r in pairs]
 
     def _score_sync(self, pairs: list[tuple[str | list[Message], str]]) -> list[float]:
         import torch
@@ -118,7 +118,9 @@ def reward_model_group_reward(model: RewardModel) -> Any:
     """The reward model as a TRL-style function of a dataset block."""
 
     async def reward_model_fn(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
-        replies = [c if isinstance(c, str) else "\n".join(str(m.get("content", "")) for m in c) for c in completions]
+        replies = [
+            c if isinstance(c, str) else "\n".join(str(m.get("content", "")) for m in c) for c in completions
+        ]
         return await model.score(list(zip(prompts, replies, strict=True)))
 
     reward_model_fn.__name__ = model.cfg.name

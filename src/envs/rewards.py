@@ -57,7 +57,7 @@ def group_reward(fn: RewardFn) -> RewardFn:
 
 
 def group_kind(fn: RewardFn) -> str | None:
-    """"group", "batch" or None (a per-rollout function)."""
+    """ "group", "batch" or None (a per-rollout function)."""
     return getattr(fn, GROUP_REWARD_ATTR, None)
 
 

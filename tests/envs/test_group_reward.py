@@ -106,7 +106,7 @@ def test_each_function_keeps_its_own_timeout_and_failure_reason() -> None:
 
 def test_the_reward_pool_is_sized_by_reward_threads() -> None:
     class NoClient:
-        base_urls: list[str] = []
+        base_urls = ()
 
     before = REWARD_POOL.max_workers
     try:

@@ -89,6 +89,8 @@ def test_render_leaves_a_missing_answer_empty() -> None:
         ("yes/no", "  **No**, because", 0.0),
         (r"(\d+(?:\.\d+)?)\s*/\s*10", "I give it 7.5/10", 7.5),
         (r"\d", "score: 3 of 5", 3.0),
+        (r"match:\d", "three is 3", 1.0),
+        (r"match:\d", "no digit here", 0.0),
     ],
 )
 def test_verdicts_parse_into_scores(parse: str, verdict: str, score: float) -> None:
@@ -183,8 +185,10 @@ def test_an_id_block_judge_scores_each_reply_as_its_own_metric(chat_server: Chat
     example = env.examples[0]
     score = asyncio.run(env.score(example, _reply("whatever"), {}))
     assert not score.failed and score.metrics["judge"] == 1.0
-    (body, _), = chat_server.requests
-    assert body["messages"][0]["content"].endswith("A: whatever\nRef: " + str(example.get("answer", "")) + "\nCorrect?")
+    ((body, _),) = chat_server.requests
+    assert body["messages"][0]["content"].endswith(
+        "A: whatever\nRef: " + str(example.get("answer", "")) + "\nCorrect?"
+    )
 
 
 def test_base_url_self_uses_the_runs_own_server_model_and_key(chat_server: ChatServer) -> None:
@@ -195,7 +199,7 @@ def test_base_url_self_uses_the_runs_own_server_model_and_key(chat_server: ChatS
     finally:
         use_own_server(None)
     assert score.metrics["judge"] == 1.0
-    (body, authorization), = chat_server.requests
+    ((body, authorization),) = chat_server.requests
     assert body["model"] == "the-policy" and authorization == f"Bearer {KEY}"
 
 
@@ -206,7 +210,11 @@ def test_a_failing_judge_fails_only_its_rollout_with_the_reason(tmp_path: Path) 
         )
         score = asyncio.run(env.score(env.examples[0], _reply("x"), {}))
     assert score.failed and score.reward == 0.0
-    assert score.failure is not None and score.failure.startswith("reward judge: judge ") and "HTTP 404" in score.failure
+    assert (
+        score.failure is not None
+        and score.failure.startswith("reward judge: judge ")
+        and "HTTP 404" in score.failure
+    )
 
 
 def one(completions: list[Any], **columns: Any) -> list[float]:

@@ -80,7 +80,9 @@ def test_an_env_blocks_reward_model_is_its_own_metric(tiny_reward_model: Path) -
 
 def test_a_multi_turn_env_scores_each_rollout_alone(tiny_reward_model: Path) -> None:
     env = MultiTurnEnv([{"prompt": "hi"}], [lambda completion: 0.0], max_turns=3)
-    add_extra_rewards(env, EnvConfig(id="x", reward_model={"path": str(tiny_reward_model), "weight": 2.0}), "env x")
+    add_extra_rewards(
+        env, EnvConfig(id="x", reward_model={"path": str(tiny_reward_model), "weight": 2.0}), "env x"
+    )
     score = asyncio.run(env.score(env.examples[0], [{"role": "assistant", "content": "yo"}], {}))
     (expected,) = _direct_scores(tiny_reward_model, [("hi", "yo")])
     assert score.reward == pytest.approx(2.0 * expected, abs=1e-4)
