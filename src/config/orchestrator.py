@@ -13,6 +13,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from grpo.config.base import StrictModel
 from grpo.config.dataset_env import ENV_BLOCK_TAGS, DatasetEnvConfig, env_block_kind
+from grpo.config.judges import ExtraRewardsConfig
 from grpo.config.sampling import SamplingConfig
 from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
 from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
@@ -42,7 +43,7 @@ class ModelConfig(StrictModel):
     """LoRA alpha of the trainer (checked against the trainer)."""
 
 
-class EnvConfig(StrictModel):
+class EnvConfig(ExtraRewardsConfig):
     id: str
     """Built-in environment id (reverse-text, short-answer, long-brief, math, gsm8k-synthetic,
     reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum) or an import path
@@ -329,6 +330,11 @@ class OrchestratorConfig(StrictModel):
     env: list[EnvBlock] = Field(default_factory=lambda: _default_env(), min_length=1)
     """Training environments: each a block with `id` (built-in, import path, or a server at `address`)
     or with `dataset` (a dataset scored by TRL-style reward functions; the (dataset block) keys)."""
+
+    reward_threads: int = Field(8, gt=0)
+    """Worker threads shared by every sync reward function of the orchestrator (async ones run on its
+    event loop). A reward stuck past its timeout keeps its thread; raise this for many slow,
+    I/O-bound sync rewards."""
 
     batch_size: int = Field(128, gt=0)
     """Rollouts per training step."""

@@ -3,6 +3,7 @@
 from grpo.envs.base import Environment, EnvReply, Example, Message, Score
 from grpo.envs.loading import load_environment
 from grpo.envs.multi_turn import MultiTurnEnv
+from grpo.envs.rewards import group_reward
 from grpo.envs.single_turn import SingleTurnEnv
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "MultiTurnEnv",
     "Score",
     "SingleTurnEnv",
+    "group_reward",
     "load_environment",
 ]

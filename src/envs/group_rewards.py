@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpo.envs.base import Score
-from grpo.envs.rewards import REWARD_POOL, FailureLog
+from grpo.envs.rewards import REWARD_POOL, FailureLog, RewardFailure
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
@@ -47,10 +47,11 @@ def check_signature(where: str, fn: Callable[..., Any], columns: Sequence[str]) 
         ) from None
 
 
-def _value(value: Any) -> float | None:
-    """A reward entry as float or None; ValueError for anything else (bool counts as a number)."""
-    if value is None:
-        return None
+def _value(value: Any) -> float | RewardFailure | None:
+    """A reward entry as float or None (a built-in's RewardFailure kept: it fails that completion);
+    ValueError for anything else (bool counts as a number)."""
+    if value is None or isinstance(value, RewardFailure):
+        return value
     if isinstance(value, str | bytes) or not (isinstance(value, int | float) or hasattr(value, "__float__")):
         raise ValueError(f"entry {value!r} ({type(value).__name__}) is not a number or None")
     return float(value)
@@ -76,6 +77,14 @@ class GroupRewardSet:
         self.timeout = timeout
         self.failures = FailureLog()
 
+    def add(self, fn: Callable[..., Any], weight: float, name: str) -> None:
+        """One more function (the LLM judge, a reward model), logged under `name`."""
+        if name in self.names:
+            raise UserError(f"env {self.env_name}: a reward function is already named {name!r}; rename one")
+        self.fns.append(fn)
+        self.names.append(name)
+        self.weights.append(weight)
+
     async def _call(self, index: int, kwargs: dict[str, Any]) -> Any:
         fn = self.fns[index]
         if inspect.iscoroutinefunction(fn):
@@ -87,7 +96,7 @@ class GroupRewardSet:
 
     async def _values(
         self, index: int, kwargs: dict[str, Any], num_completions: int
-    ) -> list[float | None] | str:
+    ) -> list[float | RewardFailure | None] | str:
         """Function `index`'s value per completion, or why the group fails."""
         name = self.names[index]
         try:
@@ -136,13 +145,17 @@ class GroupRewardSet:
             self._combine([r[j] for r in results if not isinstance(r, str)]) for j in range(num_completions)
         ]
 
-    def _combine(self, values: list[float | None]) -> Score:
+    def _combine(self, values: list[float | RewardFailure | None]) -> Score:
         """One completion's Score from each function's value for it."""
         metrics: dict[str, float] = {}
         total = 0.0
         for name, weight, value in zip(self.names, self.weights, values, strict=True):
             if value is None:
                 continue
+            if isinstance(value, RewardFailure):
+                reason = f"reward {name}: {value}"
+                self.failures.record(self.env_name, reason, reason)
+                return Score(reward=0.0, failure=reason)
             if not math.isfinite(value):
                 reason = f"reward {name} returned {value}, not a finite number"
                 self.failures.record(self.env_name, reason, reason)

@@ -169,6 +169,11 @@ def _connect(env_cfg: EnvConfig, address: str) -> Environment:
 def _check_remote(env_cfg: EnvConfig, address: str) -> None:
     from grpo.envs.remote import base_url
 
+    if env_cfg.has_extra_rewards:
+        raise UserError(
+            f"env {env_cfg.display_name}: judge: and reward_model: are added in-process; a server at "
+            f"{address} scores its own rollouts (its environment may use grpo.envs.judge there); remove them"
+        )
     if env_cfg.args:
         raise UserError(
             f"env {env_cfg.display_name}: args go to the server (grpo-env {env_cfg.id} --args JSON), "
@@ -182,7 +187,7 @@ def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
     if isinstance(env_cfg, DatasetEnvConfig):
         from grpo.envs.dataset_env import load_dataset_env
 
-        return load_dataset_env(env_cfg)
+        return _with_extra_rewards(load_dataset_env(env_cfg), env_cfg)
     build, builtin = _resolve(env_cfg)
     try:
         env = build()
@@ -200,7 +205,16 @@ def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
             f"env {env_cfg.id!r}: the loader returned {type(env).__name__}, which is not an environment "
             "(needs name, examples, max_turns, prompt_messages, reset, step, score); return a SingleTurnEnv"
         )
-    return env
+    return _with_extra_rewards(env, env_cfg)
+
+
+def _with_extra_rewards(env: Environment, env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
+    """env with the block's judge: and reward_model: added (grpo.envs.extra_rewards)."""
+    if not env_cfg.has_extra_rewards:
+        return env
+    from grpo.envs.extra_rewards import add_extra_rewards
+
+    return add_extra_rewards(env, env_cfg, f"env {env_cfg.display_name}")
 
 
 _prebuilt: dict[int, tuple[EnvConfig | DatasetEnvConfig, Environment]] = {}

@@ -26,10 +26,18 @@ class MultiTurnEnv(SingleTurnEnv):
         name: str = "multi-turn",
         reward_timeout: float = 60.0,
     ) -> None:
-        super().__init__(examples, rewards, weights, system_prompt, name, reward_timeout)
         if max_turns < 1:
             raise UserError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
+        super().__init__(examples, rewards, weights, system_prompt, name, reward_timeout)
+        self._check_group_rewards()
+
+    def _check_group_rewards(self) -> None:
+        if self.max_turns > 1 and self.rewards.needs_whole_group:
+            raise UserError(
+                f"env {self.name}: a @group_reward function scores a group at once, which grpo does for "
+                "single-turn rollouts only; use max_turns=1 or a per-rollout reward function"
+            )
 
     async def reset(self, example: Example) -> dict[str, Any]:
         return {"example": example, "turn": 0}

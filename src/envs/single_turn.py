@@ -33,6 +33,9 @@ class SingleTurnEnv(OneReplyEnv):
     Each reward fn takes by keyword what it needs: `completion` (the reply text), `prompt`,
     `answer`, `example`, `info`, `task`, `messages` (the reply as chat messages), `state`.
     It returns a float and may be async. The reward is the weighted sum (weights default to 1).
+    A fn marked `@grpo.envs.group_reward` scores a prompt's completions together
+    (grpo.envs.rewards); the environment then offers `score_group` and the orchestrator scores each
+    group at once.
     """
 
     def __init__(
@@ -52,9 +55,39 @@ class SingleTurnEnv(OneReplyEnv):
         self.examples = normalise_examples(list(examples))
         self.system_prompt = system_prompt
         self.rewards = RewardSet(name, rewards, weights, reward_timeout)
+        self._offer_score_group()
+
+    def add_reward(self, fn: RewardFn, weight: float, name: str) -> None:
+        """One more reward function (the LLM judge, a reward model), logged under `name`."""
+        if name in self.rewards.names:
+            raise UserError(f"env {self.name}: a reward function is already named {name!r}; rename one")
+        self.rewards.add(fn, weight, name)
+        self._check_group_rewards()
+        self._offer_score_group()
+
+    def _offer_score_group(self) -> None:
+        # GroupScoring is a runtime-checked Protocol: an env offers score_group by having the
+        # attribute, so only one whose rewards score groups takes the orchestrator's group path.
+        if self.rewards.has_group:
+            self.score_group = self._score_group
+
+    def _check_group_rewards(self) -> None:
+        """Subclasses with several turns refuse rewards that need the whole group."""
+
+    async def _score_group(
+        self, example: Example, completions: list[list[Message]], completion_ids: Sequence[list[int] | None]
+    ) -> list[Score]:
+        # The orchestrator's single-turn path scores without the states; a one-reply env's state is
+        # its fresh reset state (step is never called).
+        states = [await self.reset(example) for _ in completions]
+        rollouts = [self._kwargs(example, c, s) for c, s in zip(completions, states, strict=True)]
+        return await self.rewards.score_group(rollouts, completion_ids)
 
     async def score(self, example: Example, completion: list[Message], state: dict[str, Any]) -> Score:
-        kwargs = {
+        return await self.rewards.score(self._kwargs(example, completion, state))
+
+    def _kwargs(self, example: Example, completion: list[Message], state: dict[str, Any]) -> dict[str, Any]:
+        return {
             "completion": completion_text(completion),
             "prompt": example["prompt"],
             "answer": example.get("answer"),
@@ -64,7 +97,6 @@ class SingleTurnEnv(OneReplyEnv):
             "messages": completion,
             "state": state,
         }
-        return await self.rewards.score(kwargs)
 
 
 def prompt_messages(example: Example, system_prompt: str | None) -> list[Message]:

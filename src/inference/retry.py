@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 
 from grpo.inference.recovery import ServerDownError
+from grpo.utils.backoff import backoff_delay_s
 
 RETRY_BASE_DELAY_S = 0.5
 RETRY_MAX_DELAY_S = 8.0
@@ -21,7 +22,7 @@ class ServerLeftError(TransientServerError):
 
 def backoff_s(attempt: int) -> float:
     """Seconds to wait after failed attempt `attempt` (counted from 0) before the next one."""
-    return min(RETRY_BASE_DELAY_S * 2**attempt, RETRY_MAX_DELAY_S)
+    return backoff_delay_s(attempt, RETRY_BASE_DELAY_S, RETRY_MAX_DELAY_S)
 
 
 def server_gone(error: Exception) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.loading import load_environment
+from grpo.envs.rewards import REWARD_POOL
 from grpo.inference.types import RolloutClient
 from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.tokenizer import ChatTokenizer
@@ -25,6 +26,7 @@ async def run(
     """Run until cfg.max_steps batches are sent or `stop` is set. The caller owns client and sender;
     a teacher client is built here from teacher_model.client unless one is given."""
     tokenizer = await asyncio.to_thread(ChatTokenizer.from_path, tokenizer_path)
+    configure_rewards(cfg, client)
     envs = await asyncio.to_thread(lambda: [load_environment(e) for e in cfg.env])
     eval_cfg = cfg.eval
     eval_envs = (
@@ -54,3 +56,19 @@ async def run(
     finally:
         if own_teacher and teacher_client is not None:
             await teacher_client.close()
+
+
+def configure_rewards(cfg: OrchestratorConfig, client: RolloutClient) -> None:
+    """Size the sync-reward thread pool, and tell `judge: {base_url: self}` where the run's own
+    inference server is: the client's first server (in co-located mode known only now), the policy's
+    base model name, the API key the client sends."""
+    from grpo.envs.judge import Endpoint, use_own_server
+    from grpo.utils.auth import secret_from_env
+
+    REWARD_POOL.resize(cfg.reward_threads)
+    base_urls: list[str] = list(getattr(client, "base_urls", None) or [])
+    if not base_urls or not cfg.model.name:
+        use_own_server(None)
+        return
+    key = secret_from_env(cfg.client.api_key_var)
+    use_own_server(Endpoint(base_urls[0], cfg.model.name, None if key is None else key.decode()))
