@@ -271,6 +271,8 @@ class RolloutRunner:
         tools, a turn's tool calls are run and their results are the next context; a turn without
         calls goes to the environment's step."""
         tools = _tool_schemas(req.env)
+        # a prompt ending in an assistant message is that turn's start (the model continues it)
+        prefill = str(history.pop()["content"]) if history and history[-1].get("role") == "assistant" else ""
         rollout: Rollout | None = None
         completion: list[Message] = []
         for turn in range(req.env.max_turns):
@@ -290,16 +292,20 @@ class RolloutRunner:
                     rollout.completion_versions += choice.versions
                 rollout.num_resumes += choice.num_resumes
                 rollout.num_recovered_tokens += choice.num_recovered_tokens
-            reply_msg: Message = {"role": "assistant", "content": c.text}
-            calls = self._tool_calls(list(c.token_ids), context, tools)
+            reply_msg: Message = {"role": "assistant", "content": prefill + c.text}
+            calls = self._tool_calls(list(c.token_ids), context, tools, prefill)
+            prefill = ""
             if calls:
                 reply_msg["tool_calls"] = [_openai_call(call) for call in calls]
             history.append(reply_msg)
             completion.append(reply_msg)
-            if failure is not None or rollout.truncated or turn == req.env.max_turns - 1:
+            # a turn cut at max_tokens still runs the calls it made (as vLLM's chat route parses them)
+            if failure is not None or (rollout.truncated and not calls) or turn == req.env.max_turns - 1:
                 break
             if calls:
                 assert isinstance(req.env, ToolUse)
+                if rollout.truncated:  # close the cut turn as the template would: a token that never trains
+                    self._append_env_ids(rollout, self.tokenizer.encode(self.tokenizer.end_of_turn_token))
                 new_messages = await self._run_tools(req.env, calls, rollout)
             else:
                 reply: EnvReply | None
@@ -307,24 +313,27 @@ class RolloutRunner:
                 if reply is None or reply.done:
                     break
                 new_messages = reply.messages
-            env_ids = self.tokenizer.continuation_ids(history, new_messages, tools)
+            self._append_env_ids(rollout, self.tokenizer.continuation_ids(history, new_messages, tools))
             history += new_messages
             completion += new_messages
-            rollout.completion_ids += env_ids
-            rollout.completion_mask += [False] * len(env_ids)
-            rollout.completion_logprobs += [0.0] * len(env_ids)
-            if rollout.completion_versions is not None:
-                rollout.completion_versions += [self.policy.version] * len(env_ids)
         assert rollout is not None  # max_turns >= 1
         return rollout, completion, failure
 
+    def _append_env_ids(self, rollout: Rollout, env_ids: list[int]) -> None:
+        """Tokens the model did not sample (environment and tool turns): in the context, never trained."""
+        rollout.completion_ids += env_ids
+        rollout.completion_mask += [False] * len(env_ids)
+        rollout.completion_logprobs += [0.0] * len(env_ids)
+        if rollout.completion_versions is not None:
+            rollout.completion_versions += [self.policy.version] * len(env_ids)
+
     def _tool_calls(
-        self, token_ids: list[int], context: list[int], tools: list[dict[str, Any]] | None
+        self, token_ids: list[int], context: list[int], tools: list[dict[str, Any]] | None, prefill: str
     ) -> list[ToolCall]:
         if not tools:
             return []
         assert self.tool_parser is not None, "an environment with tools needs the runner's tool_parser"
-        return self.tool_parser.parse(token_ids, context, tools)
+        return self.tool_parser.parse(token_ids, context, tools, prefill)
 
     async def _run_tools(self, env: ToolUse, calls: list[ToolCall], rollout: Rollout) -> list[Message]:
         """The calls' tool messages, run one after another (tools may share state, e.g. a sandbox)."""

@@ -32,9 +32,14 @@ class ChatTokenizer:
         return cls(AutoTokenizer.from_pretrained(path), template_kwargs)
 
     def render(
-        self, messages: list[Message], add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
-        """The conversation as text; `tools`: the JSON schemas of the tools the model may call."""
+        """The conversation as text; `tools`: the JSON schemas of the tools the model may call;
+        `continue_final_message`: the last message left open for the model to continue."""
         if self.hf.chat_template is None:
             raise UserError(
                 "the model's tokenizer has no chat template; use a chat/instruct model or set one in "
@@ -45,6 +50,7 @@ class ChatTokenizer:
                 [_as_sampled(m) for m in messages],
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                **({"continue_final_message": True} if continue_final_message else {}),
                 **self.template_kwargs,
                 **({"tools": tools} if tools else {}),
             )
@@ -58,7 +64,14 @@ class ChatTokenizer:
         return str(self.hf.decode(token_ids, skip_special_tokens=True))
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
+        """The tokens the model answers: after a generation prompt, or, when the last message is the
+        assistant's (a prefill), inside that message, which the model continues."""
+        prefill = bool(messages) and messages[-1].get("role") == "assistant"
+        return self.encode(
+            self.render(
+                messages, add_generation_prompt=not prefill, tools=tools, continue_final_message=prefill
+            )
+        )
 
     @functools.cached_property
     def end_of_turn(self) -> str:

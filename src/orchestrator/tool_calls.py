@@ -32,13 +32,15 @@ class ToolCallParser:
         self._vllm: dict[int, tuple[Any, Any]] = {}
 
     def parse(
-        self, token_ids: list[int], prefix_ids: list[int], tools: list[dict[str, Any]]
+        self, token_ids: list[int], prefix_ids: list[int], tools: list[dict[str, Any]], prefill: str = ""
     ) -> list[ToolCall]:
-        """The calls in one sampled turn (`token_ids`, after the context `prefix_ids`); [] for none."""
+        """The calls in one sampled turn (`token_ids`, after the context `prefix_ids`); [] for none.
+        `prefill`: the turn's start given in the prompt (an assistant message the model continued); the
+        tokenizer's own parsing finds it in the prefix."""
         text = self._text(token_ids)
         if self.uses_template:
             return self._from_template(text, prefix_ids, tools)
-        return self._from_vllm(text, tools)
+        return self._from_vllm(prefill + text, tools)
 
     def _text(self, token_ids: list[int]) -> str:
         """The turn as sampled, special tokens kept (some models' <tool_call> is one), its end-of-turn

@@ -139,10 +139,9 @@ def test_an_unknown_parser_name_fails_at_the_start_with_the_names(embedded_model
 class FakeTemplateTokenizer:
     """A tokenizer with its own response parsing (transformers' response_template / parse_response)."""
 
-    response_template = {"stand-in": True}
-
     def __init__(self, hf: Any) -> None:
         self.hf = hf
+        self.response_template = {"stand-in": True}
         self.seen: list[tuple[str, str]] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -194,14 +193,19 @@ def test_a_tool_that_raises_or_times_out_answers_with_an_error_text() -> None:
 class ScriptedClient:
     """Replies with the next scripted text, tokenised by the real tokenizer, then end-of-turn."""
 
-    def __init__(self, tokenizer: ChatTokenizer, replies: list[str]) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, replies: list[str], cut: bool = False) -> None:
         self.tokenizer = tokenizer
         self.replies = list(replies)
         self.prompts: list[list[int]] = []
+        self.cut = cut
+        """Every reply stops at max_tokens (no end of turn)."""
 
     async def generate(self, request: GenerateRequest) -> list[Completion]:
         self.prompts.append(request.prompt_token_ids)
         text = self.replies.pop(0)
+        if self.cut:
+            ids = self.tokenizer.encode(text)
+            return [Completion(ids, [-0.1] * len(ids), text, "length")]
         ids = self.tokenizer.encode(text) + self.tokenizer.encode(self.tokenizer.eos_token)
         return [Completion(ids, [-0.1] * len(ids), text, "stop")]
 
@@ -214,9 +218,9 @@ def answer_42(completion: str) -> float:
 
 
 def play(
-    tokenizer: ChatTokenizer, replies: list[str], env: ToolEnv, tmp_path: Path
+    tokenizer: ChatTokenizer, replies: list[str], env: ToolEnv, tmp_path: Path, cut: bool = False
 ) -> tuple[Any, ScriptedClient, list[Message]]:
-    client = ScriptedClient(tokenizer, replies)
+    client = ScriptedClient(tokenizer, replies, cut)
     runner = RolloutRunner(
         client,  # type: ignore[arg-type]
         tokenizer,
@@ -235,8 +239,8 @@ def play(
     return group.rollouts[0], client, seen
 
 
-def calculator_env(max_turns: int, *functions: Any) -> ToolEnv:
-    inner = SingleTurnEnv(examples=[{"prompt": "What is 2 + 40?"}], rewards=[answer_42])
+def calculator_env(max_turns: int, *functions: Any, prompt: Any = "What is 2 + 40?") -> ToolEnv:
+    inner = SingleTurnEnv(examples=[{"prompt": prompt}], rewards=[answer_42])
     return with_tools(inner, ToolSet("env calc", list(functions or [add]), timeout=0.5), max_turns)
 
 
@@ -358,3 +362,25 @@ def test_a_dataset_block_with_tools_loads_as_a_group_scoring_tool_env(
     env = load_environment(cfg)
     assert isinstance(env, ToolUse) and isinstance(env, GroupScoring)
     assert (env.name, env.max_turns, [s["function"]["name"] for s in env.tools.schemas]) == ("q", 3, ["add"])
+
+
+def test_a_prefilled_call_cut_at_max_tokens_still_runs_and_its_turn_is_closed_by_a_masked_token(
+    embedded_model_path: Path, tmp_path: Path
+) -> None:
+    tokenizer = ChatTokenizer.from_path(str(embedded_model_path))
+    CALLS.clear()
+    call = hermes("add", '{"a": 2, "b": 40}')
+    prompt = [{"role": "user", "content": "What is 2 + 40?"}, {"role": "assistant", "content": call}]
+    env = calculator_env(2, prompt=prompt)
+    rollout, client, completion = play(tokenizer, [" and then", "so 42"], env, tmp_path, cut=True)
+
+    assert CALLS == [(2, 40)]  # the call came from the prefill, read together with the sampled text
+    assert tokenizer.hf.decode(client.prompts[0]).endswith("<|im_start|>assistant\n" + call)  # continued
+    assert completion[0]["content"] == call + " and then" and completion[1]["content"] == "42"
+    full = rollout.prompt_ids + rollout.completion_ids
+    assert client.prompts[1] == full[: len(client.prompts[1])]
+    first_turn = len(tokenizer.encode(" and then"))
+    assert rollout.completion_mask[:first_turn] == [True] * first_turn
+    closing = rollout.completion_ids[first_turn : first_turn + 1]
+    assert tokenizer.hf.decode(closing) == tokenizer.end_of_turn_token
+    assert rollout.completion_mask[first_turn] is False
