@@ -76,7 +76,16 @@ class Orchestrator:
         self.policy = PolicyTracker(
             run_dir, client, cfg.model.lora_adapter, cfg.model.name or "", update_gate=gate
         )
-        uses_tools = any(isinstance(env, ToolUse) for env in [*envs, *(eval_envs or [])])
+        tool_envs = [env for env in [*envs, *(eval_envs or [])] if isinstance(env, ToolUse)]
+        for env in tool_envs:
+            if not tokenizer.shows_tools(env.tools.schemas):
+                log.warning(
+                    "env %s: the model's chat template ignores tools=, so the model sees the tools only where "
+                    "its prompt describes them (system_prompt); a model whose template renders tools "
+                    "(Qwen2.5, Qwen3) needs no description",
+                    env.name,
+                )
+        uses_tools = bool(tool_envs)
         self.runner = RolloutRunner(
             client,
             tokenizer,

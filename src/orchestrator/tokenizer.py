@@ -56,6 +56,11 @@ class ChatTokenizer:
             )
         )
 
+    def shows_tools(self, tools: list[dict[str, Any]]) -> bool:
+        """Whether the chat template renders `tools=` at all (SmolLM2's, for one, ignores them)."""
+        probe: list[Message] = [{"role": "user", "content": _PROBE_QUESTION}]
+        return self.render(probe, True, tools=tools) != self.render(probe, True)
+
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
 

@@ -108,6 +108,8 @@ def test_the_chat_template_gets_the_tools_and_the_template_kwargs(embedded_model
     text = tokenizer.render([{"role": "user", "content": "hi"}], add_generation_prompt=True, tools=tools)
     assert text.startswith("TOOLS:add;broken;FLAVOUR:plain\n")
     assert "TOOLS" not in tokenizer.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert tokenizer.shows_tools(tools)
+    assert not ChatTokenizer.from_path(str(embedded_model_path)).shows_tools(tools)  # SmolLM2's template
 
 
 def test_a_hermes_reply_parses_into_calls(embedded_model_path: Path) -> None:
