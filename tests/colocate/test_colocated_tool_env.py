@@ -109,5 +109,7 @@ def test_a_tool_env_block_calls_its_tool_and_trains_two_steps(
     assert [r["step"] for r in read_jsonl(run_dir / "trainer_metrics.jsonl")] == [0, 1]
     assert all(r["failed/num_rollouts"] == 0 for r in orch)
     check_tool_metrics(orch)
-    # 2 steps x 8 rollouts, each of whose first turn called the tool once, with the parsed argument
-    assert tool_log.read_text().splitlines() == ["2 + 40"] * 16
+    # 2 steps x 8 rollouts (and any sampled for a step the run did not reach), each of whose first turn
+    # called the tool once, with the parsed argument
+    calls = tool_log.read_text().splitlines()
+    assert len(calls) >= 16 and set(calls) == {"2 + 40"}
