@@ -11,14 +11,20 @@ mistake to learn from, not a failed rollout.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from grpo.envs.base import Message
 from grpo.utils.errors import UserError
+
+TOOL_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpo-tool")
+"""Threads of sync tools: their own, so tools that hang past their timeout (a thread cannot be
+stopped) tie up only these, never the loop's default executor the orchestrator builds batches on."""
 
 
 @dataclass
@@ -80,7 +86,9 @@ class ToolSet:
                 value = await asyncio.wait_for(fn(**call.arguments), self.timeout)
             else:
                 # a sync tool that overruns keeps its worker thread until it returns; the rollout moves on
-                value = await asyncio.wait_for(asyncio.to_thread(fn, **call.arguments), self.timeout)
+                loop = asyncio.get_running_loop()
+                work = loop.run_in_executor(TOOL_POOL, functools.partial(fn, **call.arguments))
+                value = await asyncio.wait_for(work, self.timeout)
         except TimeoutError:
             return self._result(call, f"Error: {call.name} timed out after {self.timeout:g}s")
         except Exception as exc:
