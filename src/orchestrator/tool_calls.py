@@ -10,7 +10,9 @@ tool loop like a plain reply.
 
 from __future__ import annotations
 
+import contextvars
 import json
+import logging
 from typing import Any
 
 from grpo.envs.tools import ToolCall
@@ -18,6 +20,16 @@ from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.utils.errors import UserError
 
 DEFAULT_PARSER = "hermes"
+
+_PARSING = contextvars.ContextVar("grpo_tool_parsing", default=False)
+"""Set while the orchestrator parses a turn: vLLM's parsers log a traceback for every call they cannot
+decode, which for a policy in training is an expected outcome (the turn ends the tool loop), not an
+error; the server's own chat route (other threads) keeps its logging."""
+
+
+class _QuietWhileParsing(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _PARSING.get()
 
 
 class ToolCallParser:
@@ -61,7 +73,11 @@ class ToolCallParser:
 
     def _from_vllm(self, text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
         parser, request = self._vllm_parser(tools)
-        extracted = parser.extract_tool_calls(text, request)
+        token = _PARSING.set(True)
+        try:
+            extracted = parser.extract_tool_calls(text, request)
+        finally:
+            _PARSING.reset(token)
         if not extracted.tools_called:
             return []
         return _calls(
@@ -88,12 +104,16 @@ def vllm_parser_class(name: str) -> Any:
     from vllm.tool_parsers import ToolParserManager
 
     try:
-        return ToolParserManager.get_tool_parser(name)
+        parser_class = ToolParserManager.get_tool_parser(name)
     except KeyError:
         names = ", ".join(sorted({*ToolParserManager.tool_parsers, *ToolParserManager.lazy_parsers}))
         raise UserError(
             f"orch tool_call_parser {name!r} is not a vLLM tool parser; one of: {names}"
         ) from None
+    module_logger = logging.getLogger(parser_class.__module__)
+    if not any(isinstance(f, _QuietWhileParsing) for f in module_logger.filters):
+        module_logger.addFilter(_QuietWhileParsing())
+    return parser_class
 
 
 def _calls(raw: list[Any]) -> list[ToolCall]:

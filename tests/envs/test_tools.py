@@ -386,3 +386,18 @@ def test_a_prefilled_call_cut_at_max_tokens_still_runs_and_its_turn_is_closed_by
     closing = rollout.completion_ids[first_turn : first_turn + 1]
     assert tokenizer.hf.decode(closing) == tokenizer.end_of_turn_token
     assert rollout.completion_mask[first_turn] is False
+
+
+def test_a_malformed_call_is_parsed_quietly(
+    embedded_model_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tokenizer = ChatTokenizer.from_path(str(embedded_model_path))
+    parser = ToolCallParser(tokenizer, "hermes")
+    with caplog.at_level("DEBUG"):
+        assert (
+            parser.parse(
+                tokenizer.encode('<tool_call>{"name": "add", "argu'), [], ToolSet("t", [add]).schemas
+            )
+            == []
+        )
+    assert not [r for r in caplog.records if "tool call" in r.getMessage().lower()]
