@@ -17,6 +17,9 @@ from pydantic import Field, field_validator, model_validator
 
 from grpo.config.base import StrictModel
 
+DEFAULT_MAX_TURNS = 4
+DEFAULT_TOOL_TIMEOUT_S = 30.0
+
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 """'pkg.module:function'."""
 
@@ -29,12 +32,12 @@ class ToolUseConfig(StrictModel):
     their results appended as `tool` messages (which never train) until a reply calls no tool or
     `max_turns` is reached. Empty: no tools."""
 
-    max_turns: int = Field(4, ge=1)
-    """(with tools) Model turns per rollout: after the last one its tool calls are not run."""
+    max_turns: int | None = Field(None, ge=1)
+    """(with tools) Model turns per rollout (null: 4): after the last one its tool calls are not run."""
 
-    tool_timeout: float = Field(30.0, gt=0)
-    """(with tools) Seconds one tool call may take; a call that takes longer, or raises, gets an error
-    text back as its tool message (the rollout goes on)."""
+    tool_timeout: float | None = Field(None, gt=0)
+    """(with tools) Seconds one tool call may take (null: 30); a call that takes longer, or raises, gets
+    an error text back as its tool message (the rollout goes on)."""
 
     @field_validator("tools")
     @classmethod
@@ -50,8 +53,16 @@ class ToolUseConfig(StrictModel):
     @model_validator(mode="after")
     def _turns_need_tools(self) -> ToolUseConfig:
         for key in ("max_turns", "tool_timeout"):
-            if key in self.model_fields_set and not self.tools:
+            if getattr(self, key) is not None and not self.tools:
                 raise ValueError(
                     f"{key} applies to tool calls; list the functions in tools:, or remove {key}"
                 )
         return self
+
+    @property
+    def num_tool_turns(self) -> int:
+        return DEFAULT_MAX_TURNS if self.max_turns is None else self.max_turns
+
+    @property
+    def tool_timeout_s(self) -> float:
+        return DEFAULT_TOOL_TIMEOUT_S if self.tool_timeout is None else self.tool_timeout

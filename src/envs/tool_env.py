@@ -76,9 +76,9 @@ def load_tools(cfg: ToolUseConfig, where: str) -> ToolSet:
     from grpo.envs.dataset_env import import_reward
 
     functions = [import_reward(f"{where}: tools[{i}] {p!r}", p) for i, p in enumerate(cfg.tools)]
-    return ToolSet(where, functions, cfg.tool_timeout)
+    return ToolSet(where, functions, cfg.tool_timeout_s)
 
 
 def add_tools(env: Environment, cfg: ToolUseConfig, where: str) -> Environment:
     """`env` with the block's tools, or `env` itself when the block has none."""
-    return with_tools(env, load_tools(cfg, where), cfg.max_turns) if cfg.tools else env
+    return with_tools(env, load_tools(cfg, where), cfg.num_tool_turns) if cfg.tools else env
