@@ -357,7 +357,7 @@ class OrchestratorConfig(StrictModel):
     """How the model's tool calls are read from its replies (for env blocks with `tools`): null uses
     the tokenizer's own response parsing when its tokenizer config has a `response_template`
     (transformers' parse_response), else vLLM's `hermes` parser (`<tool_call>{json}</tool_call>`:
-    Qwen2.5, Qwen3, Hermes, SmolLM3); a name picks that vLLM tool parser (the names of vLLM's
+    Qwen2.5, Qwen3, Hermes); a name picks that vLLM tool parser (the names of vLLM's
     --tool-call-parser, e.g. llama3_json, mistral, qwen3_coder). infer.yaml's tool_call_parser does
     not reach training rollouts (they are token-id completions): set the same name here."""
 
