@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from grpo.config.judges import ExtraRewardsConfig
+from grpo.config.tool_use import ToolUseConfig
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 """'pkg.module:function'."""
@@ -29,7 +30,7 @@ ENV_BLOCK_TAGS = ("env[id]", "env[dataset]")
 (grpo.config.loading drops location parts with a '[')."""
 
 
-class DatasetEnvConfig(ExtraRewardsConfig):
+class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
     dataset: str
     """(dataset block) A local .jsonl, .json or .parquet file (relative paths from the working
     directory), or a Hugging Face hub dataset id loaded with datasets.load_dataset (cached after the first

@@ -119,13 +119,18 @@ class InferenceConfig(StrictModel):
     whose weight_broadcast host is not a loopback address; unset on loopback = unauthenticated."""
 
     reasoning_parser: str | None = None
-    """vLLM reasoning parser name (e.g. "deepseek_r1", "qwen3")."""
+    """vLLM reasoning parser name (e.g. "deepseek_r1", "qwen3") for the server's chat-completions route;
+    training rollouts keep the model's whole text (reasoning included) as sampled."""
 
     enable_auto_tool_choice: bool = False
-    """Let the model choose tools (needs `tool_call_parser`)."""
+    """Let the model choose tools on the server's OpenAI chat-completions route (needs
+    `tool_call_parser`); training rollouts are token-id completions, their tool calls are parsed by the
+    orchestrator (orch `tool_call_parser`)."""
 
     tool_call_parser: str | None = None
-    """vLLM tool call parser name, used with enable_auto_tool_choice."""
+    """vLLM tool call parser name for the server's chat-completions route, used with
+    enable_auto_tool_choice; training rollouts' tool calls are parsed by orch `tool_call_parser` (give
+    it the same name)."""
 
     rope_scaling: dict[str, Any] | None = None
     """RoPE scaling dict passed to the model config (e.g. {rope_type: yarn, factor: 4.0})."""

@@ -18,6 +18,7 @@ from grpo.config.sampling import SamplingConfig
 from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
 from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
 from grpo.config.supervisor import ServerRecoveryConfig
+from grpo.config.tool_use import ToolUseConfig
 from grpo.config.transport import (
     FilesystemRolloutTransport,
     FilesystemWeightBroadcast,
@@ -43,7 +44,7 @@ class ModelConfig(StrictModel):
     """LoRA alpha of the trainer (checked against the trainer)."""
 
 
-class EnvConfig(ExtraRewardsConfig):
+class EnvConfig(ToolUseConfig, ExtraRewardsConfig):
     id: str
     """Built-in environment id (reverse-text, short-answer, long-brief, math, gsm8k-synthetic,
     reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum) or an import path
@@ -68,6 +69,15 @@ class EnvConfig(ExtraRewardsConfig):
     """(address) Largest reply accepted from the environment server, in MiB (counted as it
     arrives); a larger one fails its rollout, or the load for the /info reply (the examples and
     their prompts)."""
+
+    @model_validator(mode="after")
+    def _tools_run_in_process(self) -> EnvConfig:
+        if self.tools and self.address is not None:
+            raise ValueError(
+                "tools run in the orchestrator's process, an environment at address runs elsewhere; give "
+                "the tools to that server's environment, or remove tools"
+            )
+        return self
 
     @property
     def display_name(self) -> str:
@@ -344,6 +354,18 @@ class OrchestratorConfig(StrictModel):
 
     seq_len: int = Field(2048, gt=0)
     """Tokens per packed training row; longer samples are truncated."""
+
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the chat template on every render of every environment's
+    conversations, e.g. {enable_thinking: false} for Qwen3 (as vLLM's chat_template_kwargs)."""
+
+    tool_call_parser: str | None = None
+    """How the model's tool calls are read from its replies (for env blocks with `tools`): null uses
+    the tokenizer's own response parsing when its tokenizer config has a `response_template`
+    (transformers' parse_response), else vLLM's `hermes` parser (`<tool_call>{json}</tool_call>`:
+    Qwen2.5, Qwen3, Hermes); a name picks that vLLM tool parser (the names of vLLM's
+    --tool-call-parser, e.g. llama3_json, mistral, qwen3_coder). infer.yaml's tool_call_parser does
+    not reach training rollouts (they are token-id completions): set the same name here."""
 
     shared_prefix: bool = True
     """Store the prompt a group's rollouts share once per training row (a prefix tree; the trainer

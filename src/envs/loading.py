@@ -183,7 +183,14 @@ def _check_remote(env_cfg: EnvConfig, address: str) -> None:
 
 
 def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
-    """Run env_cfg's loader (args already checked) and check that it returned an environment."""
+    """Run env_cfg's loader (args already checked), check that it returned an environment, and give it
+    the block's tools."""
+    from grpo.envs.tool_env import add_tools
+
+    return add_tools(_build_loader(env_cfg), env_cfg, f"env {env_cfg.display_name}")
+
+
+def _build_loader(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
     if isinstance(env_cfg, DatasetEnvConfig):
         from grpo.envs.dataset_env import load_dataset_env
 
@@ -228,6 +235,10 @@ def check_environment(env_cfg: EnvConfig | DatasetEnvConfig) -> None:
         return
     if isinstance(env_cfg, EnvConfig) and env_cfg.id.startswith(REASONING_GYM_PREFIX):
         _resolve(env_cfg)
+        if env_cfg.tools:
+            from grpo.envs.tool_env import load_tools
+
+            load_tools(env_cfg, f"env {env_cfg.display_name}")
         return
     _prebuilt[id(env_cfg)] = (env_cfg, _build(env_cfg))
 

@@ -25,7 +25,7 @@ async def run(
 ) -> None:
     """Run until cfg.max_steps batches are sent or `stop` is set. The caller owns client and sender;
     a teacher client is built here from teacher_model.client unless one is given."""
-    tokenizer = await asyncio.to_thread(ChatTokenizer.from_path, tokenizer_path)
+    tokenizer = await asyncio.to_thread(ChatTokenizer.from_path, tokenizer_path, cfg.chat_template_kwargs)
     configure_rewards(cfg, client)
     envs = await asyncio.to_thread(lambda: [load_environment(e) for e in cfg.env])
     eval_cfg = cfg.eval

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.base import Environment
+from grpo.envs.tool_env import ToolUse
 from grpo.inference.types import RolloutClient, SamplingParams
 from grpo.orchestrator import checkpoint
 from grpo.orchestrator.buffer import Buffer
@@ -37,6 +38,7 @@ from grpo.orchestrator.sampling import request_sampling
 from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_acceptable, required_policy
 from grpo.orchestrator.step_batch import build_batch, pack_metrics, rollout_metrics
 from grpo.orchestrator.tokenizer import ChatTokenizer
+from grpo.orchestrator.tool_calls import ToolCallParser
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.interfaces import BatchSender
 from grpo.transport.batches.parts import PartSender
@@ -74,7 +76,25 @@ class Orchestrator:
         self.policy = PolicyTracker(
             run_dir, client, cfg.model.lora_adapter, cfg.model.name or "", update_gate=gate
         )
-        self.runner = RolloutRunner(client, tokenizer, self.policy, teacher_client, gate, seq_len=cfg.seq_len)
+        tool_envs = [env for env in [*envs, *(eval_envs or [])] if isinstance(env, ToolUse)]
+        for env in tool_envs:
+            if not tokenizer.shows_tools(env.tools.schemas):
+                log.warning(
+                    "env %s: the model's chat template ignores tools=, so the model sees the tools only where "
+                    "its prompt describes them (system_prompt); a model whose template renders tools "
+                    "(Qwen2.5, Qwen3) needs no description",
+                    env.name,
+                )
+        uses_tools = bool(tool_envs)
+        self.runner = RolloutRunner(
+            client,
+            tokenizer,
+            self.policy,
+            teacher_client,
+            gate,
+            seq_len=cfg.seq_len,
+            tool_parser=ToolCallParser(tokenizer, cfg.tool_call_parser) if uses_tools else None,
+        )
         self.vocab_size = tokenizer.vocab_size
         self.step = 0
         self.num_inflight_target = max(1, math.ceil(cfg.num_groups_per_step * cfg.oversampling_factor))

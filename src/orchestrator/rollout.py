@@ -10,10 +10,13 @@ from typing import Any, TypeVar
 
 from grpo.envs.base import Environment, EnvReply, Example, GroupScoring, Message, Score
 from grpo.envs.rewards import FailureLog
+from grpo.envs.tool_env import ToolUse
+from grpo.envs.tools import ToolCall
 from grpo.inference.types import GenerateRequest, RolloutClient, SamplingParams
 from grpo.orchestrator.partial import Resumed, ResumingGenerator, UpdateGate
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.orchestrator.tokenizer import ChatTokenizer
+from grpo.orchestrator.tool_calls import ToolCallParser
 from grpo.orchestrator.types import Group, Rollout
 
 T = TypeVar("T")
@@ -44,8 +47,11 @@ class RolloutRunner:
         teacher_client: RolloutClient | None = None,
         update_gate: UpdateGate | None = None,
         seq_len: int | None = None,
+        tool_parser: ToolCallParser | None = None,
     ) -> None:
         self.client = client
+        self.tool_parser = tool_parser
+        """Reads tool calls from model turns; needed by environments with tools."""
         self.seq_len = seq_len
         self.tokenizer = tokenizer
         self.policy = policy
@@ -173,7 +179,7 @@ class RolloutRunner:
 
     async def run_group(self, req: GroupRequest) -> Group:
         messages = req.env.prompt_messages(req.example)
-        prompt_ids = self.tokenizer.prompt_ids(messages)
+        prompt_ids = self.tokenizer.prompt_ids(messages, _tool_schemas(req.env))
         if req.env.max_turns == 1:
             start = self.policy.version
             choices = await self._generate(req, prompt_ids, req.num_rollouts, None)
@@ -188,8 +194,17 @@ class RolloutRunner:
                 )
             )
         else:
-            done = await asyncio.gather(
+            played = await asyncio.gather(
                 *(self._multi_turn(req, messages, prompt_ids, i) for i in range(req.num_rollouts))
+            )
+            rollouts = [rollout for rollout, _, _, _ in played]
+            completions = [completion for _, completion, _, _ in played]
+            scores = await self._group_scores(req, rollouts, completions, [failure for *_, failure in played])
+            done = await asyncio.gather(
+                *(
+                    self._finish(req, r, c, state, failure, score)
+                    for (r, c, state, failure), score in zip(played, scores, strict=True)
+                )
             )
         return Group(req.env_index, req.example, req.example_index, list(done))
 
@@ -214,7 +229,7 @@ class RolloutRunner:
             req.env.score_group,
             req.example,
             [completions[i] for i in live],
-            [rollouts[i].completion_ids for i in live],
+            [_model_ids(rollouts[i]) for i in live],
         )
         if group is not None and len(group) != len(live):
             failure = f"env {req.env.name}: score_group returned {len(group)} scores for {len(live)} rollouts"
@@ -227,7 +242,8 @@ class RolloutRunner:
 
     async def _multi_turn(
         self, req: GroupRequest, messages: list[Message], prompt_ids: list[int], index: int
-    ) -> Rollout:
+    ) -> tuple[Rollout, list[Message], Any, str | None]:
+        """One rollout's turns, not yet scored: (rollout, completion messages, state, failure)."""
         history = [dict(m) for m in messages]
         state, failure = await self._env_call(req.env, "reset", req.env.reset, req.example)
         start = self.policy.version
@@ -239,7 +255,7 @@ class RolloutRunner:
         finally:
             # The client keeps each session's server (sticky routing) until told the session ended.
             self.client.end_session(session)
-        return await self._finish(req, rollout, completion, state, failure)
+        return rollout, completion, state, failure
 
     async def _turns(
         self,
@@ -251,7 +267,12 @@ class RolloutRunner:
         session: str,
         failure: str | None,
     ) -> tuple[Rollout, list[Message], str | None]:
-        """The model/environment turns of one rollout; an environment failure ends them early."""
+        """The model/environment turns of one rollout; an environment failure ends them early. With
+        tools, a turn's tool calls are run and their results are the next context; a turn without
+        calls goes to the environment's step."""
+        tools = _tool_schemas(req.env)
+        # a prompt ending in an assistant message is that turn's start (the model continues it)
+        prefill = str(history.pop()["content"]) if history and history[-1].get("role") == "assistant" else ""
         rollout: Rollout | None = None
         completion: list[Message] = []
         for turn in range(req.env.max_turns):
@@ -271,22 +292,73 @@ class RolloutRunner:
                     rollout.completion_versions += choice.versions
                 rollout.num_resumes += choice.num_resumes
                 rollout.num_recovered_tokens += choice.num_recovered_tokens
-            reply_msg = {"role": "assistant", "content": c.text}
+            reply_msg: Message = {"role": "assistant", "content": prefill + c.text}
+            calls = self._tool_calls(list(c.token_ids), context, tools, prefill)
+            prefill = ""
+            if calls:
+                reply_msg["tool_calls"] = [_openai_call(call) for call in calls]
             history.append(reply_msg)
             completion.append(reply_msg)
-            if failure is not None or rollout.truncated or turn == req.env.max_turns - 1:
+            # a turn cut at max_tokens still runs the calls it made (as vLLM's chat route parses them)
+            if failure is not None or (rollout.truncated and not calls) or turn == req.env.max_turns - 1:
                 break
-            reply: EnvReply | None
-            reply, failure = await self._env_call(req.env, "step", req.env.step, history, state)
-            if reply is None or reply.done:
-                break
-            env_ids = self.tokenizer.continuation_ids(history, reply.messages)
-            history += reply.messages
-            completion += reply.messages
-            rollout.completion_ids += env_ids
-            rollout.completion_mask += [False] * len(env_ids)
-            rollout.completion_logprobs += [0.0] * len(env_ids)
-            if rollout.completion_versions is not None:
-                rollout.completion_versions += [self.policy.version] * len(env_ids)
+            if calls:
+                assert isinstance(req.env, ToolUse)
+                if rollout.truncated:  # close the cut turn as the template would: a token that never trains
+                    self._append_env_ids(rollout, self.tokenizer.encode(self.tokenizer.end_of_turn_token))
+                new_messages = await self._run_tools(req.env, calls, rollout)
+            else:
+                reply: EnvReply | None
+                reply, failure = await self._env_call(req.env, "step", req.env.step, history, state)
+                if reply is None or reply.done:
+                    break
+                new_messages = reply.messages
+            self._append_env_ids(rollout, self.tokenizer.continuation_ids(history, new_messages, tools))
+            history += new_messages
+            completion += new_messages
         assert rollout is not None  # max_turns >= 1
         return rollout, completion, failure
+
+    def _append_env_ids(self, rollout: Rollout, env_ids: list[int]) -> None:
+        """Tokens the model did not sample (environment and tool turns): in the context, never trained."""
+        rollout.completion_ids += env_ids
+        rollout.completion_mask += [False] * len(env_ids)
+        rollout.completion_logprobs += [0.0] * len(env_ids)
+        if rollout.completion_versions is not None:
+            rollout.completion_versions += [self.policy.version] * len(env_ids)
+
+    def _tool_calls(
+        self, token_ids: list[int], context: list[int], tools: list[dict[str, Any]] | None, prefill: str
+    ) -> list[ToolCall]:
+        if not tools:
+            return []
+        assert self.tool_parser is not None, "an environment with tools needs the runner's tool_parser"
+        return self.tool_parser.parse(token_ids, context, tools, prefill)
+
+    async def _run_tools(self, env: ToolUse, calls: list[ToolCall], rollout: Rollout) -> list[Message]:
+        """The calls' tool messages, run one after another (tools may share state, e.g. a sandbox)."""
+        messages = []
+        for call in calls:
+            result = await env.tools.run(call)
+            rollout.num_tool_calls += 1
+            rollout.num_tool_errors += result.error
+            messages.append(result.message)
+        return messages
+
+
+def _tool_schemas(env: Environment) -> list[dict[str, Any]] | None:
+    """The JSON schemas of the tools env's model may call (None: no tools)."""
+    return env.tools.schemas if isinstance(env, ToolUse) else None
+
+
+def _openai_call(call: ToolCall) -> dict[str, Any]:
+    """A parsed call as an assistant message's tool_calls entry (OpenAI's format)."""
+    entry: dict[str, Any] = {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    if call.id is not None:
+        entry["id"] = call.id
+    return entry
+
+
+def _model_ids(rollout: Rollout) -> list[int]:
+    """The tokens the model sampled (environment and tool turns left out)."""
+    return [t for t, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True) if m]

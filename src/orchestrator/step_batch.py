@@ -14,6 +14,7 @@ import numpy as np
 
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.base import Environment
+from grpo.envs.tool_env import ToolUse
 from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.filters import apply_filters
 from grpo.orchestrator.group_checks import FAILED_GROUPS_METRIC, bounded_advantages, fail_group
@@ -136,7 +137,21 @@ def rollout_metrics(
             metrics[f"reward/{label}"] = statistics.fmean(r.reward for r in scored)
         for name, mean in reward_function_means(scored).items():
             metrics[f"reward/{label}/{name}"] = mean
+        if isinstance(envs[env_index], ToolUse):
+            metrics.update(
+                tool_metrics(label, [r for g in groups if g.env_index == env_index for r in g.rollouts])
+            )
     return metrics
+
+
+def tool_metrics(label: str, rollouts: list[Rollout]) -> dict[str, float]:
+    """An environment with tools: tool calls run per rollout, and how many of them came back as errors."""
+    if not rollouts:
+        return {}
+    return {
+        f"tools/{label}/calls_per_rollout": statistics.fmean(r.num_tool_calls for r in rollouts),
+        f"tools/{label}/num_errors": sum(r.num_tool_errors for r in rollouts),
+    }
 
 
 def reward_function_means(rollouts: list[Rollout]) -> dict[str, float]:

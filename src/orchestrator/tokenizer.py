@@ -18,26 +18,48 @@ _PROBE_FOLLOW_UP = "grpo-probe-follow-up"
 class ChatTokenizer:
     """Wraps a HF tokenizer; the orchestrator tokenizes prompts once and never re-tokenizes output."""
 
-    def __init__(self, hf_tokenizer: Any) -> None:
+    def __init__(self, hf_tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
         self.hf = hf_tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
+        """orch chat_template_kwargs: passed to every render (enable_thinking, ...)."""
         self.vocab_size = len(hf_tokenizer)
         self.eos_token = hf_tokenizer.eos_token
 
     @classmethod
-    def from_path(cls, path: str) -> ChatTokenizer:
+    def from_path(cls, path: str, template_kwargs: dict[str, Any] | None = None) -> ChatTokenizer:
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(path))
+        return cls(AutoTokenizer.from_pretrained(path), template_kwargs)
 
-    def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The conversation as text; `tools`: the JSON schemas of the tools the model may call;
+        `continue_final_message`: the last message left open for the model to continue."""
         if self.hf.chat_template is None:
             raise UserError(
                 "the model's tokenizer has no chat template; use a chat/instruct model or set one in "
                 "tokenizer_config.json"
             )
         return str(
-            self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            self.hf.apply_chat_template(
+                [_as_sampled(m) for m in messages],
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **({"continue_final_message": True} if continue_final_message else {}),
+                **self.template_kwargs,
+                **({"tools": tools} if tools else {}),
+            )
         )
+
+    def shows_tools(self, tools: list[dict[str, Any]]) -> bool:
+        """Whether the chat template renders `tools=` at all (SmolLM2's, for one, ignores them)."""
+        probe: list[Message] = [{"role": "user", "content": _PROBE_QUESTION}]
+        return self.render(probe, True, tools=tools) != self.render(probe, True)
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
@@ -46,8 +68,15 @@ class ChatTokenizer:
         """Text of sampled tokens, special tokens left out (as vLLM's completion text)."""
         return str(self.hf.decode(token_ids, skip_special_tokens=True))
 
-    def prompt_ids(self, messages: list[Message]) -> list[int]:
-        return self.encode(self.render(messages, add_generation_prompt=True))
+    def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The tokens the model answers: after a generation prompt, or, when the last message is the
+        assistant's (a prefill), inside that message, which the model continues."""
+        prefill = bool(messages) and messages[-1].get("role") == "assistant"
+        return self.encode(
+            self.render(
+                messages, add_generation_prompt=not prefill, tools=tools, continue_final_message=prefill
+            )
+        )
 
     @functools.cached_property
     def end_of_turn(self) -> str:
@@ -82,7 +111,9 @@ class ChatTokenizer:
         specials = sorted(self.hf.get_added_vocab(), key=len, reverse=True)
         return next((s for s in specials if s and self.end_of_turn.startswith(s)), self.end_of_turn)
 
-    def continuation_ids(self, history: list[Message], new_messages: list[Message]) -> list[int]:
+    def continuation_ids(
+        self, history: list[Message], new_messages: list[Message], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Tokens that follow the model's last turn (ending in end_of_turn_token) when
         `new_messages` are appended, up to and including the next assistant header.
 
@@ -91,11 +122,19 @@ class ChatTokenizer:
         template never shows it, and a template that appends it to a finished conversation would
         put the cut past the last turn.
         """
-        before = self.render(history, add_generation_prompt=False)
-        after = self.render([*history, *new_messages], add_generation_prompt=True)
+        before = self.render(history, add_generation_prompt=False, tools=tools)
+        after = self.render([*history, *new_messages], add_generation_prompt=True, tools=tools)
         token = self.end_of_turn_token
         cut = before.rfind(token) + len(token) if token and token in before else len(before)
         if not after.startswith(before[:cut]):
             # templates that rewrite earlier turns (e.g. strip reasoning): render the new part alone
             return self.encode(self.render(new_messages, add_generation_prompt=True))
         return self.encode(after[cut:])
+
+
+def _as_sampled(message: Message) -> Message:
+    """An assistant turn as the model wrote it: its content is the sampled text, tool calls included, so
+    parsed `tool_calls` beside it are left out (a template would show the calls a second time)."""
+    if message.get("role") == "assistant" and "tool_calls" in message and message.get("content"):
+        return {k: v for k, v in message.items() if k != "tool_calls"}
+    return message

@@ -48,6 +48,10 @@ class Rollout:
     """Times generation stopped at a policy update and resumed under the new policy with tokens kept."""
     num_recovered_tokens: int = 0
     """Model tokens kept at those updates (per turn, those it had when it last resumed)."""
+    num_tool_calls: int = 0
+    """Tool calls run for it (environments with tools)."""
+    num_tool_errors: int = 0
+    """Of those, calls that came back as an error text (unknown tool, bad arguments, raised, timed out)."""
 
     @property
     def num_model_tokens(self) -> int:

@@ -82,6 +82,9 @@ def _dry_run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
 def test_every_shipped_config_set_passes_the_one_shot_dry_run(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # as the lone files below: from the repository root, the set's folder on PYTHONPATH (its tools)
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(folder))
     argv = ["grpo", *(a for k in KIND_BY_NAME for a in (f"--{k}", str(folder / f"{k}.yaml")))]
     if folder.parent.name == "gpu":
         argv += ["--plan-gpu-gib", "79.6"]

@@ -69,3 +69,19 @@ def test_gsm8k_example_rewards_the_right_boxed_answer(monkeypatch: pytest.Monkey
         env.score_group(example, [[{"role": "assistant", "content": r}] for r in replies], [[1], [2], [3]])  # type: ignore[attr-defined]
     )
     assert [s.reward for s in scores] == [1.2, 1.0, 0.2]
+
+
+def test_tool_calculator_example_evaluates_arithmetic_only_and_rewards_the_final_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "tool_calculator"))
+    import calculator_task
+
+    assert calculator_task.calculate("(12 + 30) * 3") == "126"
+    assert calculator_task.calculate("9876 / 12") == "823"
+    with pytest.raises(ValueError, match="only numbers"):
+        calculator_task.calculate("__import__('os').getcwd()")
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "17 * 23"}}</tool_call>'
+    completions = [call + "\nIt is 391.", "391? No, 390.", call]
+    assert calculator_task.correct(None, completions, ["391"] * 3) == [1.0, 0.0, 0.0]
+    assert calculator_task.used_the_tool(None, completions) == [0.2, 0.0, 0.2]

@@ -1,0 +1,68 @@
+"""The tool-calling keys every in-process `env:` block takes (`- id:` and `- dataset:` alike).
+
+```yaml
+env:
+  - dataset: examples/tool_calculator/questions.jsonl
+    reward_funcs: ["calculator_task:correct"]
+    tools: ["calculator_task:calculate"]
+    max_turns: 4
+```
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from grpo.config.base import StrictModel
+
+DEFAULT_MAX_TURNS = 4
+DEFAULT_TOOL_TIMEOUT_S = 30.0
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+"""'pkg.module:function'."""
+
+
+class ToolUseConfig(StrictModel):
+    tools: list[str] = Field(default_factory=list)
+    """Python functions the model may call, 'pkg.module:function' (sync or async, typed, with a
+    Google-style docstring: transformers' get_json_schema turns them into the JSON schemas the chat
+    template gets as `tools=`). The model's tool calls are parsed (orch `tool_call_parser`), run, and
+    their results appended as `tool` messages (which never train) until a reply calls no tool or
+    `max_turns` is reached. Empty: no tools."""
+
+    max_turns: int | None = Field(None, ge=1)
+    """(with tools) Model turns per rollout (null: 4): after the last one its tool calls are not run."""
+
+    tool_timeout: float | None = Field(None, gt=0)
+    """(with tools) Seconds one tool call may take (null: 30); a call that takes longer, or raises, gets
+    an error text back as its tool message (the rollout goes on)."""
+
+    @field_validator("tools")
+    @classmethod
+    def _import_paths(cls, tools: list[str]) -> list[str]:
+        for tool in tools:
+            if not IMPORT_PATH.match(tool):
+                raise ValueError(
+                    f"tool {tool!r} is not an import path; write it 'pkg.module:function' (its module on "
+                    "PYTHONPATH)"
+                )
+        return tools
+
+    @model_validator(mode="after")
+    def _turns_need_tools(self) -> ToolUseConfig:
+        for key in ("max_turns", "tool_timeout"):
+            if getattr(self, key) is not None and not self.tools:
+                raise ValueError(
+                    f"{key} applies to tool calls; list the functions in tools:, or remove {key}"
+                )
+        return self
+
+    @property
+    def num_tool_turns(self) -> int:
+        return DEFAULT_MAX_TURNS if self.max_turns is None else self.max_turns
+
+    @property
+    def tool_timeout_s(self) -> float:
+        return DEFAULT_TOOL_TIMEOUT_S if self.tool_timeout is None else self.tool_timeout
