@@ -300,6 +300,11 @@ class ReportConfig(StrictModel):
     interval: int = Field(10, gt=0)
     """Steps between sample/distribution logs."""
 
+    trainer_rows_wait_s: float = Field(60.0, ge=0)
+    """(trainer in its own process) Seconds the orchestrator, after sending the last batch, waits
+    for the trainer's row of that step in trainer_metrics.jsonl before closing the W&B run (it is
+    the run's one writer); a row that comes later is only in the file."""
+
 
 class TeacherModelConfig(StrictModel):
     model: ModelConfig
@@ -397,7 +402,9 @@ class OrchestratorConfig(StrictModel):
     """Online evaluation (null = none)."""
 
     report_to: ReportConfig | None = None
-    """W&B reporting (null = none; metrics.jsonl is always written)."""
+    """W&B reporting (null = none; metrics.jsonl is always written): the run's one W&B run, with the
+    trainer's metrics under `trainer/`, its id kept in the run dir's `wandb_id` so that a restart
+    resumes it (docs/metrics.md)."""
 
     rollout_transport: RolloutTransportConfig = Field(default_factory=FilesystemRolloutTransport)
     """How batches reach the trainer."""

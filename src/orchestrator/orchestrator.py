@@ -390,7 +390,7 @@ class Orchestrator:
             await asyncio.gather(launcher, return_exceptions=True)
             await self._cancel_inflight()
             await self.policy.stop()
-            reporter.close()
+            reporter.close(ran_to_the_end=self.cfg.max_steps is not None and self.step >= self.cfg.max_steps)
 
     async def _steps(self, reporter: Reporter, resumed_at: int | None) -> None:
         while self.cfg.max_steps is None or self.step < self.cfg.max_steps:

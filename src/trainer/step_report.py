@@ -1,16 +1,18 @@
 """Where a trainer's step metrics go, for every backend: one row per step in trainer_metrics.jsonl
-and W&B (rank 0 only), and one console line (the co-located display's, or a log line every
+(rank 0 only), the W&B run under `trainer/` (grpo.utils.wandb_run: handed over here when the
+orchestrator shares this process, read from the file by the orchestrator otherwise), and one console line (the co-located display's, or a log line every
 `logging_steps`). The metric names are listed in grpo.trainer.hf.trainer's docstring."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from grpo.trainer.checkpoint import METRICS_FILE
 from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.logging import get_logger
 from grpo.utils.progress import installed as installed_display
+from grpo.utils.wandb_run import WandbRun, attach
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
@@ -53,16 +55,12 @@ class StepReport:
     def __init__(self, cfg: TrainerConfig, run_dir: Path, is_main: bool) -> None:
         self.cfg = cfg
         self._metrics = JsonlWriter(run_dir / METRICS_FILE) if is_main else None
-        self._wandb: Any = None
-        if cfg.report_to is not None and is_main:
-            import wandb
-
-            self._wandb = wandb.init(
-                project=cfg.report_to.project,
-                name=cfg.report_to.name,
-                mode="offline" if cfg.report_to.offline else "online",
-                dir=str(run_dir),
-                job_type="trainer",
+        # Co-located, the run is open already (grpo.colocate.runner opens it before the trainer starts).
+        self._wandb: WandbRun | None = attach(run_dir, as_trainer=True) if is_main else None
+        if cfg.report_to is not None and is_main and self._wandb is None:
+            log.info(
+                "W&B: the orchestrator writes this run's one W&B run; it reads the trainer's rows from %s",
+                METRICS_FILE,
             )
 
     def write(self, step: int, metrics: dict[str, float], num_loss_tokens: int) -> None:
@@ -70,7 +68,7 @@ class StepReport:
             return
         self._metrics.write({"step": step, **metrics})
         if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
+            self._wandb.log_trainer(step, metrics)
         if (display := installed_display()) is not None:  # co-located: one line per step for both parts
             display.on_trained(step, metrics)
         elif step % self.cfg.logging_steps == 0:
@@ -92,4 +90,4 @@ class StepReport:
         if self._metrics is not None:
             self._metrics.close()
         if self._wandb is not None:
-            self._wandb.finish()
+            self._wandb.release()

@@ -60,7 +60,12 @@ class FakeWandb:
                 self.values = list(values)
 
         class Run:
-            def log(self, payload: dict[str, Any], step: int) -> None:
+            step = 0
+
+            def define_metric(self, name: str, step_metric: str) -> None:
+                pass
+
+            def log(self, payload: dict[str, Any], step: int, commit: bool = True) -> None:
                 outer.logged.append((step, payload))
 
             def finish(self) -> None:
