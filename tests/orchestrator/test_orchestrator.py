@@ -159,7 +159,7 @@ def test_metrics_have_one_record_per_step(tmp_path: Path) -> None:
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     first = records[0]
-    assert first["reward/mean"] == 1.0 and first["reward/toy"] == 1.0
+    assert first["reward/mean"] == 1.0 and first["reward/toy/mean"] == 1.0
     assert first["frac_reward_zero_std"] == 1.0
     assert first["completion_len/max"] == 4
     assert 0 < first["packing/efficiency"] <= 1
@@ -172,9 +172,9 @@ def test_environments_with_the_same_name_keep_their_own_pools_and_metrics(tmp_pa
     cfg = _cfg(max_steps=3, buffer={"hard_threshold": 0.5})
     orch, _trainer = _run(cfg, tmp_path, FakeClient(reply="ok"), envs)
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert {r["reward/toy#0"] for r in records if "reward/toy#0" in r} == {1.0}
-    assert {r["reward/toy#1"] for r in records if "reward/toy#1" in r} == {0.0}
-    assert not any("reward/toy" in r for r in records)
+    assert {r["reward/toy#0/mean"] for r in records if "reward/toy#0/mean" in r} == {1.0}
+    assert {r["reward/toy#1/mean"] for r in records if "reward/toy#1/mean" in r} == {0.0}
+    assert not any("reward/toy/mean" in r for r in records)
     assert not orch.buffer.hard[0] and orch.buffer.hard[1]  # only the second's examples are hard
     assert set(orch.buffer.state()["hard"]) == {"toy#0", "toy#1"}
 
