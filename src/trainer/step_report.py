@@ -5,6 +5,9 @@ orchestrator shares this process, read from the file by the orchestrator otherwi
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,8 +35,12 @@ def step_metrics(
     num_tokens: int,
     num_sequence_tokens: int,
     num_skipped_steps: int,
+    forward_backward_time: float,
+    optimizer_time: float,
 ) -> dict[str, float]:
-    """The row of one step; `totals` already summed over ranks."""
+    """The row of one step; `totals` already summed over ranks. `forward_backward_time`: seconds
+    in the forward and backward passes (with the sums over ranks); `optimizer_time`: the rest of
+    the step (unscaling, clipping, the optimizer and schedule steps)."""
     from grpo.trainer.optim import norm_after_clipping
 
     return {
@@ -46,7 +53,24 @@ def step_metrics(
         "tokens_per_s": num_tokens / max(step_time, 1e-9),
         "sequence_tokens_per_s": num_sequence_tokens / max(step_time, 1e-9),
         "skipped_steps": float(num_skipped_steps),
+        "time/generation_wait": wait_time,
+        "time/forward_backward": forward_backward_time,
+        "time/optimizer": optimizer_time,
+        **peak_memory_metrics(),
     }
+
+
+def peak_memory_metrics() -> dict[str, float]:
+    """This rank's peak accelerator memory since the previous step's row (so the publish before
+    this step counts too), in GiB; then the peak starts over. None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    reserved = torch.cuda.max_memory_reserved() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return {"memory/peak_allocated_gib": peak, "memory/peak_reserved_gib": reserved}
 
 
 class StepReport:
@@ -54,6 +78,7 @@ class StepReport:
 
     def __init__(self, cfg: TrainerConfig, run_dir: Path, is_main: bool) -> None:
         self.cfg = cfg
+        self._publish_seconds: float | None = None
         self._metrics = JsonlWriter(run_dir / METRICS_FILE) if is_main else None
         # Co-located, the run is open already (grpo.colocate.runner opens it before the trainer starts).
         self._wandb: WandbRun | None = attach(run_dir, as_trainer=True) if is_main else None
@@ -63,7 +88,19 @@ class StepReport:
                 METRICS_FILE,
             )
 
+    @contextmanager
+    def publishing(self) -> Iterator[None]:
+        """Times a policy publish; the next step's row has it as `time/publish`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._publish_seconds = time.perf_counter() - started
+
     def write(self, step: int, metrics: dict[str, float], num_loss_tokens: int) -> None:
+        if self._publish_seconds is not None:
+            metrics["time/publish"] = self._publish_seconds
+            self._publish_seconds = None
         if self._metrics is None:
             return
         self._metrics.write({"step": step, **metrics})

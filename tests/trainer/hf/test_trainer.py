@@ -85,8 +85,13 @@ def test_metrics_are_written_per_step(make_cfg, tmp_path):
         "step_time",
         "wait_time",
         "tokens_per_s",
+        "time/generation_wait",
+        "time/forward_backward",
+        "time/optimizer",
     }
     assert keys <= set(records[0])
+    first = records[0]
+    assert first["time/forward_backward"] + first["time/optimizer"] == pytest.approx(first["step_time"])
     assert records[0]["lr"] == pytest.approx(0.5e-2) and records[1]["lr"] == pytest.approx(1e-2)
     assert records[0]["wait_time"] == 0.25
 
