@@ -12,6 +12,7 @@ from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokeni
 from grpo.config.orchestrator import CheckpointConfig, OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.orchestrator.orchestrator import Orchestrator
+from grpo.orchestrator.rollout_log import read_rollouts, rollouts_file
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.filesystem import FilesystemBatchReceiver, FilesystemBatchSender
 from grpo.utils.atomic import publish_dir, staging_dir
@@ -163,6 +164,11 @@ def test_metrics_have_one_record_per_step(tmp_path: Path) -> None:
     assert first["frac_reward_zero_std"] == 1.0
     assert first["completion_len/max"] == 4
     assert 0 < first["packing/efficiency"] <= 1
+    # the rollouts of each step are on disk too (grpo.orchestrator.rollout_log)
+    for step in range(3):
+        rollouts = read_rollouts(rollouts_file(tmp_path, step))
+        assert len(rollouts) == 8 and {r["completion"] for r in rollouts} == {"ok"}
+        assert all(r["env"] == "toy" and r["reward"] == 1.0 for r in rollouts)
 
 
 def test_environments_with_the_same_name_keep_their_own_pools_and_metrics(tmp_path: Path) -> None:
