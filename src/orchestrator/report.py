@@ -23,7 +23,7 @@ from grpo.orchestrator.types import Rollout
 from grpo.transport.run_dir import TRAINER_METRICS_FILE
 from grpo.utils.jsonl import JsonlWriter
 from grpo.utils.progress import StepDisplay, installed
-from grpo.utils.wandb_run import TrainerRowTail, WandbRun, open_run
+from grpo.utils.wandb_run import TrainerRowTail, WandbRun, attach, open_run
 
 METRICS_FILE = "metrics.jsonl"
 """The orchestrator's per-step metrics in the run dir."""
@@ -55,6 +55,11 @@ class Reporter:
             self._wandb = open_run(
                 run_dir, project=cfg.project, name=cfg.name, offline=cfg.offline, config=run_config
             )
+        else:
+            # Co-located with report_to in train.yaml only: the run is open; log into it with the defaults.
+            self._wandb = attach(run_dir)
+            if self._wandb is not None:
+                self.cfg = ReportConfig()
 
     async def log_step(self, step: int, metrics: dict[str, Any], rollouts: list[Rollout]) -> None:
         record = {"step": step, **metrics}

@@ -15,7 +15,15 @@ from grpo.orchestrator.report import Reporter
 from grpo.trainer.step_report import StepReport
 from grpo.transport.run_dir import TRAINER_METRICS_FILE
 from grpo.utils.jsonl import JsonlWriter
-from grpo.utils.wandb_run import MAX_PENDING_STEPS, WANDB_ID_FILE, WandbRun, open_run, run_id
+from grpo.utils.wandb_run import (
+    MAX_PENDING_STEPS,
+    WANDB_ID_FILE,
+    WandbRun,
+    _runs,
+    _runs_lock,
+    open_run,
+    run_id,
+)
 from tests.orchestrator.test_report import _rollouts
 from tests.utils.wandb_records import history
 from tests.utils.wandb_records import run_id as recorded_run_id
@@ -156,3 +164,21 @@ def test_rows_wait_for_their_trainer_part_and_a_late_one_goes_into_the_next_free
     assert steps == list(range(0, 2 + MAX_PENDING_STEPS))
     rows = dict(recording.rows)
     assert rows[2]["trainer/step"] == 1 and rows[3]["trainer/step"] == 2 and rows[3]["reward/mean"] == 3.0
+
+
+def test_colocated_with_report_to_only_in_train_yaml_the_orchestrator_logs_into_the_open_run(
+    tmp_path: Path,
+) -> None:
+    recording = _RecordingRun()
+    with _runs_lock:
+        _runs[tmp_path.resolve()] = WandbRun(recording, tmp_path.resolve())  # what the runner opened
+
+    async def orchestrate() -> None:
+        reporter = Reporter(tmp_path, None, {}, max_steps=1, first_step=0)
+        await reporter.log_step(0, {"reward/mean": 0.5}, _rollouts(0))
+        reporter.close(ran_to_the_end=True)
+
+    asyncio.run(orchestrate())
+    assert recording.rows == [] and not recording.finished  # the runner still holds it
+    _runs[tmp_path.resolve()].release()
+    assert [row["reward/mean"] for _, row in recording.rows] == [0.5] and recording.finished
