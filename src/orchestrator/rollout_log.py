@@ -81,5 +81,18 @@ class RolloutLog:
         return path
 
 
+def drop_rollouts_from(run_dir: Path, step: int) -> int:
+    """Delete the rollouts files of steps >= `step` (a resumed run samples them again); how many."""
+    folder = run_dir / ROLLOUTS_DIR
+    stale = [p for p in folder.glob("step_*.jsonl.gz") if step_of(p) >= step] if folder.exists() else []
+    for path in stale:
+        path.unlink()
+    return len(stale)
+
+
+def step_of(path: Path) -> int:
+    return int(path.name.split("_", 1)[1].split(".", 1)[0])
+
+
 def read_rollouts(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line]

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from grpo.config.orchestrator import RolloutLogConfig
-from grpo.orchestrator.rollout_log import ROLLOUTS_DIR, RolloutLog, read_rollouts, rollouts_file
+from grpo.orchestrator.rollout_log import (
+    ROLLOUTS_DIR,
+    RolloutLog,
+    drop_rollouts_from,
+    read_rollouts,
+    rollouts_file,
+)
 from grpo.orchestrator.types import Group, Rollout
 
 
@@ -82,3 +88,14 @@ def test_no_more_files_once_the_folder_holds_max_total_mib(
 def test_turned_off_it_writes_nothing(tmp_path: Path) -> None:
     assert RolloutLog(tmp_path, RolloutLogConfig(enabled=False)).write(0, [_group(0, 2)], ["math"]) is None
     assert not (tmp_path / ROLLOUTS_DIR).exists()
+
+
+def test_a_resume_deletes_the_files_of_the_steps_it_samples_again(tmp_path: Path) -> None:
+    log = RolloutLog(tmp_path, RolloutLogConfig())
+    for step in (0, 1, 2, 10):
+        log.write(step, [_group(0, 1)], ["math"])
+    assert drop_rollouts_from(tmp_path, 2) == 2
+    assert sorted(p.name for p in (tmp_path / ROLLOUTS_DIR).iterdir()) == [
+        "step_0.jsonl.gz",
+        "step_1.jsonl.gz",
+    ]
