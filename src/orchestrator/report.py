@@ -14,6 +14,7 @@ plain log lines otherwise); in a co-located run the step's line also carries the
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,18 @@ from grpo.utils.wandb_run import TrainerRowTail, WandbRun, attach, open_run
 METRICS_FILE = "metrics.jsonl"
 """The orchestrator's per-step metrics in the run dir."""
 
-SAMPLE_COLUMNS = ["step", "env", "example_index", "completion", "reward", "advantage", "failure"]
+SAMPLE_COLUMNS = [
+    "step",
+    "env",
+    "example_index",
+    "completion",
+    "reward",
+    "advantage",
+    "failure",
+    "rewards",
+    "start_version",
+]
+"""`rewards`: each reward function's value (JSON); `start_version`: the policy it was sampled under."""
 NUM_SAMPLES = 16
 """Rollouts per samples table (the first ones of the step)."""
 
@@ -90,7 +102,15 @@ class Reporter:
                 table = wandb.Table(columns=SAMPLE_COLUMNS)
                 for r in rollouts[:NUM_SAMPLES]:
                     table.add_data(
-                        step, r.env_name, r.example_index, r.completion_text, r.reward, r.advantage, r.failure
+                        step,
+                        r.env_name,
+                        r.example_index,
+                        r.completion_text,
+                        r.reward,
+                        r.advantage,
+                        r.failure,
+                        json.dumps(r.reward_metrics),
+                        r.start_version,
                     )
                 payload["samples"] = table
             if self.cfg.distributions is not False:
