@@ -87,6 +87,7 @@ def _draw(plot: Plot, sources: dict[str, list[dict[str, Any]]], out: Path) -> No
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for src, key in plot.series:
@@ -98,6 +99,7 @@ def _draw(plot: Plot, sources: dict[str, list[dict[str, Any]]], out: Path) -> No
             ax.plot(xs, ys, marker="o", markersize=3, label=key if src == "orch" else f"trainer/{key}")
     ax.set_title(plot.title)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(plot.ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
