@@ -25,6 +25,7 @@ lock-gpu:
 demo: setup
 	rm -rf outputs/demo
 	$(BIN)/grpo --train configs/demo/train.yaml --infer configs/demo/infer.yaml --orch configs/demo/orch.yaml
+	$(BIN)/grpo-report outputs/demo
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks scripts

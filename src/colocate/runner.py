@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from grpo.inference.server import ServerThread
     from grpo.models.resolve import ResolvedModel
     from grpo.transport.batches.interfaces import BatchSender
+    from grpo.utils.wandb_run import WandbRun
 
 log = get_logger("colocate")
 
@@ -177,6 +178,9 @@ def _train_with_server(
     client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls, "recovery": recovery}))
     display = StepDisplay(orch.max_steps, orch.ckpt.resume_step or 0, with_trainer=True)  # both parts' steps
     install(display)
+    # One W&B run for both parts, open before either starts: the trainer attaches to it, and it is
+    # finished after the trainer's last step (grpo.utils.wandb_run).
+    wandb_run = _open_wandb_run(orch, train, run_dir)
     trainer.start()
     failure: str | None = "interrupted"
     try:
@@ -201,6 +205,8 @@ def _train_with_server(
         # After a failure or an interrupt nobody waits for a trainer mid-step: the thread is a
         # daemon and the process is leaving.
         trainer.join(timeout=60 if failure is None else 5)
+        if wandb_run is not None:
+            wandb_run.release()
         install(None)
         display.close()
     if failure is not None:
@@ -209,6 +215,15 @@ def _train_with_server(
         raise RuntimeError(failure)
     del borrowed  # views over the engine's memory must go before the engine does
     return 0
+
+
+def _open_wandb_run(orch: OrchestratorConfig, train: TrainerConfig, run_dir: Path) -> WandbRun | None:
+    from grpo.utils.wandb_run import open_run
+
+    report_to = orch.report_to or train.report_to
+    if report_to is None:
+        return None
+    return open_run(run_dir, project=report_to.project, name=report_to.name, offline=report_to.offline)
 
 
 def engine_dead(server: ServerThread) -> bool:

@@ -67,7 +67,7 @@ class JudgeConfig(StrictModel):
     """Weight of the judge's score in the reward."""
 
     name: str = "judge"
-    """Metric name (reward/<env>/<name>)."""
+    """Metric name (reward/<env>/<name>/mean and /std)."""
 
     max_concurrency: int = Field(16, gt=0)
     """Judge requests in flight at once (per env block)."""
@@ -131,7 +131,7 @@ class RewardModelConfig(StrictModel):
     """Weight of its score in the reward."""
 
     name: str = "reward_model"
-    """Metric name (reward/<env>/<name>)."""
+    """Metric name (reward/<env>/<name>/mean and /std)."""
 
 
 class ExtraRewardsConfig(StrictModel):

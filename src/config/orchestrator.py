@@ -311,6 +311,24 @@ class ReportConfig(StrictModel):
     interval: int = Field(10, gt=0)
     """Steps between sample/distribution logs."""
 
+    trainer_rows_wait_s: float = Field(60.0, ge=0)
+    """(trainer in its own process) Seconds the orchestrator, after sending the last batch, waits
+    for the trainer's row of that step in trainer_metrics.jsonl before closing the W&B run (it is
+    the run's one writer); a row that comes later is only in the file."""
+
+
+class RolloutLogConfig(StrictModel):
+    """Each step's rollouts on disk, without W&B: RUN_DIR/rollouts/step_N.jsonl.gz (docs/metrics.md)."""
+
+    enabled: bool = True
+    """Write them (false: no rollouts folder)."""
+
+    max_rollouts_per_step: int = Field(64, ge=1)
+    """Rollouts kept per step (the first ones of the step's batch)."""
+
+    max_total_mib: float = Field(64.0, gt=0)
+    """Stop writing once the rollouts folder holds this many MiB (one line in the log says so)."""
+
 
 class TeacherModelConfig(StrictModel):
     model: ModelConfig
@@ -425,7 +443,12 @@ class OrchestratorConfig(StrictModel):
     """Online evaluation (null = none)."""
 
     report_to: ReportConfig | None = None
-    """W&B reporting (null = none; metrics.jsonl is always written)."""
+    """W&B reporting (null = none; metrics.jsonl is always written): the run's one W&B run, with the
+    trainer's metrics under `trainer/`, its id kept in the run dir's `wandb_id` so that a restart
+    resumes it (docs/metrics.md)."""
+
+    rollout_log: RolloutLogConfig = Field(default_factory=RolloutLogConfig)
+    """Each step's rollouts (prompt, completion, rewards, advantage) under RUN_DIR/rollouts/."""
 
     rollout_transport: RolloutTransportConfig = Field(default_factory=FilesystemRolloutTransport)
     """How batches reach the trainer."""

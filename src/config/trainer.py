@@ -348,7 +348,10 @@ class TrainerConfig(StrictModel):
 
     ckpt: TrainerCheckpointConfig = Field(default_factory=TrainerCheckpointConfig)
     report_to: ReportConfig | None = None
-    """W&B reporting of trainer metrics (null = none; metrics are always in trainer_metrics.jsonl)."""
+    """W&B of the trainer's metrics (null = none; they are always in trainer_metrics.jsonl). A run has
+    one W&B run, written by the orchestrator's process with the trainer's rows under `trainer/`
+    (docs/metrics.md); so in separate processes set report_to in orch.yaml. Co-located, either
+    file's report_to opens it (orch.yaml's first)."""
 
     @field_validator("recipe", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from typing import Any
 
 from grpo.config.orchestrator import CheckpointConfig
 from grpo.orchestrator.report import METRICS_FILE
+from grpo.orchestrator.rollout_log import drop_rollouts_from
 from grpo.transport.run_dir import TRAINER_METRICS_FILE, complete_trainer_checkpoints, trainer_checkpoint_root
 from grpo.transport.weights.filesystem import broadcasts_dir
 from grpo.utils.atomic import (
@@ -102,6 +103,7 @@ def load_checkpoint(run_dir: Path, step: int) -> tuple[dict[str, Any], dict[str,
         log.info(
             "%s: dropped %d row(s) of steps >= %d, which this run does again", METRICS_FILE, num_cut, step
         )
+    drop_rollouts_from(run_dir, step)
     return progress, buffer_state
 
 
@@ -174,6 +176,7 @@ def resolve_colocated_resume(
     for metrics, redone in ((run_dir / METRICS_FILE, is_batch_row), (run_dir / TRAINER_METRICS_FILE, None)):
         if num_cut := drop_metrics_from(metrics, first, redone):
             log.info("%s: dropped %d row(s) of steps >= %d", metrics, num_cut, first)
+    drop_rollouts_from(run_dir, first)
     return step
 
 

@@ -30,10 +30,12 @@ from grpo.envs.tool_env import ToolUse
 from grpo.inference.types import RolloutClient, SamplingParams
 from grpo.orchestrator import checkpoint
 from grpo.orchestrator.buffer import Buffer
+from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.eval import evaluate, should_evaluate
 from grpo.orchestrator.partial import UpdateGate
 from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.rollout_log import RolloutLog
 from grpo.orchestrator.sampling import request_sampling
 from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_acceptable, required_policy
 from grpo.orchestrator.step_batch import build_batch, pack_metrics, rollout_metrics
@@ -401,6 +403,7 @@ class Orchestrator:
         reporter = Reporter(
             self.run_dir, self.cfg.report_to, self.cfg.model_dump(mode="json"), self.cfg.max_steps, self.step
         )
+        self._rollout_log = RolloutLog(self.run_dir, self.cfg.rollout_log)
         launcher = asyncio.create_task(self._launch_forever(), name="rollout-launcher")
         try:
             await self._steps(reporter, resumed_at)
@@ -410,7 +413,7 @@ class Orchestrator:
             await asyncio.gather(launcher, return_exceptions=True)
             await self._cancel_inflight()
             await self.policy.stop()
-            reporter.close()
+            reporter.close(ran_to_the_end=self.cfg.max_steps is not None and self.step >= self.cfg.max_steps)
 
     async def _steps(self, reporter: Reporter, resumed_at: int | None) -> None:
         while self.cfg.max_steps is None or self.step < self.cfg.max_steps:
@@ -448,6 +451,7 @@ class Orchestrator:
             }
             metrics.update(self.client.pool_metrics())
             await reporter.log_step(step, metrics, rollouts)
+            await asyncio.to_thread(self._rollout_log.write, step, groups, env_labels(self.envs))
             # After the row: a kill in between leaves a row that the resume cuts, never a checkpoint
             # without its row.
             await self._maybe_checkpoint()

@@ -110,8 +110,9 @@ def rollout_metrics(
     policy_version: int,
     partial_rollouts: bool,
 ) -> dict[str, float]:
-    """Rewards, lengths, failures and off-policy lag of batch `step`'s rollouts; per environment its
-    mean reward (`reward/<env>`) and each reward function's mean (`reward/<env>/<function>`)."""
+    """Rewards, lengths, failures and off-policy lag of batch `step`'s rollouts; per environment the
+    mean and standard deviation of its reward (`reward/<env>/mean`, `/std`) and of each reward
+    function's value (`reward/<env>/<function>/mean`, `/std`) over the rollouts it scored."""
     # Failed rollouts have no reward (they are masked): they are counted, not averaged in.
     rewards = [r.reward for r in rollouts if r.failure is None] or [0.0]
     lengths = [r.num_model_tokens for r in rollouts]
@@ -134,9 +135,12 @@ def rollout_metrics(
     for env_index, label in enumerate(env_labels(envs)):
         scored = [r for g in groups if g.env_index == env_index for r in g.rollouts if r.failure is None]
         if scored:
-            metrics[f"reward/{label}"] = statistics.fmean(r.reward for r in scored)
-        for name, mean in reward_function_means(scored).items():
-            metrics[f"reward/{label}/{name}"] = mean
+            env_rewards = [r.reward for r in scored]
+            metrics[f"reward/{label}/mean"] = statistics.fmean(env_rewards)
+            metrics[f"reward/{label}/std"] = statistics.pstdev(env_rewards)
+        for name, fn_values in reward_function_values(scored).items():
+            metrics[f"reward/{label}/{name}/mean"] = statistics.fmean(fn_values)
+            metrics[f"reward/{label}/{name}/std"] = statistics.pstdev(fn_values)
         if isinstance(envs[env_index], ToolUse):
             metrics.update(
                 tool_metrics(label, [r for g in groups if g.env_index == env_index for r in g.rollouts])
@@ -154,11 +158,16 @@ def tool_metrics(label: str, rollouts: list[Rollout]) -> dict[str, float]:
     }
 
 
-def reward_function_means(rollouts: list[Rollout]) -> dict[str, float]:
-    """Each reward function's mean over the rollouts it scored (a TRL-style one may pass on some:
+def reward_function_values(rollouts: list[Rollout]) -> dict[str, list[float]]:
+    """Each reward function's values over the rollouts it scored (a TRL-style one may pass on some:
     None, so absent from their reward_metrics); failed rollouts carry none."""
     values: dict[str, list[float]] = {}
     for rollout in rollouts:
         for name, value in rollout.reward_metrics.items():
             values.setdefault(name, []).append(value)
-    return {name: statistics.fmean(fn_values) for name, fn_values in values.items()}
+    return values
+
+
+def reward_function_means(rollouts: list[Rollout]) -> dict[str, float]:
+    """Each reward function's mean over the rollouts it scored."""
+    return {name: statistics.fmean(v) for name, v in reward_function_values(rollouts).items()}

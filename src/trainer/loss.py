@@ -53,6 +53,11 @@ class LossSums:
     num_loss_tokens: int = 0
     num_masked_tokens: int = 0
     """Loss tokens the masks dropped; the kl, entropy and teacher_kl sums leave them out."""
+    num_masked_token_low: int = 0
+    """Loss tokens each mask dropped (MaskedBy; a token may count under several)."""
+    num_masked_token_high: int = 0
+    num_masked_sequence_low: int = 0
+    num_masked_sequence_high: int = 0
     kl_sum: float = 0.0
     entropy_sum: float = 0.0
     teacher_kl_sum: float = 0.0
@@ -69,6 +74,10 @@ class LossSums:
         self.loss += other.loss
         self.num_loss_tokens += other.num_loss_tokens
         self.num_masked_tokens += other.num_masked_tokens
+        self.num_masked_token_low += other.num_masked_token_low
+        self.num_masked_token_high += other.num_masked_token_high
+        self.num_masked_sequence_low += other.num_masked_sequence_low
+        self.num_masked_sequence_high += other.num_masked_sequence_high
         self.kl_sum += other.kl_sum
         self.entropy_sum += other.entropy_sum
         self.teacher_kl_sum += other.teacher_kl_sum
@@ -100,6 +109,10 @@ class LossSums:
             "loss": self.loss,
             "tokens": float(self.num_loss_tokens),
             "masked": self.num_masked_tokens / max(self.num_loss_tokens, 1),
+            "masked/token_low": self.num_masked_token_low / max(self.num_loss_tokens, 1),
+            "masked/token_high": self.num_masked_token_high / max(self.num_loss_tokens, 1),
+            "masked/sequence_low": self.num_masked_sequence_low / max(self.num_loss_tokens, 1),
+            "masked/sequence_high": self.num_masked_sequence_high / max(self.num_loss_tokens, 1),
             "kl": self.kl_sum / num_kept,
             "entropy": self.entropy_sum / num_kept,
         }
@@ -126,14 +139,28 @@ def _per_sample_sum(values: torch.Tensor, sample_ids: torch.Tensor, num_samples:
     )
 
 
-def keep_mask(
+@dataclass
+class MaskedBy:
+    """[T] bool each: the loss tokens each mask drops (a token may be dropped by several)."""
+
+    token_low: torch.Tensor
+    token_high: torch.Tensor
+    sequence_low: torch.Tensor
+    """Its sample's geometric-mean ratio below geo_mask_low, or its smallest token ratio below
+    sequence_mask_low."""
+    sequence_high: torch.Tensor
+
+    def keep(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        return loss_mask & ~(self.token_low | self.token_high | self.sequence_low | self.sequence_high)
+
+
+def masked_by(
     log_ratio: torch.Tensor, loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossConfig
-) -> torch.Tensor:
-    """[T] bool: loss tokens that survive the token, geometric-mean and min/max sequence masks."""
+) -> MaskedBy:
+    """Which loss tokens the token, geometric-mean and min/max sequence masks drop, and why."""
     import torch
 
     ratio = torch.exp(log_ratio)
-    keep = loss_mask & (ratio >= cfg.token_mask_low) & (ratio <= cfg.token_mask_high)
     num_samples = _num_samples(sample_ids)
     count = _per_sample_sum(loss_mask.to(log_ratio.dtype), sample_ids, num_samples)
     masked_lr = torch.where(loss_mask, log_ratio, torch.zeros_like(log_ratio))
@@ -141,13 +168,21 @@ def keep_mask(
     inf = torch.full((num_samples,), float("inf"), dtype=ratio.dtype, device=ratio.device)
     min_ratio = inf.scatter_reduce(0, sample_ids, torch.where(loss_mask, ratio, inf[0]), "amin")
     max_ratio = (-inf).scatter_reduce(0, sample_ids, torch.where(loss_mask, ratio, -inf[0]), "amax")
-    sample_bad = (
-        (geo_mean < cfg.geo_mask_low)
-        | (geo_mean > cfg.geo_mask_high)
-        | (min_ratio < cfg.sequence_mask_low)
-        | (max_ratio > cfg.sequence_mask_high)
-    ) & (count > 0)
-    return keep & ~sample_bad[sample_ids]
+    sample_low = ((geo_mean < cfg.geo_mask_low) | (min_ratio < cfg.sequence_mask_low)) & (count > 0)
+    sample_high = ((geo_mean > cfg.geo_mask_high) | (max_ratio > cfg.sequence_mask_high)) & (count > 0)
+    return MaskedBy(
+        token_low=loss_mask & (ratio < cfg.token_mask_low),
+        token_high=loss_mask & (ratio > cfg.token_mask_high),
+        sequence_low=loss_mask & sample_low[sample_ids],
+        sequence_high=loss_mask & sample_high[sample_ids],
+    )
+
+
+def keep_mask(
+    log_ratio: torch.Tensor, loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossConfig
+) -> torch.Tensor:
+    """[T] bool: loss tokens that survive the token, geometric-mean and min/max sequence masks."""
+    return masked_by(log_ratio, loss_mask, sample_ids, cfg).keep(loss_mask)
 
 
 def importance_ratio(
@@ -227,7 +262,8 @@ def grpo_loss(
             signal = signal + cfg.teacher_tau * (teacher_lp - student_lp)
         clipped = clip_ratio(ratio, signal, cfg)
         coeff = clipped.weight * signal * token_weights(loss_mask, sample_ids, cfg).to(lp.dtype)
-        keep = keep_mask(log_ratio, loss_mask, sample_ids, cfg)
+        masks = masked_by(log_ratio, loss_mask, sample_ids, cfg)
+        keep = masks.keep(loss_mask)
         # `where`, not a multiplication by keep: a dropped token's coeff may be inf (its ratio
         # overflowed), and inf * 0 would make the loss and every gradient NaN. The metrics below
         # select the kept tokens the same way. A token PPO's clip catches stays kept (it counts in
@@ -241,6 +277,10 @@ def grpo_loss(
             loss=float(loss.detach()),
             num_loss_tokens=int(loss_mask.sum()),
             num_masked_tokens=int((loss_mask & ~keep).sum()),
+            num_masked_token_low=int(masks.token_low.sum()),
+            num_masked_token_high=int(masks.token_high.sum()),
+            num_masked_sequence_low=int(masks.sequence_low.sum()),
+            num_masked_sequence_high=int(masks.sequence_high.sum()),
             kl_sum=float(k3.sum()),
             num_clipped_low=int((keep & clipped.clipped_low).sum()),
             num_clipped_high=int((keep & clipped.clipped_high).sum()),

@@ -68,9 +68,9 @@ def test_a_dataset_block_with_two_reward_functions_trains_two_steps(
     assert [r["step"] for r in read_jsonl(run_dir / "trainer_metrics.jsonl")] == [0, 1]
     for record in orch:
         assert record["failed/num_rollouts"] == 0
-        assert 0.0 < record["reward/task/length"] <= 1.0
+        assert 0.0 < record["reward/task/length/mean"] <= 1.0
         # bonus scored only the 'scored' rows: its mean is over them, and is 1.0
-        if "reward/task/bonus" in record:
-            assert record["reward/task/bonus"] == 1.0
+        if "reward/task/bonus/mean" in record:
+            assert record["reward/task/bonus/mean"] == 1.0
     # 2 examples x 2 steps, 2 groups a step: both kinds of rows were sampled at least once
-    assert any("reward/task/bonus" in r for r in orch)
+    assert any("reward/task/bonus/mean" in r for r in orch)

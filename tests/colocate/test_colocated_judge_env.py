@@ -65,8 +65,8 @@ def check_judge_metrics(orch_records: list[dict[str, Any]]) -> None:
     """Every step scored this env's rollouts with both the group reward and the judge."""
     for record in orch_records:
         assert record["failed/num_rollouts"] == 0, record
-        rank = record[f"reward/{ENV_NAME}/rank"]
-        judge = record[f"reward/{ENV_NAME}/judge"]
+        rank = record[f"reward/{ENV_NAME}/rank/mean"]
+        judge = record[f"reward/{ENV_NAME}/judge/mean"]
         assert 0.0 <= rank <= 1.0 and 0.0 <= judge <= 1.0, record
 
 

@@ -84,7 +84,7 @@ def check_tool_metrics(orch_records: list[dict[str, Any]]) -> None:
     for record in steps:
         assert record[f"tools/{ENV_NAME}/calls_per_rollout"] == 1.0
         assert record[f"tools/{ENV_NAME}/num_errors"] == 0
-        assert 0.0 < record[f"reward/{ENV_NAME}/length"] <= 1.0
+        assert 0.0 < record[f"reward/{ENV_NAME}/length/mean"] <= 1.0
 
 
 def test_a_tool_env_block_calls_its_tool_and_trains_two_steps(

@@ -12,6 +12,7 @@ from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokeni
 from grpo.config.orchestrator import CheckpointConfig, OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.orchestrator.orchestrator import Orchestrator
+from grpo.orchestrator.rollout_log import read_rollouts, rollouts_file
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.filesystem import FilesystemBatchReceiver, FilesystemBatchSender
 from grpo.utils.atomic import publish_dir, staging_dir
@@ -159,10 +160,15 @@ def test_metrics_have_one_record_per_step(tmp_path: Path) -> None:
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     first = records[0]
-    assert first["reward/mean"] == 1.0 and first["reward/toy"] == 1.0
+    assert first["reward/mean"] == 1.0 and first["reward/toy/mean"] == 1.0
     assert first["frac_reward_zero_std"] == 1.0
     assert first["completion_len/max"] == 4
     assert 0 < first["packing/efficiency"] <= 1
+    # the rollouts of each step are on disk too (grpo.orchestrator.rollout_log)
+    for step in range(3):
+        rollouts = read_rollouts(rollouts_file(tmp_path, step))
+        assert len(rollouts) == 8 and {r["completion"] for r in rollouts} == {"ok"}
+        assert all(r["env"] == "toy" and r["reward"] == 1.0 for r in rollouts)
 
 
 def test_environments_with_the_same_name_keep_their_own_pools_and_metrics(tmp_path: Path) -> None:
@@ -172,9 +178,9 @@ def test_environments_with_the_same_name_keep_their_own_pools_and_metrics(tmp_pa
     cfg = _cfg(max_steps=3, buffer={"hard_threshold": 0.5})
     orch, _trainer = _run(cfg, tmp_path, FakeClient(reply="ok"), envs)
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert {r["reward/toy#0"] for r in records if "reward/toy#0" in r} == {1.0}
-    assert {r["reward/toy#1"] for r in records if "reward/toy#1" in r} == {0.0}
-    assert not any("reward/toy" in r for r in records)
+    assert {r["reward/toy#0/mean"] for r in records if "reward/toy#0/mean" in r} == {1.0}
+    assert {r["reward/toy#1/mean"] for r in records if "reward/toy#1/mean" in r} == {0.0}
+    assert not any("reward/toy/mean" in r for r in records)
     assert not orch.buffer.hard[0] and orch.buffer.hard[1]  # only the second's examples are hard
     assert set(orch.buffer.state()["hard"]) == {"toy#0", "toy#1"}
 

@@ -49,5 +49,5 @@ def test_loop_runs_steps_on_an_env_given_by_address(tmp_path: Path) -> None:
     assert [r["step"] for r in records] == [0, 1, 2]
     # the server scored every rollout (a transport failure would score 0.0 and count as failed)
     assert all(r["failed/num_rollouts"] == 0 for r in records)
-    assert all(r["reward/mean"] == 1.0 and r["reward/remote-toy"] == 1.0 for r in records)
+    assert all(r["reward/mean"] == 1.0 and r["reward/remote-toy/mean"] == 1.0 for r in records)
     assert len(app.state.sessions) == 0  # every session was scored and closed

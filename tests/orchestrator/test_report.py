@@ -60,7 +60,12 @@ class FakeWandb:
                 self.values = list(values)
 
         class Run:
-            def log(self, payload: dict[str, Any], step: int) -> None:
+            step = 0
+
+            def define_metric(self, name: str, step_metric: str) -> None:
+                pass
+
+            def log(self, payload: dict[str, Any], step: int, commit: bool = True) -> None:
                 outer.logged.append((step, payload))
 
             def finish(self) -> None:
@@ -109,7 +114,7 @@ def test_wandb_gets_metrics_every_step_and_tables_and_histograms_every_interval(
     _, payload = fake_wandb.logged[2]
     table = payload["samples"]
     assert table.columns == SAMPLE_COLUMNS
-    assert table.rows[1] == [2, "toy", 1, "answer 1", 1.0, 0.5, None]
+    assert table.rows[1] == [2, "toy", 1, "answer 1", 1.0, 0.5, None, "{}", 2]
     assert payload["dist/reward"].values == [0.0, 1.0, 0.0, 1.0]
     assert payload["dist/advantage"].values == [-0.5, 0.5, -0.5, 0.5]
     assert payload["dist/completion_len"].values == [1, 2, 3, 4]

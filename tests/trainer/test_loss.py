@@ -259,3 +259,22 @@ def test_entropy_metric_is_mean_over_loss_tokens():
     entropy = torch.tensor([9.0, 1.0, 2.0])
     _, sums = grpo_loss(lp, inf, adv, mask, pos, LossConfig(), loss_scale=2, entropy=entropy)
     assert sums.metrics()["entropy"] == pytest.approx(1.5)
+
+
+def test_masked_fractions_are_split_by_which_mask_dropped_the_tokens():
+    # sample 0: token ratios e^-4 (< token_mask_low) and 1; sample 1: ratios e^0.8 = 2.2 (> sequence_mask_high
+    # 2, so both its tokens go) and 1; sample 2: on-policy
+    lp, inf, adv, mask, pos = _row(
+        [0.0, -5.0, -1.0, 0.0, -0.2, -1.0, 0.0, -1.0],
+        [0.0, -1.0, -1.0, 0.0, -1.0, -1.0, 0.0, -1.0],
+        [0, 1, 1, 0, 1, 1, 0, 1],
+        [False, True, True, False, True, True, False, True],
+        [0, 1, 2, 0, 1, 2, 0, 1],
+    )
+    cfg = LossConfig(token_mask_low=0.1, sequence_mask_high=2.0, geo_mask_low=0.0001)
+    _, sums = grpo_loss(lp, inf, adv, mask, pos, cfg, loss_scale=5)
+    metrics = sums.metrics()
+    assert metrics["masked"] == pytest.approx(3 / 5)
+    assert metrics["masked/token_low"] == pytest.approx(1 / 5)
+    assert metrics["masked/sequence_high"] == pytest.approx(2 / 5)
+    assert metrics["masked/token_high"] == 0.0 and metrics["masked/sequence_low"] == 0.0

@@ -326,6 +326,8 @@ class Trainer:
             num_tokens=num_tokens,
             num_sequence_tokens=num_sequence_tokens,
             num_skipped_steps=self.num_skipped_steps,
+            forward_backward_time=state.compute_seconds,
+            optimizer_time=step_time - state.compute_seconds,
         )
         if self.grad_scale is not None:
             metrics["fp16_grad_scale"] = self.grad_scale.scale
@@ -402,9 +404,10 @@ class Trainer:
             policy = None
         if policy is None:
             return None
-        if over_collective:
-            return publish_over_collective(policy, self.cfg, self.run_dir, version)
-        return publish_policy(policy, self.cfg, self.run_dir, version)
+        with self._report.publishing():
+            if over_collective:
+                return publish_over_collective(policy, self.cfg, self.run_dir, version)
+            return publish_policy(policy, self.cfg, self.run_dir, version)
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the state after num_steps_done steps. Collective under torchrun (every rank)."""

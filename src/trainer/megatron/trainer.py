@@ -186,6 +186,7 @@ class MegatronTrainer:
         totals, num_tokens, num_sequence_tokens = self._sum_over_ranks(
             totals, num_tokens, num_sequence_tokens
         )
+        forward_backward_time = time.perf_counter() - started
         grad_norm = self._optimizer_step()
         self.num_steps_done += 1
         step_time = time.perf_counter() - started
@@ -199,6 +200,8 @@ class MegatronTrainer:
             num_tokens=num_tokens,
             num_sequence_tokens=num_sequence_tokens,
             num_skipped_steps=self.num_skipped_steps,
+            forward_backward_time=forward_backward_time,
+            optimizer_time=step_time - forward_backward_time,
         )
         metrics.update(self._flop_rates(step_time))
         self._report.write(batch.step, metrics, totals.num_loss_tokens)
@@ -326,12 +329,13 @@ class MegatronTrainer:
         """Publish policy `version` to broadcasts/step_{version}/ (collective; rank 0 writes)."""
         from grpo.trainer.megatron.export import publish_full_weights
 
-        tensors = self.hf_state_dict()
-        if tensors is None:
-            return None
-        return publish_full_weights(
-            tensors, self.model_path, self.cfg, self.run_dir, version, over_collective
-        )
+        with self._report.publishing():  # the gather counts: it is part of publishing
+            tensors = self.hf_state_dict()
+            if tensors is None:
+                return None
+            return publish_full_weights(
+                tensors, self.model_path, self.cfg, self.run_dir, version, over_collective
+            )
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the state after num_steps_done steps. Collective under torchrun (every rank)."""

@@ -87,10 +87,15 @@ def test_metrics_are_written_per_step(make_cfg, tmp_path):
         "tokens_per_s",
         "model_tflops_per_s",
         "mfu",
+        "time/generation_wait",
+        "time/forward_backward",
+        "time/optimizer",
     }
     assert keys <= set(records[0])
     # the tiny model on this CPU: some work done, never above the probed peak
     assert all(0.0 < r["mfu"] < 1.0 and r["model_tflops_per_s"] > 0.0 for r in records)
+    first = records[0]
+    assert first["time/forward_backward"] + first["time/optimizer"] == pytest.approx(first["step_time"])
     assert records[0]["lr"] == pytest.approx(0.5e-2) and records[1]["lr"] == pytest.approx(1e-2)
     assert records[0]["wait_time"] == 0.25
 
