@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -58,6 +59,7 @@ def load_verifiers_env(env_id: str, args: dict[str, Any]) -> VerifiersEnv:
     """The environment `- id: env_id` names, its taskset built from `args` (see the module doc)."""
     import verifiers.v1 as vf
     from pydantic import ValidationError
+    from verifiers.v1.configs.agent import agent_config_fields
 
     own = {k: args[k] for k in OWN_ARGS if k in args}
     taskset_args = {k: v for k, v in args.items() if k not in OWN_ARGS}
@@ -67,15 +69,23 @@ def load_verifiers_env(env_id: str, args: dict[str, Any]) -> VerifiersEnv:
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ".".join(str(p) for p in first["loc"] if p != "taskset")
-        raise UserError(f"{where}: arg {key!r}: {first['msg']}; fix env[].args.{key}") from exc
+        hint = ""
+        if first["type"] == "extra_forbidden":
+            fields = sorted({*vf.taskset_config_type(env_id).model_fields, *OWN_ARGS} - {"id", "task"})
+            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+            hint = (f"did you mean {close[0]!r}? " if close else "") + f"its args are: {', '.join(fields)}; "
+        raise UserError(f"{where}: arg {key!r}: {first['msg']}; {hint}fix env[].args.{key}") from exc
+    if own.get("seed") is not None and (isinstance(own["seed"], bool) or not isinstance(own["seed"], int)):
+        raise UserError(f"{where}: seed must be a whole number, got {own['seed']!r}; fix env[].args.seed")
     env = vf.load_environment(config)
-    seats = list(env._agent_specs)
+    specs = agent_config_fields(env.config)
+    seats = list(specs)
     if len(seats) != 1:
         raise UserError(
             f"{where}: its Env {type(env).__name__} has {len(seats)} agent seats ({', '.join(seats)}); grpo "
             "trains one seat and plays no other model: use an env with one seat"
         )
-    seat_max_turns = env._agent_specs[seats[0]].max_turns
+    seat_max_turns = specs[seats[0]].max_turns
     max_turns = own.get("max_turns", seat_max_turns or DEFAULT_MAX_TURNS)
     if type(env) is vf.SingleAgentEnv and "max_turns" not in own:
         max_turns = 1  # a plain taskset's one reply: its harness tools are not run here
@@ -89,7 +99,7 @@ def load_verifiers_env(env_id: str, args: dict[str, Any]) -> VerifiersEnv:
     if not tasks.bounded:  # take before shuffling: shuffling reads every task
         tasks = tasks.take(own["num_examples"])
     if own.get("seed") is not None:
-        tasks = tasks.shuffle(int(own["seed"]))
+        tasks = tasks.shuffle(own["seed"])
     if "num_examples" in own:
         tasks = tasks.take(own["num_examples"])
     return VerifiersEnv(env_id, env, seats[0], list(tasks), max_turns)
@@ -113,8 +123,10 @@ class VerifiersEnv:
                 )
             prompt = task.data.prompt
             if not isinstance(prompt, str):
-                prompt = [m.model_dump(exclude_none=True) for m in prompt]
-            data = task.data.model_dump(exclude_defaults=True, exclude={"prompt", "system_prompt"})
+                prompt = [m.model_dump(mode="json", exclude_none=True) for m in prompt]
+            data = task.data.model_dump(
+                mode="json", exclude_defaults=True, exclude={"prompt", "system_prompt"}
+            )
             self.examples.append({"prompt": prompt, "task": name, "info": data, "task_index": i})
 
     def prompt_messages(self, example: Example) -> list[Message]:

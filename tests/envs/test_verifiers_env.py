@@ -128,6 +128,28 @@ class CounterTaskset(vf.Taskset[CounterTask, vf.TasksetConfig]):
 __all__ = ["CounterTaskset"]
 """
 
+TWO_SEATS = """
+import verifiers.v1 as vf
+
+
+class DuelConfig(vf.EnvConfig):
+    first: vf.AgentConfig = vf.AgentConfig()
+    second: vf.AgentConfig = vf.AgentConfig()
+
+
+class DuelEnv(vf.Env[DuelConfig]):
+    async def run(self, task, agents):
+        await agents.first.run(task)
+
+
+class DuelTaskset(vf.Taskset[vf.Task, vf.TasksetConfig]):
+    def load(self):
+        yield vf.Task(vf.TaskData(prompt="hi"))
+
+
+__all__ = ["DuelEnv", "DuelTaskset"]
+"""
+
 NOT_A_TASKSET = """
 def load():
     return 1
@@ -140,7 +162,13 @@ __all__ = ["load"]
 @pytest.fixture(scope="module", autouse=True)
 def tasksets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     root = tmp_path_factory.mktemp("tasksets")
-    sources = {"vf_arith": ARITH, "vf_echo": ECHO, "vf_counter": COUNTER, "vf_not_a_taskset": NOT_A_TASKSET}
+    sources = {
+        "vf_arith": ARITH,
+        "vf_echo": ECHO,
+        "vf_counter": COUNTER,
+        "vf_not_a_taskset": NOT_A_TASKSET,
+        "vf_duel": TWO_SEATS,
+    }
     for name, source in sources.items():
         (root / f"{name}.py").write_text(source)
     sys.path.insert(0, str(root))
@@ -252,11 +280,17 @@ def test_an_env_run_that_raises_fails_its_step() -> None:
 def test_dry_run_check_accepts_a_taskset_and_refuses_mistakes_in_one_line() -> None:
     check_environment(EnvConfig(id="vf-arith", args={"num_rows": 2, "num_examples": 1}))
     bad = [
-        ("vf-arith", {"num_rowz": 2}, "num_rowz"),
+        (
+            "vf-arith",
+            {"num_rowz": 2},
+            "arg 'num_rowz': Extra inputs are not permitted; did you mean 'num_rows'?",
+        ),
+        ("vf-arith", {"seed": "x"}, "seed must be a whole number, got 'x'"),
         ("vf-arith", {"num_rows": "many"}, "arg 'num_rows'"),
         ("vf-counter", {}, "its taskset is infinite; set env[].args.num_examples"),
         ("vf-arith", {"num_examples": 0}, "num_examples must be a whole number >= 1"),
         ("vf-not-a-taskset", {}, "exports no Taskset subclass"),
+        ("vf-duel", {}, "its Env DuelEnv has 2 agent seats (first, second); grpo trains one seat"),
         ("vf-no-such-taskset", {}, "pip install 'grpo[verifiers]'"),
     ]
     for env_id, args, expected in bad:
