@@ -1,5 +1,6 @@
-"""`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", a `grpo-env`
-server at env_cfg.address, or a `- dataset:` block (grpo.envs.dataset_env).
+"""`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", a verifiers
+environment by its id (grpo.envs.verifiers_env), a `grpo-env` server at env_cfg.address, or a
+`- dataset:` block (grpo.envs.dataset_env).
 
 `check_environment(env_cfg)` is what `--dry-run`, and every run before its inference server starts,
 checks: the id resolves, every `env[].args` key is one the loader takes, with the type it declares, and
@@ -82,20 +83,47 @@ def _closest_builtin(env_id: str) -> str | None:
 
 
 def _verifiers_loader(env_id: str) -> Callable[..., Any]:
+    """A loader for the verifiers environment `env_id` (grpo.envs.verifiers_env), or a UserError saying
+    what the id could have meant."""
+    close = _closest_builtin(env_id)
+    if close is None and "." in env_id:
+        close = f"{env_id}:load_environment"  # a module path missing its function
+    hint = f"did you mean {close!r}? " if close else ""
+    choices = (
+        f"built-in ids: {', '.join(BUILTIN_IDS)}, reasoning-gym:<dataset> (e.g. reasoning-gym:chain_sum); "
+        "or an import path 'pkg.module:load_environment'"
+    )
     try:
         import verifiers
     except ImportError as exc:
-        close = _closest_builtin(env_id)
-        if close is None and "." in env_id:
-            close = f"{env_id}:load_environment"  # a module path missing its function
-        hint = f"did you mean {close!r}? " if close else ""
         raise UserError(
-            f"env id {env_id!r} is not built-in; {hint}built-in ids: {', '.join(BUILTIN_IDS)}, "
-            "reasoning-gym:<dataset> (e.g. reasoning-gym:chain_sum); or an import path "
-            "'pkg.module:load_environment'; verifiers environments need the optional extra: "
-            "pip install 'grpo[verifiers]'"
+            f"env id {env_id!r} is not built-in; {hint}{choices}; verifiers environments need the optional "
+            "extra: pip install 'grpo[verifiers]'"
         ) from exc
-    return lambda **args: verifiers.load_environment(env_id, **args)
+    from grpo.envs import verifiers_env
+
+    verifiers_env.check_version(verifiers.__version__)
+    not_found = UserError(
+        f"env id {env_id!r} is not built-in nor an installed verifiers environment; {hint}{choices}; or a "
+        "verifiers taskset package (install it, or put it on PYTHONPATH; with pip install 'grpo[verifiers]')"
+    )
+    module = env_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()  # as verifiers names it
+    if "." in module:  # a module path, never a verifiers id
+        raise not_found
+    from verifiers.v1.utils.loaders import taskset_class
+
+    try:
+        taskset_class(env_id)
+    except (TypeError, AttributeError, ValueError) as exc:  # a module, but not one verifiers taskset
+        raise UserError(f"env id {env_id!r}: {hint}{exc}") from exc
+    except ModuleNotFoundError as exc:
+        # only the id's own module being absent means "no such environment"; a missing dependency
+        # inside it surfaces as is
+        missing = getattr(exc.__cause__, "name", None) or exc.name
+        if missing is None or not module.startswith(missing):
+            raise
+        raise not_found from exc
+    return lambda **args: verifiers_env.load_verifiers_env(env_id, args)
 
 
 def signature_params(fn: Callable[..., Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:

@@ -85,3 +85,32 @@ def test_tool_calculator_example_evaluates_arithmetic_only_and_rewards_the_final
     completions = [call + "\nIt is 391.", "391? No, 390.", call]
     assert calculator_task.correct(None, completions, ["391"] * 3) == [1.0, 0.0, 0.0]
     assert calculator_task.used_the_tool(None, completions) == [0.2, 0.0, 0.2]
+
+
+def test_verifiers_example_answers_each_guess_until_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "verifiers"))
+    env = load_environment(EnvConfig(id="vf-guess-number", args={"num_rows": 4, "high": 10}))
+    assert env.max_turns == 4  # the Env's player seat says so
+    example = env.examples[0]
+    target = int(example["info"]["target"])
+
+    async def play(*guesses: str) -> tuple[list[str], float]:
+        state = await env.reset(example)
+        history = env.prompt_messages(example)
+        hints = []
+        for guess in guesses:
+            history.append({"role": "assistant", "content": guess})
+            reply = await env.step(history, state)
+            hints += [m["content"] for m in reply.messages]
+            history += reply.messages
+            if reply.done:
+                break
+        score = await env.score(example, history[2:], state)
+        assert not score.failed, score.failure
+        return hints, score.reward
+
+    low, high = (target - 1, target + 1) if 1 < target < 10 else (target, target)
+    assert asyncio.run(play(str(target))) == ([], 1.0 + 0.1)
+    if low != target:
+        assert asyncio.run(play(str(low), f"it is {target}")) == (["Higher."], 0.5 + 0.1 * 0.5)
+        assert asyncio.run(play(str(high), str(target))) == (["Lower."], 0.5 + 0.1)
