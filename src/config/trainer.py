@@ -162,11 +162,6 @@ class LossConfig(StrictModel):
                 "loss.type cispo clamps the ratio to [clip_low, clip_high] and neither is set (it would be the "
                 "default loss): set loss.clip_high (e.g. 5.0)"
             )
-        if "kl_estimator" in self.model_fields_set and self.kl_beta == 0:
-            raise ValueError(
-                f"loss.kl_estimator {self.kl_estimator} is set but loss.kl_beta is 0 (the reference KL term "
-                "is off); set loss.kl_beta > 0 (e.g. 0.04) or remove kl_estimator"
-            )
         if self.tis_cap is not None and self.type == "cispo":
             raise ValueError(
                 "loss.tis_cap with loss.type cispo: cispo already caps the weight at clip_high; set clip_high "

@@ -33,10 +33,6 @@ def test_the_knobs_load_for_the_hf_backend() -> None:
     TrainerConfig(model="m", lora=False, loss={"kl_beta": 0.04})  # one GPU: a frozen copy
 
 
-def test_an_estimator_with_the_term_off_is_refused() -> None:
-    assert "set loss.kl_beta > 0" in _refusal(loss={"kl_estimator": "k1"})
-
-
 @pytest.mark.parametrize("knob", [{"loss": {"kl_beta": 0.1}}, {"num_iterations": 2}])
 def test_the_megatron_backend_refuses_them(knob: dict[str, Any]) -> None:
     assert "backend hf only" in _refusal(backend="megatron", lora=False, **knob)

@@ -23,7 +23,9 @@ def _t(values: list[float], grad: bool = False) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64, requires_grad=grad)
 
 
-def _ours(cfg: LossConfig, current: list[float], old: list[float] | None) -> tuple[float, list[float], object]:
+def _ours(
+    cfg: LossConfig, current: list[float], old: list[float] | None
+) -> tuple[float, list[float], object]:
     lp = _t(current, grad=True)
     loss, sums = grpo_loss(
         lp,
@@ -51,7 +53,7 @@ def test_without_ppo_clip_old_logprobs_equal_to_the_current_ones_give_the_first_
 
 def test_a_later_update_clips_the_ratio_to_the_first_pass_and_keeps_the_behaviour_weight():
     cfg = LossConfig(clip_low=0.8, clip_high=1.28)
-    value, grad, sums = _ours(cfg, CURRENT, OLD)
+    _, grad, sums = _ours(cfg, CURRENT, OLD)
 
     lp = _t(CURRENT, grad=True)
     old, mu, adv = _t(OLD), _t(INFERENCE), _t(ADVANTAGES)

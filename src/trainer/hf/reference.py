@@ -40,7 +40,7 @@ class ReferencePolicy:
         if self._copy is not None:
             yield self._copy
             return
-        with self._policy.model.disable_adapter():  # type: ignore[operator]
+        with self._policy.model.disable_adapter():
             yield self._policy
 
     def token_logprobs(self, mb: MicroBatch, chunk_size: int) -> torch.Tensor:

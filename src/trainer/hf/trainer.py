@@ -296,7 +296,9 @@ class Trainer:
                 mb = item.micro_batch
                 if first and self.reference is not None and mb.loss.targets.numel() > 0:
                     item.ref_lp = self.reference.token_logprobs(mb, self.cfg.logprob_chunk_size)
-                loss, sums, lp = self._micro_batch_loss(mb, loss_scale, item.ref_lp, None if first else item.lp)
+                loss, sums, lp = self._micro_batch_loss(
+                    mb, loss_scale, item.ref_lp, None if first else item.lp
+                )
                 if first:
                     item.lp = lp
                 # Under FSDP every rank must join every backward, even with no loss tokens (zero loss).

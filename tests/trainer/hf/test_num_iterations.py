@@ -38,11 +38,15 @@ def _off_policy_batch(trainer: Trainer) -> TrainingBatch:
     rng = np.random.default_rng(3)
     for row in batch.rows:
         noise = rng.uniform(-0.02, 0.02, row.inference_logprobs.shape).astype(np.float32)
-        row.inference_logprobs = np.where(row.loss_mask, row.inference_logprobs + noise, 0.0).astype(np.float32)
+        row.inference_logprobs = np.where(row.loss_mask, row.inference_logprobs + noise, 0.0).astype(
+            np.float32
+        )
     return batch
 
 
-def test_two_iterations_equal_two_manual_updates_with_the_first_pass_logprobs_as_old(make_cfg, tmp_path, float32):
+def test_two_iterations_equal_two_manual_updates_with_the_first_pass_logprobs_as_old(
+    make_cfg, tmp_path, float32
+):
     # A tight clip (and tis_cap) so that which ratio each update tests changes which tokens keep a gradient.
     knobs = {"loss": LossConfig(clip_low=0.99, clip_high=1.01, tis_cap=1.005), "learning_rate": 2e-2}
     ours = _trainer(make_cfg, tmp_path / "a", num_iterations=2, **knobs)

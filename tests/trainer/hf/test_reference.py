@@ -78,7 +78,9 @@ def test_the_full_weight_reference_is_a_frozen_copy_of_the_initial_weights(make_
 
 
 def test_the_reference_scores_shared_prefix_rows_like_plain_rows(make_cfg, tmp_path, float32):
-    trainer = _trainer(make_cfg, tmp_path, lora_b_std=0.05, loss=LossConfig(kl_beta=0.1), logprob_chunk_size=7)
+    trainer = _trainer(
+        make_cfg, tmp_path, lora_b_std=0.05, loss=LossConfig(kl_beta=0.1), logprob_chunk_size=7
+    )
     rollouts = random_rollouts(4, multi_turn=True)
     by_layout = []
     for share in (False, True):
@@ -114,7 +116,9 @@ def test_the_kl_gradient_of_a_step_equals_a_direct_computation_against_a_separat
 
     direct = torch.zeros((), dtype=torch.float32)
     kl_sum = 0.0
-    for row, mb, ref_scored in zip(rows, trainer._micro_batches(rows), separate_reference.score(rows), strict=True):
+    for row, mb, ref_scored in zip(
+        rows, trainer._micro_batches(rows), separate_reference.score(rows), strict=True
+    ):
         ref = torch.from_numpy(ref_scored[row.loss_mask])
         per_token = kl_estimate(_policy_logprobs(trainer, mb), ref, estimator)
         direct = direct + beta * per_token.sum() / num_loss_tokens
@@ -129,7 +133,9 @@ def test_the_kl_gradient_of_a_step_equals_a_direct_computation_against_a_separat
         cleanup.close()
 
 
-def test_with_the_policy_still_the_reference_the_kl_term_is_zero_with_no_gradient(make_cfg, tmp_path, float32):
+def test_with_the_policy_still_the_reference_the_kl_term_is_zero_with_no_gradient(
+    make_cfg, tmp_path, float32
+):
     trainer = _trainer(make_cfg, tmp_path, loss=LossConfig(adv_tau=0.0, kl_beta=1.0))  # LoRA B = 0
     metrics = trainer.train_step(on_policy_batch(trainer, 0, default_rows()))
     assert metrics["kl_ref"] == 0.0
