@@ -54,7 +54,9 @@ def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig) -
             f"orch seq_len ({orch.seq_len}) exceeds train sequence_len ({train.sequence_len}); "
             "packed rows would not fit the trainer"
         )
-    streaming = streaming_trainer_problem(orch.streaming.groups_per_part, train.gpus, train.backend)
+    streaming = streaming_trainer_problem(
+        orch.streaming.groups_per_part, train.gpus, train.backend, train.num_iterations
+    )
     if streaming is not None:
         problems.append(streaming)
     if train.loss.teacher_tau > 0 and orch.teacher_model is None:
@@ -151,7 +153,9 @@ def check_colocated(
             f"infer tp {infer.tp}: a co-located trainer rank borrows the weights of one engine worker; set tp: 1 "
             "(dp: N runs N engines, one per trainer rank), or use the multi-process mode"
         )
-    streaming = streaming_trainer_problem(orch.streaming.groups_per_part, infer.dp, train.backend)
+    streaming = streaming_trainer_problem(
+        orch.streaming.groups_per_part, infer.dp, train.backend, train.num_iterations
+    )
     if streaming is not None:
         problems.append(streaming)
     if infer.dp > 1 and not train.lora:

@@ -44,10 +44,16 @@ def streaming_advantage_problem(groups_per_part: int | None, advantage_type: str
 
 
 def streaming_trainer_problem(
-    groups_per_part: int | None, num_trainer_ranks: int, backend: str = "hf"
+    groups_per_part: int | None, num_trainer_ranks: int, backend: str = "hf", num_iterations: int = 1
 ) -> str | None:
     if groups_per_part is None:
         return None
+    if num_iterations > 1:
+        return (
+            f"train num_iterations {num_iterations} trains on the whole batch several times, but orch "
+            "streaming.groups_per_part hands the step over in parts; set one of them back (num_iterations: 1, "
+            "or streaming.groups_per_part: null)"
+        )
     if backend != "hf":
         return (
             f"orch streaming.groups_per_part needs the hf trainer backend (train backend is {backend}); "

@@ -82,6 +82,18 @@ class LossConfig(StrictModel):
     one token's weight explode; TRL's vllm_importance_sampling_cap, e.g. 2 or 3). null: off.
     ratio_type token and type default only."""
 
+    kl_beta: float = Field(0.0, ge=0.0)
+    """Weight of the KL penalty against a frozen reference policy (TRL's beta, verl's kl_loss_coef):
+    kl_beta * kl_estimator(lp, ref_lp) per kept loss token, normalised like the policy term, with
+    its gradient through lp. The reference is the base model with the LoRA adapters disabled (no
+    second copy), or for full-parameter training a frozen copy of the initial weights on the
+    training device. 0: off (no reference forward). Backend hf only; metric kl_ref."""
+
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """The per-token estimate of KL(policy || reference) that kl_beta weights, with r = ref_lp - lp:
+    k1 = -r (verl's kl), k2 = r^2 / 2 (verl's mse), k3 = exp(r) - r - 1 (verl's low_var_kl, TRL's;
+    never negative). Formulas and gradients in docs/loss.md."""
+
     normalization: Literal["tokens", "constant"] = "tokens"
     """What the step's summed token loss is divided by. tokens: the step's loss tokens (every token
     weighs the same within a step); with a sequence ratio_type, per sample instead: each sample's
@@ -311,6 +323,14 @@ class TrainerConfig(StrictModel):
     seed: int = 42
     """Random seed."""
 
+    num_iterations: int = Field(1, ge=1)
+    """Optimizer updates per batch (TRL's num_iterations, verl's ppo_epochs): the batch is trained on
+    this many times in a row; the first pass's logprobs (detached) are the old logprobs that
+    loss.clip_low / clip_high test on the later passes, while the masks and tis_cap stay against the
+    behaviour (vLLM) logprobs (docs/loss.md, "Several updates per batch"). A step is still one batch:
+    the learning-rate schedule, max_steps, checkpoints and metrics count batches (the loss metrics
+    and grad norms are the last update's). Backend hf, one batch per step (no orch streaming)."""
+
     loss: LossConfig = Field(default_factory=LossConfig)
     noise_scheduler: NoiseSchedulerConfig = Field(default_factory=NoiseSchedulerConfig)
 
@@ -425,6 +445,18 @@ class TrainerConfig(StrictModel):
                 f"gpus {self.gpus} is not a multiple of megatron tensor_model_parallel_size x "
                 f"pipeline_model_parallel_size ({mp.tensor_model_parallel_size} x "
                 f"{mp.pipeline_model_parallel_size}); set gpus to a multiple of {mp.model_parallel_size}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _knobs_the_backend_implements(self) -> TrainerConfig:
+        if self.backend == "megatron" and (self.loss.kl_beta > 0 or self.num_iterations > 1):
+            knob = "loss.kl_beta > 0" if self.loss.kl_beta > 0 else f"num_iterations {self.num_iterations}"
+            raise ValueError(f"{knob} is implemented by backend hf only; use backend: hf, or remove it")
+        if self.loss.kl_beta > 0 and not self.lora and self.gpus > 1:
+            raise ValueError(
+                "loss.kl_beta > 0 with full-parameter training on several GPUs: the frozen reference copy is "
+                "not sharded; train LoRA (its reference is the base with adapters disabled) or use gpus: 1"
             )
         return self
 

@@ -10,6 +10,7 @@ Per loss token t of sample s (`sample_ids`), with keep[t] the masks of `keep_mas
     coeff     = clipped(ratio) * signal        clipped: grpo.trainer.ratio_clip (identity by default)
     weight    = 1 (token)  or  1 / (loss tokens of s) (both sequence types: per-sample normalisation)
     loss      = -(coeff.detach() * weight * trainer_lp)[keep & has_gradient].sum() / loss_scale
+              + kl_beta * (weight * kl_estimator(trainer_lp, ref_lp))[keep].sum() / loss_scale
 
 where trainer_lp is at the token's sampling temperature (as vLLM's inference_lp is) and
 trainer_lp_1 at temperature 1, as the teacher's prompt logprobs are (vLLM scores prompts with no
@@ -20,11 +21,18 @@ has_gradient[t] / loss_scale (has_gradient, PPO's clip, is false only with loss.
 tokens, its samples for the sequence types, or loss.normalization_constant for Dr. GRPO), so
 micro-batches can be backpropagated one at a time and their gradients simply add up.
 
+On a batch's later updates (num_iterations > 1) `old_lp`, the first pass's logprobs, decides the
+masks (keep is computed from old_lp - inference_lp, so it is the same on every update) and is
+pi_old for the PPO clip and tis_cap (grpo.trainer.ratio_clip). The reference-KL term (kl_beta,
+grpo.trainer.ref_kl) is the only term with a gradient other than through coeff; it is neither
+weighted by the ratio nor gated by the clip, only by keep.
+
 Metrics use the k3 estimator (r - 1) - log r, which is unbiased, never negative, and low-variance
 for samples drawn from the denominator policy, averaged over the tokens the loss keeps (a masked
 token, whose ratio may have overflowed, counts in `masked` and `tokens` only):
 - kl: r = p_trainer / p_inference (estimates KL(inference || trainer)).
 - teacher_kl: r = p_teacher / p_trainer, both at temperature 1 (estimates KL(student || teacher)).
+kl_ref (only with kl_beta > 0) is the mean of the configured kl_estimator over the kept tokens.
 With a clip or tis_cap configured, clip_frac_low / clip_frac_high / tis_frac_capped are the shares of
 the kept tokens the clip bounds and the cap acted on.
 """
@@ -35,6 +43,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from grpo.trainer.ratio_clip import clip_ratio
+from grpo.trainer.ref_kl import kl_estimate
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -69,6 +78,9 @@ class LossSums:
     has_clip: bool = False
     """clip_low or clip_high configured: the clip fractions are reported."""
     has_tis: bool = False
+    kl_ref_sum: float = 0.0
+    """Sum over kept tokens of loss.kl_estimator(trainer_lp, ref_lp)."""
+    has_kl_ref: bool = False
 
     def add(self, other: LossSums) -> None:
         self.loss += other.loss
@@ -87,6 +99,8 @@ class LossSums:
         self.num_tis_capped += other.num_tis_capped
         self.has_clip = self.has_clip or other.has_clip
         self.has_tis = self.has_tis or other.has_tis
+        self.kl_ref_sum += other.kl_ref_sum
+        self.has_kl_ref = self.has_kl_ref or other.has_kl_ref
 
     def as_floats(self) -> list[float]:
         """Every field as a float, for summing over ranks; from_floats reads the sum back."""
@@ -123,6 +137,8 @@ class LossSums:
             out["clip_frac_high"] = self.num_clipped_high / num_kept
         if self.has_tis:
             out["tis_frac_capped"] = self.num_tis_capped / num_kept
+        if self.has_kl_ref:
+            out["kl_ref"] = self.kl_ref_sum / num_kept
         return out
 
 
@@ -230,6 +246,8 @@ def grpo_loss(
     teacher_lp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     untempered_lp: torch.Tensor | None = None,
+    ref_lp: torch.Tensor | None = None,
+    old_lp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossSums]:
     """Loss of one micro-batch's tokens, all tensors [T]; returns (loss, sums).
 
@@ -237,7 +255,9 @@ def grpo_loss(
     ratios and per-sample weights group by it, so a sample's loss tokens must all be in this call).
     Only `trainer_lp` may carry a gradient; inference and teacher logprobs are treated as data.
     `untempered_lp` (the trainer's logprobs at temperature 1, no gradient) comes with `teacher_lp`:
-    the teacher term and teacher_kl compare it with the teacher.
+    the teacher term and teacher_kl compare it with the teacher. `ref_lp` (the frozen reference's
+    logprobs at the same temperature as trainer_lp) comes with loss.kl_beta > 0. `old_lp` (the first
+    pass's trainer_lp, detached) only on a batch's later updates (num_iterations > 1).
     """
     import torch
 
@@ -252,17 +272,27 @@ def grpo_loss(
     lp = trainer_lp.detach()
     zeros = torch.zeros_like(lp)
     log_ratio = torch.where(loss_mask, lp - inference_lp, zeros)
+    old_log_ratio = log_ratio
+    policy_ratio = old_ratio = None
     with torch.no_grad():
         ratio = importance_ratio(log_ratio, loss_mask, sample_ids, cfg)
+        if old_lp is not None:
+            old_lp = old_lp.detach().to(lp.dtype)
+            old_log_ratio = torch.where(loss_mask, old_lp - inference_lp, zeros)
+            old_ratio = importance_ratio(old_log_ratio, loss_mask, sample_ids, cfg)
+            policy_log_ratio = torch.where(loss_mask, lp - old_lp, zeros)
+            policy_ratio = importance_ratio(policy_log_ratio, loss_mask, sample_ids, cfg)
         signal = cfg.adv_tau * advantages.to(lp.dtype) - cfg.kl_tau * log_ratio
         if teacher_lp is not None:
             assert untempered_lp is not None, "the teacher term needs the trainer's logprobs at temperature 1"
             teacher_lp = teacher_lp.detach().to(lp.dtype)
             student_lp = untempered_lp.detach().to(lp.dtype)
             signal = signal + cfg.teacher_tau * (teacher_lp - student_lp)
-        clipped = clip_ratio(ratio, signal, cfg)
-        coeff = clipped.weight * signal * token_weights(loss_mask, sample_ids, cfg).to(lp.dtype)
-        masks = masked_by(log_ratio, loss_mask, sample_ids, cfg)
+        clipped = clip_ratio(ratio, signal, cfg, policy_ratio, old_ratio)
+        weights = token_weights(loss_mask, sample_ids, cfg).to(lp.dtype)
+        coeff = clipped.weight * signal * weights
+        # The masks guard against the behaviour mismatch: decided by the first pass, kept after it.
+        masks = masked_by(old_log_ratio, loss_mask, sample_ids, cfg)
         keep = masks.keep(loss_mask)
         # `where`, not a multiplication by keep: a dropped token's coeff may be inf (its ratio
         # overflowed), and inf * 0 would make the loss and every gradient NaN. The metrics below
@@ -270,6 +300,14 @@ def grpo_loss(
         # the metrics) but keeps no gradient.
         coeff = torch.where(keep & clipped.has_gradient, coeff, zeros)
     loss = -(coeff * trainer_lp).sum() / loss_scale
+    kl_ref = None
+    if cfg.kl_beta > 0:
+        assert ref_lp is not None, "loss.kl_beta > 0: the trainer passes the reference logprobs"
+        # A dropped token gets lp = ref = 0 (estimate and gradient exactly 0): either may be -inf,
+        # and a `where` after the estimate would still backpropagate 0 * inf = NaN.
+        ref_lp = torch.where(keep, ref_lp.detach().to(lp.dtype), zeros)
+        kl_ref = kl_estimate(torch.where(keep, trainer_lp, zeros), ref_lp, cfg.kl_estimator)
+        loss = loss + cfg.kl_beta * (kl_ref * weights).sum() / loss_scale
 
     with torch.no_grad():
         k3 = torch.where(keep, torch.exp(log_ratio) - 1 - log_ratio, zeros)
@@ -288,6 +326,9 @@ def grpo_loss(
             has_clip=cfg.clip_low is not None or cfg.clip_high is not None,
             has_tis=cfg.tis_cap is not None,
         )
+        if kl_ref is not None:
+            sums.kl_ref_sum = float(kl_ref.detach().sum())
+            sums.has_kl_ref = True
         if entropy is not None:
             sums.entropy_sum = float(torch.where(keep, entropy.detach().to(lp.dtype), zeros).sum())
         if teacher_lp is not None:
@@ -304,9 +345,12 @@ def loss_of_tokens(
     untempered_lp: torch.Tensor | None,
     cfg: LossConfig,
     loss_scale: int,
+    ref_lp: torch.Tensor | None = None,
+    old_lp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossSums]:
     """grpo_loss over a micro-batch's loss tokens (every one counts: the packer kept only those),
-    given the trainer's logprobs at them; shared by both trainer backends."""
+    given the trainer's logprobs at them (and the reference's and the first pass's where used);
+    shared by both trainer backends."""
     import torch
 
     has_teacher = tokens.teacher_logprobs is not None
@@ -321,4 +365,6 @@ def loss_of_tokens(
         teacher_lp=tokens.teacher_logprobs,
         entropy=entropy,
         untempered_lp=untempered_lp if has_teacher else None,
+        ref_lp=ref_lp,
+        old_lp=old_lp,
     )

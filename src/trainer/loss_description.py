@@ -50,9 +50,20 @@ def _normaliser(cfg: LossConfig) -> str:
     return "L = the step's samples, each averaged over its loss tokens"
 
 
+_KL_FORMULA = {"k1": "lp - ref", "k2": "(ref - lp)^2 / 2", "k3": "exp(ref - lp) - (ref - lp) - 1"}
+
+
 def describe_loss(cfg: LossConfig) -> str:
     """One YAML comment line (the --dry-run output around it still parses)."""
+    total = "-sum(coeff * lp) / L"
+    if cfg.kl_beta > 0:
+        total += f" + {cfg.kl_beta:g} * sum(w * kl) / L"
     parts = [f"coeff = {_weight(cfg)} * ({_signal(cfg)})", _ratio(cfg)]
+    if cfg.kl_beta > 0:
+        parts.append(
+            f"kl = {cfg.kl_estimator} = {_KL_FORMULA[cfg.kl_estimator]} per kept token, ref = the frozen "
+            "reference's logprob, w = the token's weight in L (gradient through lp)"
+        )
     if cfg.type == "default" and (cfg.clip_low is not None or cfg.clip_high is not None):
         parts.append(
             f"PPO clip [{_bound(cfg.clip_low)}, {_bound(cfg.clip_high)}] (a clipped token keeps no gradient)"
@@ -63,4 +74,4 @@ def describe_loss(cfg: LossConfig) -> str:
         f"[{cfg.sequence_mask_low:g}, {cfg.sequence_mask_high:g}]"
     )
     parts.append(_normaliser(cfg))
-    return f"# loss (type {cfg.type}, docs/loss.md): -sum(coeff * lp) / L; " + "; ".join(parts)
+    return f"# loss (type {cfg.type}, docs/loss.md): {total}; " + "; ".join(parts)

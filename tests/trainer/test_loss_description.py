@@ -35,3 +35,11 @@ def test_sequence_ratios_and_the_constant_normaliser_are_named() -> None:
     assert "ratio = the geometric mean of the sample's exp(lp - ilp), at most 10" in line
     assert "L = the step's samples, each averaged over its loss tokens" in line
     assert describe_loss(LossConfig(normalization="constant", normalization_constant=512)).endswith("L = 512")
+
+
+def test_the_reference_kl_term_shows_its_weight_and_estimator_only_when_on() -> None:
+    line = describe_loss(LossConfig(kl_beta=0.04, kl_estimator="k3"))
+    assert "-sum(coeff * lp) / L + 0.04 * sum(w * kl) / L;" in line
+    assert "kl = k3 = exp(ref - lp) - (ref - lp) - 1 per kept token" in line
+    assert "kl = k1 = lp - ref" in describe_loss(LossConfig(kl_beta=1.0, kl_estimator="k1"))
+    assert "ref" not in describe_loss(LossConfig())

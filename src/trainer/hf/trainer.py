@@ -22,7 +22,13 @@ with every sequence counted whole, as if no prefix were shared: the rate plain p
 match), skipped_steps (steps so far whose gradient norm was not finite and were not applied),
 fp16_grad_scale (only when computing in float16: the dynamic gradient scale after the step),
 model_tflops_per_s and mfu (this rank's model FLOPs per second of step_time, and that over one
-device's peak in the matmul dtype; see grpo.trainer.flops and grpo.trainer.peak_flops).
+device's peak in the matmul dtype; see grpo.trainer.flops and grpo.trainer.peak_flops),
+kl_ref (only with loss.kl_beta > 0: the reference KL estimate, grpo.trainer.loss).
+
+num_iterations > 1 (train_step only): the batch's micro-batches are kept and trained on again after
+each optimizer update, with the first pass's logprobs as old_lp (and its reference logprobs reused:
+the reference is frozen). The schedule steps once per batch; the loss metrics and grad norms are the
+last update's, step_time, tokens_per_s and the FLOP rates cover every pass.
 """
 
 from __future__ import annotations
@@ -70,6 +76,19 @@ class _OpenStep:
     num_tokens: int = 0
     num_sequence_tokens: int = 0
     compute_seconds: float = 0.0
+    first_pass: list[_FirstPass] = field(default_factory=list)
+    """Each micro-batch of the first pass, kept for the later ones (num_iterations > 1 only)."""
+
+
+@dataclass
+class _FirstPass:
+    """One micro-batch of a step, with what its first pass computed."""
+
+    micro_batch: MicroBatch
+    lp: Any = None
+    """torch.Tensor [N] float32: the policy's logprobs of its loss tokens before any update (detached)."""
+    ref_lp: Any = None
+    """torch.Tensor [N] float32, or None without loss.kl_beta: the reference's logprobs."""
 
 
 class Trainer:
@@ -107,6 +126,12 @@ class Trainer:
             from grpo.trainer.hf.fsdp import shard_full_model
 
             shard_full_model(self.policy.causal_lm)
+        self.reference = None
+        """The frozen reference of loss.kl_beta (grpo.trainer.hf.reference); None when it is 0."""
+        if cfg.loss.kl_beta > 0:
+            from grpo.trainer.hf.reference import ReferencePolicy
+
+            self.reference = ReferencePolicy(self.policy)
         self.params = self.policy.trainable_parameters()
         self.optimizer = build_optimizer(cfg, self.params, self.policy.device)
         self.scheduler = build_scheduler(cfg, self.optimizer)
@@ -216,9 +241,17 @@ class Trainer:
         return out
 
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
-        """One optimizer step on a whole batch."""
+        """One step on a whole batch: num_iterations optimizer updates (1 by default)."""
         self.begin_step(batch.step, self.cfg.loss.loss_scale(batch.num_loss_tokens, batch.num_loss_samples))
         self.accumulate(batch)
+        for _ in range(1, self.cfg.num_iterations):
+            state = self._open
+            assert state is not None
+            started = time.perf_counter()
+            self._apply_gradients(state.step, grad_divisor=1.0)
+            self.optimizer.zero_grad(set_to_none=True)
+            state.compute_seconds += time.perf_counter() - started
+            self._train_again()
         return self.finish_step(wait_time)
 
     def begin_step(self, step: int, loss_scale: int | None = None) -> None:
@@ -239,11 +272,39 @@ class Trainer:
         state.num_loss_tokens += batch.num_loss_tokens
         state.num_loss_samples += batch.num_loss_samples
         loss_scale = 1 if state.loss_scale is None else state.loss_scale
-        micro_batches = self._micro_batches(self._local_rows(batch.rows))
-        for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
+        passes = [_FirstPass(mb) for mb in self._micro_batches(self._local_rows(batch.rows))]
+        self._backward(passes, loss_scale, first=True)
+        if self.cfg.num_iterations > 1:
+            state.first_pass.extend(passes)
+        state.compute_seconds += time.perf_counter() - started
+
+    def _train_again(self) -> None:
+        """Another pass over the open step's kept micro-batches (num_iterations > 1), against the
+        first pass's logprobs; its loss sums replace the previous pass's."""
+        state = self._open
+        assert state is not None and state.loss_scale is not None, "train_step's whole batch"
+        started = time.perf_counter()
+        state.totals = LossSums()
+        self._backward(state.first_pass, state.loss_scale, first=False)
+        state.compute_seconds += time.perf_counter() - started
+
+    def _backward(self, passes: list[_FirstPass], loss_scale: int, first: bool) -> None:
+        """Forward and backward micro-batches in groups of gradient_accumulation_steps, adding to the
+        open step's gradients and sums. The first pass records each one's logprobs (and the
+        reference's); a later pass trains against them."""
+        state = self._open
+        assert state is not None
+        for group in split_micro_batches(passes, self.cfg.gradient_accumulation_steps):
             group_loss = None
-            for mb in group:
-                loss, sums = self._micro_batch_loss(mb, loss_scale)
+            for item in group:
+                mb = item.micro_batch
+                if first and self.reference is not None and mb.loss.targets.numel() > 0:
+                    item.ref_lp = self.reference.token_logprobs(mb, self.cfg.logprob_chunk_size)
+                loss, sums, lp = self._micro_batch_loss(
+                    mb, loss_scale, item.ref_lp, None if first else item.lp
+                )
+                if first:
+                    item.lp = lp
                 # Under FSDP every rank must join every backward, even with no loss tokens (zero loss).
                 if sums.num_loss_tokens > 0 or self._sharded:
                     group_loss = loss if group_loss is None else group_loss + loss
@@ -255,7 +316,6 @@ class Trainer:
                 if self.grad_scale is not None:
                     group_loss = group_loss * self.grad_scale.scale
                 group_loss.backward()
-        state.compute_seconds += time.perf_counter() - started
 
     def finish_step(self, wait_time: float = 0.0) -> dict[str, float]:
         """Clip, step the optimizer and the schedule, write the step's metrics; `wait_time`: seconds
@@ -267,11 +327,46 @@ class Trainer:
         if state.num_loss_tokens == 0:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch_step)
         totals, num_tokens, num_sequence_tokens = state.totals, state.num_tokens, state.num_sequence_tokens
-        divisor = 1.0
+        grad_divisor = 1.0
         if state.loss_scale is None:
             scale = self.cfg.loss.loss_scale(state.num_loss_tokens, state.num_loss_samples)
-            divisor *= scale
+            grad_divisor = scale
             totals.loss /= scale
+        grad_norm = self._apply_gradients(batch_step, grad_divisor)
+        with warnings.catch_warnings():
+            # The schedule advances on a skipped step too; torch warns when no optimizer step came first.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            self.scheduler.step()
+        self.num_steps_done += 1
+        if self.dist is not None:
+            totals, num_tokens, num_sequence_tokens = self._sum_over_ranks(
+                totals, num_tokens, num_sequence_tokens
+            )
+        step_time = state.compute_seconds + time.perf_counter() - started
+        metrics = step_metrics(
+            totals,
+            grad_norm_before_clip=grad_norm,
+            max_grad_norm=self.cfg.max_grad_norm,
+            lr=lr,
+            step_time=step_time,
+            wait_time=wait_time,
+            num_tokens=num_tokens,
+            num_sequence_tokens=num_sequence_tokens,
+            num_skipped_steps=self.num_skipped_steps,
+            forward_backward_time=state.compute_seconds,
+            optimizer_time=step_time - state.compute_seconds,
+        )
+        if self.grad_scale is not None:
+            metrics["fp16_grad_scale"] = self.grad_scale.scale
+        metrics.update(self._flop_rates(step_time))
+        self._report.write(batch_step, metrics, totals.num_loss_tokens)
+        return metrics
+
+    def _apply_gradients(self, batch_step: int, grad_divisor: float) -> float:
+        """Divide the accumulated gradients by `grad_divisor` (and the float16 scale), sum them over
+        ranks, clip, and step the optimizer unless their norm is not finite; returns the norm
+        before clipping. Collective under torchrun."""
+        divisor = grad_divisor
         if self.grad_scale is not None:
             divisor *= self.grad_scale.scale
         if divisor != 1.0:
@@ -279,9 +374,9 @@ class Trainer:
                 if param.grad is not None:
                     param.grad.div_(divisor)
         if self.dist is not None:
-            totals, num_tokens, num_sequence_tokens = self._sum_over_ranks(
-                totals, num_tokens, num_sequence_tokens
-            )
+            from grpo.trainer.hf.fsdp import sum_gradients
+
+            sum_gradients(self.params, self.dist)
         if self._sharded:
             from grpo.trainer.hf.fsdp import clip_mixed_gradients
 
@@ -310,40 +405,20 @@ class Trainer:
             )
         else:
             self.optimizer.step()
-        with warnings.catch_warnings():
-            # The schedule advances on a skipped step too; torch warns when no optimizer step came first.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-            self.scheduler.step()
-        self.num_steps_done += 1
-        step_time = state.compute_seconds + time.perf_counter() - started
-        metrics = step_metrics(
-            totals,
-            grad_norm_before_clip=grad_norm,
-            max_grad_norm=self.cfg.max_grad_norm,
-            lr=lr,
-            step_time=step_time,
-            wait_time=wait_time,
-            num_tokens=num_tokens,
-            num_sequence_tokens=num_sequence_tokens,
-            num_skipped_steps=self.num_skipped_steps,
-            forward_backward_time=state.compute_seconds,
-            optimizer_time=step_time - state.compute_seconds,
-        )
-        if self.grad_scale is not None:
-            metrics["fp16_grad_scale"] = self.grad_scale.scale
-        metrics.update(self._flop_rates(step_time))
-        self._report.write(batch_step, metrics, totals.num_loss_tokens)
-        return metrics
+        return grad_norm
 
-    def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
-        """Forward one micro-batch; logits only at the hidden states that predict its loss tokens."""
+    def _micro_batch_loss(
+        self, mb: MicroBatch, loss_scale: int, ref_lp: Any = None, old_lp: Any = None
+    ) -> tuple[Any, LossSums, Any]:
+        """Forward one micro-batch; logits only at the hidden states that predict its loss tokens.
+        Returns (loss, sums, its logprobs detached)."""
         from grpo.trainer.logprobs import token_logprobs_and_untempered
 
         hidden = self.policy.hidden_states(mb)
         tokens = mb.loss
         if tokens.targets.numel() == 0:
             # A zero that still depends on every weight the forward used (FSDP's collectives need it).
-            return hidden.sum() * 0.0, LossSums()
+            return hidden.sum() * 0.0, LossSums(), None
         has_teacher = tokens.teacher_logprobs is not None
         lp, entropy, untempered_lp = token_logprobs_and_untempered(
             hidden[tokens.predicted_from],
@@ -353,7 +428,10 @@ class Trainer:
             self.cfg.logprob_chunk_size,
             untempered=has_teacher,
         )
-        return loss_of_tokens(tokens, lp, entropy, untempered_lp, self.cfg.loss, loss_scale)
+        loss, sums = loss_of_tokens(
+            tokens, lp, entropy, untempered_lp, self.cfg.loss, loss_scale, ref_lp=ref_lp, old_lp=old_lp
+        )
+        return loss, sums, lp.detach()
 
     def _flop_counter(self) -> StepFlopCounter:
         from grpo.trainer.flops import StepFlopCounter, flop_shape
@@ -378,10 +456,8 @@ class Trainer:
         self, totals: LossSums, num_tokens: int, num_sequence_tokens: int
     ) -> tuple[LossSums, int, int]:
         from grpo.trainer.distributed import sum_floats
-        from grpo.trainer.hf.fsdp import sum_gradients
 
         assert self.dist is not None
-        sum_gradients(self.params, self.dist)
         summed = sum_floats([*totals.as_floats(), num_tokens, num_sequence_tokens], self.dist)
         return LossSums.from_floats(summed[:-2]), round(summed[-2]), round(summed[-1])
 
