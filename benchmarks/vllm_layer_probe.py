@@ -1,6 +1,6 @@
 """Capture vLLM-CPU's per-module activations for one sampled completion of the embedded model, so
-the trainer's bf16 forward can be compared with the engine's op by op (benchmarks/README.md,
-"Mismatch").
+the trainer's bf16 forward can be compared with the engine's op by op (docs/colocate.md,
+"Mismatch at step 0").
 
     python benchmarks/vllm_layer_probe.py capture --out /tmp/probe.pt [--compiled]
     python benchmarks/vllm_layer_probe.py compare /tmp/probe.pt
