@@ -2,7 +2,7 @@
 the trainer's bf16 forward can be compared with the engine's op by op (docs/colocate.md,
 "Mismatch at step 0").
 
-    python benchmarks/vllm_layer_probe.py capture --out /tmp/probe.pt [--compiled]
+    python benchmarks/vllm_layer_probe.py capture --out /tmp/probe.pt
     python benchmarks/vllm_layer_probe.py compare /tmp/probe.pt
 
 capture: vLLM in this process (no engine-core subprocess), bf16, float32 head, one chat prompt,
@@ -58,7 +58,7 @@ def capture(args: argparse.Namespace) -> None:
         max_model_len=512,
         seed=0,
         logprobs_mode="processed_logprobs",
-        enforce_eager=not args.compiled,
+        enforce_eager=True,  # forward hooks see each module only outside torch.compile
         gpu_memory_utilization=0.3,
         hf_overrides={"head_dtype": "float32"},
     )
@@ -99,7 +99,6 @@ def main() -> None:
     sub = parser.add_subparsers(dest="phase", required=True)
     cap = sub.add_parser("capture")
     cap.add_argument("--out", required=True)
-    cap.add_argument("--compiled", action="store_true", help="vLLM's default torch.compile, not eager")
     cap.add_argument("--tokens", type=int, default=24)
     cap.add_argument("--question", default="What is the capital of France?")
     cmp_ = sub.add_parser("compare")

@@ -172,3 +172,37 @@ def test_rope_rotates_in_float32_and_rounds_once_unlike_transformers(rounding):
     assert torch.equal(ours, _vllm_rope(x, cos, sin, rounding))
     transformers_order, _ = apply_rotary_pos_emb(x, x, cos, sin)  # bf16 products and sums
     assert not torch.equal(ours, transformers_order)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_patched_attention_takes_each_implementations_packed_mask(implementation):
+    """Two sequences packed in one row (a boolean mask for SDPA, an additive bf16 one for eager)
+    give each sequence's own unpacked hidden states bit for bit."""
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        attn_implementation=implementation,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    assert follow_vllm_rounding(model) == 2
+    first, second = torch.randint(0, 256, (1, 10)), torch.randint(0, 256, (1, 7))
+    positions = torch.cat([torch.arange(10), torch.arange(7)])
+    sequence = torch.tensor([0] * 10 + [1] * 7)
+    allowed = (sequence[:, None] == sequence[None]) & (positions[:, None] >= positions[None])
+    if implementation == "eager":
+        masked = torch.finfo(torch.bfloat16).min
+        mask = torch.zeros(17, 17, dtype=torch.bfloat16).masked_fill(~allowed, masked)[None, None]
+    else:
+        mask = allowed[None, None]
+    with torch.no_grad():
+        packed = model.model(
+            input_ids=torch.cat([first, second], 1), position_ids=positions[None], attention_mask=mask
+        ).last_hidden_state[0]
+        alone = [model.model(input_ids=ids).last_hidden_state[0] for ids in (first, second)]
+    assert torch.equal(packed, torch.cat(alone))
