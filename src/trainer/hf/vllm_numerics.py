@@ -10,6 +10,16 @@ rounds it) and each RMSNorm normalises it in float32 and rounds once after the w
 as vLLM's CPU and native paths do. The hidden states a decoder returns keep their [.., H] shape
 (float32 rather than bf16 between layers; the final norm's output is in the model dtype).
 
+The attention block follows vLLM's CPU kernels (benchmarks/vllm_layer_probe.py compares the two op
+by op): RoPE is computed in float32 from the 16-bit q/k and the 16-bit cos/sin table and rounded
+once (vLLM's `rotary_embedding` kernel; transformers rounds each product and the sum), and
+attention runs in float32 on the 16-bit q/k/v with one rounding of its output (vLLM's
+`cpu_attention_with_kv_cache`; torch's bf16 SDPA rounds the probabilities before multiplying V).
+vLLM's AVX2 kernels (x86 without AVX-512, vllm._C_AVX2) convert float32 to bf16 by dropping the
+low 16 bits, i.e. rounding toward zero, not to nearest: on such a CPU these two roundings truncate
+too (`rounds_toward_zero`). The projections, SiLU-and-mul, RMSNorm and residual adds already
+round as vLLM's torch ops do (to nearest).
+
 Applies to decoders whose layers are the plain pre-norm pattern (input_layernorm, self_attn,
 post_attention_layernorm, mlp: Llama, Mistral, Qwen2, Qwen3); other layer shapes are left as
 HF computes them. A no-op in float32 (the rounding it moves does not happen).
@@ -17,6 +27,9 @@ HF computes them. A no-op in float32 (the rounding it moves does not happen).
 
 from __future__ import annotations
 
+import functools
+import platform
+import sys
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +39,116 @@ if TYPE_CHECKING:
 
 _PRE_NORM_LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"}
 _RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+_ATTENTIONS = {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}
+
+
+@functools.cache
+def vllm_cpu_truncates_bf16() -> bool:
+    """Whether vLLM's CPU kernels on this machine round float32 to bf16 toward zero: x86 without
+    AVX-512 loads vllm._C_AVX2, whose vector conversion keeps the high 16 bits."""
+    import torch
+
+    return platform.machine().lower() in ("x86_64", "amd64") and not torch.cpu._is_avx512_supported()
+
+
+def _toward_zero_function() -> Any:
+    import torch
+
+    class TowardZero(torch.autograd.Function):
+        """float32 [...] -> bf16 [...] rounded toward zero (the low 16 bits of each float32
+        dropped). The gradient is a cast's: passed through, in float32."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return (x.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad.to(torch.float32)
+
+    return TowardZero
+
+
+_TOWARD_ZERO: Any = None
+
+
+def round_as_vllm_kernel(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 x -> dtype as vLLM's own kernels (RoPE, attention) write their output: toward zero
+    for bf16 on CPUs where those kernels truncate, to nearest otherwise."""
+    import torch
+
+    global _TOWARD_ZERO
+    if dtype == torch.bfloat16 and x.device.type == "cpu" and vllm_cpu_truncates_bf16():
+        if _TOWARD_ZERO is None:
+            _TOWARD_ZERO = _toward_zero_function()
+        return _TOWARD_ZERO.apply(x.float())
+    return x.to(dtype)
+
+
+def rotary_float32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, T, D] 16-bit, cos/sin [B, T, D] (transformers' half-duplicated tables) ->
+    float32 [B, heads, T, D]: the rotation in float32 from the 16-bit operands, unrounded."""
+    import torch
+
+    xf = x.float()
+    cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return xf * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def _attention_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: Any = None,
+    past_key_values: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
+    """transformers' Llama-family attention (q/k norms where the model has them, GQA, the layer's
+    sliding window), with vLLM-CPU's RoPE and attention precision.
+    hidden_states [B, T, H] -> ([B, T, H], attention weights or None)."""
+    import torch
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if hidden_states.device.type != "cpu":
+        # vLLM's GPU attention backends round as their own kernels do; these CPU-kernel roundings
+        # were measured against vLLM-CPU only, so CUDA keeps transformers' attention.
+        return type(self).forward(
+            self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs
+        )
+    dtype = hidden_states.dtype  # the 16-bit normed input (a quantized base's weights are not)
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    query = self.q_proj(hidden_states).view(hidden_shape)
+    key = self.k_proj(hidden_states).view(hidden_shape)
+    if hasattr(self, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE, as vLLM
+        query, key = self.q_norm(query), self.k_norm(key)
+    value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    query = round_as_vllm_kernel(rotary_float32(query.transpose(1, 2), cos, sin), dtype)
+    key = round_as_vllm_kernel(rotary_float32(key.transpose(1, 2), cos, sin), dtype)
+    if past_key_values is not None:  # the cache holds the 16-bit k/v, as vLLM's KV cache
+        key, value = past_key_values.update(key, value, self.layer_idx)
+    query, key, value = query.float(), key.float(), value.float()
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()  # an additive mask in the scores' dtype
+    eager = sys.modules[type(self).__module__].eager_attention_forward  # the family's own
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
+    sliding_window = getattr(self, "sliding_window", getattr(self.config, "sliding_window", None))
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        out, weights = interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
+    out = round_as_vllm_kernel(out, dtype).reshape(*input_shape, -1).contiguous()
+    return self.o_proj(out), weights
 
 
 def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -71,6 +194,8 @@ def follow_vllm_rounding(causal_lm: nn.Module) -> int:
     for module in decoder.modules():
         if type(module).__name__ in _RMS_NORMS:
             module.forward = types.MethodType(_rms_norm_forward, module)
+        elif type(module).__name__ in _ATTENTIONS:
+            module.forward = types.MethodType(_attention_forward, module)
     for layer in layers:
         layer.forward = types.MethodType(_decoder_layer_forward, layer)
     return len(layers)

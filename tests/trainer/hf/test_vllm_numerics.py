@@ -1,12 +1,64 @@
 """The trainer's bf16 decoder rounds where vLLM rounds: residual adds fused into the next RMSNorm in
-float32, only the carried residual rounded to the model dtype."""
+float32, only the carried residual rounded to the model dtype; RoPE and attention computed in
+float32 and rounded once, toward zero where vLLM's CPU kernels truncate (AVX2), to nearest
+elsewhere. Each reference below is vLLM's computation written out, independent of the trainer's."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding
+from grpo.trainer.hf import vllm_numerics
+from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding, rotary_float32, round_as_vllm_kernel
+
+ROUNDINGS = ["toward_zero", "nearest"]
+
+
+@pytest.fixture(params=ROUNDINGS)
+def rounding(request, monkeypatch):
+    """Each test runs as on an AVX2 CPU (vLLM's kernels truncate) and as on one that rounds."""
+    truncates = request.param == "toward_zero"
+    monkeypatch.setattr(vllm_numerics, "vllm_cpu_truncates_bf16", lambda: truncates)
+    return request.param
+
+
+def _to_bf16(x: torch.Tensor, rounding: str) -> torch.Tensor:
+    """float32 -> bf16 as vLLM's vector conversion: the high 16 bits (AVX2), or to nearest."""
+    if rounding == "nearest":
+        return x.to(torch.bfloat16)
+    bits = x.float().contiguous().view(torch.int32).bitwise_and(-65536)
+    return bits.view(torch.float32).to(torch.bfloat16)
+
+
+def _vllm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rounding: str) -> torch.Tensor:
+    """vLLM's CPU rotary_embedding (NeoX style): x [B, heads, T, D] bf16, cos/sin [B, T, D] bf16
+    with duplicated halves; each pair rotated in float32 from the bf16 operands, one conversion."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None, :, :half].float(), sin[:, None, :, :half].float()
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return _to_bf16(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1), rounding)
+
+
+def _vllm_attention(q, k, v, rounding: str) -> torch.Tensor:
+    """vLLM's CPU attention kernel: q [B, Hq, T, D], k/v [B, Hkv, T, D] bf16 -> [B, T, Hq*D]
+    bf16; causal softmax attention in float32, the output converted once."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1).float(), v.repeat_interleave(groups, 1).float()
+    scores = q.float() @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    causal = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()
+    out = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+    return _to_bf16(out, rounding).transpose(1, 2).flatten(2)
+
+
+def _vllm_self_attention(attn, hidden: torch.Tensor, cos_sin, rounding: str) -> torch.Tensor:
+    b, t, _ = hidden.shape
+    q = attn.q_proj(hidden).view(b, t, -1, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(hidden).view(b, t, -1, attn.head_dim).transpose(1, 2)
+    v = attn.v_proj(hidden).view(b, t, -1, attn.head_dim).transpose(1, 2)
+    q, k = _vllm_rope(q, *cos_sin, rounding), _vllm_rope(k, *cos_sin, rounding)
+    return attn.o_proj(_vllm_attention(q, k, v, rounding))
 
 
 def _model(dtype: torch.dtype) -> LlamaForCausalLM:
@@ -37,7 +89,7 @@ def _rms_norm(x, weight, eps):
     return (normed.to(weight.dtype) * weight).to(x.dtype)
 
 
-def _vllm_order_hidden(model: LlamaForCausalLM, input_ids: torch.Tensor) -> torch.Tensor:
+def _vllm_order_hidden(model: LlamaForCausalLM, input_ids: torch.Tensor, rounding: str) -> torch.Tensor:
     """The decoder computed in vLLM's LlamaModel order from the HF modules' own attention and MLP."""
     decoder = model.model
     hidden = decoder.embed_tokens(input_ids)
@@ -51,18 +103,18 @@ def _vllm_order_hidden(model: LlamaForCausalLM, input_ids: torch.Tensor) -> torc
             hidden = _rms_norm(hidden, layer.input_layernorm.weight, eps)
         else:
             hidden, residual = _fused_add_rms_norm(hidden, residual, layer.input_layernorm.weight, eps)
-        hidden, _ = layer.self_attn(hidden, position_embeddings=cos_sin, attention_mask=None)
+        hidden = _vllm_self_attention(layer.self_attn, hidden, cos_sin, rounding)
         hidden, residual = _fused_add_rms_norm(hidden, residual, layer.post_attention_layernorm.weight, eps)
         hidden = layer.mlp(hidden)
     hidden, _ = _fused_add_rms_norm(hidden, residual, decoder.norm.weight, decoder.norm.variance_epsilon)
     return hidden
 
 
-def test_patched_bf16_decoder_equals_vllm_order_bit_for_bit():
+def test_patched_bf16_decoder_equals_vllm_order_bit_for_bit(rounding):
     model = _model(torch.bfloat16)
     input_ids = torch.randint(0, 256, (2, 24))
     with torch.no_grad():
-        expected = _vllm_order_hidden(model, input_ids)
+        expected = _vllm_order_hidden(model, input_ids, rounding)
         before = model.model(input_ids=input_ids).last_hidden_state
         assert follow_vllm_rounding(model) == 3
         after = model.model(input_ids=input_ids).last_hidden_state
@@ -77,9 +129,80 @@ def test_float32_model_is_left_as_it_is():
     assert "forward" not in vars(model.model.layers[0])
 
 
-def test_patched_decoder_still_backpropagates():
-    model = _model(torch.bfloat16)
-    follow_vllm_rounding(model)
-    hidden = model.model(input_ids=torch.randint(0, 256, (1, 8))).last_hidden_state
-    hidden.float().sum().backward()
-    assert model.model.layers[0].mlp.down_proj.weight.grad is not None
+def _layer_grads(dtype: torch.dtype, patch: bool, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    model = _model(dtype)
+    if patch:
+        assert follow_vllm_rounding(model) == 3
+    model.model(input_ids=input_ids).last_hidden_state.float().pow(2).mean().backward()
+    return {n: p.grad.float() for n, p in model.named_parameters() if "layers.1." in n}
+
+
+def test_patched_decoder_gradients_are_as_close_to_float32_as_transformers_bf16(rounding):
+    """Every weight the patched forward touches (q/k/v through RoPE and attention included) gets
+    the float32 model's gradient up to bf16 error, no further from it than transformers' own bf16
+    forward: the roundings moved, the derivative did not."""
+    input_ids = torch.randint(0, 256, (1, 12))
+    exact = _layer_grads(torch.float32, False, input_ids)
+    patched = _layer_grads(torch.bfloat16, True, input_ids)
+    transformers_order = _layer_grads(torch.bfloat16, False, input_ids)
+    for name, expected in exact.items():
+        error = (patched[name] - expected).norm() / expected.norm()
+        baseline = (transformers_order[name] - expected).norm() / expected.norm()
+        assert error < 2 * baseline + 0.02, name
+
+
+def test_bf16_rounding_of_vllm_kernels_truncates_on_avx2_and_rounds_elsewhere(rounding):
+    # 1 + 3 * 2^-9 lies between the bf16 neighbours 1 and 1 + 2^-7, nearer the upper one
+    x = torch.tensor([1 + 3 * 2**-9, -(1 + 3 * 2**-9), 2.0], requires_grad=True)
+    y = round_as_vllm_kernel(x, torch.bfloat16)
+    magnitude = 1.0 if rounding == "toward_zero" else 1 + 2**-7
+    assert y.dtype == torch.bfloat16
+    assert y.tolist() == [magnitude, -magnitude, 2.0]
+    (y.float() * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert x.grad.tolist() == [1.0, 2.0, 3.0]  # a cast's gradient: passed through
+
+
+def test_rope_rotates_in_float32_and_rounds_once_unlike_transformers(rounding):
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 16, 64).to(torch.bfloat16)
+    angles = torch.arange(16.0)[:, None] * 100000.0 ** (-torch.arange(0, 64, 2) / 64)[None]
+    emb = torch.cat((angles, angles), -1)[None].expand(2, 16, 64)
+    cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+    ours = round_as_vllm_kernel(rotary_float32(x, cos, sin), torch.bfloat16)
+    assert torch.equal(ours, _vllm_rope(x, cos, sin, rounding))
+    transformers_order, _ = apply_rotary_pos_emb(x, x, cos, sin)  # bf16 products and sums
+    assert not torch.equal(ours, transformers_order)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_patched_attention_takes_each_implementations_packed_mask(implementation):
+    """Two sequences packed in one row (a boolean mask for SDPA, an additive bf16 one for eager)
+    give each sequence's own unpacked hidden states bit for bit."""
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        attn_implementation=implementation,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    assert follow_vllm_rounding(model) == 2
+    first, second = torch.randint(0, 256, (1, 10)), torch.randint(0, 256, (1, 7))
+    positions = torch.cat([torch.arange(10), torch.arange(7)])
+    sequence = torch.tensor([0] * 10 + [1] * 7)
+    allowed = (sequence[:, None] == sequence[None]) & (positions[:, None] >= positions[None])
+    if implementation == "eager":
+        masked = torch.finfo(torch.bfloat16).min
+        mask = torch.zeros(17, 17, dtype=torch.bfloat16).masked_fill(~allowed, masked)[None, None]
+    else:
+        mask = allowed[None, None]
+    with torch.no_grad():
+        packed = model.model(
+            input_ids=torch.cat([first, second], 1), position_ids=positions[None], attention_mask=mask
+        ).last_hidden_state[0]
+        alone = [model.model(input_ids=ids).last_hidden_state[0] for ids in (first, second)]
+    assert torch.equal(packed, torch.cat(alone))
