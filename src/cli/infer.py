@@ -17,7 +17,12 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 @app.command(context_settings=EXTRA_ARGS)
 def infer(
     ctx: typer.Context,
-    config: Path = typer.Argument(..., help="infer.yaml"),
+    config: Path | None = typer.Argument(None, help="infer.yaml (or --config rl.yaml)"),
+    one_file: Path | None = typer.Option(
+        None,
+        "--config",
+        help="rl.yaml (train:, infer:, orch: sections; shared keys at the top): its infer: section",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config, exit."),
     verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
 ) -> None:
@@ -48,6 +53,7 @@ def infer(
         name="infer",
         model_cls=InferenceConfig,
         config_path=config,
+        one_file=one_file,
         extra_args=ctx.args,
         dry_run=dry_run,
         verbose=verbose,

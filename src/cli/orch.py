@@ -24,7 +24,12 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 @app.command(context_settings=EXTRA_ARGS)
 def orch(
     ctx: typer.Context,
-    config: Path = typer.Argument(..., help="orch.yaml"),
+    config: Path | None = typer.Argument(None, help="orch.yaml (or --config rl.yaml)"),
+    one_file: Path | None = typer.Option(
+        None,
+        "--config",
+        help="rl.yaml (train:, infer:, orch: sections; shared keys at the top): its orch: section",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config, exit."),
     verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
 ) -> None:
@@ -43,7 +48,9 @@ def orch(
         from grpo.transport.batches.factory import batch_sender_for
 
         if cfg.model.name is None:
-            raise ConfigError(f"{config}: 'model.name' is required when grpo-orch runs on its own")
+            raise ConfigError(
+                f"{config or one_file}: 'model.name' is required when grpo-orch runs on its own"
+            )
         resolved = resolve_model(cfg.model.name)
         log_model(resolved)
         run_dir = Path(cfg.output_dir)
@@ -65,6 +72,7 @@ def orch(
         name="orch",
         model_cls=OrchestratorConfig,
         config_path=config,
+        one_file=one_file,
         extra_args=ctx.args,
         dry_run=dry_run,
         verbose=verbose,

@@ -6,9 +6,12 @@ its quick-start YAMLs must keep loading, so the names stay. This table says, for
 which key holds it in which file; everything that reconciles them reads it:
 
 - one-shot `grpo`: a command-line override of any of a fact's keys sets all of them
-  (`share_overrides`); a key set in one file (or on the command line) reaches the files that do
-  not set it, and two files that set different values stop the run with one line naming both
-  (`reconcile`);
+  (`share_overrides`); a key set in one file (or on the command line, or at the top of a one-file
+  rl.yaml) reaches the files that do not set it, before they are validated (`spread`: train.yaml's
+  `model` makes infer.yaml's), and two files that set different values stop the run with one line
+  naming both (`reconcile`); settings derived from another file's (`DERIVED`: the trainer's
+  sequence_len from the orchestrator's seq_len, the server's max_lora_rank from the trainer's
+  lora_rank) are filled in where no file sets them;
 - multi-process: `grpo-train` compares the keys its train.yaml sets with the orchestrator's
   resolved configs/orch.yaml in the run dir (`conflicts_with_orchestrator`), for the facts marked
   `multi_process`;
@@ -19,15 +22,18 @@ A new fact needs one row here; tests/config/test_shared_facts.py tests every row
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
 from grpo.config.errors import ConfigError
-from grpo.config.loading import validate
+from grpo.config.loading import has_key, validate
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 File = Literal["train", "infer", "orch"]
 FILE_NAMES: dict[File, str] = {"train": "train.yaml", "infer": "infer.yaml", "orch": "orch.yaml"}
@@ -91,6 +97,12 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
         "grpo-train looks for the run directory in its output_dir (itself or a child with configs/orch.yaml)",
         checked_by_trainer=False,
         agree=run_dir_matches,
+    ),
+    SharedFact(
+        "seed",
+        (Place("train", "seed"), Place("orch", "seed"), Place("infer", "seed")),
+        "not compared: each process seeds its own generators",
+        checked_by_trainer=False,
     ),
     SharedFact(
         "max_steps",
@@ -171,11 +183,54 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
 """Ordered so that a section's type is shared before the keys that exist only for that type."""
 
 
-_MISSING = object()
+@dataclass(frozen=True)
+class Derived:
+    """A setting one file leaves unset that a co-located run derives from the others' settings."""
+
+    place: Place
+    source: Callable[[Mapping[File, BaseModel]], Any]
+    """The value it takes (None: its own default stays)."""
+
+    doc: str
+    """Where the value comes from, as docs/config_reference.md states it."""
+
+
+def _trainer_sequence_len(configs: Mapping[File, BaseModel]) -> Any:
+    train = configs["train"]
+    return value_at(train, "sequence_len") if is_set(train, Place("train", "sequence_len")) else None
+
+
+def _adapter_rank(configs: Mapping[File, BaseModel]) -> Any:
+    train = configs["train"]
+    return value_at(train, "lora_rank") if value_at(train, "lora") else None
+
+
+DERIVED: tuple[Derived, ...] = (
+    Derived(
+        Place("orch", "seq_len"),
+        _trainer_sequence_len,
+        "orch.yaml `seq_len` unset: train.yaml's `sequence_len` where set (a packed row fills what the trainer holds)",
+    ),
+    Derived(
+        Place("train", "sequence_len"),
+        lambda configs: value_at(configs["orch"], "seq_len"),
+        "train.yaml `sequence_len` unset: orch.yaml's `seq_len` (default 2048), so that packed rows fit the trainer",
+    ),
+    Derived(
+        Place("infer", "max_lora_rank"),
+        _adapter_rank,
+        "infer.yaml `max_lora_rank` unset: train.yaml's `lora_rank` (with `lora: true`), the rank the engine serves",
+    ),
+)
+"""Applied in this order, after the shared facts, by `reconcile` (all three files present)."""
+
+
+MISSING = object()
+"""What value_at returns for a key the config or mapping does not have."""
 
 
 def value_at(config: BaseModel | Mapping[str, Any], key: str) -> Any:
-    """The value at dotted `key`, or _MISSING where the config has no such key (e.g. a port in a
+    """The value at dotted `key`, or MISSING where the config has no such key (e.g. a port in a
     filesystem transport section)."""
     node: Any = config
     for part in key.split("."):
@@ -184,7 +239,7 @@ def value_at(config: BaseModel | Mapping[str, Any], key: str) -> Any:
         elif isinstance(node, Mapping) and part in node:
             node = node[part]
         else:
-            return _MISSING
+            return MISSING
     return node
 
 
@@ -212,14 +267,39 @@ def share_overrides(overrides: dict[str, list[tuple[str, Any]]]) -> dict[str, li
     file not overridden itself (`--orch.max_steps 3` sets train's max_steps too)."""
     result = {file: list(items) for file, items in overrides.items()}
     for fact in SHARED_FACTS:
-        given = {p: dict(overrides.get(p.file, [])).get(p.key, _MISSING) for p in fact.places}
-        source = next((v for v in given.values() if v is not _MISSING), _MISSING)
-        if source is _MISSING:
+        given = {p: dict(overrides.get(p.file, [])).get(p.key, MISSING) for p in fact.places}
+        source = next((v for v in given.values() if v is not MISSING), MISSING)
+        if source is MISSING:
             continue
         for place, value in given.items():
-            if value is _MISSING and place.file in result:
+            if value is MISSING and place.file in result:
                 result[place.file].append((place.key, source))
     return result
+
+
+def spread(
+    data: Mapping[File, dict[str, Any]], models: Mapping[File, type[BaseModel]]
+) -> dict[File, dict[str, Any]]:
+    """Before validation, on the files' data (YAML mappings with their overrides): each fact's value
+    that one file sets reaches the files that leave it out, where their config has the key. A
+    required key (`model`) set in one file thus need not be repeated in the others; `reconcile`
+    then refuses files that set different values."""
+    out = {file: copy.deepcopy(dict(values)) for file, values in data.items()}
+    for fact in SHARED_FACTS:
+        places = [p for p in fact.places if p.file in out]
+        given = [p for p in places if _data_sets(out[p.file], p)]
+        if not given:
+            continue
+        value = value_at(out[given[0].file], given[0].key)
+        for place in places:
+            if place not in given and has_key(models[place.file], place.key, out[place.file]):
+                _with_value(out[place.file], place.key, copy.deepcopy(value))
+    return out
+
+
+def _data_sets(data: Mapping[str, Any], place: Place) -> bool:
+    value = value_at(data, place.key)
+    return value is not MISSING and value not in place.unset
 
 
 def _mismatch(
@@ -265,13 +345,22 @@ def reconcile(
             continue
         for place in places:
             config = configs[place.file]
-            if place in set_places or value_at(config, place.key) is _MISSING:
+            if place in set_places or value_at(config, place.key) is MISSING:
                 continue
             data = _with_value(config.model_dump(exclude_unset=True), place.key, value)
             source = (sources or {}).get(place.file, FILE_NAMES[place.file])
             configs[place.file] = validate(type(config), data, f"{source} (taking {first})")
     if problems:
         raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
+    if all(file in configs for file in FILE_NAMES):
+        for derived in DERIVED:
+            place, config = derived.place, configs[derived.place.file]
+            value = derived.source(configs)
+            if value is None or is_set(config, place):
+                continue
+            data = _with_value(config.model_dump(exclude_unset=True), place.key, value)
+            source = (sources or {}).get(place.file, FILE_NAMES[place.file])
+            configs[place.file] = validate(type(config), data, f"{source} (deriving {place.key})")
     return configs
 
 
@@ -296,9 +385,38 @@ def conflicts_with_orchestrator(train: BaseModel, orch: Mapping[str, Any]) -> li
         if mine is None or theirs is None or not is_set(train, mine):
             continue
         value, other_value = value_at(train, mine.key), value_at(orch, theirs.key)
-        if other_value is _MISSING or other_value in theirs.unset:
+        if other_value is MISSING or other_value in theirs.unset:
             continue
         if not fact.agree(value, other_value):
             fix = "set the same value in both (orch.yaml as the run's orchestrator resolved it)"
             problems.append(_mismatch(fact, mine, value, theirs, other_value, fix=fix))
     return problems
+
+
+def take_from_orchestrator(train: ModelT, orch: Mapping[str, Any], source: str) -> ModelT:
+    """Multi-process: what train.yaml leaves unset of the facts grpo-train compares, and its
+    sequence_len (derived from seq_len as in `DERIVED`), taken from the orchestrator's resolved
+    config (a dict, as in the run dir's configs/orch.yaml)."""
+    pairs = [
+        (mine, theirs)
+        for fact in SHARED_FACTS
+        if fact.checked_by_trainer
+        for mine in fact.places[:1]
+        for theirs in fact.places
+        if mine.file == "train" and theirs.file == "orch"
+    ]
+    pairs.append((Place("train", "sequence_len"), Place("orch", "seq_len")))
+    data = train.model_dump(exclude_unset=True)
+    taken = []
+    for mine, theirs in pairs:
+        value = value_at(orch, theirs.key)
+        if is_set(train, mine) or value is MISSING or value in theirs.unset:
+            continue
+        if has_key(type(train), mine.key, _with_value(copy.deepcopy(data), mine.key, value)):
+            data = _with_value(data, mine.key, value)
+            taken.append(mine.key)
+    if not taken:
+        return train
+    return validate(
+        type(train), data, f"{source} (taking {', '.join(taken)} from the orchestrator's orch.yaml)"
+    )

@@ -166,7 +166,7 @@ CASES = [
     ),
     (
         "cross-file: server rank too small",
-        _demo_grpo("--train.lora_rank", "32", "--orch.model.lora_rank", "32"),
+        _demo_grpo("--train.lora_rank", "32", "--orch.model.lora_rank", "32", "--infer.max_lora_rank", "16"),
         {},
         "max_lora_rank",
     ),
