@@ -53,7 +53,9 @@ class RunData:
 
     @classmethod
     def from_files(cls, paths: Mapping[File, Path]) -> RunData:
-        return cls({f: read_yaml(paths[f]) for f in SECTIONS}, {f: str(paths[f]) for f in SECTIONS})
+        return cls(
+            {f: read_yaml(paths[f], allow_empty=True) for f in SECTIONS}, {f: str(paths[f]) for f in SECTIONS}
+        )
 
     @classmethod
     def from_one_file(cls, path: Path) -> RunData:

@@ -26,8 +26,9 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _INDEX = re.compile(r"\[(\d+)\]")
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The YAML mapping in `path`, or a ConfigError naming what is wrong with the file."""
+def read_yaml(path: str | Path, allow_empty: bool = False) -> dict[str, Any]:
+    """The YAML mapping in `path`, or a ConfigError naming what is wrong with the file. An empty
+    file is {} with `allow_empty` (a file of a run whose shared keys another file sets)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such file (check the path; it is relative to {Path.cwd()})")
@@ -41,6 +42,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from exc
+    if data is None and allow_empty:
+        return {}
     if data is None:
         raise ConfigError(f"{path}: the file is empty; it needs at least a `model:` key")
     if not isinstance(data, dict):

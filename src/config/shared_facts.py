@@ -292,9 +292,18 @@ def spread(
             continue
         value = value_at(out[given[0].file], given[0].key)
         for place in places:
-            if place not in given and has_key(models[place.file], place.key, out[place.file]):
+            if place not in given and _fits(models[place.file], place.key, out[place.file]):
                 _with_value(out[place.file], place.key, copy.deepcopy(value))
     return out
+
+
+def _fits(model_cls: type[BaseModel], key: str, data: dict[str, Any]) -> bool:
+    """Whether the config has `key` and `data` has mappings (or nothing) on the way to it; a value
+    of the wrong shape there is left for validation to report."""
+    node: Any = data
+    for part in key.split(".")[:-1]:
+        node = node.get(part, {}) if isinstance(node, dict) else None
+    return isinstance(node, dict) and has_key(model_cls, key, data)
 
 
 def _data_sets(data: Mapping[str, Any], place: Place) -> bool:
