@@ -29,6 +29,10 @@ def infer(
     """Serve the policy with vLLM (OpenAI-compatible API, LoRA hot reload, weight updates).
 
     Override any key with --key.subkey VALUE, e.g. --port 8001 --max_lora_rank 32.
+    Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
+    With --config rl.yaml its infer: section is used (shared keys at the top reach it).
+
+    Every key with its type, default and doc: `grpo config show infer`.
     """
 
     def start(cfg: InferenceConfig) -> int:

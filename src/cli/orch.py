@@ -37,6 +37,10 @@ def orch(
 
     Waits up to client.timeout seconds for the inference servers to come up. Override any key with
     --key.subkey VALUE, e.g. --sampling.temperature 0.7 --batch_size 64.
+    Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
+    With --config rl.yaml its orch: section is used (shared keys at the top reach it).
+
+    Every key with its type, default and doc: `grpo config show orch`.
     """
 
     def start(cfg: OrchestratorConfig) -> int:

@@ -35,6 +35,10 @@ def train(
 
     Blocks until the orchestrator delivers the first batch. Override any key with
     --key.subkey VALUE, e.g. --learning_rate 1e-5 --loss.kl_tau 0.01.
+    Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
+    With --config rl.yaml its train: section is used (shared keys at the top reach it).
+
+    Every key with its type, default and doc: `grpo config show train`.
     """
 
     def start(cfg: TrainerConfig) -> int:

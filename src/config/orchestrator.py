@@ -337,7 +337,8 @@ class OrchestratorConfig(StrictModel):
     """Rollouts per prompt (the group size for advantages)."""
 
     seq_len: int = Field(2048, gt=0)
-    """Tokens per packed training row; longer samples are truncated."""
+    """Tokens per packed training row; longer samples are truncated. Unset in a co-located run whose
+    train.yaml sets sequence_len: that value."""
 
     shared_prefix: bool = True
     """Store the prompt a group's rollouts share once per training row (a prefix tree; the trainer

@@ -93,7 +93,7 @@ def _verifiers_loader(env_id: str) -> Callable[..., Any]:
             f"env id {env_id!r} is not built-in; {hint}built-in ids: {', '.join(BUILTIN_IDS)}, "
             "reasoning-gym:<dataset> (e.g. reasoning-gym:chain_sum); or an import path "
             "'pkg.module:load_environment'; verifiers environments need the optional extra: "
-            "pip install 'grpo[verifiers]'"
+            "pip install 'grpo-rl[verifiers]'"
         ) from exc
     return lambda **args: verifiers.load_environment(env_id, **args)
 

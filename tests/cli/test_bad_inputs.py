@@ -171,6 +171,42 @@ CASES = [
         "max_lora_rank",
     ),
     (
+        "co-located: full fine-tuning on borrowed weights, refused before the engine starts",
+        _demo_grpo("--train.lora", "false", "--orch.model.lora_adapter", "null"),
+        {},
+        "set lora: true",
+    ),
+    (
+        "co-located: a trainer quantizing the base it borrows",
+        _demo_grpo("--train.qlora_bnb", "true"),
+        {},
+        "set qlora_bnb and qlora_fp8 to false",
+    ),
+    (
+        "rl.yaml: a top-level key that is no section or shared key",
+        ["grpo", "--config", "rl.yaml"],
+        {"rl.yaml": "modle: m\norch: {env: [{id: short-answer}]}\n"},
+        "did you mean 'model'",
+    ),
+    (
+        "rl.yaml and a separate file at once",
+        ["grpo", "--config", "rl.yaml", "--train", "t.yaml"],
+        {"rl.yaml": "model: m\n", "t.yaml": "model: m\n"},
+        "drop --train",
+    ),
+    (
+        "rl.yaml section of a process: unknown key named with the section",
+        ["grpo-train", "--config", "rl.yaml"],
+        {"rl.yaml": "model: m\ntrain: {learning_rat: 1}\n"},
+        "rl.yaml [train]: unknown key 'learning_rat'; did you mean 'learning_rate'",
+    ),
+    (
+        "an index past the end of a list",
+        _demo_grpo("--orch.env.2.id", "math"),
+        {},
+        "name an item by its index",
+    ),
+    (
         "cross-file: output dirs disagree",
         _demo_grpo("--train.output_dir", "elsewhere", "--orch.output_dir", "outputs/run"),
         {},

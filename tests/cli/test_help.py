@@ -13,7 +13,7 @@ BIN = Path(sys.executable).parent
 COMMANDS = ["grpo", "grpo-infer", "grpo-orch", "grpo-train", "grpo-model", "grpo-env"]
 
 
-SUBCOMMANDS = [["grpo", "export"]]
+SUBCOMMANDS = [["grpo", "export"], ["grpo", "config"], ["grpo", "config", "show"]]
 """Subcommands of `grpo` (grpo.cli.grpo.main hands them their arguments)."""
 
 
@@ -34,7 +34,15 @@ def test_help_answers_within_a_second(command: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["grpo.cli.grpo", "grpo.cli.infer", "grpo.cli.orch", "grpo.cli.train", "grpo.cli.env", "grpo.cli.export"],
+    [
+        "grpo.cli.grpo",
+        "grpo.cli.infer",
+        "grpo.cli.orch",
+        "grpo.cli.train",
+        "grpo.cli.env",
+        "grpo.cli.export",
+        "grpo.cli.config_show",
+    ],
 )
 def test_cli_modules_do_not_import_torch_or_vllm(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
