@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from grpo.config.field_table import field_rows
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.shared_facts import SHARED_FACTS, File
+from grpo.config.shared_facts import DERIVED, SHARED_FACTS, File
 from grpo.config.trainer import TrainerConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"
@@ -35,8 +35,21 @@ def render() -> str:
         "# Config reference",
         "",
         "Generated from the config models by `scripts/config_reference.py`; each entry is the field's own",
-        "documentation. Unknown keys are errors (with a suggestion). Any key can be overridden on the command",
-        "line: `--key.subkey VALUE` (one-shot `grpo`: `--train.KEY`, `--infer.KEY`, `--orch.KEY`).",
+        "documentation (`grpo config show [train|infer|orch]` prints the same in a terminal). Unknown keys are",
+        "errors (with a suggestion).",
+        "",
+        "Overrides: any key on the command line, `--key.subkey VALUE` (one-shot `grpo`: `--train.KEY`,",
+        "`--infer.KEY`, `--orch.KEY`). Values are YAML, so JSON too (`'[1, 2]'`, `'{\"k\": 1}'`, `true`, `null`);",
+        "several values after one key make a list (`--train.lora_target_modules q_proj v_proj`), one value",
+        "for a list key a one-item list; a number indexes a list (`--orch.env.0.args.num_examples 5`, also",
+        "`env[0]`; the next free index adds an item).",
+        "",
+        "One file: `grpo --config rl.yaml` (and `grpo-train`/`grpo-infer`/`grpo-orch --config rl.yaml`, each",
+        "taking its section) reads `train:`, `infer:` and `orch:` sections, each what that file would hold,",
+        "and at the top the shared keys below under their train.yaml names (`model`, `output_dir`, `seed`,",
+        "`max_steps`, `lora_rank`, `transport_type`, `weight_broadcast: {type: ...}`, `ckpt: {interval: ...}`,",
+        "...); a top-level value reaches every section that has the key. Every process of one rl.yaml",
+        "resolves its section as the one-shot run does (the three sections reconciled).",
         "",
     ]
     lines += [
@@ -45,7 +58,8 @@ def render() -> str:
         "One fact of a run under a key in each file that needs it (names as in the reference spec), owned by",
         "`grpo.config.shared_facts`. One-shot `grpo`: an override of any of a fact's keys sets them all; a value",
         "set in one file reaches the files that leave it unset; two files setting different values stop the run",
-        "with one line naming both.",
+        "with one line naming both. A value reaches the others before validation, so a required key (`model`)",
+        "need be written in one file only.",
         "",
         "| fact | keys | multi-process |",
         "|---|---|---|",
@@ -53,6 +67,13 @@ def render() -> str:
     for fact in SHARED_FACTS:
         keys = ", ".join(f"{p.file}.yaml `{p.key}`" for p in fact.places)
         lines.append(f"| {fact.name} | {keys} | {fact.multi_process} |")
+    lines += [
+        "",
+        "Derived where no file sets them (a co-located run, or one rl.yaml; grpo-train also takes its unset",
+        "sequence_len, and the unset keys it compares above, from the run dir's orch.yaml):",
+        "",
+    ]
+    lines += [f"- {derived.doc}" for derived in DERIVED]
     lines.append("")
     for file, model in FILES:
         lines += [f"## {file}.yaml", "", "| key | type | default | description |", "|---|---|---|---|"]
