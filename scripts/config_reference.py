@@ -10,10 +10,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from grpo.config.derived import DERIVED
 from grpo.config.field_table import field_rows
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.shared_facts import DERIVED, SHARED_FACTS, File
+from grpo.config.shared_facts import SHARED_FACTS, File
 from grpo.config.trainer import TrainerConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"

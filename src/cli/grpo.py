@@ -16,6 +16,7 @@ import typer
 from grpo.cli.common import EXTRA_ARGS, guard, log_model, print_resolved, run_app, split_overrides
 from grpo.config.config_set import load_run
 from grpo.config.crosscheck import check_colocated
+from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig, warn_unlearnable_groups
 from grpo.config.shared_facts import File
@@ -115,16 +116,18 @@ def grpo(
 def _config_paths(
     train: Path | None, infer: Path | None, orch: Path | None, config: Path | None
 ) -> dict[File, Path] | None:
-    """The three files, or None with --config; UserError for a mix or a missing one."""
+    """The three files, or None with --config; ConfigError for a mix or a missing one."""
     given = {"train": train, "infer": infer, "orch": orch}
     if config is not None:
         mixed = [f"--{name}" for name, path in given.items() if path is not None]
         if mixed:
-            raise UserError(f"--config rl.yaml holds all three configs; drop {' '.join(mixed)} (or --config)")
+            raise ConfigError(
+                f"--config rl.yaml holds all three configs; drop {' '.join(mixed)} (or --config)"
+            )
         return None
     missing = [f"--{name}" for name, path in given.items() if path is None]
     if missing:
-        raise UserError(
+        raise ConfigError(
             f"missing {' '.join(missing)} FILE.yaml: give --train, --infer and --orch, or one --config rl.yaml"
         )
     return {"train": cast(Path, train), "infer": cast(Path, infer), "orch": cast(Path, orch)}

@@ -9,8 +9,8 @@ from typing import TypeVar, cast
 from pydantic import BaseModel
 
 from grpo.cli.common import check_option_typos, guard, load_with_overrides, print_resolved, split_overrides
+from grpo.config.errors import ConfigError
 from grpo.config.shared_facts import File
-from grpo.utils.errors import UserError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -39,7 +39,9 @@ def run_single(
         overrides = split_overrides(extra_args, None, SINGLE_OPTIONS)[""]
         check_option_typos(overrides, model_cls, SINGLE_OPTIONS)
         if (config_path is None) == (one_file is None):
-            raise UserError(f"give {prog} one config: {name}.yaml, or --config rl.yaml (its {name}: section)")
+            raise ConfigError(
+                f"give {prog} one config: {name}.yaml, or --config rl.yaml (its {name}: section)"
+            )
         if one_file is not None:
             from grpo.config.config_set import load_section
 

@@ -112,10 +112,11 @@ def _check_against_orchestrator(
     GRPO's loss normaliser). Returns the config and the parts each step arrives in (orch
     streaming; 1 when off)."""
     from grpo.config.crosscheck import check_trainer_orchestrator
+    from grpo.config.derived import take_from_orchestrator
     from grpo.config.errors import ConfigError
     from grpo.config.loading import read_yaml, validate
     from grpo.config.orchestrator import OrchestratorConfig
-    from grpo.config.shared_facts import conflicts_with_orchestrator, take_from_orchestrator
+    from grpo.config.shared_facts import conflicts_with_orchestrator
 
     path = run_dir / "configs" / "orch.yaml"
     data = read_yaml(path)

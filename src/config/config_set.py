@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from grpo.config.derived import derive
 from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.loading import apply_overrides, has_key, read_yaml, validate
@@ -84,7 +85,7 @@ class RunData:
     def validate_all(self) -> dict[File, BaseModel]:
         """The three configs, reconciled (ConfigError for disagreements), derived settings filled."""
         configs = {f: self.validate(f) for f in SECTIONS}
-        return reconcile(configs, self.sources)
+        return derive(reconcile(configs, self.sources), self.sources)
 
 
 def _top_level(path: Path, top: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

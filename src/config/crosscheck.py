@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
+from grpo.config.derived import derive
 from grpo.config.engine_dtype import dtype_problems
 from grpo.config.errors import ConfigError
 from grpo.config.fp8_support import fp8_problems
@@ -130,7 +131,7 @@ def check_colocated(
     one file reaches the others, grpo.config.shared_facts), then the relations between them.
     `sources` names the files in messages; `on_cuda` is the device the run is checked for (None: a
     CUDA device is used when one is visible). Returns the reconciled configs."""
-    shared = reconcile({"train": train, "infer": infer, "orch": orch}, sources)
+    shared = derive(reconcile({"train": train, "infer": infer, "orch": orch}, sources), sources)
     train = cast(TrainerConfig, shared["train"])
     infer = cast(InferenceConfig, shared["infer"])
     orch = cast(OrchestratorConfig, shared["orch"])

@@ -9,12 +9,11 @@ which key holds it in which file; everything that reconciles them reads it:
   (`share_overrides`); a key set in one file (or on the command line, or at the top of a one-file
   rl.yaml) reaches the files that do not set it, before they are validated (`spread`: train.yaml's
   `model` makes infer.yaml's), and two files that set different values stop the run with one line
-  naming both (`reconcile`); settings derived from another file's (`DERIVED`: the trainer's
-  sequence_len from the orchestrator's seq_len, the server's max_lora_rank from the trainer's
-  lora_rank) are filled in where no file sets them;
+  naming both (`reconcile`); settings derived from another file's (grpo.config.derived) are
+  filled in afterwards where no file sets them;
 - multi-process: `grpo-train` compares the keys its train.yaml sets with the orchestrator's
   resolved configs/orch.yaml in the run dir (`conflicts_with_orchestrator`), for the facts marked
-  `multi_process`;
+  `multi_process`, and takes those it leaves unset from there (grpo.config.derived);
 - docs/config_reference.md names, for each shared key, where else it lives (`other_places`).
 
 A new fact needs one row here; tests/config/test_shared_facts.py tests every row.
@@ -26,14 +25,12 @@ import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from grpo.config.errors import ConfigError
 from grpo.config.loading import has_key, validate
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 File = Literal["train", "infer", "orch"]
 FILE_NAMES: dict[File, str] = {"train": "train.yaml", "infer": "infer.yaml", "orch": "orch.yaml"}
@@ -183,48 +180,6 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
 """Ordered so that a section's type is shared before the keys that exist only for that type."""
 
 
-@dataclass(frozen=True)
-class Derived:
-    """A setting one file leaves unset that a co-located run derives from the others' settings."""
-
-    place: Place
-    source: Callable[[Mapping[File, BaseModel]], Any]
-    """The value it takes (None: its own default stays)."""
-
-    doc: str
-    """Where the value comes from, as docs/config_reference.md states it."""
-
-
-def _trainer_sequence_len(configs: Mapping[File, BaseModel]) -> Any:
-    train = configs["train"]
-    return value_at(train, "sequence_len") if is_set(train, Place("train", "sequence_len")) else None
-
-
-def _adapter_rank(configs: Mapping[File, BaseModel]) -> Any:
-    train = configs["train"]
-    return value_at(train, "lora_rank") if value_at(train, "lora") else None
-
-
-DERIVED: tuple[Derived, ...] = (
-    Derived(
-        Place("orch", "seq_len"),
-        _trainer_sequence_len,
-        "orch.yaml `seq_len` unset: train.yaml's `sequence_len` where set (a packed row fills what the trainer holds)",
-    ),
-    Derived(
-        Place("train", "sequence_len"),
-        lambda configs: value_at(configs["orch"], "seq_len"),
-        "train.yaml `sequence_len` unset: orch.yaml's `seq_len` (default 2048), so that packed rows fit the trainer",
-    ),
-    Derived(
-        Place("infer", "max_lora_rank"),
-        _adapter_rank,
-        "infer.yaml `max_lora_rank` unset: train.yaml's `lora_rank` (with `lora: true`), the rank the engine serves",
-    ),
-)
-"""Applied in this order, after the shared facts, by `reconcile` (all three files present)."""
-
-
 MISSING = object()
 """What value_at returns for a key the config or mapping does not have."""
 
@@ -293,7 +248,7 @@ def spread(
         value = value_at(out[given[0].file], given[0].key)
         for place in places:
             if place not in given and _fits(models[place.file], place.key, out[place.file]):
-                _with_value(out[place.file], place.key, copy.deepcopy(value))
+                with_value(out[place.file], place.key, copy.deepcopy(value))
     return out
 
 
@@ -356,24 +311,15 @@ def reconcile(
             config = configs[place.file]
             if place in set_places or value_at(config, place.key) is MISSING:
                 continue
-            data = _with_value(config.model_dump(exclude_unset=True), place.key, value)
+            data = with_value(config.model_dump(exclude_unset=True), place.key, value)
             source = (sources or {}).get(place.file, FILE_NAMES[place.file])
             configs[place.file] = validate(type(config), data, f"{source} (taking {first})")
     if problems:
         raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
-    if all(file in configs for file in FILE_NAMES):
-        for derived in DERIVED:
-            place, config = derived.place, configs[derived.place.file]
-            value = derived.source(configs)
-            if value is None or is_set(config, place):
-                continue
-            data = _with_value(config.model_dump(exclude_unset=True), place.key, value)
-            source = (sources or {}).get(place.file, FILE_NAMES[place.file])
-            configs[place.file] = validate(type(config), data, f"{source} (deriving {place.key})")
     return configs
 
 
-def _with_value(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+def with_value(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     node = data
     *parents, last = key.split(".")
     for part in parents:
@@ -400,32 +346,3 @@ def conflicts_with_orchestrator(train: BaseModel, orch: Mapping[str, Any]) -> li
             fix = "set the same value in both (orch.yaml as the run's orchestrator resolved it)"
             problems.append(_mismatch(fact, mine, value, theirs, other_value, fix=fix))
     return problems
-
-
-def take_from_orchestrator(train: ModelT, orch: Mapping[str, Any], source: str) -> ModelT:
-    """Multi-process: what train.yaml leaves unset of the facts grpo-train compares, and its
-    sequence_len (derived from seq_len as in `DERIVED`), taken from the orchestrator's resolved
-    config (a dict, as in the run dir's configs/orch.yaml)."""
-    pairs = [
-        (mine, theirs)
-        for fact in SHARED_FACTS
-        if fact.checked_by_trainer
-        for mine in fact.places[:1]
-        for theirs in fact.places
-        if mine.file == "train" and theirs.file == "orch"
-    ]
-    pairs.append((Place("train", "sequence_len"), Place("orch", "seq_len")))
-    data = train.model_dump(exclude_unset=True)
-    taken = []
-    for mine, theirs in pairs:
-        value = value_at(orch, theirs.key)
-        if is_set(train, mine) or value is MISSING or value in theirs.unset:
-            continue
-        if has_key(type(train), mine.key, _with_value(copy.deepcopy(data), mine.key, value)):
-            data = _with_value(data, mine.key, value)
-            taken.append(mine.key)
-    if not taken:
-        return train
-    return validate(
-        type(train), data, f"{source} (taking {', '.join(taken)} from the orchestrator's orch.yaml)"
-    )

@@ -238,7 +238,16 @@ CASES = [
     ),
     (
         "co-located: dp with full fine-tuning",
-        _demo_grpo("--infer.dp", "2", "--train.lora", "false", "--orch.model.lora_adapter", "null"),
+        _demo_grpo(
+            "--infer.dp",
+            "2",
+            "--train.lora",
+            "false",
+            "--train.backend",
+            "megatron",
+            "--orch.model.lora_adapter",
+            "null",
+        ),
         {},
         "infer dp 2 with train lora false",
     ),

@@ -12,10 +12,10 @@ import yaml
 
 from grpo.config.config_set import load_run, load_section
 from grpo.config.crosscheck import check_colocated
+from grpo.config.derived import take_from_orchestrator
 from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.shared_facts import take_from_orchestrator
 from grpo.config.trainer import TrainerConfig
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
