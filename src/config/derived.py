@@ -54,6 +54,11 @@ def _adapter_rank(configs: Mapping[File, BaseModel]) -> Any:
 
 DERIVED: tuple[Derived, ...] = (
     Derived(
+        Place("train", "output_dir"),
+        lambda configs: value_at(configs["orch"], "output_dir"),
+        "train.yaml `output_dir` unset (and orch.yaml's too): orch.yaml's, the run directory a co-located run writes",
+    ),
+    Derived(
         Place("orch", "seq_len"),
         _trainer_sequence_len,
         "orch.yaml `seq_len` unset: train.yaml's `sequence_len` where set (a packed row fills what the trainer holds)",

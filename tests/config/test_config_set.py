@@ -63,6 +63,11 @@ def test_a_minimal_set_passes_its_own_cross_check(tmp_path: Path) -> None:
     check_colocated(train, infer, orch)
 
 
+def test_the_run_directory_of_a_set_that_names_none_is_the_orchestrators_default(tmp_path: Path) -> None:
+    configs = _load(tmp_path, {"model": MODEL}, None, ENV)
+    assert configs["train"].output_dir == configs["orch"].output_dir == "outputs/run_default"
+
+
 def test_the_trainers_sequence_len_reaches_an_unset_seq_len(tmp_path: Path) -> None:
     configs = _load(tmp_path, {"model": MODEL, "sequence_len": 512}, None, ENV)
     assert configs["orch"].seq_len == 512
