@@ -5,21 +5,16 @@ Run: .venv/bin/python scripts/config_reference.py   (tests check the file is up 
 
 from __future__ import annotations
 
-import functools
-import operator
-import re
 import sys
-import types
-import typing
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
+from grpo.config.derived import DERIVED
+from grpo.config.field_table import field_rows
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.shared_facts import SHARED_FACTS, File, other_places
+from grpo.config.shared_facts import SHARED_FACTS, File
 from grpo.config.trainer import TrainerConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"
@@ -30,67 +25,10 @@ FILES: list[tuple[File, type[BaseModel]]] = [
 ]
 
 
-def _models(annotation: object) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for arg in typing.get_args(annotation) for m in _models(arg)]
-
-
-def _plain(annotation: Any) -> Any:
-    """`annotation` without Annotated's metadata (union tags, discriminators)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Annotated:
-        return _plain(args[0])
-    if origin in (typing.Union, types.UnionType):
-        return functools.reduce(operator.or_, [_plain(a) for a in args])
-    if origin is list:
-        return list[_plain(args[0])]  # type: ignore[misc]
-    return annotation
-
-
-def _type_name(annotation: object) -> str:
-    annotation = _plain(annotation)
-    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    text = text or str(annotation).replace("typing.", "")
-    text = re.sub(r"grpo\.config\.\w+\.", "", text)
-    return text.replace("|", "\\|")
-
-
-def _default(field: object) -> str:
-    default = getattr(field, "default", PydanticUndefined)
-    factory = getattr(field, "default_factory", None)
-    if default is PydanticUndefined and factory is None:
-        return "(required)"
-    value = factory() if factory is not None else default  # type: ignore[operator]
-    if isinstance(value, BaseModel):
-        return "(section)"
-    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
-        return "[" + ", ".join(str(v.model_dump()) for v in value) + "]"
-    return "null" if value is None else f"`{value}`"
-
-
-def _shared_note(file: File, key: str) -> str:
-    places = other_places(file, key)
-    if not places:
-        return ""
-    return " Shared with " + ", ".join(f"{p.file}.yaml `{p.key}`" for p in places) + " (see the table above)."
-
-
-def _rows(file: File, model: type[BaseModel], prefix: str, out: list[str]) -> None:
-    nested: list[tuple[str, type[BaseModel]]] = []
-    for name, field in model.model_fields.items():
-        key = f"{prefix}{name}"
-        subs = _models(field.annotation)
-        doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
-        doc = (doc + _shared_note(file, key)).strip()
-        if subs:
-            is_list = typing.get_origin(field.annotation) is list
-            nested += [(f"{key}[]." if is_list else f"{key}.", sub) for sub in subs]
-            if not doc:
-                continue
-        out.append(f"| `{key}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
-    for sub_prefix, sub in nested:
-        _rows(file, sub, sub_prefix, out)
+def _rows(file: File, model: type[BaseModel], out: list[str]) -> None:
+    for row in field_rows(file, model):
+        cells = [f"`{row.key}`", row.type_name, row.default, row.doc]
+        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
 
 
 def render() -> str:
@@ -98,8 +36,21 @@ def render() -> str:
         "# Config reference",
         "",
         "Generated from the config models by `scripts/config_reference.py`; each entry is the field's own",
-        "documentation. Unknown keys are errors (with a suggestion). Any key can be overridden on the command",
-        "line: `--key.subkey VALUE` (one-shot `grpo`: `--train.KEY`, `--infer.KEY`, `--orch.KEY`).",
+        "documentation (`grpo config show [train|infer|orch]` prints the same in a terminal). Unknown keys are",
+        "errors (with a suggestion).",
+        "",
+        "Overrides: any key on the command line, `--key.subkey VALUE` (one-shot `grpo`: `--train.KEY`,",
+        "`--infer.KEY`, `--orch.KEY`). Values are YAML, so JSON too (`'[1, 2]'`, `'{\"k\": 1}'`, `true`, `null`);",
+        "several values after one key make a list (`--train.lora_target_modules q_proj v_proj`), one value",
+        "for a list key a one-item list; a number indexes a list (`--orch.env.0.args.num_examples 5`, also",
+        "`env[0]`; the next free index adds an item).",
+        "",
+        "One file: `grpo --config rl.yaml` (and `grpo-train`/`grpo-infer`/`grpo-orch --config rl.yaml`, each",
+        "taking its section) reads `train:`, `infer:` and `orch:` sections, each what that file would hold,",
+        "and at the top the shared keys below under their train.yaml names (`model`, `output_dir`, `seed`,",
+        "`max_steps`, `lora_rank`, `transport_type`, `weight_broadcast: {type: ...}`, `ckpt: {interval: ...}`,",
+        "...); a top-level value reaches every section that has the key. Every process of one rl.yaml",
+        "resolves its section as the one-shot run does (the three sections reconciled).",
         "",
     ]
     lines += [
@@ -108,7 +59,8 @@ def render() -> str:
         "One fact of a run under a key in each file that needs it (names as in the reference spec), owned by",
         "`grpo.config.shared_facts`. One-shot `grpo`: an override of any of a fact's keys sets them all; a value",
         "set in one file reaches the files that leave it unset; two files setting different values stop the run",
-        "with one line naming both.",
+        "with one line naming both. A value reaches the others before validation, so a required key (`model`)",
+        "need be written in one file only.",
         "",
         "| fact | keys | multi-process |",
         "|---|---|---|",
@@ -116,10 +68,17 @@ def render() -> str:
     for fact in SHARED_FACTS:
         keys = ", ".join(f"{p.file}.yaml `{p.key}`" for p in fact.places)
         lines.append(f"| {fact.name} | {keys} | {fact.multi_process} |")
+    lines += [
+        "",
+        "Derived where no file sets them (a co-located run, or one rl.yaml; grpo-train also takes its unset",
+        "sequence_len, and the unset keys it compares above, from the run dir's orch.yaml):",
+        "",
+    ]
+    lines += [f"- {derived.doc}" for derived in DERIVED]
     lines.append("")
     for file, model in FILES:
         lines += [f"## {file}.yaml", "", "| key | type | default | description |", "|---|---|---|---|"]
-        _rows(file, model, "", lines)
+        _rows(file, model, lines)
         lines.append("")
     return "\n".join(lines)
 

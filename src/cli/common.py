@@ -120,7 +120,7 @@ def check_option_typos(
 def load_with_overrides(
     model_cls: type[ModelT], path: Path, overrides: list[tuple[str, Any]], label: str | None = None
 ) -> ModelT:
-    data = apply_overrides(read_yaml(path), overrides)
+    data = apply_overrides(read_yaml(path), overrides, model_cls)
     return validate(model_cls, data, label or str(path))
 
 

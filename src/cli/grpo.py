@@ -9,36 +9,36 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import cast
 
 import typer
 
-from grpo.cli.common import (
-    EXTRA_ARGS,
-    guard,
-    load_with_overrides,
-    log_model,
-    print_resolved,
-    run_app,
-    split_overrides,
-)
+from grpo.cli.common import EXTRA_ARGS, guard, log_model, print_resolved, run_app, split_overrides
+from grpo.config.config_set import load_run
 from grpo.config.crosscheck import check_colocated
+from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig, warn_unlearnable_groups
-from grpo.config.shared_facts import File, share_overrides
+from grpo.config.shared_facts import File
 from grpo.config.trainer import TrainerConfig
 from grpo.utils.errors import UserError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
-OPTIONS = ["--train", "--infer", "--orch", "--dry-run", "--plan-gpu-gib", "--verbose", "--help"]
+OPTIONS = ["--train", "--infer", "--orch", "--config", "--dry-run", "--plan-gpu-gib", "--verbose", "--help"]
 
 
 @app.command(context_settings=EXTRA_ARGS)
 def grpo(
     ctx: typer.Context,
-    train: Path = typer.Option(..., "--train", help="train.yaml (trainer)"),
-    infer: Path = typer.Option(..., "--infer", help="infer.yaml (vLLM server)"),
-    orch: Path = typer.Option(..., "--orch", help="orch.yaml (orchestrator)"),
+    train: Path | None = typer.Option(None, "--train", help="train.yaml (trainer)"),
+    infer: Path | None = typer.Option(None, "--infer", help="infer.yaml (vLLM server)"),
+    orch: Path | None = typer.Option(None, "--orch", help="orch.yaml (orchestrator)"),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="rl.yaml: train:, infer: and orch: sections, shared keys at the top (instead of the three files)",
+    ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Validate, print the resolved configs, the loss and the memory plan, exit."
     ),
@@ -56,20 +56,24 @@ def grpo(
 ) -> None:
     """Run inference, orchestrator and trainer in one process (co-located mode).
 
-    Override keys per file with --train.KEY, --infer.KEY, --orch.KEY, e.g.
-    --orch.sampling.temperature 0.7 --train.learning_rate 1e-5. A setting two files share (max_steps,
-    output_dir, max_async_level, the LoRA rank, ...; docs/config_reference.md) given in one file or
-    override reaches the others; two different values are an error.
+    Configs: --train train.yaml --infer infer.yaml --orch orch.yaml, or --config rl.yaml (the three as
+    sections, shared keys such as model at the top). Override keys per file with --train.KEY,
+    --infer.KEY, --orch.KEY, e.g. --orch.sampling.temperature 0.7 --train.learning_rate 1e-5
+    --train.lora_target_modules q_proj v_proj --orch.env.0.args.num_examples 5. A setting the files
+    share (model, output_dir, seed, max_steps, the LoRA rank, ...; docs/config_reference.md) given
+    in one file or override reaches the others; two different values are an error.
 
+    Every key with its type, default and doc: `grpo config show [train|infer|orch]`.
     The trained model afterwards: `grpo export RUN_DIR OUT` (see `grpo export --help`).
     """
 
     def body() -> int:
-        overrides = share_overrides(split_overrides(ctx.args, ("train", "infer", "orch"), OPTIONS))
-        train_cfg = load_with_overrides(TrainerConfig, train, overrides["train"])
-        infer_cfg = load_with_overrides(InferenceConfig, infer, overrides["infer"])
-        orch_cfg = load_with_overrides(OrchestratorConfig, orch, overrides["orch"])
-        sources: dict[File, str] = {"train": str(train), "infer": str(infer), "orch": str(orch)}
+        overrides = split_overrides(ctx.args, ("train", "infer", "orch"), OPTIONS)
+        paths = _config_paths(train, infer, orch, config)
+        configs, sources = load_run(paths, config, overrides)
+        train_cfg = cast(TrainerConfig, configs["train"])
+        infer_cfg = cast(InferenceConfig, configs["infer"])
+        orch_cfg = cast(OrchestratorConfig, configs["orch"])
         if plan_gpu_gib is not None and not dry_run:
             raise UserError("--plan-gpu-gib plans for a GPU this machine may not have; use it with --dry-run")
         # Planned for a GPU: the settings a GPU can run pass whatever this machine is.
@@ -109,11 +113,35 @@ def grpo(
     guard("grpo", verbose, body)
 
 
+def _config_paths(
+    train: Path | None, infer: Path | None, orch: Path | None, config: Path | None
+) -> dict[File, Path] | None:
+    """The three files, or None with --config; ConfigError for a mix or a missing one."""
+    given = {"train": train, "infer": infer, "orch": orch}
+    if config is not None:
+        mixed = [f"--{name}" for name, path in given.items() if path is not None]
+        if mixed:
+            raise ConfigError(
+                f"--config rl.yaml holds all three configs; drop {' '.join(mixed)} (or --config)"
+            )
+        return None
+    missing = [f"--{name}" for name, path in given.items() if path is None]
+    if missing:
+        raise ConfigError(
+            f"missing {' '.join(missing)} FILE.yaml: give --train, --infer and --orch, or one --config rl.yaml"
+        )
+    return {"train": cast(Path, train), "infer": cast(Path, infer), "orch": cast(Path, orch)}
+
+
 def main() -> None:
     if sys.argv[1:2] == ["export"]:
         from grpo.cli.export import main as export_main
 
         export_main(sys.argv[2:])
+    if sys.argv[1:2] == ["config"]:
+        from grpo.cli.config_show import main as config_main
+
+        config_main(sys.argv[2:])
     # Trainer and engine share the cores in this mode: OpenMP threads that spin while waiting for a
     # descheduled peer slow both several-fold. Must be set before torch loads; a user's value wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

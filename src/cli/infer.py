@@ -17,13 +17,22 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 @app.command(context_settings=EXTRA_ARGS)
 def infer(
     ctx: typer.Context,
-    config: Path = typer.Argument(..., help="infer.yaml"),
+    config: Path | None = typer.Argument(None, help="infer.yaml (or --config rl.yaml)"),
+    one_file: Path | None = typer.Option(
+        None,
+        "--config",
+        help="rl.yaml (train:, infer:, orch: sections; shared keys at the top): its infer: section",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config, exit."),
     verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
 ) -> None:
     """Serve the policy with vLLM (OpenAI-compatible API, LoRA hot reload, weight updates).
 
     Override any key with --key.subkey VALUE, e.g. --port 8001 --max_lora_rank 32.
+    Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
+    With --config rl.yaml its infer: section is used (shared keys at the top reach it).
+
+    Every key with its type, default and doc: `grpo config show infer`.
     """
 
     def start(cfg: InferenceConfig) -> int:
@@ -48,6 +57,7 @@ def infer(
         name="infer",
         model_cls=InferenceConfig,
         config_path=config,
+        one_file=one_file,
         extra_args=ctx.args,
         dry_run=dry_run,
         verbose=verbose,

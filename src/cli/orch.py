@@ -24,7 +24,12 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 @app.command(context_settings=EXTRA_ARGS)
 def orch(
     ctx: typer.Context,
-    config: Path = typer.Argument(..., help="orch.yaml"),
+    config: Path | None = typer.Argument(None, help="orch.yaml (or --config rl.yaml)"),
+    one_file: Path | None = typer.Option(
+        None,
+        "--config",
+        help="rl.yaml (train:, infer:, orch: sections; shared keys at the top): its orch: section",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config, exit."),
     verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
 ) -> None:
@@ -32,6 +37,10 @@ def orch(
 
     Waits up to client.timeout seconds for the inference servers to come up. Override any key with
     --key.subkey VALUE, e.g. --sampling.temperature 0.7 --batch_size 64.
+    Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
+    With --config rl.yaml its orch: section is used (shared keys at the top reach it).
+
+    Every key with its type, default and doc: `grpo config show orch`.
     """
 
     def start(cfg: OrchestratorConfig) -> int:
@@ -43,7 +52,9 @@ def orch(
         from grpo.transport.batches.factory import batch_sender_for
 
         if cfg.model.name is None:
-            raise ConfigError(f"{config}: 'model.name' is required when grpo-orch runs on its own")
+            raise ConfigError(
+                f"{config or one_file}: 'model.name' is required when grpo-orch runs on its own"
+            )
         resolved = resolve_model(cfg.model.name)
         log_model(resolved)
         run_dir = Path(cfg.output_dir)
@@ -65,6 +76,7 @@ def orch(
         name="orch",
         model_cls=OrchestratorConfig,
         config_path=config,
+        one_file=one_file,
         extra_args=ctx.args,
         dry_run=dry_run,
         verbose=verbose,

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from pydantic import BaseModel
 
 from grpo.cli.common import check_option_typos, guard, load_with_overrides, print_resolved, split_overrides
+from grpo.config.errors import ConfigError
+from grpo.config.shared_facts import File
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
-SINGLE_OPTIONS = ["--dry-run", "--verbose", "--help"]
+SINGLE_OPTIONS = ["--config", "--dry-run", "--verbose", "--help"]
 
 
 def run_single(
     prog: str,
-    name: str,
+    name: File,
     model_cls: type[ModelT],
-    config_path: Path,
+    config_path: Path | None,
     extra_args: list[str],
     dry_run: bool,
     verbose: bool,
@@ -27,14 +29,25 @@ def run_single(
     model_of: Callable[[ModelT], str | None] = lambda cfg: None,
     check: Callable[[ModelT], None] = lambda cfg: None,
     describe: Callable[[ModelT], str | None] = lambda cfg: None,
+    one_file: Path | None = None,
 ) -> None:
-    """Load `config_path` (+ overrides) and `check` it (ConfigError for what cannot run here); on
-    --dry-run resolve the model, print the config and what `describe` adds, and stop; else `start`."""
+    """Load `config_path` (or the `name` section of `one_file`, rl.yaml) with overrides and `check`
+    it (ConfigError for what cannot run here); on --dry-run resolve the model, print the config and
+    what `describe` adds, and stop; else `start`."""
 
     def body() -> int | None:
         overrides = split_overrides(extra_args, None, SINGLE_OPTIONS)[""]
         check_option_typos(overrides, model_cls, SINGLE_OPTIONS)
-        config = load_with_overrides(model_cls, config_path, overrides)
+        if (config_path is None) == (one_file is None):
+            raise ConfigError(
+                f"give {prog} one config: {name}.yaml, or --config rl.yaml (its {name}: section)"
+            )
+        if one_file is not None:
+            from grpo.config.config_set import load_section
+
+            config = cast(ModelT, load_section(one_file, name, overrides))
+        else:
+            config = load_with_overrides(model_cls, cast(Path, config_path), overrides)
         check(config)
         if dry_run:
             model = model_of(config)

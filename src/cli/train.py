@@ -20,7 +20,12 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 @app.command(context_settings=EXTRA_ARGS)
 def train(
     ctx: typer.Context,
-    config: Path = typer.Argument(..., help="train.yaml"),
+    config: Path | None = typer.Argument(None, help="train.yaml (or --config rl.yaml)"),
+    one_file: Path | None = typer.Option(
+        None,
+        "--config",
+        help="rl.yaml (train:, infer:, orch: sections; shared keys at the top): its train: section",
+    ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Validate, print the resolved config and the loss, exit."
     ),
@@ -30,6 +35,10 @@ def train(
 
     Blocks until the orchestrator delivers the first batch. Override any key with
     --key.subkey VALUE, e.g. --learning_rate 1e-5 --loss.kl_tau 0.01.
+    Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
+    With --config rl.yaml its train: section is used (shared keys at the top reach it).
+
+    Every key with its type, default and doc: `grpo config show train`.
     """
 
     def start(cfg: TrainerConfig) -> int:
@@ -46,7 +55,7 @@ def train(
             log_model(resolved)
         # batch_timeout also bounds the wait for the orchestrator's run directory.
         run_dir = find_run_dir(Path(cfg.output_dir), timeout=cfg.batch_timeout)
-        num_parts = _check_against_orchestrator(cfg, run_dir)
+        cfg, num_parts = _check_against_orchestrator(cfg, run_dir, str(config or one_file))
         if is_rank_zero:
             write_resolved_configs(run_dir, {"train": cfg})
         # Token ids at or past the embedding's size would index out of it: decoded batches are checked.
@@ -65,6 +74,7 @@ def train(
         name="train",
         model_cls=TrainerConfig,
         config_path=config,
+        one_file=one_file,
         extra_args=ctx.args,
         dry_run=dry_run,
         verbose=verbose,
@@ -92,13 +102,17 @@ def _check_backend(cfg: TrainerConfig) -> None:
     check_megatron_start(cfg, resolve_model(cfg.model).path, int(os.environ.get("WORLD_SIZE", "1")))
 
 
-def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> int:
+def _check_against_orchestrator(
+    cfg: TrainerConfig, run_dir: Path, source: str = "train.yaml"
+) -> tuple[TrainerConfig, int]:
     """The checks that need the orchestrator's config, here its resolved copy in the run dir: the
-    settings both files hold (grpo.config.shared_facts) and the relations between them that the
-    one-shot `grpo` checks too (grpo.config.crosscheck: LoRA on both sides or neither, seq_len,
-    streaming, Dr. GRPO's loss normaliser). Returns the parts each step arrives in (orch
+    settings both files hold (grpo.config.shared_facts; those train.yaml leaves unset, and its
+    sequence_len, are taken from it) and the relations between them that the one-shot `grpo`
+    checks too (grpo.config.crosscheck: LoRA on both sides or neither, seq_len, streaming, Dr.
+    GRPO's loss normaliser). Returns the config and the parts each step arrives in (orch
     streaming; 1 when off)."""
     from grpo.config.crosscheck import check_trainer_orchestrator
+    from grpo.config.derived import take_from_orchestrator
     from grpo.config.errors import ConfigError
     from grpo.config.loading import read_yaml, validate
     from grpo.config.orchestrator import OrchestratorConfig
@@ -107,10 +121,12 @@ def _check_against_orchestrator(cfg: TrainerConfig, run_dir: Path) -> int:
     path = run_dir / "configs" / "orch.yaml"
     data = read_yaml(path)
     orch = validate(OrchestratorConfig, data, str(path))
-    problems = conflicts_with_orchestrator(cfg, data) + check_trainer_orchestrator(cfg, orch)
+    problems = conflicts_with_orchestrator(cfg, data)
+    cfg = take_from_orchestrator(cfg, data, source)
+    problems += check_trainer_orchestrator(cfg, orch)
     if problems:
         raise ConfigError("\n".join(f"config mismatch: {p}" for p in problems))
-    return orch.num_parts_per_step
+    return cfg, orch.num_parts_per_step
 
 
 def main() -> None:

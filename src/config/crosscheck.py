@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
+from grpo.config.derived import derive
 from grpo.config.engine_dtype import dtype_problems
 from grpo.config.errors import ConfigError
 from grpo.config.fp8_support import fp8_problems
@@ -96,6 +97,27 @@ def check_inference(
     return problems
 
 
+def borrowing_problems(train: TrainerConfig) -> list[str]:
+    """What the HF trainer refuses once it holds the engine's borrowed base weights
+    (grpo.trainer.hf.model.build_policy), found at load time: a co-located run with backend hf
+    always borrows (backend megatron trains its own copy)."""
+    if train.backend == "megatron":
+        return []
+    problems = []
+    if not train.lora:
+        problems.append(
+            "train lora false (full fine-tuning) in a co-located run: the trainer borrows the engine's base weights, "
+            "which stay frozen; set lora: true, use backend: megatron, or train full weights in the multi-process mode"
+        )
+    if train.qlora_bnb or train.qlora_fp8:
+        problems.append(
+            "train qlora_bnb/qlora_fp8 in a co-located run: the trainer borrows the engine's base weights as the engine "
+            "holds them instead of quantizing its own from disk; set qlora_bnb and qlora_fp8 to false (infer "
+            "quantization: fp8_per_block quantizes the shared base), or use the multi-process mode"
+        )
+    return problems
+
+
 BORROWABLE_QUANTIZATIONS = frozenset({"fp8", "fp8_per_block"})
 """vLLM quantization methods whose weight layout grpo.colocate knows (FP8 data + scales)."""
 
@@ -111,7 +133,7 @@ def check_colocated(
     one file reaches the others, grpo.config.shared_facts), then the relations between them.
     `sources` names the files in messages; `on_cuda` is the device the run is checked for (None: a
     CUDA device is used when one is visible). Returns the reconciled configs."""
-    shared = reconcile({"train": train, "infer": infer, "orch": orch}, sources)
+    shared = derive(reconcile({"train": train, "infer": infer, "orch": orch}, sources), sources)
     train = cast(TrainerConfig, shared["train"])
     infer = cast(InferenceConfig, shared["infer"])
     orch = cast(OrchestratorConfig, shared["orch"])
@@ -122,11 +144,7 @@ def check_colocated(
             f"infer quantization '{infer.quantization}': the co-located trainer can borrow unquantized or "
             f"FP8 weights only; use one of {sorted(BORROWABLE_QUANTIZATIONS)} or null"
         )
-    if infer.quantization is not None and (train.qlora_bnb or train.qlora_fp8):
-        problems.append(
-            f"infer quantization '{infer.quantization}' with train qlora_bnb/qlora_fp8: the trainer borrows "
-            "the engine's quantized weights as they are; set qlora_bnb and qlora_fp8 to false"
-        )
+    problems += borrowing_problems(train)
     problems += fp8_problems(infer.quantization, cuda_available=on_cuda)
     problems += dtype_problems(infer, on_cuda)
     if orch.ckpt.keep_last is not None and orch.ckpt.interval is not None:
@@ -158,7 +176,7 @@ def check_colocated(
     )
     if streaming is not None:
         problems.append(streaming)
-    if infer.dp > 1 and not train.lora:
+    if infer.dp > 1 and not train.lora and train.backend == "megatron":
         problems.append(
             f"infer dp {infer.dp} with train lora false: co-located data parallelism trains LoRA adapters over "
             "each engine's own weights; set lora: true, or train full weights in the multi-process mode"

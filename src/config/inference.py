@@ -69,7 +69,8 @@ class InferenceConfig(StrictModel):
     """Serve LoRA adapters and hot-load each new policy's adapter."""
 
     max_lora_rank: int | None = Field(None, gt=0)
-    """Largest LoRA rank to serve; rounded up to a rank vLLM accepts. null = 64."""
+    """Largest LoRA rank to serve; rounded up to a rank vLLM accepts. null: the trainer's lora_rank in a
+    co-located run (or with grpo-infer --config rl.yaml), else 64."""
 
     max_loras: int = Field(8, ge=1)
     """Adapters resident in the engine at once."""

@@ -23,10 +23,12 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 MAX_ERRORS_SHOWN = 8
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_INDEX = re.compile(r"\[(\d+)\]")
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The YAML mapping in `path`, or a ConfigError naming what is wrong with the file."""
+def read_yaml(path: str | Path, allow_empty: bool = False) -> dict[str, Any]:
+    """The YAML mapping in `path`, or a ConfigError naming what is wrong with the file. An empty
+    file is {} with `allow_empty` (a file of a run whose shared keys another file sets)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such file (check the path; it is relative to {Path.cwd()})")
@@ -40,6 +42,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from exc
+    if data is None and allow_empty:
+        return {}
     if data is None:
         raise ConfigError(f"{path}: the file is empty; it needs at least a `model:` key")
     if not isinstance(data, dict):
@@ -50,7 +54,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def parse_overrides(args: list[str], source: str = "command line") -> list[tuple[str, Any]]:
-    """Turn ['--a.b', '1', '--c=x'] into [('a.b', 1), ('c', 'x')]; values are parsed as YAML."""
+    """Turn ['--a.b', '1', '--c=x', '--d', 'p', 'q'] into [('a.b', 1), ('c', 'x'), ('d', ['p', 'q'])].
+
+    Values are parsed as YAML (so JSON too: '[1, 2]', '{"k": 1}', true/false, null); several values
+    after one key make a list; `env[0].id` is `env.0.id`.
+    """
     pairs: list[tuple[str, Any]] = []
     i = 0
     while i < len(args):
@@ -60,38 +68,113 @@ def parse_overrides(args: list[str], source: str = "command line") -> list[tuple
                 f"{source}: unexpected argument '{arg}'; overrides look like --key.subkey VALUE"
             )
         key, eq, raw = arg[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise ConfigError(
-                    f"{source}: override --{key} needs a value (--{key} VALUE or --{key}=VALUE)"
-                )
-            raw = args[i + 1]
-            i += 1
+        key = _INDEX.sub(r".\1", key)
         i += 1
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, str) and _FLOAT.fullmatch(value):
-            value = float(value)  # YAML 1.1 reads "1e-5" (no dot) as a string
-        pairs.append((key.replace("-", "_"), value))
+        if eq:
+            pairs.append((key.replace("-", "_"), _parse_value(raw)))
+            continue
+        values = []
+        while i < len(args) and not args[i].startswith("--"):
+            values.append(_parse_value(args[i]))
+            i += 1
+        if not values:
+            raise ConfigError(f"{source}: override --{key} needs a value (--{key} VALUE or --{key}=VALUE)")
+        pairs.append((key.replace("-", "_"), values[0] if len(values) == 1 else values))
     return pairs
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
-    """Set each dotted key in a copy of `data` (creating intermediate mappings)."""
+def _parse_value(raw: str) -> Any:
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and _FLOAT.fullmatch(value):
+        value = float(value)  # YAML 1.1 reads "1e-5" (no dot) as a string
+    return value
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: list[tuple[str, Any]], model_cls: type[BaseModel] | None = None
+) -> dict[str, Any]:
+    """Set each dotted key in a copy of `data`, creating intermediate mappings.
+
+    A number after a list's key indexes it (`env.0.args.num_examples`; the next free index adds an
+    item). With `model_cls`, one value given for a list field is a one-item list, and a missing list
+    is created where an index needs one.
+    """
     out = copy.deepcopy(data)
     for dotted, value in overrides:
-        node = out
+        node: Any = out
+        path: list[str | int] = []
         parts = dotted.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            step: str | int = part
+            if isinstance(node, list):
+                step = _list_index(node, part, dotted, path)
+                if step == len(node):
+                    node.append({})
+            path.append(step)
+            if last:
+                if (
+                    model_cls is not None
+                    and not isinstance(value, list)
+                    and _is_list_field(model_cls, path, out)
+                ):
+                    value = [value]
+                node[step] = value
+                break
+            child = node.get(step) if isinstance(node, dict) else node[step]
+            if not isinstance(child, (dict, list)):
+                indexed = parts[depth + 1].isdigit()
+                child = (
+                    [] if indexed and model_cls is not None and _is_list_field(model_cls, path, out) else {}
+                )
+                node[step] = child
             node = child
-        node[parts[-1]] = value
     return out
+
+
+def _list_index(items: list[Any], part: str, dotted: str, path: list[str | int]) -> int:
+    where = _format_path(path) or "the list"
+    if not part.isdigit() or int(part) > len(items):
+        raise ConfigError(
+            f"override --{dotted}: {where} is a list of {len(items)} item(s); name an item by its index "
+            f"(0 to {len(items) - 1}, or {len(items)} to add one), e.g. --{_format_dotted(path)}.0.KEY"
+        )
+    return int(part)
+
+
+def _format_dotted(path: list[str | int]) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def has_key(model_cls: type[BaseModel], dotted: str, data: dict[str, Any]) -> bool:
+    """Whether a config of `model_cls` with `data` has the dotted key (a union section's keys are
+    those of the member `data` picks by its `type`, else of the first member, the default)."""
+    *parents, last = dotted.split(".")
+    parent = _model_at(model_cls, list(parents), data)
+    return parent is not None and last in parent.model_fields
+
+
+def _is_list_field(model_cls: type[BaseModel], path: list[str | int], data: dict[str, Any]) -> bool:
+    """Whether the config field at `path` (read through `data`'s union tags) holds a list."""
+    if not path or isinstance(path[-1], int):
+        return False
+    parent = _model_at(model_cls, path[:-1], data)
+    field = parent.model_fields.get(str(path[-1])) if parent is not None else None
+    return field is not None and _holds_list(field.annotation)
+
+
+def _holds_list(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple, set):
+        return True
+    if origin is typing.Annotated:
+        return _holds_list(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_holds_list(a) for a in typing.get_args(annotation))
+    return False
 
 
 def validate(model_cls: type[ModelT], data: dict[str, Any], source: str) -> ModelT:
@@ -110,7 +193,7 @@ def load_config(
     model_cls: type[ModelT], path: str | Path, overrides: list[tuple[str, Any]] | None = None
 ) -> ModelT:
     """Read, override and validate one config file."""
-    data = apply_overrides(read_yaml(path), overrides or [])
+    data = apply_overrides(read_yaml(path), overrides or [], model_cls)
     return validate(model_cls, data, str(path))
 
 

@@ -372,7 +372,8 @@ class OrchestratorConfig(StrictModel):
     """Rollouts per prompt (the group size for advantages)."""
 
     seq_len: int = Field(2048, gt=0)
-    """Tokens per packed training row; longer samples are truncated."""
+    """Tokens per packed training row; longer samples are truncated. Unset in a co-located run whose
+    train.yaml sets sequence_len: that value."""
 
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the chat template on every render of every environment's

@@ -6,12 +6,14 @@ its quick-start YAMLs must keep loading, so the names stay. This table says, for
 which key holds it in which file; everything that reconciles them reads it:
 
 - one-shot `grpo`: a command-line override of any of a fact's keys sets all of them
-  (`share_overrides`); a key set in one file (or on the command line) reaches the files that do
-  not set it, and two files that set different values stop the run with one line naming both
-  (`reconcile`);
+  (`share_overrides`); a key set in one file (or on the command line, or at the top of a one-file
+  rl.yaml) reaches the files that do not set it, before they are validated (`spread`: train.yaml's
+  `model` makes infer.yaml's), and two files that set different values stop the run with one line
+  naming both (`reconcile`); settings derived from another file's (grpo.config.derived) are
+  filled in afterwards where no file sets them;
 - multi-process: `grpo-train` compares the keys its train.yaml sets with the orchestrator's
   resolved configs/orch.yaml in the run dir (`conflicts_with_orchestrator`), for the facts marked
-  `multi_process`;
+  `multi_process`, and takes those it leaves unset from there (grpo.config.derived);
 - docs/config_reference.md names, for each shared key, where else it lives (`other_places`).
 
 A new fact needs one row here; tests/config/test_shared_facts.py tests every row.
@@ -19,6 +21,7 @@ A new fact needs one row here; tests/config/test_shared_facts.py tests every row
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from grpo.config.errors import ConfigError
-from grpo.config.loading import validate
+from grpo.config.loading import has_key, validate
 
 File = Literal["train", "infer", "orch"]
 FILE_NAMES: dict[File, str] = {"train": "train.yaml", "infer": "infer.yaml", "orch": "orch.yaml"}
@@ -91,6 +94,12 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
         "grpo-train looks for the run directory in its output_dir (itself or a child with configs/orch.yaml)",
         checked_by_trainer=False,
         agree=run_dir_matches,
+    ),
+    SharedFact(
+        "seed",
+        (Place("train", "seed"), Place("orch", "seed"), Place("infer", "seed")),
+        "not compared: each process seeds its own generators",
+        checked_by_trainer=False,
     ),
     SharedFact(
         "max_steps",
@@ -171,11 +180,12 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
 """Ordered so that a section's type is shared before the keys that exist only for that type."""
 
 
-_MISSING = object()
+MISSING = object()
+"""What value_at returns for a key the config or mapping does not have."""
 
 
 def value_at(config: BaseModel | Mapping[str, Any], key: str) -> Any:
-    """The value at dotted `key`, or _MISSING where the config has no such key (e.g. a port in a
+    """The value at dotted `key`, or MISSING where the config has no such key (e.g. a port in a
     filesystem transport section)."""
     node: Any = config
     for part in key.split("."):
@@ -184,7 +194,7 @@ def value_at(config: BaseModel | Mapping[str, Any], key: str) -> Any:
         elif isinstance(node, Mapping) and part in node:
             node = node[part]
         else:
-            return _MISSING
+            return MISSING
     return node
 
 
@@ -212,14 +222,48 @@ def share_overrides(overrides: dict[str, list[tuple[str, Any]]]) -> dict[str, li
     file not overridden itself (`--orch.max_steps 3` sets train's max_steps too)."""
     result = {file: list(items) for file, items in overrides.items()}
     for fact in SHARED_FACTS:
-        given = {p: dict(overrides.get(p.file, [])).get(p.key, _MISSING) for p in fact.places}
-        source = next((v for v in given.values() if v is not _MISSING), _MISSING)
-        if source is _MISSING:
+        given = {p: dict(overrides.get(p.file, [])).get(p.key, MISSING) for p in fact.places}
+        source = next((v for v in given.values() if v is not MISSING), MISSING)
+        if source is MISSING:
             continue
         for place, value in given.items():
-            if value is _MISSING and place.file in result:
+            if value is MISSING and place.file in result:
                 result[place.file].append((place.key, source))
     return result
+
+
+def spread(
+    data: Mapping[File, dict[str, Any]], models: Mapping[File, type[BaseModel]]
+) -> dict[File, dict[str, Any]]:
+    """Before validation, on the files' data (YAML mappings with their overrides): each fact's value
+    that one file sets reaches the files that leave it out, where their config has the key. A
+    required key (`model`) set in one file thus need not be repeated in the others; `reconcile`
+    then refuses files that set different values."""
+    out = {file: copy.deepcopy(dict(values)) for file, values in data.items()}
+    for fact in SHARED_FACTS:
+        places = [p for p in fact.places if p.file in out]
+        given = [p for p in places if _data_sets(out[p.file], p)]
+        if not given:
+            continue
+        value = value_at(out[given[0].file], given[0].key)
+        for place in places:
+            if place not in given and _fits(models[place.file], place.key, out[place.file]):
+                with_value(out[place.file], place.key, copy.deepcopy(value))
+    return out
+
+
+def _fits(model_cls: type[BaseModel], key: str, data: dict[str, Any]) -> bool:
+    """Whether the config has `key` and `data` has mappings (or nothing) on the way to it; a value
+    of the wrong shape there is left for validation to report."""
+    node: Any = data
+    for part in key.split(".")[:-1]:
+        node = node.get(part, {}) if isinstance(node, dict) else None
+    return isinstance(node, dict) and has_key(model_cls, key, data)
+
+
+def _data_sets(data: Mapping[str, Any], place: Place) -> bool:
+    value = value_at(data, place.key)
+    return value is not MISSING and value not in place.unset
 
 
 def _mismatch(
@@ -265,9 +309,9 @@ def reconcile(
             continue
         for place in places:
             config = configs[place.file]
-            if place in set_places or value_at(config, place.key) is _MISSING:
+            if place in set_places or value_at(config, place.key) is MISSING:
                 continue
-            data = _with_value(config.model_dump(exclude_unset=True), place.key, value)
+            data = with_value(config.model_dump(exclude_unset=True), place.key, value)
             source = (sources or {}).get(place.file, FILE_NAMES[place.file])
             configs[place.file] = validate(type(config), data, f"{source} (taking {first})")
     if problems:
@@ -275,7 +319,7 @@ def reconcile(
     return configs
 
 
-def _with_value(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+def with_value(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     node = data
     *parents, last = key.split(".")
     for part in parents:
@@ -296,7 +340,7 @@ def conflicts_with_orchestrator(train: BaseModel, orch: Mapping[str, Any]) -> li
         if mine is None or theirs is None or not is_set(train, mine):
             continue
         value, other_value = value_at(train, mine.key), value_at(orch, theirs.key)
-        if other_value is _MISSING or other_value in theirs.unset:
+        if other_value is MISSING or other_value in theirs.unset:
             continue
         if not fact.agree(value, other_value):
             fix = "set the same value in both (orch.yaml as the run's orchestrator resolved it)"

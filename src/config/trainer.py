@@ -229,7 +229,7 @@ class TrainerConfig(StrictModel):
     backend: Literal["hf", "megatron"] = "hf"
     """Training engine. hf: the HF model (LoRA/QLoRA or full; FSDP2 data parallel). megatron:
     full-parameter updates on megatron-core (tensor, pipeline and data parallel; `megatron:`);
-    needs lora: false and the `megatron` extra (pip install grpo[megatron])."""
+    needs lora: false and the `megatron` extra (pip install grpo-rl[megatron])."""
 
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     """(backend megatron) Parallel sizes and Megatron's knobs."""
@@ -238,7 +238,9 @@ class TrainerConfig(StrictModel):
     """Where to train: auto = CUDA when present, else CPU."""
 
     sequence_len: int = Field(1024, gt=0)
-    """Maximum tokens per packed micro-batch row."""
+    """Maximum tokens per packed micro-batch row. Unset, the orchestrator's seq_len (2048 unless set):
+    in a co-located run and with grpo-train's run dir (the reference spec's default, 1024, would not
+    hold the orchestrator's default rows)."""
 
     learning_rate: float = Field(2e-4, gt=0.0)
     """Peak learning rate."""

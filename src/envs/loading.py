@@ -98,14 +98,14 @@ def _verifiers_loader(env_id: str) -> Callable[..., Any]:
     except ImportError as exc:
         raise UserError(
             f"env id {env_id!r} is not built-in; {hint}{choices}; verifiers environments need the optional "
-            "extra: pip install 'grpo[verifiers]'"
+            "extra: pip install 'grpo-rl[verifiers]'"
         ) from exc
     from grpo.envs import verifiers_env
 
     verifiers_env.check_version(verifiers.__version__)
     not_found = UserError(
         f"env id {env_id!r} is not built-in nor an installed verifiers environment; {hint}{choices}; or a "
-        "verifiers taskset package (install it, or put it on PYTHONPATH; with pip install 'grpo[verifiers]')"
+        "verifiers taskset package (install it, or put it on PYTHONPATH; with pip install 'grpo-rl[verifiers]')"
     )
     module = env_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()  # as verifiers names it
     if "." in module:  # a module path, never a verifiers id

@@ -51,7 +51,7 @@ def check_version(installed: str) -> None:
     if tuple(parts) < MIN_VERSION:
         raise UserError(
             f"verifiers {installed} is installed; grpo speaks the Taskset API of verifiers >= 0.4: "
-            "pip install 'grpo[verifiers]' (verifiers>=0.4,<0.5)"
+            "pip install 'grpo-rl[verifiers]' (verifiers>=0.4,<0.5)"
         )
 
 

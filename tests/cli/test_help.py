@@ -13,7 +13,7 @@ BIN = Path(sys.executable).parent
 COMMANDS = ["grpo", "grpo-infer", "grpo-orch", "grpo-train", "grpo-model", "grpo-env", "grpo-report"]
 
 
-SUBCOMMANDS = [["grpo", "export"]]
+SUBCOMMANDS = [["grpo", "export"], ["grpo", "config"], ["grpo", "config", "show"]]
 """Subcommands of `grpo` (grpo.cli.grpo.main hands them their arguments)."""
 
 
@@ -42,6 +42,7 @@ def test_help_answers_within_a_second(command: list[str]) -> None:
         "grpo.cli.env",
         "grpo.cli.export",
         "grpo.cli.report",
+        "grpo.cli.config_show",
     ],
 )
 def test_cli_modules_do_not_import_torch_or_vllm(module: str) -> None:

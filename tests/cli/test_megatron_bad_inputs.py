@@ -78,7 +78,7 @@ def test_grpo_train_without_megatron_core_names_the_extra(tmp_path: Path) -> Non
     config = {"model": str(model), "backend": "megatron", "lora": False, "output_dir": "run"}
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(config))
     result = _run(["grpo-train", "t.yaml"], tmp_path, env={"PYTHONPATH": pythonpath})
-    _assert_one_line(result, "grpo-train", "pip install 'grpo[megatron]'")
+    _assert_one_line(result, "grpo-train", "pip install 'grpo-rl[megatron]'")
 
 
 def test_colocated_grpo_refuses_an_unsupported_model_before_the_engine_starts(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from grpo.utils.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
+pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
 BIN = Path(sys.executable).parent
 

@@ -52,3 +52,25 @@ def test_a_null_max_tokens_needs_a_max_model_len_that_holds_seq_len() -> None:
     assert "max_tokens null" in problem and "max_model_len (512)" in problem
     assert _problems(max_model_len=1024, max_tokens=None) == []
     assert _problems(max_model_len=512, max_tokens=64) == []
+
+
+def _with(config: TrainerConfig, **changes: object) -> TrainerConfig:
+    return TrainerConfig.model_validate({**config.model_dump(exclude_unset=True), **changes})
+
+
+def test_full_fine_tuning_on_borrowed_weights_is_refused_at_load_not_after_the_engine_starts() -> None:
+    train, infer, orch = _demo()
+    orch = OrchestratorConfig.model_validate({**orch.model_dump(exclude_unset=True), "model": {"name": "m"}})
+    with pytest.raises(
+        ConfigError, match=r"train lora false \(full fine-tuning\) in a co-located run.*set lora: true"
+    ):
+        check_colocated(_with(train, lora=False, model="m"), infer.model_copy(update={"model": "m"}), orch)
+
+
+@pytest.mark.parametrize("quantized", ["qlora_bnb", "qlora_fp8"])
+def test_a_trainer_quantizing_its_own_base_is_refused_when_it_would_borrow_the_engines(
+    quantized: str,
+) -> None:
+    train, infer, orch = _demo()
+    with pytest.raises(ConfigError, match="set qlora_bnb and qlora_fp8 to false"):
+        check_colocated(_with(train, **{quantized: True}), infer, orch)

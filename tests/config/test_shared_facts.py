@@ -44,6 +44,7 @@ ZMQ = {"train": {"transport_type": "zmq"}, "orch": {"rollout_transport": {"type"
 SAMPLES: dict[str, tuple[Any, Any, dict[str, dict[str, Any]]]] = {
     "model": ("model-a", "model-b", {}),
     "output_dir": ("runs/a", "elsewhere/b", {}),
+    "seed": (3, 5, {}),
     "max_steps": (3, 5, {}),
     "max_async_level": (2, 3, {}),
     "lora_rank": (8, 32, {}),
@@ -195,4 +196,4 @@ def test_grpo_train_refuses_full_weights_against_an_orchestrator_that_serves_an_
         _check_against_orchestrator(megatron, tmp_path)
     orch["model"]["lora_adapter"] = None
     (tmp_path / "configs" / "orch.yaml").write_text(yaml.safe_dump(orch))
-    assert _check_against_orchestrator(megatron, tmp_path) == 1
+    assert _check_against_orchestrator(megatron, tmp_path)[1] == 1

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpo.config.config_set import load_run
 from grpo.config.crosscheck import check_colocated
 from grpo.config.inference import InferenceConfig
 from grpo.config.loading import load_config
@@ -14,7 +15,9 @@ from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.trainer import TrainerConfig
 
 REPO = Path(__file__).resolve().parents[2]
-YAMLS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.yaml"))
+ALL_YAMLS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.yaml"))
+ONE_FILE_SETS = [p for p in ALL_YAMLS if p.stem.startswith("rl")]
+YAMLS = [p for p in ALL_YAMLS if p not in ONE_FILE_SETS]
 SELF_EXPLAINING = {
     "type",
     "adam_beta1",
@@ -193,3 +196,9 @@ def test_resolved_config_round_trips_through_yaml() -> None:
     orch = load_config(OrchestratorConfig, REPO / "configs/demo/orch.yaml")
     again = OrchestratorConfig.model_validate(yaml.safe_load(yaml.safe_dump(orch.model_dump(mode="json"))))
     assert again == orch
+
+
+@pytest.mark.parametrize("path", ONE_FILE_SETS, ids=[str(p.relative_to(REPO)) for p in ONE_FILE_SETS])
+def test_shipped_one_file_sets_load_and_pass_cross_file_checks(path: Path) -> None:
+    configs, _ = load_run(None, path, {})
+    check_colocated(configs["train"], configs["infer"], configs["orch"])  # type: ignore[arg-type]

@@ -52,7 +52,9 @@ def test_a_data_parallel_trainer_is_refused_with_streaming(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match=r"streaming\.groups_per_part: null"):
         _check_against_orchestrator(train, tmp_path)
     assert (
-        _check_against_orchestrator(TrainerConfig(model="m", output_dir="out", sequence_len=2048), tmp_path)
+        _check_against_orchestrator(TrainerConfig(model="m", output_dir="out", sequence_len=2048), tmp_path)[
+            1
+        ]
         == 4
     )
 

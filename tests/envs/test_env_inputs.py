@@ -52,7 +52,7 @@ BAD = [
     ("reasoning_gym:chain_sum", {}, "did you mean the built-in 'reasoning-gym:chain_sum'?"),
     ("reverse_text", {}, "did you mean 'reverse-text'?"),
     ("grpo.envs.math_env", {}, "did you mean 'grpo.envs.math_env:load_environment'?"),
-    ("some-registry-env", {}, "pip install 'grpo[verifiers]'"),
+    ("some-registry-env", {}, "pip install 'grpo-rl[verifiers]'"),
 ]
 
 

@@ -291,7 +291,7 @@ def test_dry_run_check_accepts_a_taskset_and_refuses_mistakes_in_one_line() -> N
         ("vf-arith", {"num_examples": 0}, "num_examples must be a whole number >= 1"),
         ("vf-not-a-taskset", {}, "exports no Taskset subclass"),
         ("vf-duel", {}, "its Env DuelEnv has 2 agent seats (first, second); grpo trains one seat"),
-        ("vf-no-such-taskset", {}, "pip install 'grpo[verifiers]'"),
+        ("vf-no-such-taskset", {}, "pip install 'grpo-rl[verifiers]'"),
     ]
     for env_id, args, expected in bad:
         with pytest.raises(ValueError) as info:

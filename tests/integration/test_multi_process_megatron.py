@@ -22,7 +22,7 @@ from grpo.utils.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
+pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
 RUN_TIMEOUT_S = 400.0
 

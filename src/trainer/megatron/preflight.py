@@ -96,7 +96,7 @@ def check_megatron_start(cfg: TrainerConfig, model_path: Path, world_size: int) 
 
     if not megatron_installed():
         raise UserError(
-            "backend megatron needs megatron-core, which is not installed: pip install 'grpo[megatron]' "
+            "backend megatron needs megatron-core, which is not installed: pip install 'grpo-rl[megatron]' "
             "(or use backend: hf)"
         )
     if cfg.gpus > 1 and world_size == 1:

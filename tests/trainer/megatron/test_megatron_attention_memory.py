@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
+pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
 from trainer_batches import make_row
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
+pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
 from megatron_dist_worker import batch, launch, resume_cfg
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
+pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt import gpt_layer_specs

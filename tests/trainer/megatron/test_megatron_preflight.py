@@ -124,7 +124,7 @@ def test_without_megatron_core_the_fix_is_the_extra(
         "find_spec",
         lambda name, *args: None if name.startswith("megatron") else real_find_spec(name, *args),
     )
-    with pytest.raises(UserError, match=r"pip install 'grpo\[megatron\]'"):
+    with pytest.raises(UserError, match=r"pip install 'grpo-rl\[megatron\]'"):
         check_megatron_start(_cfg(llama_folder), llama_folder, world_size=1)
 
 

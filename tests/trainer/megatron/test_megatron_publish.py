@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo[megatron])")
+pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
 from trainer_batches import make_row, on_policy_batch, reference_logprobs
 
