@@ -52,3 +52,15 @@ def test_a_null_max_tokens_needs_a_max_model_len_that_holds_seq_len() -> None:
     assert "max_tokens null" in problem and "max_model_len (512)" in problem
     assert _problems(max_model_len=1024, max_tokens=None) == []
     assert _problems(max_model_len=512, max_tokens=64) == []
+
+
+@pytest.mark.parametrize("truncation", [{"top_k": 20}, {"top_p": 0.9}, {"min_p": 0.1}])
+def test_backend_megatron_refuses_sampling_it_cannot_truncate_as_vllm_did(truncation: dict) -> None:
+    from grpo.config.crosscheck import check_trainer_orchestrator
+
+    train, _, orch = _demo()
+    megatron = TrainerConfig.model_validate({**train.model_dump(), "backend": "megatron", "lora": False})
+    orch = OrchestratorConfig.model_validate({**orch.model_dump(), "sampling": truncation, "model": {}})
+    (problem,) = [p for p in check_trainer_orchestrator(megatron, orch) if "truncat" in p]
+    assert "use backend hf" in problem
+    assert not [p for p in check_trainer_orchestrator(train, orch) if "truncat" in p]  # hf reproduces it

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from grpo.trainer.hf.model import Policy
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
-    from grpo.transport.batches.batch import PackedRow
+    from grpo.transport.batches.batch import PackedRow, SamplingTruncation
 
 log = get_logger("trainer")
 
@@ -243,7 +243,7 @@ class Trainer:
         for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
             group_loss = None
             for mb in group:
-                loss, sums = self._micro_batch_loss(mb, loss_scale)
+                loss, sums = self._micro_batch_loss(mb, loss_scale, batch.sampling)
                 # Under FSDP every rank must join every backward, even with no loss tokens (zero loss).
                 if sums.num_loss_tokens > 0 or self._sharded:
                     group_loss = loss if group_loss is None else group_loss + loss
@@ -333,8 +333,11 @@ class Trainer:
         self._report.write(batch_step, metrics, totals.num_loss_tokens)
         return metrics
 
-    def _micro_batch_loss(self, mb: MicroBatch, loss_scale: int) -> tuple[Any, LossSums]:
-        """Forward one micro-batch; logits only at the hidden states that predict its loss tokens."""
+    def _micro_batch_loss(
+        self, mb: MicroBatch, loss_scale: int, truncation: SamplingTruncation
+    ) -> tuple[Any, LossSums]:
+        """Forward one micro-batch; logits only at the hidden states that predict its loss tokens,
+        truncated as vLLM truncated them when it sampled (top_k/top_p/min_p)."""
         from grpo.trainer.logprobs import token_logprobs_and_untempered
 
         hidden = self.policy.hidden_states(mb)
@@ -350,6 +353,7 @@ class Trainer:
             tokens.temperatures,
             self.cfg.logprob_chunk_size,
             untempered=has_teacher,
+            truncation=truncation,
         )
         return loss_of_tokens(tokens, lp, entropy, untempered_lp, self.cfg.loss, loss_scale)
 
