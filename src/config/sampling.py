@@ -29,9 +29,6 @@ def sampling_temperature(value: float) -> float:
 
 
 NEUTRAL_SAMPLING: dict[str, float] = {
-    "top_p": 1.0,
-    "top_k": 0,
-    "min_p": 0.0,
     "repetition_penalty": 1.0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
@@ -81,15 +78,19 @@ class SamplingConfig(StrictModel):
     """Sampling seed; each request derives its own seed from it."""
 
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling; only 1.0 (off) is accepted: vLLM renormalises its logprobs over the kept
-    tokens and the trainer over the whole vocabulary, so every importance ratio would be biased."""
+    """Nucleus sampling: keep the most likely tokens whose probability adds up to top_p (1.0: off).
+    vLLM reports logprobs over the kept tokens, and the trainer truncates its own distribution the
+    same way (after temperature: min_p, then top_k, then top_p), so the importance ratios compare
+    like with like (grpo.trainer.sampling_truncation; backend hf only)."""
 
-    top_k: int = 0
-    """Top-k sampling; only 0 (off) is accepted, for the reason given under top_p. Every request
-    states it, so a checkpoint's generation_config.json (Qwen3: top_k 20) never applies."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling: keep the top_k most likely tokens (0: off); reproduced by the trainer as
+    top_p is. Every request states it, so a checkpoint's generation_config.json (Qwen3: top_k 20)
+    applies only when set here."""
 
-    min_p: float = 0.0
-    """Min-p sampling; only 0.0 (off) is accepted, for the reason given under top_p."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    """Min-p sampling: keep tokens at least min_p times as likely as the most likely one (0.0: off);
+    reproduced by the trainer as top_p is."""
 
     presence_penalty: float = 0.0
     """Presence penalty; only 0.0 (off) is accepted, for the reason given under repetition_penalty."""
@@ -105,8 +106,9 @@ class SamplingConfig(StrictModel):
     @field_validator(*NEUTRAL_SAMPLING)
     @classmethod
     def _trainer_reproduces_the_logprobs(cls, value: float, info: ValidationInfo) -> float:
-        # vLLM reports processed logprobs (after every sampling processor); the trainer applies only
-        # the temperature, so any other processor would silently bias the ratios and mask tokens.
+        # vLLM reports processed logprobs (after every sampling processor); the trainer reproduces
+        # temperature, top_k, top_p and min_p, and no other processor (penalties need the token
+        # history, min_tokens bans end-of-sequence per position), which would silently bias the ratios.
         neutral = NEUTRAL_SAMPLING[info.field_name or ""]
         if value != neutral:
             raise ValueError(

@@ -21,11 +21,16 @@ from grpo.orchestrator.group_checks import FAILED_GROUPS_METRIC, bounded_advanta
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.partial import partial_metrics
 from grpo.orchestrator.types import Group, Rollout
-from grpo.transport.batches.batch import TrainingBatch
+from grpo.transport.batches.batch import SamplingTruncation, TrainingBatch
 from grpo.transport.batches.validate import check_batch_values
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
+
+
+def batch_sampling(cfg: OrchestratorConfig) -> SamplingTruncation:
+    """The truncation every completion of the run was sampled under (the trainer repeats it)."""
+    return SamplingTruncation(top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p, min_p=cfg.sampling.min_p)
 
 
 def build_batch(
@@ -47,8 +52,9 @@ def build_batch(
     for key, count in apply_filters(rollouts, cfg.filters, vocab_size).items():
         stats[key] = stats.get(key, 0) + count
     metadata: dict[str, float | int | str] = {"policy_version": policy_version}
+    sampling = batch_sampling(cfg)
     rows, pack = pack_rollouts(rollouts, cfg.seq_len, share_prefixes=cfg.shared_prefix)
-    batch = TrainingBatch(step=step, rows=rows, metadata=metadata)
+    batch = TrainingBatch(step=step, rows=rows, metadata=metadata, sampling=sampling)
     try:
         check_batch_values(batch, vocab_size)
     except ValueError:
@@ -61,7 +67,7 @@ def build_batch(
                 num_failed += 1
         packed = [r for g in kept for r in g.rollouts]
         rows, pack = pack_rollouts(packed, cfg.seq_len, share_prefixes=cfg.shared_prefix)
-        batch = TrainingBatch(step=step, rows=rows, metadata=metadata)
+        batch = TrainingBatch(step=step, rows=rows, metadata=metadata, sampling=sampling)
         check_batch_values(batch, vocab_size)  # what no group causes (metadata): stop, send nothing
     if num_failed:
         log.warning(

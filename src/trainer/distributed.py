@@ -20,13 +20,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grpo.trainer.rank_zero_gate import RankZeroGate
-from grpo.transport.batches.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
+from grpo.transport.batches.batch import (
+    OPTIONAL_ROW_FIELDS,
+    ROW_FIELDS,
+    PackedRow,
+    SamplingTruncation,
+    TrainingBatch,
+)
 
 if TYPE_CHECKING:
     import torch
 
-# Header layout: [step, num_rows, has_teacher, row_len_0, row_len_1, ...]; num_rows -1 means stop.
-_HEADER_FIXED = 3
+# Header layout: [step, num_rows, has_teacher, top_k, top_p bits, min_p bits, row_len_0, ...];
+# num_rows -1 means stop.
+_HEADER_FIXED = 6
 _STOP = -1
 _INT_FIELDS = [name for name, dtype in ROW_FIELDS.items() if np.dtype(dtype).kind in "iub"]
 _FLOAT_FIELDS = [name for name, dtype in ROW_FIELDS.items() if np.dtype(dtype).kind == "f"]
@@ -141,7 +148,7 @@ def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch 
         torch.tensor(header, dtype=torch.int64) if ctx.is_main else torch.zeros(int(size), dtype=torch.int64)
     )
     header = _send_or_receive(header_t, ctx).tolist()
-    step, num_rows, has_teacher = header[:_HEADER_FIXED]
+    step, num_rows, has_teacher, top_k, *truncation_bits = header[:_HEADER_FIXED]
     if num_rows == _STOP:
         return None
     row_lengths = header[_HEADER_FIXED:]
@@ -165,14 +172,19 @@ def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch 
         PackedRow(**{name: column[bounds[i] : bounds[i + 1]].copy() for name, column in columns.items()})
         for i in range(len(row_lengths))
     ]
-    return TrainingBatch(step=step, rows=rows)
+    top_p, min_p = np.array(truncation_bits, dtype=np.int64).view(np.float64).tolist()
+    return TrainingBatch(step=step, rows=rows, sampling=SamplingTruncation(top_k, top_p, min_p))
 
 
 def _header(batch: TrainingBatch | None) -> list[int]:
+    """[step, rows, has teacher, top_k, top_p and min_p as float64 bits, each row's tokens...]."""
     if batch is None:
-        return [0, _STOP, 0]
+        return [0, _STOP, 0, 0, 0, 0]
     has_teacher = bool(batch.rows) and batch.rows[0].teacher_logprobs is not None
-    return [batch.step, len(batch.rows), int(has_teacher), *(r.num_tokens for r in batch.rows)]
+    sampling = batch.sampling
+    truncation_bits = np.array([sampling.top_p, sampling.min_p], dtype=np.float64).view(np.int64).tolist()
+    fixed = [batch.step, len(batch.rows), int(has_teacher), sampling.top_k, *truncation_bits]
+    return [*fixed, *(r.num_tokens for r in batch.rows)]
 
 
 def _cat(batch: TrainingBatch, name: str) -> np.ndarray:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from grpo.transport.batches.batch import SamplingTruncation
+
 
 def float32_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """hidden [C, H] -> logits [C, V] float32, unrounded; an lm_head that is not a plain linear
@@ -91,13 +93,16 @@ def _chunk_logprobs(
     targets: torch.Tensor,
     temperatures: torch.Tensor,
     untempered: bool,
+    truncation: SamplingTruncation,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hidden [C, H], targets [C], temperatures [C] -> (logprob [C] float32, entropy [C] float32,
     logprob at temperature 1 [C] float32 when `untempered`, else [0])."""
     import torch
 
+    from grpo.trainer.sampling_truncation import truncated_log_softmax
+
     raw = float32_logits(lm_head, hidden)  # [C, V]
-    log_probs = torch.log_softmax(raw / temperatures.float().unsqueeze(-1), dim=-1)
+    log_probs = truncated_log_softmax(raw / temperatures.float().unsqueeze(-1), truncation)
     token_lp = log_probs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -113,14 +118,16 @@ def token_logprobs(
     targets: torch.Tensor,
     temperatures: torch.Tensor,
     chunk_size: int,
+    truncation: SamplingTruncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [N, H] predicts targets [N] at temperatures [N] -> (logprobs [N], entropy [N]).
 
-    Entropy is a metric (no gradient). Logits are divided by each token's sampling temperature,
-    because inference logprobs are reported after temperature.
+    Entropy is a metric (no gradient). Logits are divided by each token's sampling temperature and
+    truncated as vLLM truncated them (`truncation`: top_k/top_p/min_p), because inference logprobs
+    are reported after both.
     """
     lp, entropy, _ = token_logprobs_and_untempered(
-        hidden, lm_head, targets, temperatures, chunk_size, untempered=False
+        hidden, lm_head, targets, temperatures, chunk_size, untempered=False, truncation=truncation
     )
     return lp, entropy
 
@@ -132,12 +139,18 @@ def token_logprobs_and_untempered(
     temperatures: torch.Tensor,
     chunk_size: int,
     untempered: bool = True,
+    truncation: SamplingTruncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """token_logprobs, plus (when `untempered`) the logprobs at temperature 1 from the same logits,
-    without a gradient: the teacher term compares the student with teacher logprobs, which are
-    scored at temperature 1, so the student's must be too ([0] when not `untempered`)."""
+    without a gradient and without truncation: the teacher term compares the student with teacher
+    logprobs, which are scored at temperature 1 with no sampling processor, so the student's must be
+    too ([0] when not `untempered`)."""
     import torch
     from torch.utils.checkpoint import checkpoint
+
+    from grpo.transport.batches.batch import SamplingTruncation
+
+    truncation = truncation or SamplingTruncation()
 
     assert hidden.dim() == 2 and targets.shape == temperatures.shape == hidden.shape[:1]
     needs_grad = torch.is_grad_enabled() and (
@@ -146,7 +159,14 @@ def token_logprobs_and_untempered(
     chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for start in range(0, hidden.shape[0], chunk_size):
         end = start + chunk_size
-        args = (lm_head, hidden[start:end], targets[start:end], temperatures[start:end], untempered)
+        args = (
+            lm_head,
+            hidden[start:end],
+            targets[start:end],
+            temperatures[start:end],
+            untempered,
+            truncation,
+        )
         if needs_grad:
             chunks.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
@@ -165,6 +185,7 @@ def every_token_logprobs(
     parent_ids: torch.Tensor,
     temperatures: torch.Tensor,
     chunk_size: int,
+    truncation: SamplingTruncation | None = None,
 ) -> torch.Tensor:
     """hidden [T, H], input_ids [T], parent_ids [T], temperatures [T] -> logprobs [T] aligned with
     input_ids: entry t is log p(input_ids[t] | t's ancestors), predicted from its parent's hidden
@@ -174,7 +195,12 @@ def every_token_logprobs(
 
     predicted = (parent_ids >= 0).nonzero().squeeze(-1)
     lp, _ = token_logprobs(
-        hidden[parent_ids[predicted]], lm_head, input_ids[predicted], temperatures[predicted], chunk_size
+        hidden[parent_ids[predicted]],
+        lm_head,
+        input_ids[predicted],
+        temperatures[predicted],
+        chunk_size,
+        truncation,
     )
     out = torch.zeros(input_ids.shape[0], dtype=lp.dtype, device=lp.device)
     return out.index_copy(0, predicted, lp)

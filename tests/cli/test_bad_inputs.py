@@ -93,9 +93,9 @@ CASES = [
     ),
     (
         "a sampling filter the trainer does not model",
-        ["grpo-orch", "o.yaml", "--sampling.top_k", "20"],
+        ["grpo-orch", "o.yaml", "--sampling.repetition_penalty", "1.2"],
         {"o.yaml": "seed: 1\n"},
-        "'sampling.top_k': 20 is not supported in training",
+        "'sampling.repetition_penalty': 1.2 is not supported in training",
     ),
     (
         "lora rank too large",

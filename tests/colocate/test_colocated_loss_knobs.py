@@ -1,5 +1,6 @@
 """The loss knobs (PPO clip with clip-higher, truncated IS, CISPO) in a 2-step co-located run on the
-tiny model: the run trains, publishes and reports the knobs' metrics."""
+tiny model: the run trains, publishes and reports the knobs' metrics. The run samples with top_k and
+top_p in float32, so step 0 also shows the trainer reproducing vLLM's truncated logprobs."""
 
 from __future__ import annotations
 
@@ -37,7 +38,17 @@ def test_two_colocated_steps_train_with_the_knob_and_report_its_metrics(
     tmp_path: Path, colocated_args: ColocatedArgs, overrides: list[str], metrics: list[str]
 ) -> None:
     run_dir = tmp_path / "run"
-    args = [*colocated_args(run_dir, max_steps=2, max_async_level=0), *overrides]
+    # Qwen3's card settings are top_k 20, top_p 0.95; 0.9 truncates more of the tiny model's
+    # flatter distribution. float32 so that what remains of the mismatch is the truncation's.
+    sampling = [
+        "--orch.sampling.top_k",
+        "20",
+        "--orch.sampling.top_p",
+        "0.9",
+        "--infer.dtype",
+        "float32_on_cpu",
+    ]
+    args = [*colocated_args(run_dir, max_steps=2, max_async_level=0), *sampling, *overrides]
     result = subprocess.run(
         [str(BIN / "grpo"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
@@ -46,7 +57,10 @@ def test_two_colocated_steps_train_with_the_knob_and_report_its_metrics(
     assert [r["step"] for r in rows] == [0, 1]
     for row in rows:
         assert all(math.isfinite(row[k]) for k in ("loss", "kl", "grad_norm", *metrics)), row
-    # On policy at step 0 (same weights, same temperature): every ratio is ~1, nothing is clipped.
-    assert rows[0]["kl"] < 1e-3 and all(rows[0][k] == 0.0 for k in metrics), rows[0]
+    # On policy at step 0 (same weights, same temperature, same truncation): every ratio is ~1,
+    # nothing is clipped or masked. Without the trainer's truncation the masks drop every token here
+    # (measured: masked 1.0).
+    assert rows[0]["kl"] < 1e-4 and rows[0]["masked"] == 0.0, rows[0]
+    assert all(rows[0][k] == 0.0 for k in metrics), rows[0]
     assert rows[0]["grad_norm"] > 0.0  # the knobs leave the on-policy gradient in place
     assert (run_dir / "broadcasts" / "step_2" / "STABLE").exists()

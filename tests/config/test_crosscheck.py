@@ -74,3 +74,26 @@ def test_a_trainer_quantizing_its_own_base_is_refused_when_it_would_borrow_the_e
     train, infer, orch = _demo()
     with pytest.raises(ConfigError, match="set qlora_bnb and qlora_fp8 to false"):
         check_colocated(_with(train, **{quantized: True}), infer, orch)
+
+
+@pytest.mark.parametrize("truncation", [{"top_k": 20}, {"top_p": 0.9}, {"min_p": 0.1}])
+def test_backend_megatron_refuses_sampling_it_cannot_truncate_as_vllm_did(truncation: dict) -> None:
+    from grpo.config.crosscheck import check_trainer_orchestrator
+
+    train, _, orch = _demo()
+    megatron = TrainerConfig.model_validate({**train.model_dump(), "backend": "megatron", "lora": False})
+    orch = OrchestratorConfig.model_validate({**orch.model_dump(), "sampling": truncation, "model": {}})
+    (problem,) = [p for p in check_trainer_orchestrator(megatron, orch) if "truncat" in p]
+    assert "use backend hf" in problem
+    assert not [p for p in check_trainer_orchestrator(train, orch) if "truncat" in p]  # hf reproduces it
+
+
+def test_a_reference_kl_is_refused_with_truncated_sampling() -> None:
+    from grpo.config.crosscheck import check_trainer_orchestrator
+
+    train, _, orch = _demo()
+    kl = TrainerConfig.model_validate({**train.model_dump(), "loss": {"kl_beta": 0.05}})
+    truncated = OrchestratorConfig.model_validate({**orch.model_dump(), "sampling": {"top_p": 0.9}})
+    (problem,) = [p for p in check_trainer_orchestrator(kl, truncated) if "kl_beta" in p]
+    assert "set loss.kl_beta: 0" in problem
+    assert not [p for p in check_trainer_orchestrator(kl, orch) if "kl_beta" in p]

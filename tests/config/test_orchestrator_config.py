@@ -96,10 +96,6 @@ def test_the_weight_collective_refuses_an_elastic_pool() -> None:
         ("presence_penalty", 0.5, "0.0"),
         ("frequency_penalty", -0.5, "0.0"),
         ("min_tokens", 4, "0"),
-        ("top_p", 0.9, "1.0"),
-        ("top_k", 20, "0"),
-        ("top_k", -1, "0"),
-        ("min_p", 0.05, "0.0"),
     ],
 )
 def test_sampling_the_trainer_does_not_reproduce_is_refused(key: str, value: float, neutral: str) -> None:
@@ -111,6 +107,19 @@ def test_sampling_the_trainer_does_not_reproduce_is_refused(key: str, value: flo
         len(lines) == 1 and f"'sampling.{key}': {value} " in lines[0] and f"set {key}: {neutral}" in lines[0]
     ), lines
     assert "importance ratio" in lines[0]
+
+
+def test_top_k_top_p_and_min_p_load_because_the_trainer_reproduces_them() -> None:
+    sampling = validate(
+        OrchestratorConfig, {"sampling": {"top_k": 20, "top_p": 0.95, "min_p": 0.05}}, "orch.yaml"
+    ).sampling
+    assert (sampling.top_k, sampling.top_p, sampling.min_p) == (20, 0.95, 0.05)
+
+
+@pytest.mark.parametrize(("key", "value"), [("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("min_p", 1.5)])
+def test_truncation_outside_its_range_is_refused(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"sampling.{key}"):
+        validate(OrchestratorConfig, {"sampling": {key: value}}, "orch.yaml")
 
 
 def test_neutral_sampling_settings_load() -> None:

@@ -170,6 +170,7 @@ def one_step(model_path: str, out_dir: Path, mode: str) -> None:
     expected = distributed_test_batch()
     batch = trainer.share_batch(expected if trainer.is_main else None)
     assert batch is not None and batch.step == expected.step and len(batch.rows) == len(expected.rows)
+    assert batch.sampling == expected.sampling
     for got, want in zip(batch.rows, expected.rows, strict=True):
         for name in ("input_ids", "position_ids", "loss_mask", "advantages", "temperatures"):
             assert np.array_equal(getattr(got, name), getattr(want, name)), name

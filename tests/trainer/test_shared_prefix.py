@@ -19,7 +19,7 @@ from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.trainer import Trainer
 from grpo.trainer.loss import LossSums
-from grpo.transport.batches.batch import PackedRow
+from grpo.transport.batches.batch import PackedRow, SamplingTruncation
 
 VOCAB = 500
 
@@ -90,7 +90,7 @@ def _gradients(trainer: Trainer, rows: list[PackedRow]) -> tuple[dict[str, torch
     loss_scale = sum(r.num_loss_tokens for r in rows)
     totals = LossSums()
     for mb in trainer._micro_batches(rows):
-        loss, sums, _ = trainer._micro_batch_loss(mb, loss_scale)
+        loss, sums, _ = trainer._micro_batch_loss(mb, loss_scale, SamplingTruncation())
         loss.backward()
         totals.add(sums)
     grads = {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters() if p.grad is not None}

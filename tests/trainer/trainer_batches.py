@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo.transport.batches.batch import PackedRow, TrainingBatch, plain_parent_ids
+from grpo.transport.batches.batch import PackedRow, SamplingTruncation, TrainingBatch, plain_parent_ids
 
 
 def make_row(
@@ -124,4 +124,5 @@ def distributed_test_batch() -> TrainingBatch:
     ]
     for row in rows:
         row.inference_logprobs = np.where(row.loss_mask, -6.5, 0.0).astype(np.float32)
-    return TrainingBatch(step=0, rows=rows)
+    # A top_p that keeps nearly every token: the truncation travels to every rank and changes little.
+    return TrainingBatch(step=0, rows=rows, sampling=SamplingTruncation(top_p=0.999))

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from grpo.trainer.hf.model import Policy
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
-    from grpo.transport.batches.batch import PackedRow
+    from grpo.transport.batches.batch import PackedRow, SamplingTruncation
 
 log = get_logger("trainer")
 
@@ -85,6 +85,8 @@ class _FirstPass:
     """One micro-batch of a step, with what its first pass computed."""
 
     micro_batch: MicroBatch
+    truncation: SamplingTruncation
+    """How its batch's completions were sampled (TrainingBatch.sampling)."""
     lp: Any = None
     """torch.Tensor [N] float32: the policy's logprobs of its loss tokens before any update (detached)."""
     ref_lp: Any = None
@@ -272,7 +274,7 @@ class Trainer:
         state.num_loss_tokens += batch.num_loss_tokens
         state.num_loss_samples += batch.num_loss_samples
         loss_scale = 1 if state.loss_scale is None else state.loss_scale
-        passes = [_FirstPass(mb) for mb in self._micro_batches(self._local_rows(batch.rows))]
+        passes = [_FirstPass(mb, batch.sampling) for mb in self._micro_batches(self._local_rows(batch.rows))]
         self._backward(passes, loss_scale, first=True)
         if self.cfg.num_iterations > 1:
             state.first_pass.extend(passes)
@@ -301,7 +303,7 @@ class Trainer:
                 if first and self.reference is not None and mb.loss.targets.numel() > 0:
                     item.ref_lp = self.reference.token_logprobs(mb, self.cfg.logprob_chunk_size)
                 loss, sums, lp = self._micro_batch_loss(
-                    mb, loss_scale, item.ref_lp, None if first else item.lp
+                    mb, loss_scale, item.truncation, item.ref_lp, None if first else item.lp
                 )
                 if first:
                     item.lp = lp
@@ -408,10 +410,16 @@ class Trainer:
         return grad_norm
 
     def _micro_batch_loss(
-        self, mb: MicroBatch, loss_scale: int, ref_lp: Any = None, old_lp: Any = None
+        self,
+        mb: MicroBatch,
+        loss_scale: int,
+        truncation: SamplingTruncation,
+        ref_lp: Any = None,
+        old_lp: Any = None,
     ) -> tuple[Any, LossSums, Any]:
-        """Forward one micro-batch; logits only at the hidden states that predict its loss tokens.
-        Returns (loss, sums, its logprobs detached)."""
+        """Forward one micro-batch; logits only at the hidden states that predict its loss tokens,
+        truncated as vLLM truncated them when it sampled (top_k/top_p/min_p). Returns (loss, sums,
+        its logprobs detached)."""
         from grpo.trainer.logprobs import token_logprobs_and_untempered
 
         hidden = self.policy.hidden_states(mb)
@@ -427,6 +435,7 @@ class Trainer:
             tokens.temperatures,
             self.cfg.logprob_chunk_size,
             untempered=has_teacher,
+            truncation=truncation,
         )
         loss, sums = loss_of_tokens(
             tokens, lp, entropy, untempered_lp, self.cfg.loss, loss_scale, ref_lp=ref_lp, old_lp=old_lp

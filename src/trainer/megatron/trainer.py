@@ -166,6 +166,11 @@ class MegatronTrainer:
         from grpo.trainer.megatron.optimizer import set_learning_rate
 
         batch.validate()
+        if batch.sampling.is_active:  # grpo-train and grpo refuse the configs before it comes to this
+            raise UserError(
+                f"batch {batch.step} was sampled with top_k/top_p/min_p ({batch.sampling}); backend "
+                "megatron does not reproduce that truncation: use backend hf or neutral sampling"
+            )
         started = time.perf_counter()
         if batch.num_loss_tokens == 0:
             log.warning("batch %d has no loss tokens; the step changes nothing but the schedule", batch.step)

@@ -17,6 +17,10 @@ tokens. Per-token arrays are aligned with `input_ids`: entry t describes token t
   (docs/design.md, "Shared-prefix packing"). Parents always come before their children.
 - `teacher_logprobs[t]` (optional) is the teacher's logprob of token t.
 
+A batch also says how its completions were truncated (`sampling`: top_k, top_p, min_p, the same for
+every row), because vLLM reports logprobs under the truncated distribution and the trainer must
+compute its own under the same truncation (grpo.trainer.sampling_truncation).
+
 The trainer predicts token t from the logits at its parent, so the first token of every sequence
 never carries loss (it is a prompt token anyway).
 """
@@ -128,6 +132,31 @@ def check_tree(parent_ids: np.ndarray, position_ids: np.ndarray) -> None:
         )
 
 
+@dataclass(frozen=True)
+class SamplingTruncation:
+    """The sampling processors after temperature that vLLM applied to every completion of a batch;
+    the defaults turn each off."""
+
+    top_k: int = 0
+    """Keep the top_k most likely tokens (0: all)."""
+    top_p: float = 1.0
+    """Keep the smallest set of most likely tokens whose probability reaches top_p (1.0: all)."""
+    min_p: float = 0.0
+    """Keep tokens at least min_p times as likely as the most likely one (0.0: all)."""
+
+    @property
+    def is_active(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    def validate(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"sampling top_k must be an int >= 0, got {self.top_k!r}")
+        if not isinstance(self.top_p, float) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling top_p must be a float in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.min_p, float) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"sampling min_p must be a float in [0, 1], got {self.min_p!r}")
+
+
 @dataclass
 class TrainingBatch:
     """Everything the trainer needs for one optimizer step."""
@@ -139,6 +168,8 @@ class TrainingBatch:
     rows: list[PackedRow]
     metadata: dict[str, float | int | str] = field(default_factory=dict)
     """Orchestrator-side numbers worth logging next to trainer metrics (not used for training)."""
+    sampling: SamplingTruncation = field(default_factory=SamplingTruncation)
+    """How the completions' distributions were truncated after temperature (see the module doc)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -153,5 +184,6 @@ class TrainingBatch:
     def validate(self) -> None:
         if self.step < 0:
             raise ValueError(f"batch step must be >= 0, got {self.step}")
+        self.sampling.validate()
         for row in self.rows:
             row.validate()

@@ -46,9 +46,10 @@ def synthetic_batch(
 
 
 def assert_batches_equal(actual: TrainingBatch, expected: TrainingBatch) -> None:
-    """Exact equality of step, metadata and every row array (dtype included)."""
+    """Exact equality of step, metadata, sampling and every row array (dtype included)."""
     assert actual.step == expected.step, (actual.step, expected.step)
     assert actual.metadata == expected.metadata
+    assert actual.sampling == expected.sampling, (actual.sampling, expected.sampling)
     assert len(actual.rows) == len(expected.rows)
     for got, want in zip(actual.rows, expected.rows, strict=True):
         for name in vars(want):

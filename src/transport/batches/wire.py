@@ -2,8 +2,9 @@
 
 Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` only when set),
 and in the safetensors header metadata (string -> string): `format`, `version`, `step`,
-`num_rows`, `metadata` (the batch metadata as JSON) and `checksum`. The checksum (sha256 over
-step, row count, metadata and every tensor's name, dtype, shape and bytes) catches corruption
+`num_rows`, `metadata` (the batch metadata as JSON), `sampling` (the batch's top_k/top_p/min_p as
+JSON) and `checksum`. The checksum (sha256 over step, row count, metadata, sampling and every
+tensor's name, dtype, shape and bytes) catches corruption
 that still parses, e.g. a flipped byte inside a tensor; it is no authentication (anyone can
 compute it; the zmq transport signs frames). Decoded values are checked by
 `grpo.transport.batches.validate`. Nothing is pickled.
@@ -11,6 +12,7 @@ compute it; the zmq transport signs frames). Decoded values are checked by
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -20,20 +22,28 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
-from grpo.transport.batches.batch import OPTIONAL_ROW_FIELDS, ROW_FIELDS, PackedRow, TrainingBatch
+from grpo.transport.batches.batch import (
+    OPTIONAL_ROW_FIELDS,
+    ROW_FIELDS,
+    PackedRow,
+    SamplingTruncation,
+    TrainingBatch,
+)
 from grpo.transport.batches.validate import check_batch_values
 from grpo.utils.errors import UserError
 
 WIRE_FORMAT = "grpo.training_batch"
-WIRE_VERSION = "1"
+WIRE_VERSION = "2"
 
 _HEADER_LENGTH_BYTES = 8  # safetensors starts with the header length as little-endian u64
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
-def _checksum(tensors: Mapping[str, np.ndarray], step: str, num_rows: str, metadata: str) -> str:
+def _checksum(
+    tensors: Mapping[str, np.ndarray], step: str, num_rows: str, metadata: str, sampling: str
+) -> str:
     digest = hashlib.sha256()  # hardware-accelerated on current x86 and ARM CPUs
-    digest.update(json.dumps([step, num_rows, metadata]).encode())
+    digest.update(json.dumps([step, num_rows, metadata, sampling]).encode())
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
         digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
@@ -52,13 +62,15 @@ def encode_batch(batch: TrainingBatch) -> bytes:
             if array is not None:
                 tensors[f"rows.{i}.{name}"] = np.ascontiguousarray(array)
     step, num_rows, metadata = str(batch.step), str(len(batch.rows)), json.dumps(batch.metadata)
+    sampling = json.dumps(dataclasses.asdict(batch.sampling))
     header = {
         "format": WIRE_FORMAT,
         "version": WIRE_VERSION,
         "step": step,
         "num_rows": num_rows,
         "metadata": metadata,
-        "checksum": _checksum(tensors, step, num_rows, metadata),
+        "sampling": sampling,
+        "checksum": _checksum(tensors, step, num_rows, metadata, sampling),
     }
     return bytes(save(tensors, metadata=header))
 
@@ -103,14 +115,15 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
             f"expected {WIRE_FORMAT!r} version {WIRE_VERSION!r}: run orchestrator and trainer from the "
             "same grpo version"
         )
-    missing = {"num_rows", "metadata", "checksum"} - set(header)
+    missing = {"num_rows", "metadata", "sampling", "checksum"} - set(header)
     if missing:
         raise ValueError(f"training batch ({where}) header lacks {sorted(missing)}: corrupt blob")
     try:
         tensors = load(blob)
     except SafetensorError as err:
         raise ValueError(f"training batch ({where}) is corrupt or truncated: {err}") from err
-    if _checksum(tensors, header["step"], header["num_rows"], header["metadata"]) != header["checksum"]:
+    checksum = _checksum(tensors, header["step"], header["num_rows"], header["metadata"], header["sampling"])
+    if checksum != header["checksum"]:
         raise ValueError(f"training batch ({where}) is corrupt: checksum mismatch")
     num_rows = int(header["num_rows"])
     rows = [_row_from_tensors(tensors, i, where) for i in range(num_rows)]
@@ -123,7 +136,17 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
     except (json.JSONDecodeError, RecursionError) as err:
         raise ValueError(f"training batch ({where}) has unreadable metadata: {type(err).__name__}") from err
     try:
-        batch = TrainingBatch(step=step, rows=rows, metadata=metadata)
+        sampling = json.loads(header["sampling"])
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"training batch ({where}) has unreadable sampling: {type(err).__name__}") from err
+    if not isinstance(sampling, dict) or set(sampling) != {
+        f.name for f in dataclasses.fields(SamplingTruncation)
+    }:
+        raise ValueError(f"training batch ({where}) sampling must be an object of top_k, top_p and min_p")
+    try:
+        batch = TrainingBatch(
+            step=step, rows=rows, metadata=metadata, sampling=SamplingTruncation(**sampling)
+        )
         batch.validate()
         check_batch_values(batch, vocab_size)
     except ValueError as err:

@@ -46,8 +46,12 @@ def test_token_ids_are_checked_against_the_vocab_when_known() -> None:
         decode_batch(blob, vocab_size=1000)
 
 
-def _blob_with_metadata(metadata_json: str) -> bytes:
-    """A well-formed blob (right checksum) whose metadata is `metadata_json`, as a forger would make."""
+NEUTRAL_SAMPLING_JSON = '{"top_k": 0, "top_p": 1.0, "min_p": 0.0}'
+
+
+def _blob_with_metadata(metadata_json: str, sampling_json: str = NEUTRAL_SAMPLING_JSON) -> bytes:
+    """A well-formed blob (right checksum) whose metadata is `metadata_json` and sampling
+    `sampling_json`, as a forger would make."""
     batch = synthetic_batch(2, num_rows=1)
     blob = encode_batch(batch)
     from safetensors.numpy import load
@@ -59,9 +63,25 @@ def _blob_with_metadata(metadata_json: str) -> bytes:
         "step": "2",
         "num_rows": "1",
         "metadata": metadata_json,
-        "checksum": _checksum(tensors, "2", "1", metadata_json),
+        "sampling": sampling_json,
+        "checksum": _checksum(tensors, "2", "1", metadata_json, sampling_json),
     }
     return bytes(save(tensors, metadata=header))
+
+
+@pytest.mark.parametrize(
+    ("sampling_json", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "unreadable sampling"),
+        ('{"top_k": 20}', "object of top_k, top_p and min_p"),
+        ('{"top_k": -3, "top_p": 1.0, "min_p": 0.0}', "top_k must be an int >= 0"),
+        ('{"top_k": 0, "top_p": 0.0, "min_p": 0.0}', "top_p must be a float in"),
+        ('{"top_k": 0, "top_p": 1.0, "min_p": "x"}', "min_p must be a float in"),
+    ],
+)
+def test_sampling_must_be_the_three_truncation_settings_in_range(sampling_json: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        decode_batch(_blob_with_metadata("{}", sampling_json))
 
 
 @pytest.mark.parametrize(

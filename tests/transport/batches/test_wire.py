@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from grpo.transport.batches.batch import SamplingTruncation
 from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
 from grpo.transport.batches.wire import decode_batch, encode_batch, peek_step
 
@@ -15,6 +18,18 @@ def test_roundtrip_keeps_every_field_and_metadata() -> None:
     assert_batches_equal(decoded, batch)
     assert isinstance(decoded.metadata["num_dropped"], int)
     assert decoded.rows[0].teacher_logprobs is None
+
+
+def test_roundtrip_keeps_the_sampling_truncation_and_the_checksum_covers_it() -> None:
+    batch = dataclasses.replace(
+        synthetic_batch(3), sampling=SamplingTruncation(top_k=20, top_p=0.95, min_p=0.05)
+    )
+    blob = encode_batch(batch)
+    assert_batches_equal(decode_batch(blob), batch)
+    tampered = blob.replace(b'\\"top_k\\": 20', b'\\"top_k\\": 21', 1)  # JSON inside a JSON string
+    assert tampered != blob
+    with pytest.raises(ValueError, match=r"step 3.*checksum"):
+        decode_batch(tampered)
 
 
 def test_roundtrip_keeps_optional_teacher_logprobs() -> None:

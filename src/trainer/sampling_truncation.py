@@ -1,0 +1,68 @@
+"""The trainer's logits truncated as vLLM truncated them when it sampled (top_k, top_p, min_p).
+
+vLLM (v1 sampler, with grpo's `--logprobs-mode processed_logprobs`) reports each token's logprob
+under the distribution it sampled from: logits / temperature, then min_p, then top_k, then top_p,
+then a log-softmax over the tokens left. The trainer computes its logprobs the same way, or every
+importance ratio would compare a truncated distribution with a full one. Each rule as vLLM 0.32
+applies it (vllm/v1/sample/logits_processor/builtin.py MinPLogitsProcessor, ops/topk_topp_sampler.py
+apply_top_k_top_p_pytorch, the path its CPU and non-FlashInfer GPU samplers take):
+
+  min_p   drop a token whose probability is below min_p x the largest probability
+  top_k   drop a token whose logit is below the k-th largest (ties with the k-th stay)
+  top_p   sort ascending, cumulative softmax; drop the tokens whose cumulative mass is <= 1 - top_p,
+          never the most likely one
+
+The kept set is a step function of the logits, so it is chosen without gradient; the log-softmax
+over it is differentiated as usual. A sampled token the current policy no longer keeps (the policy
+moved since vLLM sampled it) has probability 0: its logprob is OUTSIDE_LOGPROB instead of -inf, which
+gives it a ratio of 0 (the token masks drop it) without an inf that would turn the loss NaN.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo.transport.batches.batch import SamplingTruncation
+
+OUTSIDE_LOGPROB = -1e4
+"""The logprob of a token outside the kept set: exp() of it is 0 in float32, and it is finite."""
+
+
+def kept_tokens(scaled_logits: torch.Tensor, truncation: SamplingTruncation) -> torch.Tensor:
+    """[N, V] logits already divided by the temperature -> [N, V] bool, the tokens vLLM keeps."""
+    import torch
+
+    with torch.no_grad():
+        logits = scaled_logits.float()
+        keep = torch.ones_like(logits, dtype=torch.bool)
+        if truncation.min_p > 0.0:
+            probs = logits.softmax(dim=-1)
+            keep &= probs >= probs.amax(dim=-1, keepdim=True) * truncation.min_p
+            logits = logits.masked_fill(~keep, -float("inf"))
+        num_vocab = logits.shape[-1]
+        if 0 < truncation.top_k < num_vocab:
+            kth_largest = logits.topk(truncation.top_k, dim=-1).values[:, -1:]
+            keep &= logits >= kth_largest
+            logits = logits.masked_fill(~keep, -float("inf"))
+        if truncation.top_p < 1.0:
+            ascending, order = logits.sort(dim=-1)
+            cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+            drop_sorted = cumulative <= 1.0 - truncation.top_p
+            drop_sorted[:, -1] = False
+            keep &= ~torch.zeros_like(keep).scatter(-1, order, drop_sorted)
+        return keep
+
+
+def truncated_log_softmax(scaled_logits: torch.Tensor, truncation: SamplingTruncation) -> torch.Tensor:
+    """[N, V] tempered logits -> [N, V] float32 logprobs under vLLM's truncation; dropped tokens get
+    OUTSIDE_LOGPROB (their gradient is 0)."""
+    import torch
+
+    if not truncation.is_active:
+        return torch.log_softmax(scaled_logits, dim=-1)
+    keep = kept_tokens(scaled_logits, truncation)
+    log_probs = torch.log_softmax(scaled_logits.masked_fill(~keep, -float("inf")), dim=-1)
+    return torch.where(keep, log_probs, torch.full_like(log_probs, OUTSIDE_LOGPROB))
