@@ -46,7 +46,7 @@ class ModelConfig(StrictModel):
 
 class EnvConfig(ToolUseConfig, ExtraRewardsConfig):
     id: str
-    """Built-in environment id (reverse-text, short-answer, long-brief, math, gsm8k-synthetic,
+    """Built-in environment id (reverse-text, short-answer, long-brief, math,
     reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum), an import path
     "pkg.module:load_environment" whose function returns an environment, or a verifiers environment
     id (an installed or importable taskset package, verifiers >= 0.4)."""

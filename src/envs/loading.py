@@ -27,8 +27,14 @@ from grpo.envs.args import check_args
 from grpo.envs.base import Environment, check_num_examples
 from grpo.utils.errors import UserError
 
-BUILTIN_IDS = ("reverse-text", "short-answer", "long-brief", "math", "gsm8k-synthetic")
+BUILTIN_IDS = ("reverse-text", "short-answer", "long-brief", "math")
 """Built-in ids besides `reasoning-gym:<dataset>`."""
+
+RENAMED_IDS = {
+    "gsm8k-synthetic": "'math' (generated arithmetic and linear equations, not GSM8K); GSM8K itself is a "
+    "dataset block: examples/gsm8k",
+}
+"""Ids that were renamed to what they are: the one-line answer to the old name."""
 
 REASONING_GYM_PREFIX = "reasoning-gym:"
 
@@ -46,7 +52,7 @@ def _builtin(env_id: str) -> Callable[..., Any] | None:
         from grpo.envs import long_brief
 
         return long_brief.load_environment
-    if env_id in ("math", "gsm8k-synthetic"):
+    if env_id == "math":
         from grpo.envs import math_env
 
         return math_env.load_environment
@@ -166,6 +172,8 @@ def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:
     """A zero-argument builder for env_cfg (args already checked), and whether it is grpo's own."""
     if env_cfg.id.startswith(REASONING_GYM_PREFIX):
         return _reasoning_gym(env_cfg), True
+    if env_cfg.id in RENAMED_IDS:
+        raise UserError(f"env id {env_cfg.id!r} is now {RENAMED_IDS[env_cfg.id]}")
     loader = _builtin(env_cfg.id)
     builtin = loader is not None
     if loader is None:

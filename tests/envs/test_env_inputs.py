@@ -38,6 +38,7 @@ BAD = [
     ("reverse-text", {"min_words": 5, "max_words": 2}, "min_words 5, max_words 2"),
     ("reasoning-gym:chan_sum", {}, "no dataset 'chan_sum'; did you mean 'chain_sum'"),
     ("reasoning-gym:", {}, "needs a dataset name: id: reasoning-gym:<dataset>"),
+    ("gsm8k-synthetic", {}, "is now 'math' (generated arithmetic and linear equations, not GSM8K)"),
     (
         "reasoning-gym:chain_sum",
         {"min_term": 2},

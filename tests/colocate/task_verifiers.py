@@ -7,21 +7,10 @@ beside others."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from grpo.utils.jsonl import read_jsonl
-
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-BIN = Path(sys.executable).parent
 
 ENV_ID = "vf-colocated-echo"
 
@@ -84,7 +73,9 @@ def verifiers_block(tmp_path: Path) -> dict[str, Any]:
 
 
 def check_verifiers_metrics(orch_records: list[dict[str, Any]]) -> None:
-    for record in orch_records:
+    steps = [r for r in orch_records if f"reward/{ENV_ID}/mean" in r]
+    assert steps, f"no reward/{ENV_ID} metrics"
+    for record in steps:
         assert 0.0 < record[f"reward/{ENV_ID}/length/mean"] <= 1.0
         # the tiny model's replies mostly run to the token limit, which ends a rollout after its first
         # turn (the env's second turn then comes back terminated): both values are possible here
@@ -92,26 +83,3 @@ def check_verifiers_metrics(orch_records: list[dict[str, Any]]) -> None:
         # the reward is the weighted sum of the task's rewards (means of a sum: the sum of the means)
         expected = record[f"reward/{ENV_ID}/length/mean"] + 0.5 * record[f"reward/{ENV_ID}/two_turns/mean"]
         assert record[f"reward/{ENV_ID}/mean"] == pytest.approx(expected)
-
-
-def test_a_verifiers_environment_trains_two_steps(
-    tmp_path: Path, colocated_args: Callable[..., list[str]]
-) -> None:
-    block = verifiers_block(tmp_path)
-    run_dir = tmp_path / "run"
-    args = [*colocated_args(run_dir, max_steps=2), "--orch.env", json.dumps([block])]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
-    }
-    result = subprocess.run(
-        [str(BIN / "grpo"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    orch = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in orch] == [0, 1]
-    assert [r["step"] for r in read_jsonl(run_dir / "trainer_metrics.jsonl")] == [0, 1]
-    for record in orch:
-        assert record["failed/num_rollouts"] == 0
-    check_verifiers_metrics(orch)

@@ -8,21 +8,8 @@ others: write the block into its env list, then check its orchestrator metrics."
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
-
-from grpo.utils.jsonl import read_jsonl
-
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-BIN = Path(sys.executable).parent
 
 ENV_NAME = "judged"
 
@@ -62,29 +49,10 @@ def judge_block(tmp_path: Path) -> dict[str, Any]:
 
 
 def check_judge_metrics(orch_records: list[dict[str, Any]]) -> None:
-    """Every step scored this env's rollouts with both the group reward and the judge."""
-    for record in orch_records:
-        assert record["failed/num_rollouts"] == 0, record
+    """Every step that sampled this env scored its rollouts with both the group reward and the judge."""
+    steps = [r for r in orch_records if f"reward/{ENV_NAME}/mean" in r]
+    assert steps, f"no reward/{ENV_NAME} metrics"
+    for record in steps:
         rank = record[f"reward/{ENV_NAME}/rank/mean"]
         judge = record[f"reward/{ENV_NAME}/judge/mean"]
         assert 0.0 <= rank <= 1.0 and 0.0 <= judge <= 1.0, record
-
-
-def test_a_group_reward_and_a_judge_on_the_runs_own_server_train_two_steps(
-    tmp_path: Path, colocated_args: Callable[..., list[str]]
-) -> None:
-    block = judge_block(tmp_path)
-    run_dir = tmp_path / "run"
-    args = [*colocated_args(run_dir, max_steps=2), "--orch.env", json.dumps([block])]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
-    }
-    result = subprocess.run(
-        [str(BIN / "grpo"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    orch = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in orch] == [0, 1]
-    assert [r["step"] for r in read_jsonl(run_dir / "trainer_metrics.jsonl")] == [0, 1]
-    check_judge_metrics(orch)

@@ -17,20 +17,8 @@ block beside others.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
-
-from grpo.utils.jsonl import read_jsonl
-
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-BIN = Path(sys.executable).parent
 
 TOOLS = '''
 import os
@@ -85,31 +73,3 @@ def check_tool_metrics(orch_records: list[dict[str, Any]]) -> None:
         assert record[f"tools/{ENV_NAME}/calls_per_rollout"] == 1.0
         assert record[f"tools/{ENV_NAME}/num_errors"] == 0
         assert 0.0 < record[f"reward/{ENV_NAME}/length/mean"] <= 1.0
-
-
-def test_a_tool_env_block_calls_its_tool_and_trains_two_steps(
-    tmp_path: Path, colocated_args: Callable[..., list[str]]
-) -> None:
-    block = tool_block(tmp_path)
-    tool_log = tmp_path / "calls.log"
-    run_dir = tmp_path / "run"
-    args = [*colocated_args(run_dir, max_steps=2), "--orch.env", json.dumps([block])]
-    env = {
-        **os.environ,
-        "CALC_TOOL_LOG": str(tool_log),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
-    }
-    result = subprocess.run(
-        [str(BIN / "grpo"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    orch = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in orch] == [0, 1]
-    assert [r["step"] for r in read_jsonl(run_dir / "trainer_metrics.jsonl")] == [0, 1]
-    assert all(r["failed/num_rollouts"] == 0 for r in orch)
-    check_tool_metrics(orch)
-    # 2 steps x 8 rollouts (and any sampled for a step the run did not reach), each of whose first turn
-    # called the tool once, with the parsed argument
-    calls = tool_log.read_text().splitlines()
-    assert len(calls) >= 16 and set(calls) == {"2 + 40"}
