@@ -1,5 +1,6 @@
 """`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", a `grpo-env`
-server at env_cfg.address, or a `- dataset:` block (grpo.envs.dataset_env).
+server at env_cfg.address, an OpenEnv server (`openenv:http://HOST:PORT`, grpo.envs.openenv_env), or a
+`- dataset:` block (grpo.envs.dataset_env).
 
 `check_environment(env_cfg)` is what `--dry-run`, and every run before its inference server starts,
 checks: the id resolves, every `env[].args` key is one the loader takes, with the type it declares, and
@@ -7,8 +8,9 @@ the loader runs and returns an environment (a raising loader or a wrong return t
 not after vLLM has started); a dataset block is loaded and its reward functions imported. What a check
 builds, the run's load_environment of the same config object takes over instead of building it again.
 Not built by the check: reasoning-gym tasks (generating them can take minutes; their arguments are
-checked against the dataset's config) and remote environments (their server may not be up yet). Every
-mistake is a `UserError` naming the environment, the key and the fix.
+checked against the dataset's config) and `grpo-env` servers (they may not be up yet). An OpenEnv server
+is contacted: its action schema is checked and the examples are its first observations, so it must be
+running. Every mistake is a `UserError` naming the environment, the key and the fix.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo.config.dataset_env import DatasetEnvConfig
-from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
+from grpo.config.orchestrator import OPENENV_PREFIX, EnvConfig, OrchestratorConfig
 from grpo.envs.args import check_args
 from grpo.envs.base import Environment, check_num_examples
 from grpo.utils.errors import UserError
@@ -134,10 +136,28 @@ def _reasoning_gym(env_cfg: EnvConfig) -> Callable[[], Environment]:
     return lambda: reasoning_gym_env.load_environment(task, **own, **task_args)
 
 
+def _openenv(env_cfg: EnvConfig) -> Callable[[], Environment]:
+    from grpo.envs import openenv_env
+
+    params, hints, _ = signature_params(openenv_env.load_environment)
+    for own in ("url", "request_timeout_s", "max_reply_bytes", "name"):  # from the block itself
+        params.pop(own)
+    args = check_args(env_cfg.id, params, hints, env_cfg.args)
+    url = env_cfg.id[len(OPENENV_PREFIX) :]
+    block = {
+        "request_timeout_s": env_cfg.request_timeout_s,
+        "max_reply_bytes": int(env_cfg.max_reply_mib * 1024 * 1024),
+        "name": env_cfg.display_name,
+    }
+    return lambda: openenv_env.load_environment(url, **args, **block)
+
+
 def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:
     """A zero-argument builder for env_cfg (args already checked), and whether it is grpo's own."""
     if env_cfg.id.startswith(REASONING_GYM_PREFIX):
         return _reasoning_gym(env_cfg), True
+    if env_cfg.id.startswith(OPENENV_PREFIX):
+        return _openenv(env_cfg), True
     loader = _builtin(env_cfg.id)
     builtin = loader is not None
     if loader is None:
