@@ -144,12 +144,10 @@ def _openenv(env_cfg: EnvConfig) -> Callable[[], Environment]:
         params.pop(own)
     args = check_args(env_cfg.id, params, hints, env_cfg.args)
     url = env_cfg.id[len(OPENENV_PREFIX) :]
-    block = {
-        "request_timeout_s": env_cfg.request_timeout_s,
-        "max_reply_bytes": int(env_cfg.max_reply_mib * 1024 * 1024),
-        "name": env_cfg.display_name,
-    }
-    return lambda: openenv_env.load_environment(url, **args, **block)
+    timeout_s, max_reply_bytes = env_cfg.request_timeout_s, int(env_cfg.max_reply_mib * openenv_env.MIB)
+    return lambda: openenv_env.load_environment(
+        url, request_timeout_s=timeout_s, max_reply_bytes=max_reply_bytes, name=env_cfg.display_name, **args
+    )
 
 
 def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:

@@ -197,7 +197,13 @@ class OpenEnvEnv:
         return [*system, {"role": "user", "content": example["prompt"]}]
 
     async def reset(self, example: Example) -> dict[str, Any]:
-        state: dict[str, Any] = {"session": None, "failure": None, "rewards": [], "num_actions": 0, "done": False}
+        state: dict[str, Any] = {
+            "session": None,
+            "failure": None,
+            "rewards": [],
+            "num_actions": 0,
+            "done": False,
+        }
         slots = self._session_slots()
         await slots.acquire()
         try:
@@ -245,7 +251,11 @@ class OpenEnvEnv:
             return Score(reward=0.0, failure=state["failure"])
         rewards = [0.0 if r is None else r for r in state["rewards"]]
         total = (rewards[-1] if rewards else 0.0) if self.reward == "last" else sum(rewards)
-        metrics = {"env_reward": total, "num_steps": float(len(rewards)), "episode_done": float(state["done"])}
+        metrics = {
+            "env_reward": total,
+            "num_steps": float(len(rewards)),
+            "episode_done": float(state["done"]),
+        }
         return Score(reward=total, metrics=metrics)
 
     async def _act(self, state: dict[str, Any], reply: str) -> str | None:
@@ -282,10 +292,15 @@ class OpenEnvEnv:
         self, state: dict[str, Any], what: str, message: dict[str, Any]
     ) -> tuple[dict[str, Any], float | None, bool] | None:
         """The observation answering `message`, or None with state["failure"] set."""
+        from websockets.exceptions import ConnectionClosed
+
         ws = state["session"].ws
         try:
             async with asyncio.timeout(self.timeout_s):
-                await ws.send(json.dumps(message))
+                with contextlib.suppress(ConnectionClosed):
+                    # a server that refuses the session (CAPACITY_REACHED) sends why and closes at once:
+                    # the reason is still read below
+                    await ws.send(json.dumps(message))
                 raw = await ws.recv()
             return observation(json.loads(raw), what)
         except Exception as exc:  # whatever the server (or the network) does, only this rollout fails
@@ -306,7 +321,9 @@ class OpenEnvEnv:
         if isinstance(exc, ServerError):
             reason = f"{where} answered an error on {what}"
             if "CAPACITY_REACHED" in str(exc):
-                reason += " (CAPACITY_REACHED: raise its max_concurrent_envs or lower env[].args.max_sessions)"
+                reason += (
+                    " (CAPACITY_REACHED: raise its max_concurrent_envs or lower env[].args.max_sessions)"
+                )
         elif isinstance(exc, TimeoutError):
             reason = f"{where} sent no reply within {self.timeout_s:g} s on {what} (env[].request_timeout_s)"
         elif isinstance(exc, ConnectionClosed) and exc.sent is not None and exc.sent.code == 1009:
@@ -365,7 +382,9 @@ def load_environment(
         try:
             text = observation_text(obs, observation_field, f"{where}: reset")
         except ValueError as exc:
-            raise UserError(f"{exc}; set env[].args.observation_field to the observation's text field") from None
+            raise UserError(
+                f"{exc}; set env[].args.observation_field to the observation's text field"
+            ) from None
         if done:
             raise UserError(f"{where}: reset({_kwargs(kwargs)}) returned an episode that is already done")
         examples.append({"prompt": text, "info": {"reset": kwargs}})
@@ -394,14 +413,20 @@ def _action_schema(srv: Server, where: str, timeout_s: float, max_reply_bytes: i
                 ) from exc
             time.sleep(0.2)
     if response.status_code in (401, 403):
-        raise UserError(f"{where}: the server refused the request (HTTP {response.status_code}); check the token")
+        raise UserError(
+            f"{where}: the server refused the request (HTTP {response.status_code}); check the token"
+        )
     if response.status_code == 404 or len(response.content) > max_reply_bytes:
         return None
     try:
         schema = response.json()
     except ValueError:
         schema = None
-    if response.status_code != 200 or not isinstance(schema, dict) or not isinstance(schema.get("action"), dict):
+    if (
+        response.status_code != 200
+        or not isinstance(schema, dict)
+        or not isinstance(schema.get("action"), dict)
+    ):
         raise UserError(
             f"{where}: GET /schema answered HTTP {response.status_code} but not like an OpenEnv server; is the "
             "URL an OpenEnv environment server?"
@@ -420,7 +445,9 @@ def _check_action(schema: dict[str, Any], field: str, action_args: dict[str, Any
         )
     unknown = sorted(set(action_args) - set(properties))
     if unknown:
-        raise UserError(f"{where}: env[].args.action_args names {unknown[0]!r}, which the server's action lacks")
+        raise UserError(
+            f"{where}: env[].args.action_args names {unknown[0]!r}, which the server's action lacks"
+        )
     missing = sorted(set(schema.get("required", [])) - {field, *action_args})
     if missing:
         raise UserError(

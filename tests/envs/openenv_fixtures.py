@@ -2,8 +2,8 @@
 OpenEnv tests here and the co-located run in tests/colocate.
 
 Guess the number: reset(seed) picks 1..10 from the seed; each step takes the last number in the message,
-rewards 1.0 and ends the episode when it is right, else says "higher"/"lower" (reward 0.0); the episode
-also ends after MAX_GUESSES.
+rewards 1.0 and ends the episode when it is right, else says "higher"/"lower" with reward WRONG; the
+episode also ends after MAX_GUESSES.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from openenv.core.env_server.types import Action, Observation, State
 from grpo.envs.server import BackgroundServer
 
 MAX_GUESSES = 3
+WRONG = -0.25
 
 
 class GuessAction(Action):
@@ -41,10 +42,14 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, State]):
         self._state = State(step_count=0)
         self._target = 0
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> GuessObservation:
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> GuessObservation:
         self._state = State(episode_id=episode_id, step_count=0)
         self._target = target(seed or 0)
-        return GuessObservation(prompt=f"Game {seed}: guess my number from 1 to 10.", guesses_left=MAX_GUESSES)
+        return GuessObservation(
+            prompt=f"Game {seed}: guess my number from 1 to 10.", guesses_left=MAX_GUESSES
+        )
 
     def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:  # type: ignore[override]
         self._state.step_count += 1
@@ -54,7 +59,7 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, State]):
         if guess == self._target:
             return GuessObservation(prompt="right", guesses_left=left, reward=1.0, done=True)
         hint = "higher" if guess < self._target else "lower"
-        return GuessObservation(prompt=hint, guesses_left=left, reward=0.0, done=left == 0)
+        return GuessObservation(prompt=hint, guesses_left=left, reward=WRONG, done=left == 0)
 
     @property
     def state(self) -> State:
@@ -63,5 +68,7 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, State]):
 
 def guess_server(max_concurrent_envs: int = 8) -> BackgroundServer:
     """The guess environment on a free loopback port (start() returns "127.0.0.1:PORT")."""
-    app = create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=max_concurrent_envs)
+    app = create_fastapi_app(
+        GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=max_concurrent_envs
+    )
     return BackgroundServer(app)
