@@ -18,11 +18,21 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from grpo.config.inference import InferenceConfig
+from grpo.config.openenv import OpenEnvArgs
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.shared_facts import SHARED_FACTS, File, other_places
 from grpo.config.trainer import TrainerConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"
+ARGS_MODELS: list[tuple[str, str, type[BaseModel], str]] = [
+    (
+        "orch.yaml: `env[].args` of an `openenv:` block",
+        'An env block `id: "openenv:http://HOST:PORT"` plays a running OpenEnv server; its `args` are these.',
+        OpenEnvArgs,
+        "env[].args.",
+    ),
+]
+"""Loader arguments with a typed model of their own: (section title, intro line, model, key prefix)."""
 FILES: list[tuple[File, type[BaseModel]]] = [
     ("infer", InferenceConfig),
     ("orch", OrchestratorConfig),
@@ -120,6 +130,17 @@ def render() -> str:
     for file, model in FILES:
         lines += [f"## {file}.yaml", "", "| key | type | default | description |", "|---|---|---|---|"]
         _rows(file, model, "", lines)
+        lines.append("")
+    for title, intro, model, prefix in ARGS_MODELS:
+        lines += [
+            f"### {title}",
+            "",
+            intro,
+            "",
+            "| key | type | default | description |",
+            "|---|---|---|---|",
+        ]
+        _rows("orch", model, prefix, lines)
         lines.append("")
     return "\n".join(lines)
 

@@ -51,7 +51,7 @@ class EnvConfig(StrictModel):
     """Built-in environment id (reverse-text, short-answer, long-brief, math, gsm8k-synthetic,
     reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum), an import path
     "pkg.module:load_environment" whose function returns an environment, or
-    "openenv:http://HOST:PORT", a running OpenEnv environment server (its args: docs/config_reference.md)."""
+    "openenv:http://HOST:PORT", a running OpenEnv environment server (its args: grpo.config.openenv)."""
 
     name: str | None = None
     """Human-readable name used in metrics (defaults to id, `openenv` for an openenv: id); environments sharing one are told apart

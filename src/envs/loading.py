@@ -137,17 +137,24 @@ def _reasoning_gym(env_cfg: EnvConfig) -> Callable[[], Environment]:
 
 
 def _openenv(env_cfg: EnvConfig) -> Callable[[], Environment]:
+    from pydantic import ValidationError
+
+    from grpo.config.openenv import OpenEnvArgs
     from grpo.envs import openenv_env
 
-    params, hints, _ = signature_params(openenv_env.load_environment)
-    for own in ("url", "request_timeout_s", "max_reply_bytes", "name"):  # from the block itself
-        params.pop(own)
-    args = check_args(env_cfg.id, params, hints, env_cfg.args)
+    names = dict.fromkeys(OpenEnvArgs.model_fields, None)
+    check_args(env_cfg.id, names, {}, env_cfg.args)  # unknown keys, with a suggestion
+    try:
+        args = OpenEnvArgs.model_validate(env_cfg.args)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(part) for part in error["loc"])
+        raise UserError(
+            f"env {env_cfg.id}: arg {key!r}: {error['msg']}, got {error.get('input')!r}; fix env[].args.{key}"
+        ) from None
     url = env_cfg.id[len(OPENENV_PREFIX) :]
     timeout_s, max_reply_bytes = env_cfg.request_timeout_s, int(env_cfg.max_reply_mib * openenv_env.MIB)
-    return lambda: openenv_env.load_environment(
-        url, request_timeout_s=timeout_s, max_reply_bytes=max_reply_bytes, name=env_cfg.display_name, **args
-    )
+    return lambda: openenv_env.load_environment(url, args, timeout_s, max_reply_bytes, env_cfg.display_name)
 
 
 def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:

@@ -30,11 +30,12 @@ import json
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
+from grpo.config.openenv import OpenEnvArgs
 from grpo.config.orchestrator import OPENENV_PREFIX
-from grpo.envs.base import EnvReply, Example, Message, Score, check_num_examples
+from grpo.envs.base import EnvReply, Example, Message, Score
 from grpo.envs.rewards import FailureLog
 from grpo.utils.auth import is_loopback_host, secret_from_env
 from grpo.utils.errors import UserError
@@ -165,13 +166,8 @@ class OpenEnvEnv:
         self,
         srv: Server,
         examples: list[Example],
-        action_field: str,
+        args: OpenEnvArgs,
         observation_field: str,
-        action_args: dict[str, Any],
-        system_prompt: str | None,
-        max_turns: int,
-        reward: Literal["sum", "last"],
-        max_sessions: int,
         timeout_s: float,
         max_reply_bytes: int,
         name: str = "openenv",
@@ -179,13 +175,10 @@ class OpenEnvEnv:
         self.server = srv
         self.name = name
         self.examples = examples
-        self.max_turns = max_turns
-        self.action_field = action_field
+        self.max_turns = args.max_turns
+        self.args = args
         self.observation_field = observation_field
-        self.action_args = action_args
-        self.system_prompt = system_prompt
-        self.reward = reward
-        self.max_sessions = max_sessions
+        """args.observation_field, or the field load found (the observation's only string)."""
         self.timeout_s = timeout_s
         self.max_reply_bytes = max_reply_bytes
         self.failures = FailureLog()
@@ -193,7 +186,8 @@ class OpenEnvEnv:
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     def prompt_messages(self, example: Example) -> list[Message]:
-        system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
+        prompt = self.args.system_prompt
+        system = [] if prompt is None else [{"role": "system", "content": prompt}]
         return [*system, {"role": "user", "content": example["prompt"]}]
 
     async def reset(self, example: Example) -> dict[str, Any]:
@@ -250,7 +244,7 @@ class OpenEnvEnv:
         if state["failure"] is not None:
             return Score(reward=0.0, failure=state["failure"])
         rewards = [0.0 if r is None else r for r in state["rewards"]]
-        total = (rewards[-1] if rewards else 0.0) if self.reward == "last" else sum(rewards)
+        total = (rewards[-1] if rewards else 0.0) if self.args.reward == "last" else sum(rewards)
         metrics = {
             "env_reward": total,
             "num_steps": float(len(rewards)),
@@ -261,7 +255,7 @@ class OpenEnvEnv:
     async def _act(self, state: dict[str, Any], reply: str) -> str | None:
         """Step the model's `reply`: the next observation's text, or None when the episode ended or failed."""
         state["num_actions"] += 1
-        action = {**self.action_args, self.action_field: reply}
+        action = {**self.args.action_args, self.args.action_field: reply}
         result = await self._send(state, "step", {"type": "step", "data": action})
         if result is None:
             return None
@@ -310,7 +304,7 @@ class OpenEnvEnv:
     def _session_slots(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots[0] is not loop:
-            self._slots = (loop, asyncio.Semaphore(self.max_sessions))
+            self._slots = (loop, asyncio.Semaphore(self.args.max_sessions))
         return self._slots[1]
 
     def _failure(self, what: str, exc: Exception) -> str:
@@ -344,38 +338,20 @@ def _kwargs(kwargs: dict[str, Any]) -> str:
 
 
 def load_environment(
-    url: str,
-    num_examples: int = 8,
-    seed: int = 0,
-    max_turns: int = 4,
-    action_field: str = "message",
-    observation_field: str | None = None,
-    action_args: dict[str, Any] | None = None,
-    reset_args: dict[str, Any] | None = None,
-    system_prompt: str | None = None,
-    reward: Literal["sum", "last"] = "sum",
-    max_sessions: int = 1,
-    api_key_var: str = "OPENENV_API_KEY",
-    request_timeout_s: float = 600.0,
-    max_reply_bytes: int = 64 * MIB,
-    name: str = "openenv",
+    url: str, args: OpenEnvArgs, request_timeout_s: float, max_reply_bytes: int, name: str = "openenv"
 ) -> OpenEnvEnv:
-    """Check the server's action schema, reset `num_examples` episodes (seeds seed, seed+1, ...) for
-    the examples, and return the environment. `url`, `request_timeout_s`, `max_reply_bytes` and
-    `name` come from the env block itself, the rest from env[].args."""
+    """Check the server's action schema, reset `args.num_examples` episodes (seeds seed, seed+1, ...)
+    for the examples, and return the environment. `url` is the id's URL; the deadline, reply bound
+    and name come from the env block."""
     where = f"env {OPENENV_PREFIX}{url}"
-    check_num_examples(f"{OPENENV_PREFIX}{url}", num_examples)
-    for key, value in (("max_turns", max_turns), ("max_sessions", max_sessions)):
-        if value < 1:
-            raise UserError(f"{where}: {key} must be >= 1, got {value}; fix env[].args.{key}")
-    srv = server(url, api_key_var)
-    action_args = dict(action_args or {})
+    srv = server(url, args.api_key_var)
     schema = _action_schema(srv, where, request_timeout_s, max_reply_bytes)
     if schema is not None:
-        _check_action(schema, action_field, action_args, where)
+        _check_action(schema, args.action_field, args.action_args, where)
     examples: list[Example] = []
-    for i in range(num_examples):
-        kwargs = {**(reset_args or {}), "seed": seed + i}
+    observation_field = args.observation_field
+    for i in range(args.num_examples):
+        kwargs = {**args.reset_args, "seed": args.seed + i}
         obs, done = _reset_once(srv, kwargs, where, request_timeout_s, max_reply_bytes)
         if observation_field is None:
             observation_field = _only_text_field(obs, where)
@@ -389,10 +365,7 @@ def load_environment(
             raise UserError(f"{where}: reset({_kwargs(kwargs)}) returned an episode that is already done")
         examples.append({"prompt": text, "info": {"reset": kwargs}})
     assert observation_field is not None  # num_examples >= 1
-    return OpenEnvEnv(
-        srv, examples, action_field, observation_field, action_args, system_prompt, max_turns, reward,
-        max_sessions, request_timeout_s, max_reply_bytes, name,
-    )  # fmt: skip
+    return OpenEnvEnv(srv, examples, args, observation_field, request_timeout_s, max_reply_bytes, name)
 
 
 def _action_schema(srv: Server, where: str, timeout_s: float, max_reply_bytes: int) -> dict[str, Any] | None:

@@ -186,6 +186,10 @@ def test_dry_run_checks_the_action_field_against_the_servers_schema(url: str) ->
         check_environment(EnvConfig(id=f"openenv:{url}", args={"observation_field": "answer"}))
     with pytest.raises(UserError, match=r"unknown arg 'num_example'.*did you mean 'num_examples'"):
         check_environment(EnvConfig(id=f"openenv:{url}", args={"num_example": 1}))
+    with pytest.raises(
+        UserError, match=r"arg 'max_turns': .*greater than or equal to 1, got 0; fix env\[\]\.args\.max_turns"
+    ):
+        check_environment(EnvConfig(id=f"openenv:{url}", args={"max_turns": 0}))
 
 
 def test_dry_run_without_a_server_says_to_start_it(monkeypatch: pytest.MonkeyPatch) -> None:

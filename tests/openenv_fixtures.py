@@ -1,5 +1,5 @@
 """A tiny OpenEnv environment served by OpenEnv's own server (openenv-core's create_fastapi_app), for the
-OpenEnv tests here and the co-located run in tests/colocate.
+OpenEnv tests (tests/envs) and the co-located run (tests/colocate).
 
 Guess the number: reset(seed) picks 1..10 from the seed; each step takes the last number in the message,
 rewards 1.0 and ends the episode when it is right, else says "higher"/"lower" with reward WRONG; the
