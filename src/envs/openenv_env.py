@@ -65,8 +65,8 @@ class Server:
 
 
 def server(url: str, api_key_var: str) -> Server:
-    """The server at `url`, refusing a host other machines could impersonate unless $api_key_var
-    holds a token (sent as a bearer token, as to a reverse proxy or a private Space)."""
+    """The server at `url`; one on another machine is refused unless $api_key_var holds a token (sent
+    as a bearer token, as to a reverse proxy or a private Space in front of the server)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     token = secret_from_env(api_key_var)
@@ -104,7 +104,7 @@ def observation(reply: Any, what: str) -> tuple[dict[str, Any], float | None, bo
     obs, reward, done = data.get("observation"), data.get("reward"), data.get("done", False)
     if not isinstance(obs, dict) or not isinstance(done, bool):
         raise ValueError(f"{what}: 'observation' must be an object and 'done' a boolean")
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
+    if reward is not None and not isinstance(reward, int | float):  # OpenEnv allows bool rewards too
         raise ValueError(f"{what}: 'reward' is {type(reward).__name__}, expected a number or null")
     return obs, None if reward is None else float(reward), done
 
