@@ -1,4 +1,5 @@
-"""`env[].args` of an `openenv:` block: how grpo plays a running OpenEnv server (grpo.envs.openenv_env).
+"""`env[].args` of an `openenv:` block: how grpo plays a running OpenEnv server (grpo.envs.openenv_env,
+built by grpo.envs.openenv_load).
 
 ```yaml
 env:

@@ -140,7 +140,7 @@ def _openenv(env_cfg: EnvConfig) -> Callable[[], Environment]:
     from pydantic import ValidationError
 
     from grpo.config.openenv import OpenEnvArgs
-    from grpo.envs import openenv_env
+    from grpo.envs import openenv_env, openenv_load
 
     names = dict.fromkeys(OpenEnvArgs.model_fields, None)
     check_args(env_cfg.id, names, {}, env_cfg.args)  # unknown keys, with a suggestion
@@ -154,7 +154,7 @@ def _openenv(env_cfg: EnvConfig) -> Callable[[], Environment]:
         ) from None
     url = env_cfg.id[len(OPENENV_PREFIX) :]
     timeout_s, max_reply_bytes = env_cfg.request_timeout_s, int(env_cfg.max_reply_mib * openenv_env.MIB)
-    return lambda: openenv_env.load_environment(url, args, timeout_s, max_reply_bytes, env_cfg.display_name)
+    return lambda: openenv_load.load_environment(url, args, timeout_s, max_reply_bytes, env_cfg.display_name)
 
 
 def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:

@@ -15,8 +15,7 @@ from openenv_fixtures import MAX_GUESSES, WRONG, guess_server, target
 from pydantic import ValidationError
 
 from grpo.config.orchestrator import EnvConfig
-from grpo.envs import Environment, Message, Score
-from grpo.envs import openenv_env as openenv_module
+from grpo.envs import Environment, Message, Score, openenv_load
 from grpo.envs.loading import check_environment, load_environment
 from grpo.envs.openenv_env import OpenEnvEnv, server
 from grpo.utils.errors import UserError
@@ -193,7 +192,7 @@ def test_dry_run_checks_the_action_field_against_the_servers_schema(url: str) ->
 
 
 def test_dry_run_without_a_server_says_to_start_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(openenv_module, "CONNECT_RETRY_S", 0.3)
+    monkeypatch.setattr(openenv_load, "CONNECT_RETRY_S", 0.3)
     with guess_server() as address:
         pass  # a port nothing listens on any more
     with pytest.raises(UserError, match=r"no OpenEnv server answers .*start it first"):
