@@ -13,11 +13,21 @@ from pydantic import BaseModel
 from grpo.config.derived import DERIVED
 from grpo.config.field_table import field_rows
 from grpo.config.inference import InferenceConfig
+from grpo.config.openenv import OpenEnvArgs
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.shared_facts import SHARED_FACTS, File
 from grpo.config.trainer import TrainerConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"
+ARGS_MODELS: list[tuple[str, str, type[BaseModel], str]] = [
+    (
+        "orch.yaml: `env[].args` of an `openenv:` block",
+        'An env block `id: "openenv:http://HOST:PORT"` plays a running OpenEnv server; its `args` are these.',
+        OpenEnvArgs,
+        "env[].args.",
+    ),
+]
+"""Loader arguments with a typed model of their own: (section title, intro line, model, key prefix)."""
 FILES: list[tuple[File, type[BaseModel]]] = [
     ("infer", InferenceConfig),
     ("orch", OrchestratorConfig),
@@ -25,8 +35,8 @@ FILES: list[tuple[File, type[BaseModel]]] = [
 ]
 
 
-def _rows(file: File, model: type[BaseModel], out: list[str]) -> None:
-    for row in field_rows(file, model):
+def _rows(file: File, model: type[BaseModel], out: list[str], prefix: str = "") -> None:
+    for row in field_rows(file, model, prefix):
         cells = [f"`{row.key}`", row.type_name, row.default, row.doc]
         out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
 
@@ -79,6 +89,17 @@ def render() -> str:
     for file, model in FILES:
         lines += [f"## {file}.yaml", "", "| key | type | default | description |", "|---|---|---|---|"]
         _rows(file, model, lines)
+        lines.append("")
+    for title, intro, model, prefix in ARGS_MODELS:
+        lines += [
+            f"### {title}",
+            "",
+            intro,
+            "",
+            "| key | type | default | description |",
+            "|---|---|---|---|",
+        ]
+        _rows("orch", model, lines, prefix)
         lines.append("")
     return "\n".join(lines)
 

@@ -44,15 +44,20 @@ class ModelConfig(StrictModel):
     """LoRA alpha of the trainer (checked against the trainer)."""
 
 
+OPENENV_PREFIX = "openenv:"
+"""`id: "openenv:http://HOST:PORT"` names a running OpenEnv environment server (grpo.envs.openenv_env)."""
+
+
 class EnvConfig(ToolUseConfig, ExtraRewardsConfig):
     id: str
     """Built-in environment id (reverse-text, short-answer, long-brief, math,
     reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum), an import path
-    "pkg.module:load_environment" whose function returns an environment, or a verifiers environment
-    id (an installed or importable taskset package, verifiers >= 0.4)."""
+    "pkg.module:load_environment" whose function returns an environment, a verifiers environment
+    id (an installed or importable taskset package, verifiers >= 0.4), or
+    "openenv:http://HOST:PORT", a running OpenEnv environment server (its args: grpo.config.openenv)."""
 
     name: str | None = None
-    """Human-readable name used in metrics (defaults to id); environments sharing one are told apart
+    """Human-readable name used in metrics (defaults to id, `openenv` for an openenv: id); environments sharing one are told apart
     by their index in the list (`reverse-text#0`, `reverse-text#1`)."""
 
     args: dict[str, Any] = Field(default_factory=dict)
@@ -62,12 +67,12 @@ class EnvConfig(ToolUseConfig, ExtraRewardsConfig):
     """Address (host:port) of an external environment server; null runs the environment in-process."""
 
     request_timeout_s: float = Field(600, gt=0)
-    """(address) Deadline of one request to the environment server, from sending it to the reply's
+    """(address or openenv:) Deadline of one request to the environment server, from sending it to the reply's
     last byte however slowly the server sends it; a later reply fails its rollout (masked and
     counted, training goes on). Scoring runs the server's reward functions, which may be slow."""
 
     max_reply_mib: float = Field(64, gt=0)
-    """(address) Largest reply accepted from the environment server, in MiB (counted as it
+    """(address or openenv:) Largest reply accepted from the environment server, in MiB (counted as it
     arrives); a larger one fails its rollout, or the load for the /info reply (the examples and
     their prompts)."""
 
@@ -82,7 +87,37 @@ class EnvConfig(ToolUseConfig, ExtraRewardsConfig):
 
     @property
     def display_name(self) -> str:
+        if self.name is None and self.id.startswith(OPENENV_PREFIX):
+            return "openenv"  # a URL would make awkward metric names
         return self.name or self.id
+
+    @model_validator(mode="after")
+    def _openenv_url(self) -> EnvConfig:
+        if not self.id.startswith(OPENENV_PREFIX):
+            return self
+        from urllib.parse import urlsplit
+
+        url = self.id[len(OPENENV_PREFIX) :]
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname or port is None:
+            raise ValueError(
+                f"env id {self.id!r}: an OpenEnv server is named by its URL with scheme and port, "
+                'like "openenv:http://127.0.0.1:8001"'
+            )
+        if parts.query or parts.fragment or parts.path.strip("/"):
+            raise ValueError(
+                f"env id {self.id!r}: give the server's base URL only (no path or query); its /ws endpoint is "
+                "found from there"
+            )
+        if self.address is not None:
+            raise ValueError(
+                f"env {self.display_name}: an openenv: id holds its server's URL itself; remove env[].address"
+            )
+        return self
 
 
 EnvBlock = Annotated[

@@ -1,5 +1,6 @@
 """`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", a verifiers
-environment by its id (grpo.envs.verifiers_env), a `grpo-env` server at env_cfg.address, or a
+environment by its id (grpo.envs.verifiers_env), a `grpo-env` server at env_cfg.address, an OpenEnv
+server (`openenv:http://HOST:PORT`, grpo.envs.openenv_env), or a
 `- dataset:` block (grpo.envs.dataset_env).
 
 `check_environment(env_cfg)` is what `--dry-run`, and every run before its inference server starts,
@@ -8,8 +9,9 @@ the loader runs and returns an environment (a raising loader or a wrong return t
 not after vLLM has started); a dataset block is loaded and its reward functions imported. What a check
 builds, the run's load_environment of the same config object takes over instead of building it again.
 Not built by the check: reasoning-gym tasks (generating them can take minutes; their arguments are
-checked against the dataset's config) and remote environments (their server may not be up yet). Every
-mistake is a `UserError` naming the environment, the key and the fix.
+checked against the dataset's config) and `grpo-env` servers (they may not be up yet). An OpenEnv server
+is contacted: its action schema is checked and the examples are its first observations, so it must be
+running. Every mistake is a `UserError` naming the environment, the key and the fix.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo.config.dataset_env import DatasetEnvConfig
-from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
+from grpo.config.orchestrator import OPENENV_PREFIX, EnvConfig, OrchestratorConfig
 from grpo.envs.args import check_args
 from grpo.envs.base import Environment, check_num_examples
 from grpo.utils.errors import UserError
@@ -168,12 +170,35 @@ def _reasoning_gym(env_cfg: EnvConfig) -> Callable[[], Environment]:
     return lambda: reasoning_gym_env.load_environment(task, **own, **task_args)
 
 
+def _openenv(env_cfg: EnvConfig) -> Callable[[], Environment]:
+    from pydantic import ValidationError
+
+    from grpo.config.openenv import OpenEnvArgs
+    from grpo.envs import openenv_env, openenv_load
+
+    names = dict.fromkeys(OpenEnvArgs.model_fields, None)
+    check_args(env_cfg.id, names, {}, env_cfg.args)  # unknown keys, with a suggestion
+    try:
+        args = OpenEnvArgs.model_validate(env_cfg.args)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(part) for part in error["loc"])
+        raise UserError(
+            f"env {env_cfg.id}: arg {key!r}: {error['msg']}, got {error.get('input')!r}; fix env[].args.{key}"
+        ) from None
+    url = env_cfg.id[len(OPENENV_PREFIX) :]
+    timeout_s, max_reply_bytes = env_cfg.request_timeout_s, int(env_cfg.max_reply_mib * openenv_env.MIB)
+    return lambda: openenv_load.load_environment(url, args, timeout_s, max_reply_bytes, env_cfg.display_name)
+
+
 def _resolve(env_cfg: EnvConfig) -> tuple[Callable[[], Any], bool]:
     """A zero-argument builder for env_cfg (args already checked), and whether it is grpo's own."""
     if env_cfg.id.startswith(REASONING_GYM_PREFIX):
         return _reasoning_gym(env_cfg), True
     if env_cfg.id in RENAMED_IDS:
         raise UserError(f"env id {env_cfg.id!r} is now {RENAMED_IDS[env_cfg.id]}")
+    if env_cfg.id.startswith(OPENENV_PREFIX):
+        return _openenv(env_cfg), True
     loader = _builtin(env_cfg.id)
     builtin = loader is not None
     if loader is None:

@@ -14,7 +14,14 @@ from grpo.envs.loading import check_environments
 
 REPO = Path(__file__).resolve().parents[2]
 MULTI_TURN = REPO / "examples" / "multi_turn"
-ORCH_CONFIGS = sorted(REPO.glob("examples/*/orch.yaml")) + sorted(REPO.glob("configs/*/orch.yaml"))
+OPENENV = REPO / "examples" / "openenv"
+NEED_A_SERVER = {OPENENV / "orch.yaml"}
+"""Example configs whose environment is a server the example starts first (each has its own test here)."""
+ORCH_CONFIGS = [
+    path
+    for path in sorted(REPO.glob("examples/*/orch.yaml")) + sorted(REPO.glob("configs/*/orch.yaml"))
+    if path not in NEED_A_SERVER
+]
 
 
 @pytest.mark.parametrize("path", ORCH_CONFIGS, ids=[str(p.relative_to(REPO)) for p in ORCH_CONFIGS])
@@ -114,3 +121,34 @@ def test_verifiers_example_answers_each_guess_until_found(monkeypatch: pytest.Mo
     if low != target:
         assert asyncio.run(play(str(low), f"it is {target}")) == (["Higher."], 0.5 + 0.1 * 0.5)
         assert asyncio.run(play(str(high), str(target))) == (["Lower."], 0.5 + 0.1)
+
+
+def test_openenv_example_dry_runs_against_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As its README says: start word_server.py, then check the config (here on a free port)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(OPENENV))
+    from word_server import WORDS, build_app  # type: ignore[import-not-found]
+
+    from grpo.envs.server import BackgroundServer
+
+    cfg = OrchestratorConfig.model_validate(read_yaml(OPENENV / "orch.yaml"))
+    with BackgroundServer(build_app()) as address:
+        block = cfg.env[0].model_copy(update={"id": f"openenv:http://{address}"})
+        check_environments(cfg.model_copy(update={"env": [block]}))
+        env = load_environment(block)
+        assert env.name == "word" and len(env.examples) == 10
+        example = env.examples[1]
+        assert "starts with 's'" in example["prompt"]  # seed 1: WORDS[1]
+
+        async def play(*guesses: str) -> float:
+            state = await env.reset(example)
+            history = [{"role": "assistant", "content": guesses[0]}]
+            for guess in guesses[1:]:
+                reply = await env.step(history, state)
+                history += [*reply.messages, {"role": "assistant", "content": guess}]
+            score = await env.score(example, history, state)
+            assert not score.failed, score.failure
+            return score.reward
+
+        assert asyncio.run(play("plant", WORDS[1])) == 1.0
+        assert asyncio.run(play("plant")) == 0.0
