@@ -304,6 +304,6 @@ def test_a_verifiers_older_than_0_4_is_refused_with_the_fix() -> None:
     check_version("0.4.0")
     check_version("0.4.1.dev3")
     with pytest.raises(
-        ValueError, match=r"verifiers 0\.1\.9 is installed; .*pip install 'grpo\[verifiers\]'"
+        ValueError, match=r"verifiers 0\.1\.9 is installed; .*pip install 'grpo-rl\[verifiers\]'"
     ):
         check_version("0.1.9")
