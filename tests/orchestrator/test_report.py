@@ -10,31 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rollout_samples import sample_rollouts
 
 from grpo.config.orchestrator import ReportConfig
 from grpo.orchestrator.report import SAMPLE_COLUMNS, Reporter
-from grpo.orchestrator.types import Rollout
 from grpo.utils.jsonl import read_jsonl
-
-
-def _rollouts(step: int) -> list[Rollout]:
-    return [
-        Rollout(
-            env_name="toy",
-            example_index=i,
-            prompt_ids=[1, 2],
-            completion_ids=[3] * (i + 1),
-            completion_mask=[True] * (i + 1),
-            completion_logprobs=[-0.1] * (i + 1),
-            temperature=1.0,
-            start_version=step,
-            end_version=step,
-            completion_text=f"answer {i}",
-            reward=float(i % 2),
-            advantage=float(i % 2) - 0.5,
-        )
-        for i in range(4)
-    ]
 
 
 class FakeWandb:
@@ -85,7 +65,9 @@ def _report(run_dir: Path, cfg: ReportConfig | None, steps: list[int]) -> None:
     async def main() -> None:
         reporter = Reporter(run_dir, cfg, {"batch_size": 4}, max_steps=len(steps), first_step=steps[0])
         for step in steps:
-            await reporter.log_step(step, {"reward/mean": 0.5, "step_seconds": 1.0 + step}, _rollouts(step))
+            await reporter.log_step(
+                step, {"reward/mean": 0.5, "step_seconds": 1.0 + step}, sample_rollouts(step)
+            )
         reporter.close()
 
     asyncio.run(main())
@@ -139,7 +121,7 @@ def test_final_policy_eval_is_a_row_of_its_own_and_a_terminal_line_naming_it(
 
     async def main() -> None:
         reporter = Reporter(tmp_path, ReportConfig(interval=1), {}, max_steps=2, first_step=0)
-        await reporter.log_step(1, {"reward/mean": 0.5}, _rollouts(1))
+        await reporter.log_step(1, {"reward/mean": 0.5}, sample_rollouts(1))
         await reporter.log_final_eval(2, metrics)
         reporter.close()
 
@@ -176,8 +158,8 @@ def test_the_terminal_line_says_how_many_rollouts_failed(
 ) -> None:
     async def main() -> None:
         reporter = Reporter(tmp_path, None, {}, max_steps=2, first_step=0)
-        await reporter.log_step(0, {"reward/mean": 0.5, "failed/num_rollouts": 3}, _rollouts(0))
-        await reporter.log_step(1, {"reward/mean": 0.5, "failed/num_rollouts": 0}, _rollouts(1))
+        await reporter.log_step(0, {"reward/mean": 0.5, "failed/num_rollouts": 3}, sample_rollouts(0))
+        await reporter.log_step(1, {"reward/mean": 0.5, "failed/num_rollouts": 0}, sample_rollouts(1))
         reporter.close()
 
     with caplog.at_level("INFO", logger="grpo"):

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_rollout_log import _group
 
 from grpo.config.orchestrator import RolloutLogConfig
 from grpo.orchestrator.rollout_log import RolloutLog
 from grpo.orchestrator.run_report import write_report
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import JsonlWriter
-from tests.orchestrator.test_rollout_log import _group
 
 
 def _run_dir(root: Path) -> Path:

@@ -8,6 +8,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from rollout_samples import sample_rollouts
+from wandb_records import history
+from wandb_records import run_id as recorded_run_id
 
 from grpo.config.orchestrator import ReportConfig
 from grpo.config.trainer import TrainerConfig
@@ -24,9 +27,6 @@ from grpo.utils.wandb_run import (
     open_run,
     run_id,
 )
-from tests.orchestrator.test_report import _rollouts
-from tests.utils.wandb_records import history
-from tests.utils.wandb_records import run_id as recorded_run_id
 
 
 def _trainer_row(step: int) -> dict[str, float]:
@@ -71,7 +71,7 @@ def _colocated_session(run_dir: Path) -> None:
     async def orchestrate() -> None:
         reporter = Reporter(run_dir, report_to, {"batch_size": 4}, max_steps=3, first_step=0)
         for step in range(3):
-            await reporter.log_step(step, {"reward/mean": 0.5 + step}, _rollouts(step))
+            await reporter.log_step(step, {"reward/mean": 0.5 + step}, sample_rollouts(step))
             if step >= 1:
                 trainer.write(step - 1, _trainer_row(step - 1), num_loss_tokens=10)
         reporter.close(ran_to_the_end=True)
@@ -107,8 +107,8 @@ def test_a_restart_with_the_trainer_in_its_own_process_resumes_the_same_run_and_
 
     async def orchestrate() -> None:
         reporter = Reporter(tmp_path, report_to, {}, max_steps=5, first_step=3)
-        await reporter.log_step(3, {"reward/mean": 3.5}, _rollouts(3))
-        await reporter.log_step(4, {"reward/mean": 4.5}, _rollouts(4))
+        await reporter.log_step(3, {"reward/mean": 3.5}, sample_rollouts(3))
+        await reporter.log_step(4, {"reward/mean": 4.5}, sample_rollouts(4))
         trainer_file.write({"step": 3, **_trainer_row(3)})
         # The trainer's last row comes while the orchestrator waits for it at its end.
         threading.Timer(1.0, trainer_file.write, args=({"step": 4, **_trainer_row(4)},)).start()
@@ -175,7 +175,7 @@ def test_colocated_with_report_to_only_in_train_yaml_the_orchestrator_logs_into_
 
     async def orchestrate() -> None:
         reporter = Reporter(tmp_path, None, {}, max_steps=1, first_step=0)
-        await reporter.log_step(0, {"reward/mean": 0.5}, _rollouts(0))
+        await reporter.log_step(0, {"reward/mean": 0.5}, sample_rollouts(0))
         reporter.close(ran_to_the_end=True)
 
     asyncio.run(orchestrate())
