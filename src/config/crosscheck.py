@@ -60,14 +60,13 @@ def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig) -
     )
     if streaming is not None:
         problems.append(streaming)
-    sampling = orch.sampling
-    if train.backend == "megatron" and (sampling.top_k > 0 or sampling.top_p < 1.0 or sampling.min_p > 0.0):
+    if train.backend == "megatron" and orch.sampling.truncates:
         problems.append(
             "orch sampling top_k/top_p/min_p truncate vLLM's distribution and backend megatron does not "
             "reproduce the truncation (its logits are split over tensor-parallel ranks); use backend hf "
             "or set sampling top_k: 0, top_p: 1.0, min_p: 0.0"
         )
-    if train.loss.kl_beta > 0 and (sampling.top_k > 0 or sampling.top_p < 1.0 or sampling.min_p > 0.0):
+    if train.loss.kl_beta > 0 and orch.sampling.truncates:
         problems.append(
             "train loss.kl_beta > 0 with orch sampling top_k/top_p/min_p: the reference KL would compare "
             "the trainer's truncated distribution with the reference's whole one; set loss.kl_beta: 0 or "

@@ -123,6 +123,11 @@ class SamplingConfig(StrictModel):
             raise ValueError("set sampling.temperature or sampling.temp_scheduler, not both")
         return self
 
+    @property
+    def truncates(self) -> bool:
+        """Whether top_k, top_p or min_p cut the distribution vLLM samples from (and the trainer's)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
     def temperature_at(self, step: int, max_steps: int | None) -> float:
         """Temperature for rollouts of `step`."""
         if self.temp_scheduler is None:

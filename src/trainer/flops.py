@@ -141,6 +141,17 @@ class StepFlopCounter:
             num_lora_params=self.num_lora_params,
         )
 
+    def take_rates(
+        self, step_time: float, device: Any, dtype: Any, num_model_shards: int = 1
+    ) -> dict[str, float]:
+        """The step's flop_rate_metrics on `device` computing in `dtype` (this rank computing
+        1/num_model_shards of the model: tensor x pipeline parallel), then start the next step."""
+        from grpo.trainer.peak_flops import peak_flops
+
+        model_flops = self.model_flops() / num_model_shards
+        self.reset()
+        return flop_rate_metrics(model_flops, step_time, peak_flops(device, dtype)[0])
+
 
 def flop_rate_metrics(model_flops: float, step_time: float, peak_flops: float) -> dict[str, float]:
     """`model_tflops_per_s` (this rank's model FLOPs over the step's compute seconds) and `mfu` (that

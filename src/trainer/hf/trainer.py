@@ -360,7 +360,11 @@ class Trainer:
         )
         if self.grad_scale is not None:
             metrics["fp16_grad_scale"] = self.grad_scale.scale
-        metrics.update(self._flop_rates(step_time))
+        metrics.update(
+            self._flops.take_rates(
+                step_time, self.policy.device, self.policy.autocast_dtype or self.policy.dtype
+            )
+        )
         self._report.write(batch_step, metrics, totals.num_loss_tokens)
         return metrics
 
@@ -451,15 +455,6 @@ class Trainer:
             trains_output_layer=not self.policy.is_lora,
             num_lora_params=sum(p.numel() for p in self.params) if self.policy.is_lora else 0,
         )
-
-    def _flop_rates(self, step_time: float) -> dict[str, float]:
-        from grpo.trainer.flops import flop_rate_metrics
-        from grpo.trainer.peak_flops import peak_flops
-
-        model_flops = self._flops.model_flops()
-        self._flops.reset()
-        peak, _ = peak_flops(self.policy.device, self.policy.autocast_dtype or self.policy.dtype)
-        return flop_rate_metrics(model_flops, step_time, peak)
 
     def _sum_over_ranks(
         self, totals: LossSums, num_tokens: int, num_sequence_tokens: int

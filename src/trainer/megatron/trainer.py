@@ -208,7 +208,9 @@ class MegatronTrainer:
             forward_backward_time=forward_backward_time,
             optimizer_time=step_time - forward_backward_time,
         )
-        metrics.update(self._flop_rates(step_time))
+        # A rank computes 1/(tp x pp) of its data-parallel share's FLOPs.
+        num_shards = self.ranks.tp_size * self.ranks.pp_size
+        metrics.update(self._flops.take_rates(step_time, self.model.device, self.model.dtype, num_shards))
         self._report.write(batch.step, metrics, totals.num_loss_tokens)
         return metrics
 
@@ -219,16 +221,6 @@ class MegatronTrainer:
 
         shape = flop_shape(AutoConfig.from_pretrained(self.model_path))
         return StepFlopCounter(shape, trains_base=True, trains_output_layer=True, num_lora_params=0)
-
-    def _flop_rates(self, step_time: float) -> dict[str, float]:
-        """As the HF trainer's; a rank computes 1/(tp x pp) of its data-parallel share's FLOPs."""
-        from grpo.trainer.flops import flop_rate_metrics
-        from grpo.trainer.peak_flops import peak_flops
-
-        model_flops = self._flops.model_flops() / (self.ranks.tp_size * self.ranks.pp_size)
-        self._flops.reset()
-        peak, _ = peak_flops(self.model.device, self.model.dtype)
-        return flop_rate_metrics(model_flops, step_time, peak)
 
     def _backward(self, micro_batches: list[MicroBatch], loss_scale: int) -> LossSums:
         """Forward and backward every micro-batch (one pipeline stage): the summed loss of each
