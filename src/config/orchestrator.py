@@ -230,8 +230,23 @@ class AdvantageConfig(StrictModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """(custom) keyword arguments for the function."""
 
+    turn_credit: Literal["final", "per_turn"] = "final"
+    """Multi-turn credit. final: one advantage per rollout from its reward (the score plus every
+    turn's reward), on all its tokens. per_turn: each model turn's tokens carry that turn's own
+    advantage: its return (its reward and the later turns', discounted by turn_discount) compared by
+    `type` with the returns of the group's rollouts at the same turn index that reached it
+    (docs/loss.md, "Multi-turn credit"). Single-turn rollouts are the same under both."""
+
+    turn_discount: float = Field(1.0, ge=0.0, le=1.0)
+    """(per_turn) gamma of a turn's return, sum over k >= t of gamma^(k-t) * r_k."""
+
     @model_validator(mode="after")
     def _options_the_type_uses(self) -> AdvantageConfig:
+        if self.turn_discount != 1.0 and self.turn_credit != "per_turn":
+            raise ValueError(
+                "advantage.turn_discount only applies with advantage.turn_credit: per_turn; "
+                "set turn_credit: per_turn or remove turn_discount"
+            )
         if self.type == "custom" and not self.import_path:
             raise ValueError("advantage.type 'custom' needs advantage.import_path ('pkg.module:function')")
         if self.type != "custom" and self.import_path:

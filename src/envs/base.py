@@ -42,6 +42,10 @@ class EnvReply:
     """Messages appended to the conversation (they never train)."""
     done: bool
     """True ends the rollout."""
+    reward: float | None = None
+    """The reward of the model turn this step reacts to (None: the turn earns none). A rollout's
+    reward is its score plus every turn's reward; with orch advantage.turn_credit per_turn each turn
+    is credited with its own return (docs/loss.md, "Multi-turn credit")."""
 
 
 @runtime_checkable

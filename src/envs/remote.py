@@ -271,7 +271,7 @@ class RemoteEnv:
         if reply is None:
             state["failure"] = failure
             return EnvReply(messages=[], done=True)
-        return EnvReply(messages=reply["messages"], done=reply["done"])
+        return EnvReply(messages=reply["messages"], done=reply["done"], reward=reply.get("reward"))
 
     async def score(self, example: Example, completion: list[Message], state: dict[str, Any]) -> Score:
         failure = state.get("failure")

@@ -3,7 +3,7 @@
 Endpoints:
   GET  /info   {id, name, max_turns, examples, prompts}: prompts[i] is examples[i]'s prompt messages
   POST /reset  {example} -> {session_id}
-  POST /step   {session_id, messages} -> {messages, done}
+  POST /step   {session_id, messages} -> {messages, done, reward}  (reward: the turn's, or null)
   POST /score  {session_id, example, completion} -> {reward, metrics, failure}; ends the session
 
 Per-rollout state stays here behind an opaque session id, because an environment's state dict may
@@ -261,7 +261,7 @@ def build_app(
         if state is None:
             raise unknown(body.session_id)
         reply = await env.step(body.messages, state)
-        return {"messages": reply.messages, "done": reply.done}
+        return {"messages": reply.messages, "done": reply.done, "reward": reply.reward}
 
     @app.post("/score")
     async def score(body: ScoreBody) -> dict[str, Any]:

@@ -6,14 +6,17 @@ refuses the whole batch on one bad value. A batch the orchestrator has published
 spooled (zmq) is delivered again after a restart, so a refused batch would end every restart at the
 same step. The orchestrator therefore holds what it computes to the trainer's bound, per group:
 
-- every scored reward within +-MAX_ABS_ADVANTAGE (1e6, the trainer's advantage bound, so there is
-  one limit to know). Verifiable rewards are O(1); a reward near 1e308 overflows the group mean
-  (1e308 + 1e308 is inf, so the advantages become inf or NaN), and a reward of 1e6 or more would
-  dominate a batch-whitened baseline (reinforce_pp) for every other group of the step. Such a
-  group fails before any advantage is computed, so no other group's advantages see it.
-- every advantage finite and within +-MAX_ABS_ADVANTAGE: what the trainer checks. Group-normalised
-  advantages stay within sqrt(group size); `default`, `dr_grpo` and `rloo` are reward differences,
-  within 2e6 of rewards that passed the first check, and a custom estimator may return anything.
+- every scored reward (and every turn reward) within +-MAX_ABS_ADVANTAGE (1e6, the trainer's
+  advantage bound, so there is one limit to know). Verifiable rewards are O(1); a reward near 1e308
+  overflows the group mean (1e308 + 1e308 is inf, so the advantages become inf or NaN), and a reward
+  of 1e6 or more would dominate a batch-whitened baseline (reinforce_pp) for every other group of
+  the step. Such a group fails before any advantage is computed, so no other group's advantages
+  see it.
+- every advantage (each turn's, with per-turn credit) finite and within +-MAX_ABS_ADVANTAGE: what
+  the trainer checks. Group-normalised advantages stay within sqrt(group size); `default`,
+  `dr_grpo` and `rloo` are reward differences, within 2e6 of rewards that passed the first check
+  (a turn's return, a sum of turn rewards, may be larger and is caught here), and a custom
+  estimator may return anything.
 
 A failed group's rollouts are failed like a rollout whose reward raised (`Rollout.fail`: masked, out
 of every baseline, counted in failed/num_rollouts) and the group is counted in failed/num_groups;
@@ -28,6 +31,7 @@ import numpy as np
 
 from grpo.config.orchestrator import AdvantageConfig
 from grpo.orchestrator.advantage import compute_advantages
+from grpo.orchestrator.turn_credit import per_turn_advantages
 from grpo.orchestrator.types import Group
 from grpo.transport.batches.validate import MAX_ABS_ADVANTAGE
 from grpo.utils.logging import get_logger
@@ -49,12 +53,15 @@ def fail_group(group: Group, reason: str) -> None:
         if rollout.failure is None:
             rollout.fail(reason)
         rollout.advantage = 0.0
+        rollout.turn_advantages = None
 
 
 def _reward_out_of_bounds(group: Group) -> str | None:
     for rollout in group.rollouts:
-        if rollout.failure is None and not abs(rollout.reward) <= MAX_ABS_ADVANTAGE:
-            return f"reward {rollout.reward:g} beyond +-{MAX_ABS_ADVANTAGE:g}"
+        if rollout.failure is None:
+            for reward in (rollout.reward, *rollout.turn_rewards):
+                if not abs(reward) <= MAX_ABS_ADVANTAGE:
+                    return f"reward {reward:g} beyond +-{MAX_ABS_ADVANTAGE:g}"
     return None
 
 
@@ -66,11 +73,16 @@ def _advantages_out_of_bounds(row: np.ndarray) -> str | None:
     return None
 
 
-def _compute(cfg: AdvantageConfig, groups: list[Group]) -> np.ndarray:
+def _compute(cfg: AdvantageConfig, groups: list[Group]) -> list[list[np.ndarray]]:
+    """Each rollout's advantages: one per turn with per-turn credit, else one."""
+    scored = np.array([g.scored for g in groups], dtype=bool)
+    if cfg.turn_credit == "per_turn":
+        turn_rewards = [[r.turn_rewards for r in g.rollouts] for g in groups]
+        turn_lengths = [[r.turn_num_model_tokens() for r in g.rollouts] for g in groups]
+        return per_turn_advantages(cfg, turn_rewards, turn_lengths, scored)
     rewards = np.array([g.rewards for g in groups], dtype=np.float64)
     lengths = np.array([[r.num_model_tokens for r in g.rollouts] for g in groups], dtype=np.float64)
-    scored = np.array([g.scored for g in groups], dtype=bool)
-    return compute_advantages(cfg, rewards, lengths, scored)
+    return [[a[None] for a in row] for row in compute_advantages(cfg, rewards, lengths, scored)]
 
 
 def bounded_advantages(cfg: AdvantageConfig, groups: list[Group]) -> int:
@@ -82,11 +94,11 @@ def bounded_advantages(cfg: AdvantageConfig, groups: list[Group]) -> int:
             fail_group(group, reason)
             num_failed += 1
     while True:
-        advantages = _compute(cfg, groups) if groups else np.zeros((0, 0))
+        advantages = _compute(cfg, groups)
         bad = [
             (group, reason)
             for group, row in zip(groups, advantages, strict=True)
-            if (reason := _advantages_out_of_bounds(row))
+            if (reason := _advantages_out_of_bounds(np.concatenate(row)))
         ]
         # Each pass fails at least one more group (a failed group's advantages are all 0): it ends.
         for group, reason in bad:
@@ -95,6 +107,8 @@ def bounded_advantages(cfg: AdvantageConfig, groups: list[Group]) -> int:
         if not bad:
             break
     for group, row in zip(groups, advantages, strict=True):
-        for rollout, advantage in zip(group.rollouts, row, strict=True):
-            rollout.advantage = float(advantage)
+        for rollout, turns in zip(group.rollouts, row, strict=True):
+            rollout.advantage = float(turns[0])
+            if cfg.turn_credit == "per_turn":
+                rollout.turn_advantages = [float(a) for a in turns]
     return num_failed

@@ -1,7 +1,8 @@
 """Packing rollouts into training rows of at most seq_len tokens.
 
 Each sample is prompt ids + completion ids; loss_mask is True only on model-generated completion
-tokens (and False for rollouts a filter masked). Samples longer than seq_len are truncated on the
+tokens (and False for rollouts a filter masked); each loss token carries its rollout's advantage,
+or with per-turn credit its turn's. Samples longer than seq_len are truncated on the
 right and counted.
 
 With `share_prefixes`, samples that begin with the same tokens (the rollouts of a group, which
@@ -38,6 +39,17 @@ class PackStats:
     """Real tokens / (num_rows * seq_len)."""
 
 
+def _token_advantages(rollout: Rollout) -> np.ndarray:
+    """[prompt + completion] each token's advantage: the rollout's, or with per-turn credit its
+    turn's (a turn's span holds the environment tokens after it, which the mask zeroes)."""
+    num_tokens = len(rollout.prompt_ids) + len(rollout.completion_ids)
+    if rollout.turn_advantages is None:
+        return np.full(num_tokens, rollout.advantage, dtype=np.float32)
+    spans = [end - start for start, end in rollout.turn_spans()]
+    completion = np.repeat(np.asarray(rollout.turn_advantages, dtype=np.float32), spans)
+    return np.concatenate([np.zeros(len(rollout.prompt_ids), dtype=np.float32), completion])
+
+
 def _sample_arrays(rollout: Rollout, seq_len: int, with_teacher: bool) -> dict[str, np.ndarray]:
     ids = rollout.prompt_ids + rollout.completion_ids
     num_prompt = len(rollout.prompt_ids)
@@ -52,7 +64,7 @@ def _sample_arrays(rollout: Rollout, seq_len: int, with_teacher: bool) -> dict[s
         "input_ids": np.asarray(ids[:n], dtype=np.int32),
         "position_ids": np.arange(n, dtype=np.int32),
         "loss_mask": mask_arr,
-        "advantages": np.where(mask_arr, np.float32(rollout.advantage), np.float32(0.0)).astype(np.float32),
+        "advantages": np.where(mask_arr, _token_advantages(rollout)[:n], np.float32(0.0)).astype(np.float32),
         "inference_logprobs": np.asarray(logprobs[:n], dtype=np.float32),
         "temperatures": np.where(mask_arr, np.float32(rollout.temperature), np.float32(1.0)).astype(
             np.float32

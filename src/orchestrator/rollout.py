@@ -120,9 +120,13 @@ class RolloutRunner:
             if score is not None and failure is None:
                 failure = score.failure or self._bad_reward(req.env, score.reward)
             if score is not None and failure is None:
-                rollout.reward, rollout.reward_metrics = float(score.reward), score.metrics
+                # the score rewards the rollout's end: its last turn
+                rollout.turn_rewards[-1] += float(score.reward)
+                rollout.reward_metrics = score.metrics
         if failure is not None:
             rollout.fail(failure)
+        else:
+            rollout.reward = math.fsum(rollout.turn_rewards)
         if req.teacher_model is not None:
             ids = rollout.prompt_ids + rollout.completion_ids
             teacher = await self.teacher_client.prompt_logprobs(ids, req.teacher_model)
@@ -282,6 +286,8 @@ class RolloutRunner:
             if rollout is None:
                 rollout = self._rollout(req, prompt_ids, choice, start)
             else:
+                rollout.turn_starts.append(len(rollout.completion_ids))
+                rollout.turn_rewards.append(0.0)
                 rollout.completion_ids += c.token_ids
                 rollout.completion_mask += [True] * len(c.token_ids)
                 rollout.completion_logprobs += c.logprobs
@@ -310,7 +316,11 @@ class RolloutRunner:
             else:
                 reply: EnvReply | None
                 reply, failure = await self._env_call(req.env, "step", req.env.step, history, state)
-                if reply is None or reply.done:
+                if reply is not None and reply.reward is not None:
+                    failure = self._bad_reward(req.env, reply.reward)
+                    if failure is None:
+                        rollout.turn_rewards[-1] += float(reply.reward)
+                if failure is not None or reply is None or reply.done:
                     break
                 new_messages = reply.messages
             self._append_env_ids(rollout, self.tokenizer.continuation_ids(history, new_messages, tools))

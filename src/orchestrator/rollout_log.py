@@ -1,7 +1,7 @@
 """Each step's rollouts on disk, with or without W&B: RUN_DIR/rollouts/step_N.jsonl.gz.
 
-One JSON object per rollout (prompt, completion, each reward function's value, advantage, env, the
-policies it was sampled under), gzip-compressed and written atomically, so a reader (grpo-report,
+One JSON object per rollout (prompt, completion, each reward function's value, advantage, each
+model turn's reward and, with per-turn credit, advantage, env, the policies it was sampled under), gzip-compressed and written atomically, so a reader (grpo-report,
 a person with zcat) never sees half a file. Capped: the first `max_rollouts_per_step` rollouts of
 each step, and no new file once the folder holds `max_total_mib`.
 """
@@ -38,6 +38,8 @@ def rollout_records(groups: list[Group], env_labels: list[str]) -> list[dict[str
             "reward": r.reward,
             "rewards": dict(r.reward_metrics),
             "advantage": r.advantage,
+            "turn_rewards": r.turn_rewards,
+            "turn_advantages": r.turn_advantages,
             "start_version": r.start_version,
             "end_version": r.end_version,
             "num_tokens": r.num_model_tokens,

@@ -106,6 +106,21 @@ def pack_metrics(stats: dict[str, float], rollouts: list[Rollout], seq_len: int)
     advantages = np.array([r.advantage for r in rollouts], dtype=np.float64)
     stats["advantage/mean"] = float(advantages.mean())
     stats["advantage/std"] = float(advantages.std())
+    stats.update(turn_metrics(rollouts))
+
+
+def turn_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+    """With per-turn credit: the mean and std of turn t's advantage and the mean of its reward, over
+    the scored rollouts that reached turn t (`advantage/turn_<t>/mean`, `/std`, `reward/turn_<t>/mean`)."""
+    scored = [r for r in rollouts if r.turn_advantages is not None and r.failure is None]
+    metrics: dict[str, float] = {}
+    for t in range(max((r.num_turns for r in scored), default=0)):
+        reached = [r for r in scored if r.num_turns > t]
+        advantages = np.array([r.turn_advantages[t] for r in reached if r.turn_advantages is not None])
+        metrics[f"advantage/turn_{t}/mean"] = float(advantages.mean())
+        metrics[f"advantage/turn_{t}/std"] = float(advantages.std())
+        metrics[f"reward/turn_{t}/mean"] = statistics.fmean(r.turn_rewards[t] for r in reached)
+    return metrics
 
 
 def rollout_metrics(

@@ -35,7 +35,17 @@ class Rollout:
     truncated: bool = False
     """The model hit max_tokens (finish_reason 'length')."""
     reward_metrics: dict[str, float] = field(default_factory=dict)
+    turn_starts: list[int] = field(default_factory=lambda: [0])
+    """Where each model turn begins in `completion_ids`; a turn's span runs to the next turn's start
+    (the environment tokens after it, masked, belong to its span)."""
+    turn_rewards: list[float] = field(default_factory=lambda: [0.0])
+    """Each model turn's reward: the environment step's reward for it, and for the last turn also
+    the score; `reward` is their sum."""
     advantage: float = 0.0
+    """The advantage of every loss token; with per-turn credit, its first turn's (the turn whose
+    return is the whole rollout's)."""
+    turn_advantages: list[float] | None = None
+    """With advantage.turn_credit per_turn: each model turn's advantage, carried by its tokens."""
     masked: bool = False
     """No loss on its tokens: it failed (`fail`), or a filter with enforce=true flagged it."""
     teacher_logprobs: list[float] | None = None
@@ -57,12 +67,25 @@ class Rollout:
     def num_model_tokens(self) -> int:
         return sum(self.completion_mask)
 
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_starts)
+
+    def turn_spans(self) -> list[tuple[int, int]]:
+        """(start, end) in `completion_ids` of each model turn with the environment tokens after it."""
+        ends = [*self.turn_starts[1:], len(self.completion_ids)]
+        return list(zip(self.turn_starts, ends, strict=True))
+
+    def turn_num_model_tokens(self) -> list[int]:
+        return [sum(self.completion_mask[start:end]) for start, end in self.turn_spans()]
+
     def fail(self, reason: str) -> None:
         """Mark it failed: it must not train (a reward of 0 would push the policy away from a
         completion nobody judged), so it is masked; the metrics count it."""
         self.failure = reason
         self.reward = 0.0
         self.reward_metrics = {}
+        self.turn_rewards = [0.0] * len(self.turn_rewards)
         self.masked = True
 
 

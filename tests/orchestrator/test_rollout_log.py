@@ -31,6 +31,7 @@ def _group(env_index: int, num_rollouts: int, text: str = "the answer is 4") -> 
             end_version=3,
             completion_text=f"{text} {i}",
             reward=float(i % 2),
+            turn_rewards=[float(i % 2)],
             reward_metrics={"correct": float(i % 2), "brief": 1.0},
             advantage=float(i % 2) - 0.5,
         )
@@ -53,6 +54,8 @@ def test_each_step_has_a_file_with_prompt_completion_rewards_advantage_env_and_v
         "reward": 0.0,
         "rewards": {"correct": 0.0, "brief": 1.0},
         "advantage": -0.5,
+        "turn_rewards": [0.0],
+        "turn_advantages": None,
         "start_version": 2,
         "end_version": 3,
         "num_tokens": 3,
