@@ -39,7 +39,7 @@ class GuessEnv(MultiTurnEnv):
         guess = int(messages[-1]["content"])
         state["guesses"].add(guess)
         if guess == SECRET:
-            return EnvReply([], done=True)
+            return EnvReply([], done=True, reward=0.5)  # a turn reward crosses the wire too
         hint = "higher" if guess < SECRET else "lower"
         return EnvReply([{"role": "user", "content": hint}], done=False)
 

@@ -88,7 +88,7 @@ def test_multi_turn_steps_and_scores_match_local_with_state_kept_on_server(guess
     remote = RemoteEnv.connect(guess_address, "guess-id", "guess")
     assert remote.max_turns == 4
 
-    async def play(env: Environment) -> tuple[list[tuple[list[Message], bool]], Any]:
+    async def play(env: Environment) -> tuple[list[tuple[list[Message], bool, float | None]], Any]:
         example = env.examples[0]
         state = await env.reset(example)
         history = env.prompt_messages(example)
@@ -98,7 +98,7 @@ def test_multi_turn_steps_and_scores_match_local_with_state_kept_on_server(guess
             history += _reply(guess)
             completion += _reply(guess)
             reply = await env.step(history, state)
-            replies.append((reply.messages, reply.done))
+            replies.append((reply.messages, reply.done, reply.reward))
             history += reply.messages
             completion += reply.messages
         return replies, await env.score(example, completion, state)
@@ -106,11 +106,12 @@ def test_multi_turn_steps_and_scores_match_local_with_state_kept_on_server(guess
     remote_replies, remote_score = asyncio.run(play(remote))
     local_replies, local_score = asyncio.run(play(local))
     assert remote_replies == local_replies
-    assert [messages for messages, _ in remote_replies[:2]] == [
+    assert [messages for messages, _, _ in remote_replies[:2]] == [
         [{"role": "user", "content": "higher"}],
         [{"role": "user", "content": "lower"}],
     ]
-    assert remote_replies[-1] == ([], True)
+    assert remote_replies[-1] == ([], True, 0.5)
+    assert [reward for *_, reward in remote_replies[:2]] == [None, None]
     assert remote_score == local_score
     assert remote_score.reward == pytest.approx(1.0 + 1 / 3)  # the server-side set saw three guesses
 

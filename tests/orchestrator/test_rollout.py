@@ -143,3 +143,36 @@ def test_rollouts_whose_reset_failed_stay_out_of_the_group_score(tmp_path: Path)
     assert sizes == [2]
     assert [r.failure is None for r in group.rollouts] == [True, False, True]
     assert [r.reward for r in group.rollouts] == [1.0, 0.0, 1.0]
+
+
+class RewardingEnv(MultiTurnEnv):
+    """Rewards each model turn it answers with 0.25 (a NaN on the rollout whose state says so)."""
+
+    async def reset(self, example: Any) -> dict[str, Any]:
+        self.count = getattr(self, "count", 0) + 1
+        return {"nan": self.count == 2}
+
+    async def step(self, messages: list[Message], state: dict[str, Any]) -> EnvReply:
+        reward = float("nan") if state["nan"] else 0.25
+        return EnvReply([{"role": "user", "content": "go on"}], done=False, reward=reward)
+
+
+def test_step_rewards_go_to_their_turns_and_the_score_to_the_last_turn(tmp_path: Path) -> None:
+    env = RewardingEnv(examples=[{"prompt": "guess"}], rewards=[lambda completion: 1.0], max_turns=3)
+    group = _run(env, FakeClient(num_tokens=4), tmp_path, n=3)
+    scored = [r for r in group.rollouts if r.failure is None]
+    assert len(scored) == 2
+    for rollout in scored:
+        # 3 model turns of 4 tokens, the environment's "go on" between them
+        assert rollout.num_turns == 3 and rollout.turn_num_model_tokens() == [4, 4, 4]
+        assert all(rollout.completion_mask[start] for start in rollout.turn_starts)
+        assert rollout.turn_rewards == [0.25, 0.25, 1.0]  # step 3 never runs: max_turns ends it
+        assert rollout.reward == 1.5
+
+
+def test_a_non_finite_step_reward_fails_the_rollout(tmp_path: Path) -> None:
+    env = RewardingEnv(examples=[{"prompt": "guess"}], rewards=[lambda completion: 1.0], max_turns=3)
+    group = _run(env, FakeClient(), tmp_path, n=3)
+    (failed,) = [r for r in group.rollouts if r.failure is not None]
+    assert failed.masked and failed.failure == "env multi-turn: reward nan is not a finite number"
+    assert failed.num_turns == 1  # the rollout ended at the bad reward

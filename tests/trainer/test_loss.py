@@ -278,3 +278,27 @@ def test_masked_fractions_are_split_by_which_mask_dropped_the_tokens():
     assert metrics["masked/token_low"] == pytest.approx(1 / 5)
     assert metrics["masked/sequence_high"] == pytest.approx(2 / 5)
     assert metrics["masked/token_high"] == 0.0 and metrics["masked/sequence_low"] == 0.0
+
+
+def test_each_turn_of_a_multi_turn_sample_is_weighted_by_its_own_advantage():
+    # One sample: prompt, model turn 0 (advantage +1), an environment token, model turn 1 (advantage
+    # -2), as the packer lays out per-turn credit. Tokens 2 and 5 have ratio e^0.5 > clip_high: PPO's
+    # clip drops turn 0's (positive signal) and keeps turn 1's (negative signal).
+    cfg = LossConfig(clip_high=1.28)
+    trainer = [0.0, -1.0, -0.5, 0.0, -2.0, -0.5]
+    inference = [0.0, -1.0, -1.0, 0.0, -2.0, -1.0]
+    adv = [0.0, 1.0, 1.0, 0.0, -2.0, -2.0]
+    mask = [False, True, True, False, True, True]
+    lp, inf, a, m, pos = _row(trainer, inference, adv, mask, [0, 1, 2, 3, 4, 5])
+    loss, sums = grpo_loss(lp, inf, a, m, pos, cfg, loss_scale=8)
+    loss.backward()
+    coeff = []
+    for t in range(6):
+        ratio = math.exp(trainer[t] - inference[t])
+        has_gradient = mask[t] and not (ratio > 1.28 and adv[t] > 0)
+        coeff.append(ratio * adv[t] if has_gradient else 0.0)
+    assert coeff[2] == 0.0 and coeff[5] == pytest.approx(-2.0 * math.exp(0.5))
+    assert loss.item() == pytest.approx(-sum(c * x for c, x in zip(coeff, trainer, strict=True)) / 8)
+    assert lp.grad is not None
+    assert lp.grad.tolist() == pytest.approx([-c / 8 for c in coeff])
+    assert sums.num_clipped_high == 1
