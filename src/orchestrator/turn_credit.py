@@ -13,7 +13,8 @@ advantage at every turn whatever the turn rewards, and the rule is defined for a
 counts: a turn index that only one rollout of a group reached gets that estimator's answer for a
 group of one (0 for every group baseline). The lengths the estimators weigh (length_weighted_mean,
 the REINFORCE++ whitening) are each turn's model tokens. With gamma 1 and no step rewards, every
-turn's return is the rollout's reward, and turn 0's advantages are those of turn_credit: final.
+turn's return is the rollout's reward, and turn 0's advantages are those of turn_credit: final
+(for the estimators that weigh no lengths).
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
-"""Per-turn credit reaches the trainer's tokens: every loss token of a model turn carries that turn's
-advantage in the batch as decoded from the wire (the filesystem and zmq transports' format), with
-and without shared-prefix packing; environment tokens carry none."""
+"""Per-turn credit reaches the trainer's loss tokens: every loss token of a model turn carries that
+turn's advantage in the batch decoded from the wire (the filesystem and zmq transports' format) and
+made into the trainer's micro-batch, with and without shared-prefix packing; environment tokens
+carry none."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.orchestrator.step_batch import build_batch, turn_metrics
 from grpo.orchestrator.turn_credit import per_turn_advantages
 from grpo.orchestrator.types import Group, Rollout
+from grpo.trainer.packing import build_micro_batch
 from grpo.transport.batches.wire import decode_batch, encode_batch
 
 VOCAB = 1000
@@ -73,11 +76,13 @@ def _loss_token_advantages(credit: str, shared_prefix: bool) -> tuple[dict[int, 
     stats: dict[str, float] = {}
     batch, _ = build_batch(_cfg(credit, shared_prefix), VOCAB, 0, 0, [group], stats)
     decoded = decode_batch(encode_batch(batch), VOCAB)
-    by_id: dict[int, list[float]] = {}
     for row in decoded.rows:
         assert np.all(row.advantages[~row.loss_mask] == 0.0)
-        for token, advantage in zip(row.input_ids[row.loss_mask], row.advantages[row.loss_mask], strict=True):
-            by_id.setdefault(int(token), []).append(float(advantage))
+    # the trainer's view: the loss tokens of a micro-batch of every row
+    loss = build_micro_batch(decoded.rows, torch.device("cpu"), varlen_attention=False).loss
+    by_id: dict[int, list[float]] = {}
+    for token, advantage in zip(loss.targets.tolist(), loss.advantages.tolist(), strict=True):
+        by_id.setdefault(int(token), []).append(float(advantage))
     return by_id, group
 
 
