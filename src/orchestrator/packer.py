@@ -46,7 +46,7 @@ def _token_advantages(rollout: Rollout) -> np.ndarray:
     if rollout.turn_advantages is None:
         return np.full(num_tokens, rollout.advantage, dtype=np.float32)
     spans = [end - start for start, end in rollout.turn_spans()]
-    completion = np.repeat(np.asarray(rollout.turn_advantages, dtype=np.float32), spans)
+    completion: np.ndarray = np.repeat(np.asarray(rollout.turn_advantages, dtype=np.float32), spans)
     return np.concatenate([np.zeros(len(rollout.prompt_ids), dtype=np.float32), completion])
 
 

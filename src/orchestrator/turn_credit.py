@@ -58,6 +58,4 @@ def per_turn_advantages(
     advantages = np.zeros((max_turns, num_groups, group_size))
     for t in range(max_turns):
         advantages[t] = compute_advantages(cfg, returns[t], lengths[t], valid & (num_turns > t))
-    return [
-        [advantages[: num_turns[g, i], g, i] for i in range(group_size)] for g in range(num_groups)
-    ]
+    return [[advantages[: num_turns[g, i], g, i] for i in range(group_size)] for g in range(num_groups)]

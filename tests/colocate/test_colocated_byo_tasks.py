@@ -2,7 +2,8 @@
 start for all of them): a `- dataset:` block with TRL-style reward functions, a verifiers taskset driven
 by its own Env, a tool-calling block whose calculator is really called, a block with a group reward
 and an LLM judge served by the run's own vLLM, and an `openenv:` block playing a real OpenEnv server. The trainer runs with the reference-KL term and two
-updates per batch. Each block's files and checks live in its own module (task_*.py, knobs_ref_kl.py).
+updates per batch, the orchestrator with per-turn credit. Each block's files and checks live in its
+own module (task_*.py, knobs_ref_kl.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from task_dataset import check_dataset_metrics, dataset_block
 from task_judge import check_judge_metrics, judge_block
 from task_openenv import check_openenv_metrics, openenv_block
 from task_tools import check_tool_metrics, tool_block
+from task_turn_credit import check_turn_credit, turn_credit_overrides
 from task_verifiers import check_verifiers_metrics, verifiers_block
 
 from grpo.utils.jsonl import read_jsonl
@@ -51,6 +53,7 @@ def test_every_kind_of_env_block_trains_two_steps_in_one_run(
         "--orch.env",
         json.dumps(blocks),
         *knobs_train_overrides(),
+        *turn_credit_overrides(),
     ]
     env = {
         **os.environ,
@@ -76,6 +79,7 @@ def test_every_kind_of_env_block_trains_two_steps_in_one_run(
     check_judge_metrics(orch)
     check_openenv_metrics(orch)
     check_knobs_metrics(trainer)
+    check_turn_credit(run_dir, 4, orch)
     # the tool ran in the run's process with the argument the parser read from the model's turn
     calls = tool_log.read_text().splitlines()
     assert calls and set(calls) == {"2 + 40"}

@@ -80,6 +80,6 @@ def test_an_unscored_rollout_gets_zero_at_every_turn_and_joins_no_baseline() -> 
 
 
 def test_turn_discount_needs_per_turn_credit() -> None:
-    with pytest.raises(ValueError, match="turn_discount only applies with advantage.turn_credit: per_turn"):
+    with pytest.raises(ValueError, match="turn_discount only applies with advantage"):
         AdvantageConfig(turn_discount=0.9)
     assert AdvantageConfig().turn_credit == "final" and AdvantageConfig().turn_discount == 1.0
