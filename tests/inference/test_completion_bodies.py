@@ -117,10 +117,11 @@ def test_every_body_the_client_sends_states_every_sampling_setting() -> None:
 def test_the_body_carries_the_settings_of_the_request() -> None:
     params = SamplingParams(
         temperature=0.7, max_tokens=4, min_tokens=1, repetition_penalty=1.1, presence_penalty=0.2,
-        frequency_penalty=0.3, top_p=0.9, top_k=5, min_p=0.05, seed=11, stop=("\n",),
+        frequency_penalty=0.3, top_p=0.9, top_k=5, min_p=0.05, seed=11, stop=("\n",), stop_token_ids=(2,),
+        include_stop_str_in_output=True,
     )  # fmt: skip
     body = completion_body(request(params))
-    expected = {**dataclasses.asdict(params), "stop": ["\n"]}
+    expected = {**dataclasses.asdict(params), "stop": ["\n"], "stop_token_ids": [2]}
     assert {name: body[name] for name in expected} == expected
     assert body["watermarking"] is False
 
