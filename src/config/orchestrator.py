@@ -483,7 +483,8 @@ class OrchestratorConfig(StrictModel):
     every resumed partial rollout) states every setting below, so no server default applies (grpo's
     vLLM servers also run with --generation-config vllm, ignoring the checkpoint's
     generation_config.json); `--dry-run` prints what each request carries. The trainer reproduces
-    only the temperature, so every filter and penalty accepts only its off value."""
+    the temperature and the top_k/top_p/min_p truncation, so every penalty accepts only its off
+    value."""
     client: ClientConfig = Field(default_factory=ClientConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
@@ -519,6 +520,17 @@ class OrchestratorConfig(StrictModel):
         problem = streaming_advantage_problem(self.streaming.groups_per_part, self.advantage.type)
         if problem is not None:
             raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _stop_strings_see_whole_completions(self) -> OrchestratorConfig:
+        # vLLM matches stop strings in the text of one request; a resumed request starts from the
+        # tokens kept without their text, so a stop string across the seam would go unnoticed.
+        if self.partial_rollouts and self.sampling.stop:
+            raise ValueError(
+                "sampling.stop with partial_rollouts: a resumed request never sees the text it kept, so a "
+                "stop string across an update would be missed; set partial_rollouts: false or remove sampling.stop"
+            )
         return self
 
     @model_validator(mode="after")

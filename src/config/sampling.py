@@ -98,6 +98,22 @@ class SamplingConfig(StrictModel):
     frequency_penalty: float = 0.0
     """Frequency penalty; only 0.0 (off) is accepted, for the reason given under repetition_penalty."""
 
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings: a completion ends (finish_reason stop, not truncated) once its text contains one.
+    vLLM cuts only the text; the token ids and logprobs it returns, and so the tokens that train, are
+    every token sampled, up to and including the one that completed the stop string (its text may run
+    past it). Rewards score vLLM's text, cut as include_stop_str_in_output says (docs/loss.md, "Stop
+    strings"). Not with partial_rollouts (a resumed request never sees the text it kept)."""
+
+    stop_token_ids: list[int] = Field(default_factory=list)
+    """Token ids that end a completion as its end-of-sequence does, besides the checkpoint's own. The
+    stop token is returned and trains like every other sampled token."""
+
+    include_stop_str_in_output: bool = False
+    """Keep the matched stop string (or a stop token's text) at the end of the completion text the
+    rewards score (vLLM's option of the same name). false cuts the text before the stop string. The
+    tokens that train are the same either way."""
+
     @field_validator("temperature")
     @classmethod
     def _sampled_as_configured(cls, value: float | None) -> float | None:
@@ -115,6 +131,20 @@ class SamplingConfig(StrictModel):
                 f"{value} is not supported in training: vLLM's logprobs would include it but the "
                 f"trainer's do not, which biases every importance ratio; set {info.field_name}: {neutral}"
             )
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop_string(cls, value: list[str]) -> list[str]:
+        if any(not stop for stop in value):
+            raise ValueError("an empty stop string would end every completion at once; remove it")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids_are_ids(cls, value: list[int]) -> list[int]:
+        if any(token_id < 0 for token_id in value):
+            raise ValueError(f"token ids are >= 0, got {value}")
         return value
 
     @model_validator(mode="after")

@@ -30,7 +30,11 @@ def completion_from_choice(choice: dict[str, Any]) -> Completion:
     if len(logprobs) != len(token_ids):
         raise RuntimeError(f"server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
     return Completion(
-        token_ids=token_ids, logprobs=logprobs, text=choice["text"], finish_reason=choice["finish_reason"]
+        token_ids=token_ids,
+        logprobs=logprobs,
+        text=choice["text"],
+        finish_reason=choice["finish_reason"],
+        stop_reason=choice.get("stop_reason"),
     )
 
 
@@ -38,6 +42,7 @@ def sampling_fields(params: SamplingParams) -> dict[str, Any]:
     """The sampling part of a /completions body: every field of `params`, none left to the server."""
     fields = asdict(params)
     fields["stop"] = list(params.stop)
+    fields["stop_token_ids"] = list(params.stop_token_ids)
     # No watermark: vLLM applies one configured on the engine to every request that does not say no.
     return {**fields, "watermarking": False}
 

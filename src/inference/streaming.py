@@ -37,6 +37,7 @@ class _Choice:
     logprobs: list[float] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
 
     def add(self, choice: dict[str, Any]) -> None:
         token_ids = choice.get("token_ids") or []
@@ -50,6 +51,7 @@ class _Choice:
         self.text.append(choice.get("text") or "")
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
+            self.stop_reason = choice.get("stop_reason")
 
     def completion(self) -> Completion:
         return Completion(
@@ -57,6 +59,7 @@ class _Choice:
             logprobs=self.logprobs,
             text="".join(self.text),
             finish_reason=self.finish_reason or ABORTED,
+            stop_reason=self.stop_reason,
         )
 
 

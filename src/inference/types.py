@@ -34,6 +34,9 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    """Whether the text keeps the matched stop string; the token ids are the same either way."""
 
 
 @dataclass
@@ -44,6 +47,9 @@ class Completion:
     """logprob of each completion token under the sampling policy (after temperature); len == len(token_ids)."""
     text: str
     finish_reason: Literal["stop", "length", "abort"] | str
+    stop_reason: str | int | None = None
+    """vLLM's stop_reason: the stop string that matched, the stop token id it stopped on (the
+    checkpoint's extra end-of-sequence ids count as such), or None (end-of-sequence, max_tokens)."""
     policy_version: int = -1
     """Filled in by the orchestrator: the policy version the server had when the request completed."""
 

@@ -310,8 +310,6 @@ class RolloutRunner:
                 break
             if calls:
                 assert isinstance(req.env, ToolUse)
-                if rollout.truncated:  # close the cut turn as the template would: a token that never trains
-                    self._append_env_ids(rollout, self.tokenizer.encode(self.tokenizer.end_of_turn_token))
                 new_messages = await self._run_tools(req.env, calls, rollout)
             else:
                 reply: EnvReply | None
@@ -323,6 +321,10 @@ class RolloutRunner:
                 if failure is not None or reply is None or reply.done:
                     break
                 new_messages = reply.messages
+            if rollout.truncated or isinstance(c.stop_reason, str):
+                # a turn cut at max_tokens or by a stop string lacks the end of turn the model would have
+                # sampled: close it as the template would, with a token that never trains
+                self._append_env_ids(rollout, self.tokenizer.encode(self.tokenizer.end_of_turn_token))
             self._append_env_ids(rollout, self.tokenizer.continuation_ids(history, new_messages, tools))
             history += new_messages
             completion += new_messages

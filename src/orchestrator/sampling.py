@@ -26,6 +26,9 @@ def request_sampling(
         top_k=cfg.top_k,
         min_p=cfg.min_p,
         seed=None if cfg.seed is None else cfg.seed + num_groups_launched,
+        stop=tuple(cfg.stop),
+        stop_token_ids=tuple(cfg.stop_token_ids),
+        include_stop_str_in_output=cfg.include_stop_str_in_output,
     )
 
 
@@ -43,4 +46,10 @@ def describe_sampling(cfg: OrchestratorConfig) -> str:
         lines.append(f"# temperature: {fields['temperature']:g} at step 0 to {last:g} at the last step")
     if cfg.sampling.seed is not None:
         lines.append("# seed: sampling.seed + the index of the group in launch order")
+    if cfg.sampling.stop or cfg.sampling.stop_token_ids:
+        kept = "keeps" if cfg.sampling.include_stop_str_in_output else "drops"
+        lines.append(
+            f"# stop: {json.dumps(cfg.sampling.stop)}, stop_token_ids: {cfg.sampling.stop_token_ids}; the "
+            f"text rewards score {kept} the stop string, the tokens that train are every token sampled"
+        )
     return "\n".join(lines)

@@ -1,9 +1,12 @@
 """The loss knobs (PPO clip with clip-higher, truncated IS, CISPO) in a 2-step co-located run on the
 tiny model: the run trains, publishes and reports the knobs' metrics. The run samples with top_k and
-top_p in float32, so step 0 also shows the trainer reproducing vLLM's truncated logprobs."""
+top_p in float32, so step 0 also shows the trainer reproducing vLLM's truncated logprobs; and with a
+stop string, so the tokens of completions vLLM ended on one train with vLLM's logprobs too."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 import subprocess
 import sys
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo.orchestrator.rollout_log import rollouts_file
 from grpo.utils.jsonl import read_jsonl
 
 ColocatedArgs = Callable[..., list[str]]  # the colocated_args fixture (tests/conftest.py)
@@ -48,7 +52,9 @@ def test_two_colocated_steps_train_with_the_knob_and_report_its_metrics(
         "--infer.dtype",
         "float32_on_cpu",
     ]
-    args = [*colocated_args(run_dir, max_steps=2, max_async_level=0), *sampling, *overrides]
+    # "e" ends most of the tiny model's completions within 16 tokens (docs/loss.md "Stop strings")
+    stop = ["--orch.sampling.stop", "e"]
+    args = [*colocated_args(run_dir, max_steps=2, max_async_level=0), *sampling, *stop, *overrides]
     result = subprocess.run(
         [str(BIN / "grpo"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
@@ -64,3 +70,9 @@ def test_two_colocated_steps_train_with_the_knob_and_report_its_metrics(
     assert all(rows[0][k] == 0.0 for k in metrics), rows[0]
     assert rows[0]["grad_norm"] > 0.0  # the knobs leave the on-policy gradient in place
     assert (run_dir / "broadcasts" / "step_2" / "STABLE").exists()
+    # the rewards scored vLLM's text, cut before the stop string; a stop is not a truncation
+    rollouts = [
+        json.loads(line) for line in gzip.decompress(rollouts_file(run_dir, 0).read_bytes()).splitlines()
+    ]
+    assert all("e" not in r["completion"] for r in rollouts), rollouts
+    assert any(not r["truncated"] and r["num_tokens"] > 0 for r in rollouts), rollouts

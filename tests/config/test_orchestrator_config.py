@@ -136,6 +136,45 @@ def test_neutral_sampling_settings_load() -> None:
     assert validate(OrchestratorConfig, {"sampling": sampling}, "orch.yaml").sampling.top_p == 1.0
 
 
+def test_stop_strings_and_stop_token_ids_load_with_their_text_rule() -> None:
+    sampling = validate(
+        OrchestratorConfig,
+        {
+            "sampling": {
+                "stop": ["</answer>", "\n\n"],
+                "stop_token_ids": [2],
+                "include_stop_str_in_output": True,
+            }
+        },
+        "orch.yaml",
+    ).sampling
+    assert (sampling.stop, sampling.stop_token_ids, sampling.include_stop_str_in_output) == (
+        ["</answer>", "\n\n"],
+        [2],
+        True,
+    )
+    assert OrchestratorConfig().sampling.include_stop_str_in_output is False
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [({"stop": [""]}, "empty stop string"), ({"stop_token_ids": [-1]}, "token ids are >= 0")],
+)
+def test_stop_settings_vllm_would_refuse_are_refused_at_load(sampling: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        validate(OrchestratorConfig, {"sampling": sampling}, "orch.yaml")
+
+
+def test_stop_strings_with_partial_rollouts_are_refused() -> None:
+    # a resumed request matches stop strings only in the text it generates itself
+    with pytest.raises(ConfigError, match=r"set partial_rollouts: false or remove sampling\.stop"):
+        validate(OrchestratorConfig, {"partial_rollouts": True, "sampling": {"stop": ["</a>"]}}, "orch.yaml")
+    cfg = validate(
+        OrchestratorConfig, {"partial_rollouts": True, "sampling": {"stop_token_ids": [2]}}, "orch.yaml"
+    )
+    assert cfg.sampling.stop_token_ids == [2]  # a stop token is matched token by token, resumed or not
+
+
 def test_skip_verification_with_difficulty_filtering_is_refused() -> None:
     # every reward is 0, so every group would be filtered and no batch would ever fill
     buffer = {"skip_verification": True, "online_difficulty_filtering": True}

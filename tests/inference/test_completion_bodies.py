@@ -13,7 +13,7 @@ import pytest
 
 from grpo.config.orchestrator import ClientConfig
 from grpo.inference.client import InferenceClient
-from grpo.inference.completion_bodies import completion_body, prompt_logprobs_body
+from grpo.inference.completion_bodies import completion_body, completion_from_choice, prompt_logprobs_body
 from grpo.inference.types import GenerateRequest, SamplingParams
 
 URL = "http://a/v1"
@@ -117,12 +117,25 @@ def test_every_body_the_client_sends_states_every_sampling_setting() -> None:
 def test_the_body_carries_the_settings_of_the_request() -> None:
     params = SamplingParams(
         temperature=0.7, max_tokens=4, min_tokens=1, repetition_penalty=1.1, presence_penalty=0.2,
-        frequency_penalty=0.3, top_p=0.9, top_k=5, min_p=0.05, seed=11, stop=("\n",),
+        frequency_penalty=0.3, top_p=0.9, top_k=5, min_p=0.05, seed=11, stop=("\n",), stop_token_ids=(2,),
+        include_stop_str_in_output=True,
     )  # fmt: skip
     body = completion_body(request(params))
-    expected = {**dataclasses.asdict(params), "stop": ["\n"]}
+    expected = {**dataclasses.asdict(params), "stop": ["\n"], "stop_token_ids": [2]}
     assert {name: body[name] for name in expected} == expected
     assert body["watermarking"] is False
+
+
+def test_a_choice_keeps_vllms_stop_reason_which_tells_a_stop_string_from_end_of_sequence() -> None:
+    choice = {"text": "I guess 7", "token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.5, -1.0]}}
+    stopped = completion_from_choice({**choice, "finish_reason": "stop", "stop_reason": "</guess>"})
+    assert (stopped.token_ids, stopped.text, stopped.finish_reason, stopped.stop_reason) == (
+        [5, 6],
+        "I guess 7",
+        "stop",
+        "</guess>",
+    )
+    assert completion_from_choice({**choice, "finish_reason": "length"}).stop_reason is None
 
 
 def test_prompt_scoring_states_temperature_one_and_every_filter_off() -> None:

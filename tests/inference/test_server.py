@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from server_client import with_client
 
 from grpo.inference.client import InferenceClient
 from grpo.inference.server import ServerThread
-from grpo.inference.types import GenerateRequest, SamplingParams
+from grpo.inference.types import Completion, GenerateRequest, SamplingParams
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.utils.atomic import mark_stable
 
@@ -49,6 +50,53 @@ def test_completions_return_decodable_token_ids_and_one_finite_logprob_each(
         assert all(math.isfinite(lp) and lp <= 0.0 for lp in completion.logprobs)
         assert tokenizer.decode(completion.token_ids, skip_special_tokens=True) == completion.text
     assert len({tuple(c.token_ids) for c in completions}) > 1, "n=3 samples of a random model should differ"
+
+
+def sample(server: ServerThread, params: SamplingParams, salt: str) -> Completion:
+    """One completion of PROMPT; its own cache salt, so no request reuses another's prefix cache."""
+    request = GenerateRequest(prompt_token_ids=PROMPT, params=params, n=1, model=MODEL, cache_salt=salt)
+    (completion,) = with_client(server, lambda client: client.generate(request))
+    return completion
+
+
+def test_a_stop_string_cuts_the_text_and_returns_every_token_sampled_with_its_logprob(
+    vllm_server: ServerThread, tiny_model_path: Path
+) -> None:
+    """The rule docs/loss.md ("Stop strings") states: the tokens (and logprobs) that train are every
+    token sampled, the one completing the stop string included even where its text runs past it; the
+    text the rewards score is cut before the stop string, or after it with include_stop_str_in_output."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    seeded = SamplingParams(temperature=1.0, max_tokens=24, seed=5)
+    full = sample(vllm_server, seeded, "stop-full")
+    offsets = [len(tokenizer.decode(full.token_ids[:i], skip_special_tokens=True)) for i in range(25)]
+    # a stop string that ends one character into token k (its text runs on) and appears nowhere earlier
+    k, start = next(
+        (k, max(0, offsets[k] - 3))
+        for k in range(1, len(full.token_ids) - 1)
+        if offsets[k + 1] - offsets[k] >= 2
+        and full.text.find(full.text[max(0, offsets[k] - 3) : offsets[k] + 1]) == max(0, offsets[k] - 3)
+    )
+    stop = full.text[start : offsets[k] + 1]
+    for include in (False, True):
+        params = replace(seeded, stop=(stop,), include_stop_str_in_output=include)
+        cut = sample(vllm_server, params, f"stop-{include}")
+        assert (cut.finish_reason, cut.stop_reason) == ("stop", stop)
+        assert cut.token_ids == full.token_ids[: k + 1]
+        assert max_abs_diff(cut.logprobs, full.logprobs[: k + 1]) < 1e-4
+        assert cut.text == full.text[: start + len(stop) if include else start]
+        assert len(tokenizer.decode(cut.token_ids, skip_special_tokens=True)) > start + len(stop)
+
+    j = next(j for j in range(2, len(full.token_ids)) if full.token_ids[j] not in full.token_ids[:j])
+    for include in (False, True):
+        params = replace(seeded, stop_token_ids=(full.token_ids[j],), include_stop_str_in_output=include)
+        ended = sample(vllm_server, params, f"stop-id-{include}")
+        assert (ended.finish_reason, ended.stop_reason) == ("stop", full.token_ids[j])
+        assert ended.token_ids == full.token_ids[: j + 1]
+        assert ended.text == tokenizer.decode(
+            full.token_ids[: j + 1 if include else j], skip_special_tokens=True
+        )
 
 
 def test_prompt_logprobs_score_every_token_after_the_first(vllm_server: ServerThread) -> None:

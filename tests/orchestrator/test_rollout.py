@@ -10,7 +10,7 @@ import pytest
 from orchestrator_fakes import FakeClient, fake_tokenizer
 
 from grpo.envs import EnvReply, Message, MultiTurnEnv, SingleTurnEnv
-from grpo.inference.types import GenerateRequest, SamplingParams
+from grpo.inference.types import Completion, GenerateRequest, SamplingParams
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.orchestrator.types import Group
@@ -176,3 +176,52 @@ def test_a_non_finite_step_reward_fails_the_rollout(tmp_path: Path) -> None:
     (failed,) = [r for r in group.rollouts if r.failure is not None]
     assert failed.masked and failed.failure == "env multi-turn: reward nan is not a finite number"
     assert failed.num_turns == 1  # the rollout ended at the bad reward
+
+
+class StopStringClient(FakeClient):
+    """Turn 1 stops on the stop string '</guess>' in the middle of its text (vLLM returns every token
+    sampled and the text cut before the stop string); later turns end on end-of-sequence."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+
+    async def generate(self, request: GenerateRequest) -> list:
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            ids = self.tokenizer.encode("I guess 7</guess> then")
+            return [Completion(ids, [-0.1] * len(ids), "I guess 7", "stop", stop_reason="</guess>")]
+        ids = self.tokenizer.encode("8") + self.tokenizer.encode(self.tokenizer.eos_token)
+        return [Completion(ids, [-0.1] * len(ids), "8", "stop")]
+
+
+def test_a_turn_ended_by_a_stop_string_keeps_its_tokens_and_is_closed_by_a_masked_end_of_turn(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    from grpo.orchestrator.tokenizer import ChatTokenizer
+
+    tokenizer = ChatTokenizer.from_path(str(tiny_model_path))
+    seen: list[list[Message]] = []
+
+    class Higher(MultiTurnEnv):
+        async def step(self, messages: list[Message], state: Any) -> EnvReply:
+            seen.append([dict(m) for m in messages])
+            return EnvReply([{"role": "user", "content": "higher"}], done=False)
+
+    env = Higher(examples=[{"prompt": "guess"}], rewards=[lambda completion: 1.0], max_turns=2)
+    client = StopStringClient(tokenizer)
+    runner = RolloutRunner(client, tokenizer, PolicyTracker(tmp_path, client, "default", "m"))  # type: ignore[arg-type]
+    req = GroupRequest(0, env, 0, env.examples[0], 1, SamplingParams(stop=("</guess>",)))
+    (rollout,) = asyncio.run(runner.run_group(req)).rollouts
+
+    first = tokenizer.encode("I guess 7</guess> then")
+    assert rollout.completion_ids[: len(first)] == first  # every sampled token trains, the stop string's too
+    assert rollout.completion_mask[: len(first)] == [True] * len(first)
+    assert not rollout.truncated  # a stop string is a natural end
+    assert seen[0][-1] == {"role": "assistant", "content": "I guess 7"}  # the env sees vLLM's text
+    closing = rollout.completion_ids[len(first)]
+    assert tokenizer.hf.decode([closing]) == tokenizer.end_of_turn_token
+    assert rollout.completion_mask[len(first)] is False
+    second_prompt = client.requests[1].prompt_token_ids
+    assert second_prompt == (rollout.prompt_ids + rollout.completion_ids)[: len(second_prompt)]
+    assert rollout.completion_text == "I guess 78"
