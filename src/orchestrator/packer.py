@@ -38,7 +38,9 @@ class PackStats:
     """Real tokens / (num_rows * seq_len)."""
 
 
-def _sample_arrays(rollout: Rollout, seq_len: int, with_teacher: bool) -> dict[str, np.ndarray]:
+def _sample_arrays(
+    rollout: Rollout, seq_len: int, with_teacher: bool, with_routing: bool
+) -> dict[str, np.ndarray]:
     ids = rollout.prompt_ids + rollout.completion_ids
     num_prompt = len(rollout.prompt_ids)
     trains = not rollout.masked
@@ -61,6 +63,10 @@ def _sample_arrays(rollout: Rollout, seq_len: int, with_teacher: bool) -> dict[s
     if with_teacher:
         teacher = rollout.teacher_logprobs or [0.0] * len(ids)
         arrays["teacher_logprobs"] = np.asarray(teacher[:n], dtype=np.float32)
+    if with_routing:
+        if rollout.routed_experts is None or rollout.routed_experts.shape[0] != len(ids):
+            raise ValueError("routing replay: every rollout of a batch needs routed_experts for each of its tokens")
+        arrays["routed_experts"] = rollout.routed_experts[:n]
     return arrays
 
 
@@ -69,7 +75,8 @@ def pack_rollouts(
 ) -> tuple[list[PackedRow], PackStats]:
     """Rows holding every rollout exactly once (first-fit decreasing), and packing statistics."""
     with_teacher = any(r.teacher_logprobs is not None for r in rollouts)
-    samples = [_sample_arrays(r, seq_len, with_teacher) for r in rollouts]
+    with_routing = any(r.routed_experts is not None for r in rollouts)
+    samples = [_sample_arrays(r, seq_len, with_teacher, with_routing) for r in rollouts]
     num_sample_tokens = sum(len(s["input_ids"]) for s in samples)
     num_truncated = sum(len(r.prompt_ids) + len(r.completion_ids) > seq_len for r in rollouts)
     if share_prefixes:
