@@ -157,6 +157,12 @@ def check_colocated(
             f"FP8 weights only; use one of {sorted(BORROWABLE_QUANTIZATIONS)} or null"
         )
     problems += borrowing_problems(train)
+    if train.routing_replay:
+        problems.append(
+            "train routing_replay: no engine of this version records routing (vLLM's routed-experts return needs "
+            "Model Runner V2, i.e. Triton on a GPU: refused on the CPU engine, and grpo does not request it yet); "
+            "set routing_replay: false"
+        )
     problems += fp8_problems(infer.quantization, cuda_available=on_cuda)
     problems += dtype_problems(infer, on_cuda)
     if orch.ckpt.keep_last is not None and orch.ckpt.interval is not None:
