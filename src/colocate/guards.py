@@ -13,10 +13,10 @@ def check_borrowable_model(model_path: str | Path) -> None:
     layout, which borrowing does not map onto HF's expert tensors."""
     from transformers import AutoConfig
 
-    from grpo.models.moe import parameter_counts
+    from grpo.models.moe import is_moe_config
 
     config = AutoConfig.from_pretrained(model_path)
-    if parameter_counts(config) is not None:
+    if is_moe_config(config):
         raise UserError(
             f"{config.model_type} is a mixture-of-experts model: co-located mode cannot borrow its experts from "
             "the engine; run grpo-infer, grpo-orch and grpo-train as separate processes"
