@@ -97,12 +97,13 @@ def _hf_forced(path: Path, rollouts: list[Rollout]) -> tuple[dict[float, float],
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    moe_indices = [index for index, _ in moe_layers(model)]
     logprobs: dict[float, float] = {}
     for rollout in rollouts:
         assert rollout.routed_experts is not None
         routing = torch.from_numpy(rollout.routed_experts.astype(np.int64))
         ids = torch.tensor(rollout.prompt_ids + rollout.completion_ids)
-        with _topk([routing[:, layer] for layer in range(routing.shape[1])], []):
+        with _topk([routing[:, index] for index in moe_indices], []):
             logits = model(input_ids=ids[None]).logits[0, :-1] / rollout.temperature
         lp = torch.log_softmax(logits, -1).gather(-1, ids[1:, None]).squeeze(-1)[len(rollout.prompt_ids) - 1 :]
         keys = torch.tensor(rollout.completion_logprobs)
@@ -138,9 +139,9 @@ def _policy(path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: object) ->
 
 
 def _shape(policy: Policy) -> tuple[int, int, int]:
-    layers = moe_layers(policy.causal_lm)
-    router = layers[0][1]
-    return len(layers), int(router.num_experts), int(router.top_k)
+    """(decoder layers, experts, top_k): routing is indexed by decoder layer, as vLLM records it."""
+    router = moe_layers(policy.causal_lm)[0][1]
+    return len(policy.causal_lm.get_decoder().layers), int(router.num_experts), int(router.top_k)
 
 
 def _layouts(rollouts: list[Rollout]) -> dict[str, list[PackedRow]]:
@@ -151,10 +152,17 @@ def _layouts(rollouts: list[Rollout]) -> dict[str, list[PackedRow]]:
     return {"plain": plain, "packed": packed, "shared-prefix": shared}
 
 
-@pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_replayed_routing_gives_hf_forward_forced_to_the_same_experts(family, family_dir, monkeypatch):
+@pytest.mark.parametrize(
+    ("family", "checkpointing"), [*((f, False) for f in MOE_FAMILIES), ("qwen2_moe", True)]
+)
+def test_replayed_routing_gives_hf_forward_forced_to_the_same_experts(
+    family, checkpointing, family_dir, monkeypatch
+):
+    """With gradient checkpointing the backward's recomputation replays the same experts."""
     path = build_family_model(family, family_dir / family)
-    policy = _policy(path, monkeypatch)
+    policy = _policy(path, monkeypatch, gradient_checkpointing=checkpointing)
+    if checkpointing:
+        policy.causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert policy.routing_replay is not None
     rollouts = _rollouts(*_shape(policy))
     ref_lp, ref_grads = _hf_forced(path, rollouts)
@@ -187,7 +195,9 @@ def _own_routing(path: Path, rollouts: list[Rollout], perturb: float) -> None:
             recorded: list[torch.Tensor] = []
             with _topk(None, recorded):
                 model(input_ids=torch.tensor([rollout.prompt_ids + rollout.completion_ids]))
-            rollout.routed_experts = torch.stack(recorded, 1).numpy().astype(np.uint8)
+            assert rollout.routed_experts is not None
+            for (index, _), ids in zip(moe_layers(model), recorded, strict=True):
+                rollout.routed_experts[:, index] = ids.numpy()
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])

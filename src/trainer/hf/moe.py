@@ -12,8 +12,9 @@ from them the way the family computes its own (softmax over all experts then the
 renormalised where the family does; gpt-oss: softmax over the chosen logits), so gradients reach
 the router. A token without recorded routing (-1) keeps the trainer's own choice.
 
-The routing reaches each layer as a decoder keyword (`routed_experts`, [B * L, num_moe_layers,
-top_k] aligned with the flattened [B, L] input): a keyword travels with HF's gradient-checkpointed
+The routing reaches each layer as a decoder keyword (`routed_experts`, [B * L, num_layers, top_k]
+aligned with the flattened [B, L] input; indexed by decoder layer, as vLLM records it, so a dense
+layer's entries are never read): a keyword travels with HF's gradient-checkpointed
 layer calls, so the recomputation in backward replays the same experts.
 """
 
@@ -38,14 +39,14 @@ REPLAYED_FAMILIES = {
 """Router class -> how it turns logits into the chosen experts' scores."""
 
 
-def moe_layers(causal_lm: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
-    """(decoder layer, its router) of every MoE layer, in layer order (dense layers left out)."""
+def moe_layers(causal_lm: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(decoder layer index, its router) of every MoE layer, in layer order (dense layers left out)."""
     layers = []
-    for layer in causal_lm.get_decoder().layers:
+    for index, layer in enumerate(causal_lm.get_decoder().layers):
         routers = [m for m in layer.modules() if type(m).__name__.endswith("TopKRouter")]
         if routers:
             assert len(routers) == 1, f"{type(layer).__name__} has {len(routers)} routers"
-            layers.append((layer, routers[0]))
+            layers.append((index, routers[0]))
     return layers
 
 
@@ -68,6 +69,7 @@ class RoutingReplay:
     """Hooks that make the routers of `causal_lm` use the experts passed as `routed_experts`."""
 
     num_layers: int
+    """Decoder layers (routing is indexed by decoder layer)."""
     top_k: int
     _current: dict[int, torch.Tensor] = field(default_factory=dict)
     _calls: dict[int, _Mismatch] = field(default_factory=dict)
@@ -86,12 +88,14 @@ class RoutingReplay:
                     f"routing_replay: {model_type}'s router {type(router).__name__} is not one grpo replays "
                     "(Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss); set routing_replay: false"
                 )
-        replay = cls(num_layers=len(layers), top_k=int(layers[0][1].top_k))
-        moe_index = {id(layer): i for i, (layer, _) in enumerate(layers)}
-        for layer in causal_lm.get_decoder().layers:
-            layer.register_forward_pre_hook(partial(replay._take, moe_index.get(id(layer))), with_kwargs=True)
-        for i, (_, router) in enumerate(layers):
-            router.register_forward_hook(partial(replay._replay, i, REPLAYED_FAMILIES[type(router).__name__]))
+        decoder_layers = causal_lm.get_decoder().layers
+        replay = cls(num_layers=len(decoder_layers), top_k=int(layers[0][1].top_k))
+        moe_indices = {index for index, _ in layers}
+        for index, layer in enumerate(decoder_layers):
+            layer_index = index if index in moe_indices else None
+            layer.register_forward_pre_hook(partial(replay._take, layer_index), with_kwargs=True)
+        for index, router in layers:
+            router.register_forward_hook(partial(replay._replay, index, REPLAYED_FAMILIES[type(router).__name__]))
         return replay
 
     def _take(
@@ -114,6 +118,11 @@ class RoutingReplay:
             return None
         logits, _, own = output
         assert routing.shape[0] == logits.shape[0], (routing.shape, logits.shape)
+        if routing.shape[1] != self.num_layers or routing.shape[2] != self.top_k:
+            raise UserError(
+                f"routing_replay: the batch's routing is [tokens, {routing.shape[1]} layers, top-{routing.shape[2]}], "
+                f"the model has {self.num_layers} layers and top-{self.top_k}: the engine served another model"
+            )
         wanted = routing[:, moe_index]  # [N, k]
         replayed = wanted[:, 0] >= 0
         chosen = torch.where(replayed[:, None], wanted, own)
