@@ -159,9 +159,9 @@ def check_colocated(
     problems += borrowing_problems(train)
     if train.routing_replay:
         problems.append(
-            "train routing_replay: no engine of this version records routing (vLLM's routed-experts return needs "
-            "Model Runner V2, i.e. Triton on a GPU: refused on the CPU engine, and grpo does not request it yet); "
-            "set routing_replay: false"
+            "train routing_replay: co-located mode does not train mixture-of-experts models (it cannot borrow "
+            "their experts); run grpo-infer (return_routed_experts: true, on a GPU), grpo-orch and grpo-train as "
+            "separate processes, or set routing_replay: false"
         )
     problems += fp8_problems(infer.quantization, cuda_available=on_cuda)
     problems += dtype_problems(infer, on_cuda)

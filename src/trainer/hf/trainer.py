@@ -272,8 +272,8 @@ class Trainer:
         batch.validate()
         if self.policy.routing_replay is not None and any(r.routed_experts is None for r in batch.rows):
             raise UserError(
-                f"routing_replay is on but batch step {batch.step} carries no routed_experts: the inference "
-                "engine did not record routing; set routing_replay: false"
+                f"routing_replay is on but batch step {batch.step} carries no routed_experts: start grpo-infer "
+                "with return_routed_experts: true (GPU only), or set routing_replay: false"
             )
         started = time.perf_counter()
         state.num_loss_tokens += batch.num_loss_tokens

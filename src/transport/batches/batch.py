@@ -60,6 +60,21 @@ def no_routing(dtype: np.dtype) -> int:
     return int(np.iinfo(dtype).max)
 
 
+def compact_routing(engine_routing: np.ndarray, num_tokens: int) -> np.ndarray:
+    """The engine's [num_tokens - 1 (or fewer), layers, top_k] routing as `routed_experts`: the
+    smallest routing dtype, one entry per token, NO_ROUTING for the tokens it has none for (the last
+    sampled token, which no forward pass saw)."""
+    if engine_routing.shape[0] > num_tokens or (engine_routing.size and engine_routing.min() < 0):
+        raise ValueError(
+            f"engine routing has {engine_routing.shape[0]} tokens for a sequence of {num_tokens} "
+            "or negative expert ids"
+        )
+    dtype = routing_dtype(int(engine_routing.max()) + 1 if engine_routing.size else 0)
+    out = np.full((num_tokens, *engine_routing.shape[1:]), no_routing(dtype), dtype=dtype)
+    out[: engine_routing.shape[0]] = engine_routing
+    return out
+
+
 @dataclass
 class PackedRow:
     """One packed sequence of several samples; every array has shape [num_tokens]."""
