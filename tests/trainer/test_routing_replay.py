@@ -223,3 +223,42 @@ def test_routing_replay_on_a_dense_model_is_refused_at_load(family_dir, monkeypa
     path = build_family_model("llama", family_dir / "llama")
     with pytest.raises(UserError, match="llama has no mixture-of-experts layers; set routing_replay: false"):
         _policy(path, monkeypatch)
+
+
+def test_lora_on_a_moe_model_defaults_to_attention(family_dir, monkeypatch):
+    path = build_family_model("qwen3_moe", family_dir / "qwen3_moe")
+    monkeypatch.setattr(trainer_model, "choose_dtype", lambda device: torch.float32)
+    policy = build_policy(TrainerConfig(model=str(path), optimizer="adamw"), DiskWeights(path))
+    adapted = {n.split(".")[-2] for n, _ in policy.model.named_modules() if n.endswith(".lora_A")}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+def test_moe_settings_the_trainer_does_not_implement_are_refused_at_load(tmp_path):
+    with pytest.raises(ValueError, match="routing_replay is implemented for backend hf on one GPU"):
+        TrainerConfig(model="m", routing_replay=True, backend="megatron", lora=False)
+    with pytest.raises(ValueError, match="routing_replay is implemented for backend hf on one GPU"):
+        TrainerConfig(model="m", routing_replay=True, gpus=2)
+    with pytest.raises(ValueError, match="router_aux_loss_coef > 0 is not implemented"):
+        TrainerConfig(model="m", router_aux_loss_coef=0.01)
+    assert TrainerConfig(model="m").router_aux_loss_coef == 0.0 and not TrainerConfig(model="m").routing_replay
+
+
+def test_a_training_step_reports_the_routing_mismatch_and_refuses_a_batch_without_routing(
+    family_dir, make_cfg, tmp_path
+):
+    from grpo.trainer.hf.trainer import Trainer
+    from grpo.transport.batches.batch import TrainingBatch
+
+    path = build_family_model("qwen3_moe", family_dir / "qwen3_moe")
+    trainer = Trainer(make_cfg(model=str(path), routing_replay=True), tmp_path)
+    assert trainer.policy.routing_replay is not None
+    rollouts = _rollouts(*_shape(trainer.policy))
+    _own_routing(path, rollouts, perturb=0.3)  # an engine whose numerics differ
+    rows, _ = pack_rollouts(rollouts, 256, share_prefixes=True)
+    metrics = trainer.train_step(TrainingBatch(step=0, rows=rows))
+    assert 0.0 < metrics["routing_mismatch_fraction"] < 1.0
+    for row in rows:
+        row.routed_experts = None
+    with pytest.raises(UserError, match="carries no routed_experts: start grpo-infer with return_routed_experts"):
+        trainer.train_step(TrainingBatch(step=1, rows=rows))
+    trainer.close()
