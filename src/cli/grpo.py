@@ -98,7 +98,9 @@ def grpo(
         else:
             from grpo.colocate.guards import check_borrowable_model
 
-            check_borrowable_model(resolved.path)  # --dry-run too: the plan would be for a run that cannot start
+            check_borrowable_model(
+                resolved.path
+            )  # --dry-run too: the plan would be for a run that cannot start
         gpu = None if plan_gpu_gib is None else ("(planned with --plan-gpu-gib)", plan_gpu_gib)
         plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path, gpu)
         if dry_run:

@@ -38,7 +38,9 @@ def completion_from_choice(choice: dict[str, Any]) -> Completion:
         logprobs=logprobs,
         text=choice["text"],
         finish_reason=choice["finish_reason"],
-        routed_experts=decode_routed_experts(choice["routed_experts"]) if choice.get("routed_experts") else None,
+        routed_experts=decode_routed_experts(choice["routed_experts"])
+        if choice.get("routed_experts")
+        else None,
     )
 
 

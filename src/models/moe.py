@@ -68,7 +68,7 @@ def is_moe_config(config: Any) -> bool:
 
 
 def describe_moe(model_path: str | Path) -> str | None:
-    """"mixture of experts: ..." with the MLP weights held and used per token, from config.json; None
+    """ "mixture of experts: ..." with the MLP weights held and used per token, from config.json; None
     for a dense model."""
     raw = json.loads((Path(model_path) / "config.json").read_text())
     raw = raw.get("text_config", raw)

@@ -81,8 +81,10 @@ def _routing_of(rollouts: Sequence[Rollout], seq_len: int) -> list[np.ndarray] |
             out.append(np.full((n, *shape), no_routing(dtype), dtype=dtype))
             continue
         if routing.shape[1:] != shape:
-            raise ValueError(f"rollouts carry routing of shapes {shape} and {routing.shape[1:]}: one model serves a run")
-        wide = routing[:n].astype(dtype)
+            raise ValueError(
+                f"rollouts carry routing of shapes {shape} and {routing.shape[1:]}: one model serves a run"
+            )
+        wide: np.ndarray = routing[:n].astype(dtype)
         wide[routing[:n] == no_routing(routing.dtype)] = no_routing(dtype)
         out.append(wide)
     return out

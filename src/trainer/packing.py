@@ -200,7 +200,7 @@ def _routing(rows: list[PackedRow], device: torch.device) -> torch.Tensor:
     for row in rows:
         routing = row.routed_experts
         assert routing is not None
-        ids = routing.astype(np.int64)
+        ids: np.ndarray = routing.astype(np.int64)
         ids[routing == no_routing(routing.dtype)] = -1
         parts.append(ids)
     return torch.from_numpy(np.concatenate(parts)).to(device)

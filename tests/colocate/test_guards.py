@@ -8,7 +8,6 @@ from grpo.colocate.guards import check_borrowing_safe
 from grpo.utils.errors import UserError
 
 
-
 def test_expandable_segments_on_the_exporter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     with pytest.raises(ValueError, match="expandable_segments"):
@@ -32,6 +31,6 @@ def test_a_mixture_of_experts_model_is_refused_naming_the_multi_process_mode(tmp
     from grpo.colocate.guards import check_borrowable_model
 
     Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(tmp_path)
-    with pytest.raises(UserError, match="qwen3_moe is a mixture-of-experts model.*as separate processes"):
+    with pytest.raises(UserError, match=r"qwen3_moe is a mixture-of-experts model.*as separate processes"):
         check_borrowable_model(tmp_path)
     check_borrowable_model(tiny_model_path)  # dense: borrowed as before

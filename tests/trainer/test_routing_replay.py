@@ -105,7 +105,9 @@ def _hf_forced(path: Path, rollouts: list[Rollout]) -> tuple[dict[float, float],
         ids = torch.tensor(rollout.prompt_ids + rollout.completion_ids)
         with _topk([routing[:, index] for index in moe_indices], []):
             logits = model(input_ids=ids[None]).logits[0, :-1] / rollout.temperature
-        lp = torch.log_softmax(logits, -1).gather(-1, ids[1:, None]).squeeze(-1)[len(rollout.prompt_ids) - 1 :]
+        lp = (
+            torch.log_softmax(logits, -1).gather(-1, ids[1:, None]).squeeze(-1)[len(rollout.prompt_ids) - 1 :]
+        )
         keys = torch.tensor(rollout.completion_logprobs)
         ((keys + 2.0) * lp).sum().backward()
         logprobs.update(zip(keys.tolist(), lp.tolist(), strict=True))
@@ -240,7 +242,9 @@ def test_moe_settings_the_trainer_does_not_implement_are_refused_at_load(tmp_pat
         TrainerConfig(model="m", routing_replay=True, gpus=2)
     with pytest.raises(ValueError, match="router_aux_loss_coef > 0 is not implemented"):
         TrainerConfig(model="m", router_aux_loss_coef=0.01)
-    assert TrainerConfig(model="m").router_aux_loss_coef == 0.0 and not TrainerConfig(model="m").routing_replay
+    assert (
+        TrainerConfig(model="m").router_aux_loss_coef == 0.0 and not TrainerConfig(model="m").routing_replay
+    )
 
 
 def test_a_training_step_reports_the_routing_mismatch_and_refuses_a_batch_without_routing(
@@ -259,6 +263,8 @@ def test_a_training_step_reports_the_routing_mismatch_and_refuses_a_batch_withou
     assert 0.0 < metrics["routing_mismatch_fraction"] < 1.0
     for row in rows:
         row.routed_experts = None
-    with pytest.raises(UserError, match="carries no routed_experts: start grpo-infer with return_routed_experts"):
+    with pytest.raises(
+        UserError, match="carries no routed_experts: start grpo-infer with return_routed_experts"
+    ):
         trainer.train_step(TrainingBatch(step=1, rows=rows))
     trainer.close()

@@ -81,7 +81,9 @@ class RoutingReplay:
         model_type = causal_lm.config.model_type
         layers = moe_layers(causal_lm)
         if not layers:
-            raise UserError(f"routing_replay: {model_type} has no mixture-of-experts layers; set routing_replay: false")
+            raise UserError(
+                f"routing_replay: {model_type} has no mixture-of-experts layers; set routing_replay: false"
+            )
         for _, router in layers:
             if type(router).__name__ not in REPLAYED_FAMILIES:
                 raise UserError(
@@ -95,7 +97,9 @@ class RoutingReplay:
             layer_index = index if index in moe_indices else None
             layer.register_forward_pre_hook(partial(replay._take, layer_index), with_kwargs=True)
         for index, router in layers:
-            router.register_forward_hook(partial(replay._replay, index, REPLAYED_FAMILIES[type(router).__name__]))
+            router.register_forward_hook(
+                partial(replay._replay, index, REPLAYED_FAMILIES[type(router).__name__])
+            )
         return replay
 
     def _take(
@@ -157,7 +161,9 @@ def _scores(scoring: str, router: nn.Module, logits: torch.Tensor, chosen: torch
     return weights if scoring == "softmax_float" else weights.to(logits.dtype)
 
 
-def flat_routing(routing: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor, num_slots: int) -> torch.Tensor:
+def flat_routing(
+    routing: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor, num_slots: int
+) -> torch.Tensor:
     """A micro-batch's [T, layers, k] routing laid out for one padded call of `num_slots` = B * L
     positions (`slots`/`tokens` as in grpo.trainer.packing.Forward); padding gets -1 (its own)."""
     out = routing.new_full((num_slots, *routing.shape[1:]), -1)

@@ -46,7 +46,7 @@ ROW_FIELDS: dict[str, type] = {
     "parent_ids": np.int32,
 }
 OPTIONAL_ROW_FIELDS: dict[str, type] = {"teacher_logprobs": np.float32}
-ROUTING_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16))
+ROUTING_DTYPES: tuple[np.dtype, np.dtype] = (np.dtype(np.uint8), np.dtype(np.uint16))
 """Dtypes of `routed_experts` ([num_tokens, num_moe_layers, top_k], not in the 1-D tables above)."""
 
 
@@ -133,7 +133,9 @@ class PackedRow:
         routing = self.routed_experts
         if routing is not None:
             if routing.ndim != 3 or routing.shape[0] != n:
-                raise ValueError(f"row routed_experts has shape {routing.shape}, expected ({n}, layers, top_k)")
+                raise ValueError(
+                    f"row routed_experts has shape {routing.shape}, expected ({n}, layers, top_k)"
+                )
             if routing.dtype not in ROUTING_DTYPES:
                 raise ValueError(f"row routed_experts has dtype {routing.dtype}, expected uint8 or uint16")
         check_tree(self.parent_ids, self.position_ids)

@@ -143,5 +143,7 @@ def test_a_mixture_of_experts_model_is_refused_naming_backend_hf():
     from transformers import Qwen3MoeConfig
 
     moe = _config(Qwen3MoeConfig, "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2)
-    with pytest.raises(UserError, match="has mixture-of-experts layers; backend megatron has no MoE layers yet"):
+    with pytest.raises(
+        UserError, match="has mixture-of-experts layers; backend megatron has no MoE layers yet"
+    ):
         check_supported_model(moe, sequence_len=1024)
