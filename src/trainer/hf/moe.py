@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from grpo.transport.batches.batch import TrainingBatch
+
 REPLAYED_FAMILIES = {
     "Qwen3MoeTopKRouter": "softmax",
     "Qwen2MoeTopKRouter": "softmax",
@@ -138,6 +140,21 @@ class RoutingReplay:
         else:  # a later layer, or the recomputation in backward (idempotent)
             call.differs = call.differs | differs.detach()
         return logits, scores, chosen
+
+    @staticmethod
+    def check_batch(batch: TrainingBatch) -> None:
+        """UserError unless every row of `batch` carries routing to replay."""
+        if any(row.routed_experts is None for row in batch.rows):
+            raise UserError(
+                f"routing_replay is on but batch step {batch.step} carries no routed_experts: start grpo-infer "
+                "with return_routed_experts: true (GPU only), or set routing_replay: false"
+            )
+
+    def take_metrics(self) -> dict[str, float]:
+        """`routing_mismatch_fraction` since the last take: tokens whose own top-k differs from the
+        replayed experts in some MoE layer, over the tokens replayed."""
+        differing, replayed = self.take_mismatch()
+        return {"routing_mismatch_fraction": differing / max(replayed, 1)}
 
     def take_mismatch(self) -> tuple[int, int]:
         """(tokens whose own routing differs from the replayed one in some layer, tokens replayed)

@@ -270,11 +270,8 @@ class Trainer:
         state = self._open
         assert state is not None and batch.step == state.step, "begin_step(batch.step) comes first"
         batch.validate()
-        if self.policy.routing_replay is not None and any(r.routed_experts is None for r in batch.rows):
-            raise UserError(
-                f"routing_replay is on but batch step {batch.step} carries no routed_experts: start grpo-infer "
-                "with return_routed_experts: true (GPU only), or set routing_replay: false"
-            )
+        if self.policy.routing_replay is not None:
+            self.policy.routing_replay.check_batch(batch)
         started = time.perf_counter()
         state.num_loss_tokens += batch.num_loss_tokens
         state.num_loss_samples += batch.num_loss_samples
@@ -366,9 +363,7 @@ class Trainer:
         if self.grad_scale is not None:
             metrics["fp16_grad_scale"] = self.grad_scale.scale
         if self.policy.routing_replay is not None:
-            differing, replayed = self.policy.routing_replay.take_mismatch()
-            # Tokens whose own top-k differs from the replayed experts in some MoE layer.
-            metrics["routing_mismatch_fraction"] = differing / max(replayed, 1)
+            metrics.update(self.policy.routing_replay.take_metrics())
         metrics.update(
             self._flops.take_rates(
                 step_time, self.policy.device, self.policy.autocast_dtype or self.policy.dtype
