@@ -83,7 +83,8 @@ class MicroBatch:
     num_sequence_tokens: int
     """Tokens of the sequences as plain packing would store them (a shared prefix once per sequence)."""
     routed_experts: torch.Tensor | None = None
-    """[T, num_moe_layers, top_k] expert ids to replay (-1: none recorded), or None (routing replay off)."""
+    """[T, num_layers, top_k] int16 expert ids to replay (-1: none recorded; int16 keeps a long batch's
+    routing small on the device), or None (routing replay off)."""
 
     @property
     def num_tokens(self) -> int:
@@ -191,7 +192,7 @@ def build_micro_batch(
 
 
 def _routing(rows: list[PackedRow], device: torch.device) -> torch.Tensor:
-    """The rows' routed_experts as one [T, layers, top_k] long tensor, NO_ROUTING entries as -1."""
+    """The rows' routed_experts as one [T, layers, top_k] int16 tensor, NO_ROUTING entries as -1."""
     import torch
 
     from grpo.transport.batches.batch import no_routing
@@ -200,8 +201,11 @@ def _routing(rows: list[PackedRow], device: torch.device) -> torch.Tensor:
     for row in rows:
         routing = row.routed_experts
         assert routing is not None
-        ids: np.ndarray = routing.astype(np.int64)
-        ids[routing == no_routing(routing.dtype)] = -1
+        missing = routing == no_routing(routing.dtype)
+        if np.any(routing[~missing] >= 2**15):
+            raise ValueError("routed_experts holds expert ids >= 32768; no model has that many experts")
+        ids: np.ndarray = routing.astype(np.int16)
+        ids[missing] = -1
         parts.append(ids)
     return torch.from_numpy(np.concatenate(parts)).to(device)
 

@@ -20,6 +20,7 @@ layer calls, so the recomputation in backward replays the same experts.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -58,8 +59,8 @@ def is_moe(causal_lm: nn.Module) -> bool:
 
 @dataclass
 class _Mismatch:
-    routing: torch.Tensor
-    """The routing tensor of one decoder call (kept so its id stays its own)."""
+    routing: weakref.ref[torch.Tensor]
+    """The routing tensor of one decoder call (a weak reference: an id is only its own while it lives)."""
     differs: torch.Tensor
     """[N] bool: some MoE layer's own top-k differs from the replayed experts."""
     replayed: torch.Tensor
@@ -129,14 +130,14 @@ class RoutingReplay:
                 f"routing_replay: the batch's routing is [tokens, {routing.shape[1]} layers, top-{routing.shape[2]}], "
                 f"the model has {self.num_layers} layers and top-{self.top_k}: the engine served another model"
             )
-        wanted = routing[:, moe_index]  # [N, k]
+        wanted = routing[:, moe_index].long()  # [N, k]
         replayed = wanted[:, 0] >= 0
         chosen = torch.where(replayed[:, None], wanted, own)
         scores = _scores(scoring, router, logits, chosen)
         differs = (own.sort(-1).values != chosen.sort(-1).values).any(-1) & replayed
         call = self._calls.get(id(routing))
-        if call is None or call.routing is not routing:
-            self._calls[id(routing)] = _Mismatch(routing, differs.detach(), replayed)
+        if call is None or call.routing() is not routing:
+            self._calls[id(routing)] = _Mismatch(weakref.ref(routing), differs.detach(), replayed)
         else:  # a later layer, or the recomputation in backward (idempotent)
             call.differs = call.differs | differs.detach()
         return logits, scores, chosen
