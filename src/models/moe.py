@@ -77,5 +77,5 @@ def describe_moe(model_path: str | Path) -> str | None:
         return None
     return (
         f"mixture of experts: {weights.num_experts} experts, top-{weights.top_k}; MLP weights "
-        f"{weights.total / 1e6:.1f}M total, {weights.active / 1e6:.1f}M active per token"
+        f"{weights.total / 1e6:.3g}M total, {weights.active / 1e6:.3g}M active per token"
     )

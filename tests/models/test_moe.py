@@ -19,8 +19,8 @@ def test_a_moe_config_counts_all_experts_as_held_and_top_k_as_active(tmp_path):
     assert is_moe_config(config)
     config.save_pretrained(tmp_path)
     assert describe_moe(tmp_path) == (
-        f"mixture of experts: 8 experts, top-2; MLP weights {weights.total / 1e6:.1f}M total, "
-        f"{weights.active / 1e6:.1f}M active per token"
+        f"mixture of experts: 8 experts, top-2; MLP weights {weights.total / 1e6:.3g}M total, "
+        f"{weights.active / 1e6:.3g}M active per token"
     )
 
 
