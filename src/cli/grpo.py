@@ -95,6 +95,12 @@ def grpo(
 
             # Before the engine starts (a minute or more). Each engine replica holds one trainer rank.
             check_megatron_start(train_cfg, resolved.path, world_size=infer_cfg.dp)
+        else:
+            from grpo.colocate.guards import check_borrowable_model
+
+            check_borrowable_model(
+                resolved.path
+            )  # --dry-run too: the plan would be for a run that cannot start
         gpu = None if plan_gpu_gib is None else ("(planned with --plan-gpu-gib)", plan_gpu_gib)
         plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path, gpu)
         if dry_run:

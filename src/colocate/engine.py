@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from grpo.colocate.guards import check_borrowing_safe
+from grpo.colocate.guards import check_borrowable_model, check_borrowing_safe
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ def start_engine(infer: InferenceConfig, model_path: str) -> ServerThread:
     from grpo.inference.server import ServerThread
     from grpo.inference.server_args import build_server_args
 
+    check_borrowable_model(model_path)
     check_borrowing_safe(build_server_args(infer, model_path))
     # The engine subprocess inherits this: on CPU it keeps the dense linear weights the trainer borrows.
     os.environ["GRPO_KEEP_DENSE_WEIGHTS"] = "1"

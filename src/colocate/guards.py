@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from grpo.utils.errors import UserError
+
+
+def check_borrowable_model(model_path: str | Path) -> None:
+    """Raise UserError for a mixture-of-experts model: the engine holds its experts fused in its own
+    layout, which borrowing does not map onto HF's expert tensors."""
+    from transformers import AutoConfig
+
+    from grpo.models.moe import is_moe_config
+
+    config = AutoConfig.from_pretrained(model_path)
+    if is_moe_config(config):
+        raise UserError(
+            f"{config.model_type} is a mixture-of-experts model: co-located mode cannot borrow its experts from "
+            "the engine; run grpo-infer, grpo-orch and grpo-train as separate processes"
+        )
 
 
 def check_borrowing_safe(server_args: list[str]) -> None:

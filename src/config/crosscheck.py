@@ -157,6 +157,12 @@ def check_colocated(
             f"FP8 weights only; use one of {sorted(BORROWABLE_QUANTIZATIONS)} or null"
         )
     problems += borrowing_problems(train)
+    if train.routing_replay:
+        problems.append(
+            "train routing_replay: co-located mode does not train mixture-of-experts models (it cannot borrow "
+            "their experts); run grpo-infer (return_routed_experts: true, on a GPU), grpo-orch and grpo-train as "
+            "separate processes, or set routing_replay: false"
+        )
     problems += fp8_problems(infer.quantization, cuda_available=on_cuda)
     problems += dtype_problems(infer, on_cuda)
     if orch.ckpt.keep_last is not None and orch.ckpt.interval is not None:

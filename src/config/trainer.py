@@ -16,6 +16,8 @@ from grpo.config.megatron import MegatronConfig
 from grpo.config.orchestrator import FilesystemWeightBroadcast, ReportConfig, WeightBroadcastConfig
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MOE_DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+"""What the default targets become on a mixture-of-experts model (attention only; docs/moe.md)."""
 
 
 class LossConfig(StrictModel):
@@ -296,7 +298,8 @@ class TrainerConfig(StrictModel):
     lora_alpha: float = Field(32, gt=0)
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     lora_target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
-    """Module names wrapped with LoRA ("all-linear" allowed)."""
+    """Module names wrapped with LoRA ("all-linear" allowed). On a mixture-of-experts model the
+    default is attention only (q/k/v/o_proj): its experts are fused 3-D parameters, not linears."""
 
     qlora_bnb: bool = False
     """Base weights in bitsandbytes NF4 (QLoRA)."""
@@ -307,6 +310,17 @@ class TrainerConfig(StrictModel):
 
     qlora_fp4: bool = False
     """Base weights in NVFP4 (SM100+)."""
+
+    routing_replay: bool = False
+    """Mixture-of-experts models: route each token through the experts the inference engine chose for
+    it (rollout routing replay, R3) instead of the trainer's own top-k; the router's scores for those
+    experts are still the trainer's, so the router trains. Needs routing from the engine (GPU vLLM;
+    refused on the CPU engine) and backend hf; metric routing/mismatch_fraction (docs/moe.md)."""
+
+    router_aux_loss_coef: float = Field(0.0, ge=0.0)
+    """Mixture-of-experts models: weight of the router's load-balancing loss (Switch Transformer's,
+    as the model's own training used), added to the policy loss. 0 (the default) leaves it out: in RL
+    it pulls the routing away from what the rollouts used for no reward."""
 
     gradient_checkpointing: bool = True
     """Recompute activations in backward to save memory (backend hf; backend megatron has
@@ -459,6 +473,20 @@ class TrainerConfig(StrictModel):
             raise ValueError(
                 "loss.kl_beta > 0 with full-parameter training on several GPUs: the frozen reference copy is "
                 "not sharded; train LoRA (its reference is the base with adapters disabled) or use gpus: 1"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _moe_knobs_implemented(self) -> TrainerConfig:
+        if self.routing_replay and (self.backend != "hf" or self.gpus > 1):
+            raise ValueError(
+                "routing_replay is implemented for backend hf on one GPU (or the CPU); "
+                "set routing_replay: false, or backend: hf and gpus: 1"
+            )
+        if self.router_aux_loss_coef > 0:
+            raise ValueError(
+                "router_aux_loss_coef > 0 is not implemented: the trainer computes logits only for loss tokens "
+                "and never calls the model's own head, which adds that loss; leave it at 0"
             )
         return self
 

@@ -13,8 +13,12 @@ still reads the checkpoint's end-of-sequence ids, so where a completion stops do
 
 from __future__ import annotations
 
+import base64
+import io
 from dataclasses import asdict
 from typing import Any
+
+import numpy as np
 
 from grpo.inference.types import Completion, GenerateRequest, SamplingParams
 
@@ -35,7 +39,19 @@ def completion_from_choice(choice: dict[str, Any]) -> Completion:
         text=choice["text"],
         finish_reason=choice["finish_reason"],
         stop_reason=choice.get("stop_reason"),
+        routed_experts=decode_routed_experts(choice["routed_experts"])
+        if choice.get("routed_experts")
+        else None,
     )
+
+
+def decode_routed_experts(encoded: str) -> np.ndarray:
+    """vLLM's `routed_experts` (base64 of `.npy` bytes) -> [tokens, layers, top_k] integer ids."""
+    with io.BytesIO(base64.b64decode(encoded)) as buffer:
+        array = np.load(buffer, allow_pickle=False)
+    if array.ndim != 3 or array.dtype.kind not in "iu":
+        raise RuntimeError(f"server returned routed_experts of shape {array.shape} and dtype {array.dtype}")
+    return array
 
 
 def sampling_fields(params: SamplingParams) -> dict[str, Any]:

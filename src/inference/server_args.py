@@ -56,6 +56,11 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         )
     if on_cpu is None:
         on_cpu = not _cuda_available()
+    if cfg.return_routed_experts and on_cpu:
+        raise UserError(
+            "return_routed_experts: vLLM returns routing only under its Model Runner V2, which needs Triton, and "
+            "the CPU engine has none; set return_routed_experts: false (and routing_replay: false in train.yaml)"
+        )
     argv = [
         "--model", model_path,
         "--served-model-name", cfg.model,
@@ -73,6 +78,7 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         # vLLM's neutral sampling defaults, not the checkpoint's generation_config.json (Qwen3:
         # top_k 20, top_p 0.95), for any request that leaves a setting out; grpo's state them all.
         "--generation-config", "vllm",
+        *(["--enable-return-routed-experts"] if cfg.return_routed_experts else []),
     ]  # fmt: skip
     if cfg.max_model_len is not None:
         argv += ["--max-model-len", str(cfg.max_model_len)]

@@ -11,6 +11,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import numpy as np
+
 ABORTED = "abort"
 """finish_reason of a choice stopped before it finished (its tokens so far are kept)."""
 
@@ -52,6 +54,9 @@ class Completion:
     checkpoint's extra end-of-sequence ids count as such), or None (end-of-sequence, max_tokens)."""
     policy_version: int = -1
     """Filled in by the orchestrator: the policy version the server had when the request completed."""
+    routed_experts: np.ndarray | None = None
+    """With return_routed_experts: [prompt + completion tokens - 1, num_layers, top_k] expert ids
+    (the last token was never forwarded); None otherwise."""
 
 
 @dataclass

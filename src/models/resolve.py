@@ -29,8 +29,12 @@ class ResolvedModel:
     """Provenance worth logging (e.g. that the weights are a dequantized copy)."""
 
     def describe(self) -> str:
+        from grpo.models.moe import describe_moe
+
         text = f"model {self.name} -> {self.path} ({self.source})"
-        return f"{text}: {self.note}" if self.note else text
+        text = f"{text}: {self.note}" if self.note else text
+        moe = describe_moe(self.path) if (self.path / "config.json").exists() else None
+        return f"{text}; {moe}" if moe else text
 
 
 def resolve_model(name: str, allow_download: bool = True, build_embedded: bool = True) -> ResolvedModel:

@@ -24,7 +24,7 @@ import numpy as np
 
 from grpo.orchestrator.prefix_tree import build_prefix_trees
 from grpo.orchestrator.types import Rollout
-from grpo.transport.batches.batch import PackedRow, concat_parent_ids, plain_parent_ids
+from grpo.transport.batches.batch import PackedRow, concat_parent_ids, no_routing, plain_parent_ids
 
 
 @dataclass
@@ -76,12 +76,42 @@ def _sample_arrays(rollout: Rollout, seq_len: int, with_teacher: bool) -> dict[s
     return arrays
 
 
+def _routing_of(rollouts: Sequence[Rollout], seq_len: int) -> list[np.ndarray] | None:
+    """Each rollout's routed_experts (truncated like its tokens), or None when none carries any.
+    Rollouts without (multi-turn and resumed ones: the engine's routing covers one request) get
+    NO_ROUTING entries, which the trainer routes itself; all share the widest dtype."""
+    recorded = [r.routed_experts for r in rollouts if r.routed_experts is not None]
+    if not recorded:
+        return None
+    dtype = max((a.dtype for a in recorded), key=lambda d: d.itemsize)
+    shape = recorded[0].shape[1:]
+    out = []
+    for rollout in rollouts:
+        n = min(len(rollout.prompt_ids) + len(rollout.completion_ids), seq_len)
+        routing = rollout.routed_experts
+        if routing is None:
+            out.append(np.full((n, *shape), no_routing(dtype), dtype=dtype))
+            continue
+        if routing.shape[1:] != shape:
+            raise ValueError(
+                f"rollouts carry routing of shapes {shape} and {routing.shape[1:]}: one model serves a run"
+            )
+        wide: np.ndarray = routing[:n].astype(dtype)
+        wide[routing[:n] == no_routing(routing.dtype)] = no_routing(dtype)
+        out.append(wide)
+    return out
+
+
 def pack_rollouts(
     rollouts: Sequence[Rollout], seq_len: int, share_prefixes: bool
 ) -> tuple[list[PackedRow], PackStats]:
     """Rows holding every rollout exactly once (first-fit decreasing), and packing statistics."""
     with_teacher = any(r.teacher_logprobs is not None for r in rollouts)
     samples = [_sample_arrays(r, seq_len, with_teacher) for r in rollouts]
+    routing = _routing_of(rollouts, seq_len)
+    if routing is not None:
+        for sample, routed in zip(samples, routing, strict=True):
+            sample["routed_experts"] = routed
     num_sample_tokens = sum(len(s["input_ids"]) for s in samples)
     num_truncated = sum(len(r.prompt_ids) + len(r.completion_ids) > seq_len for r in rollouts)
     if share_prefixes:

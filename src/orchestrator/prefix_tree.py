@@ -12,6 +12,10 @@ sample, so from a sample's first loss token on it is stored on its own (its "tai
 therefore sees the same loss tokens with the same values as unshared packing, and the step's
 gradient is unchanged.
 
+Per-token fields may have more axes than the token one (`routed_experts`: [tokens, layers, top_k]);
+such a token's key holds the bytes of its entry, so a shared prompt token's routing is stored once
+where the engine routed it the same way for every sample that shares it.
+
 Token ids come from the rollouts (token-in/token-out), never from re-tokenised text, so equal ids
 mean equal model inputs.
 """
@@ -19,6 +23,7 @@ mean equal model inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +36,7 @@ class _Node:
     sample: int
     position: int
     """Where this token's values are read from: samples[sample][field][position]."""
-    children: dict[tuple[float, ...], _Node] = field(default_factory=dict)
+    children: dict[tuple[Any, ...], _Node] = field(default_factory=dict)
     tails: list[int] = field(default_factory=list)
     """Samples whose shared part ends at this node; their remaining tokens hang from it."""
 
@@ -41,20 +46,27 @@ class _Tree:
     """One packable item: a root, everything below it, and the token count it will occupy."""
 
     root_tails: list[int] = field(default_factory=list)
-    children: dict[tuple[float, ...], _Node] = field(default_factory=dict)
+    children: dict[tuple[Any, ...], _Node] = field(default_factory=dict)
     num_tokens: int = 0
 
 
-def _shareable_keys(sample: Sample) -> list[tuple[float, ...]]:
+def _shareable_keys(sample: Sample) -> list[tuple[Any, ...]]:
     """Keys of the sample's leading tokens that may be shared: up to its first loss token."""
     loss = sample["loss_mask"]
     num_shareable = int(np.argmax(loss)) if loss.any() else loss.shape[0]
     names = sorted(name for name in sample if name != "loss_mask")
-    columns = [sample[name][:num_shareable].tolist() for name in names]
+    columns = [_token_keys(sample[name][:num_shareable]) for name in names]
     return list(zip(*columns, strict=True))
 
 
-def _matched_depth(tree: _Tree, keys: list[tuple[float, ...]]) -> int:
+def _token_keys(values: np.ndarray) -> list[Any]:
+    """One hashable key per token: the value, or the bytes of a token's entry of a multi-axis field."""
+    if values.ndim == 1:
+        return values.tolist()
+    return [entry.tobytes() for entry in values]
+
+
+def _matched_depth(tree: _Tree, keys: list[tuple[Any, ...]]) -> int:
     level = tree.children
     depth = 0
     for key in keys:
@@ -66,7 +78,7 @@ def _matched_depth(tree: _Tree, keys: list[tuple[float, ...]]) -> int:
     return depth
 
 
-def _insert(tree: _Tree, index: int, keys: list[tuple[float, ...]]) -> None:
+def _insert(tree: _Tree, index: int, keys: list[tuple[Any, ...]]) -> None:
     level, parent_tails = tree.children, tree.root_tails
     for depth, key in enumerate(keys):
         node = level.get(key)
@@ -106,7 +118,8 @@ def _emit(tree: _Tree, samples: list[Sample]) -> Sample:
     position_of = np.array([p for _, p in sources], dtype=np.int64)
     out: Sample = {}
     for name in samples[0]:
-        values: np.ndarray = np.empty(len(sources), dtype=samples[0][name].dtype)
+        first = samples[0][name]
+        values: np.ndarray = np.empty((len(sources), *first.shape[1:]), dtype=first.dtype)
         for index in np.unique(sample_of):
             picked = sample_of == index
             values[picked] = samples[index][name][position_of[picked]]
@@ -120,13 +133,13 @@ def build_prefix_trees(samples: list[Sample], max_tokens: int) -> list[Sample]:
     (per-token arrays plus parent_ids). A tree that would grow past `max_tokens` is closed and the
     next sample with that first token opens a new one, so a group too long for one row is split
     into trees that fit instead of losing its sharing."""
-    open_trees: dict[tuple[float, ...] | int, _Tree] = {}
+    open_trees: dict[tuple[Any, ...] | int, _Tree] = {}
     trees: list[_Tree] = []
     for index, sample in enumerate(samples):
         keys = _shareable_keys(sample)
         length = int(sample["input_ids"].shape[0])
         # A sample with nothing to share gets a tree of its own (keyed so nothing else joins it).
-        root_key: tuple[float, ...] | int = keys[0] if keys else -1 - index
+        root_key: tuple[Any, ...] | int = keys[0] if keys else -1 - index
         tree = open_trees.get(root_key)
         cost = length - (_matched_depth(tree, keys) if tree is not None else 0)
         if tree is None or tree.num_tokens + cost > max_tokens:

@@ -18,6 +18,7 @@ from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.tool_calls import ToolCallParser
 from grpo.orchestrator.types import Group, Rollout
+from grpo.transport.batches.batch import compact_routing
 
 T = TypeVar("T")
 
@@ -179,6 +180,9 @@ class RolloutRunner:
             completion_versions=list(choice.versions) if resumes else None,
             num_resumes=choice.num_resumes,
             num_recovered_tokens=choice.num_recovered_tokens,
+            routed_experts=None
+            if c.routed_experts is None
+            else compact_routing(c.routed_experts, len(prompt_ids) + len(c.token_ids)),
         )
 
     async def run_group(self, req: GroupRequest) -> Group:

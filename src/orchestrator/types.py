@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class Rollout:
@@ -54,6 +56,10 @@ class Rollout:
     """With partial_rollouts: the policy version that sampled each completion token (an environment
     token carries the version the servers ran at its turn); None otherwise. Its first entry, the
     oldest, is `start_version`."""
+    routed_experts: np.ndarray | None = None
+    """With routing replay on a mixture-of-experts model: [len(prompt_ids) + len(completion_ids),
+    num_moe_layers, top_k] expert ids the engine routed each token to (uint8/uint16,
+    grpo.transport.batches.batch: `routed_experts`); None otherwise."""
     num_resumes: int = 0
     """Times generation stopped at a policy update and resumed under the new policy with tokens kept."""
     num_recovered_tokens: int = 0

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grpo.models.moe import mlp_weights
+
 
 @dataclass(frozen=True)
 class ModelFlopShape:
@@ -53,10 +55,9 @@ def flop_shape(config: Any) -> ModelFlopShape:
     num_kv_heads = int(_first(config, "num_key_value_heads", default=num_heads))
     head_dim = int(_first(config, "head_dim", default=hidden // num_heads))
     attention = hidden * head_dim * (2 * num_heads + 2 * num_kv_heads)  # q, o; k, v
-    intermediate = int(_first(config, "moe_intermediate_size", "intermediate_size"))
-    num_active_experts = int(_first(config, "num_experts_per_tok", default=1))
-    # Gated MLPs (every family the trainer accepts): gate, up, down.
-    mlp = 3 * hidden * intermediate * num_active_experts
+    # Gated MLPs (every family the trainer accepts): gate, up, down; for MoE the top-k routed
+    # experts, shared experts and dense layers (grpo.models.moe), not the experts a token skips.
+    mlp = mlp_weights(config).active
     num_layers = int(config.num_hidden_layers)
     window = _first(config, "sliding_window")
     layer_types = getattr(config, "layer_types", None)
@@ -70,7 +71,7 @@ def flop_shape(config: Any) -> ModelFlopShape:
         num_layers=num_layers,
         hidden_size=hidden,
         attention_width=num_heads * head_dim,
-        num_decoder_linear_params=num_layers * (attention + mlp),
+        num_decoder_linear_params=num_layers * attention + mlp,
         vocab_size=int(config.vocab_size),
         sliding_window=int(window) if num_sliding else None,
         num_sliding_layers=num_sliding,

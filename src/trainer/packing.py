@@ -82,6 +82,9 @@ class MicroBatch:
     loss: LossTokens
     num_sequence_tokens: int
     """Tokens of the sequences as plain packing would store them (a shared prefix once per sequence)."""
+    routed_experts: torch.Tensor | None = None
+    """[T, num_layers, top_k] int16 expert ids to replay (-1: none recorded; int16 keeps a long batch's
+    routing small on the device), or None (routing replay off)."""
 
     @property
     def num_tokens(self) -> int:
@@ -150,6 +153,9 @@ def build_micro_batch(
         if row.num_tokens == 0 or int(row.parent_ids[0]) != -1 or int(row.position_ids[0]) != 0:
             raise ValueError("every packed row must be non-empty and start a sequence (position_ids[0] == 0)")
         row.validate()
+    has_routing = [r.routed_experts is not None for r in rows]
+    if any(has_routing) and not all(has_routing):
+        raise ValueError("some rows of the batch carry routed_experts and some do not")
     has_teacher = [r.teacher_logprobs is not None for r in rows]
     if any(has_teacher) and not all(has_teacher):
         raise ValueError("some rows of the batch carry teacher_logprobs and some do not")
@@ -181,7 +187,27 @@ def build_micro_batch(
         temperatures=temperatures,
         loss=loss,
         num_sequence_tokens=sum(sum(r.sequence_lengths()) for r in rows),
+        routed_experts=_routing(rows, device) if all(has_routing) else None,
     )
+
+
+def _routing(rows: list[PackedRow], device: torch.device) -> torch.Tensor:
+    """The rows' routed_experts as one [T, layers, top_k] int16 tensor, NO_ROUTING entries as -1."""
+    import torch
+
+    from grpo.transport.batches.batch import no_routing
+
+    parts = []
+    for row in rows:
+        routing = row.routed_experts
+        assert routing is not None
+        missing = routing == no_routing(routing.dtype)
+        if np.any(routing[~missing] >= 2**15):
+            raise ValueError("routed_experts holds expert ids >= 32768; no model has that many experts")
+        ids: np.ndarray = routing.astype(np.int16)
+        ids[missing] = -1
+        parts.append(ids)
+    return torch.from_numpy(np.concatenate(parts)).to(device)
 
 
 def _pieces(parent_ids: np.ndarray) -> list[np.ndarray]:

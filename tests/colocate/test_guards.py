@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo.colocate.guards import check_borrowing_safe
+from grpo.utils.errors import UserError
 
 
 def test_expandable_segments_on_the_exporter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,3 +23,14 @@ def test_vllm_sleep_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plain_settings_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
     check_borrowing_safe(["--model", "m"])
+
+
+def test_a_mixture_of_experts_model_is_refused_naming_the_multi_process_mode(tmp_path, tiny_model_path):
+    from transformers import Qwen3MoeConfig
+
+    from grpo.colocate.guards import check_borrowable_model
+
+    Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match=r"qwen3_moe is a mixture-of-experts model.*as separate processes"):
+        check_borrowable_model(tmp_path)
+    check_borrowable_model(tiny_model_path)  # dense: borrowed as before

@@ -97,3 +97,11 @@ def test_a_reference_kl_is_refused_with_truncated_sampling() -> None:
     (problem,) = [p for p in check_trainer_orchestrator(kl, truncated) if "kl_beta" in p]
     assert "set loss.kl_beta: 0" in problem
     assert not [p for p in check_trainer_orchestrator(kl, orch) if "kl_beta" in p]
+
+
+def test_routing_replay_is_refused_in_a_co_located_run_naming_why() -> None:
+    train, infer, orch = _demo()
+    with pytest.raises(
+        ConfigError, match=r"train routing_replay: co-located mode does not train mixture-of-experts models"
+    ):
+        check_colocated(_with(train, routing_replay=True), infer, orch)

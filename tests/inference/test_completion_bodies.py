@@ -179,3 +179,25 @@ def test_server_defaults_change_nothing_vllm_samples_with() -> None:
             0.0,
             0.0,
         )
+
+
+def test_a_choice_with_routed_experts_decodes_vllms_base64_npy() -> None:
+    import base64
+    import io
+
+    import numpy as np
+
+    from grpo.inference.completion_bodies import completion_from_choice
+
+    routing = np.arange(5 * 2 * 2, dtype=np.uint8).reshape(5, 2, 2) % 4
+    with io.BytesIO() as buffer:
+        np.save(buffer, routing, allow_pickle=False)  # what vLLM's numpy2base64 encodes
+        encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
+    choice = {
+        "token_ids": [1, 2, 3], "logprobs": {"token_logprobs": [-1.0, -2.0, -3.0]}, "text": "abc",
+        "finish_reason": "stop", "routed_experts": encoded,
+    }  # fmt: skip
+    decoded = completion_from_choice(choice).routed_experts
+    assert decoded is not None and decoded.dtype == np.uint8
+    np.testing.assert_array_equal(decoded, routing)
+    assert completion_from_choice({**choice, "routed_experts": None}).routed_experts is None

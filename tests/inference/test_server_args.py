@@ -203,3 +203,15 @@ def test_vllms_own_parser_accepts_the_argv() -> None:
 def test_installed_vllm_is_in_the_supported_range() -> None:
     """Weight borrowing reads vLLM internals: an untested release must fail here, not mid-run."""
     check_vllm_version()
+
+
+def test_routed_experts_are_asked_of_a_gpu_engine_and_refused_on_the_cpu_engine_naming_why() -> None:
+    from grpo.utils.errors import UserError
+
+    cfg = InferenceConfig(model="m", return_routed_experts=True)
+    assert "--enable-return-routed-experts" in build_server_args(cfg, "/models/m", on_cpu=False)
+    assert "--enable-return-routed-experts" not in build_server_args(
+        InferenceConfig(model="m"), "/m", on_cpu=False
+    )
+    with pytest.raises(UserError, match="Model Runner V2, which needs Triton, and the CPU engine has none"):
+        build_server_args(cfg, "/models/m", on_cpu=True)

@@ -69,3 +69,22 @@ def test_teacher_logprobs_are_packed_when_present() -> None:
     rows, _ = pack_rollouts([with_teacher], seq_len=10, share_prefixes=True)
     assert rows[0].teacher_logprobs is not None
     assert rows[0].teacher_logprobs.tolist() == [0.0, -1.0, -2.0, -3.0]
+
+
+def test_routing_travels_with_each_token_and_rollouts_without_it_get_no_routing() -> None:
+    from grpo.transport.batches.batch import compact_routing
+
+    with_routing = _rollout(3, 4, 0)
+    # The engine's routing misses the last sampled token (never forwarded); an id past uint8's range.
+    engine = np.arange(6 * 2 * 2).reshape(6, 2, 2)
+    engine[0, 0, 0] = 299
+    with_routing.routed_experts = compact_routing(engine, 7)
+    assert with_routing.routed_experts.dtype == np.uint16
+    without = _rollout(2, 2, 100)  # e.g. multi-turn: no engine routing for the whole sequence
+    (row,), _ = pack_rollouts([with_routing, without], seq_len=16, share_prefixes=False)
+    assert row.routed_experts is not None and row.routed_experts.shape == (11, 2, 2)
+    assert row.input_ids[0] == 0  # longest first
+    np.testing.assert_array_equal(row.routed_experts[:6], engine)
+    none = np.iinfo(np.uint16).max
+    assert np.all(row.routed_experts[6] == none)  # the last sampled token
+    assert np.all(row.routed_experts[7:] == none)  # the rollout without routing

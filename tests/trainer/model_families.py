@@ -27,8 +27,16 @@ _COMMON: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
-FAMILIES = ["llama", "smollm", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt_oss"]
+FAMILIES = [
+    "llama", "smollm", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt_oss",
+    "qwen3_moe", "qwen2_moe", "mixtral",
+]  # fmt: skip
 """smollm is Llama with tied input and output embeddings (SmolLM2's layout)."""
+
+MOE_FAMILIES = ["gpt_oss", "qwen3_moe", "qwen2_moe", "mixtral"]
+"""Families with mixture-of-experts layers (4 experts, top-2)."""
+
+_MOE: dict[str, Any] = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
 
 
 def _config(family: str) -> Any:
@@ -59,6 +67,14 @@ def _config(family: str) -> Any:
         return tf.Phi3Config(**_COMMON, sliding_window=WINDOW, pad_token_id=0)
     if family == "gpt_oss":  # attention sinks, mixture of experts
         return tf.GptOssConfig(**_COMMON, **sliding_pair, num_local_experts=4, num_experts_per_tok=2)
+    if family == "qwen3_moe":  # q/k norms, 4 experts top-2 (softmax, then top-k, renormalised)
+        return tf.Qwen3MoeConfig(**_COMMON, **_MOE, num_experts=4, norm_topk_prob=True)
+    if family == "qwen2_moe":  # layer 0 dense, layer 1 4 experts top-2 + a gated shared expert
+        return tf.Qwen2MoeConfig(
+            **_COMMON, **_MOE, num_experts=4, shared_expert_intermediate_size=64, mlp_only_layers=[0]
+        )
+    if family == "mixtral":  # 8 experts top-2, every layer slides
+        return tf.MixtralConfig(**_COMMON, num_local_experts=8, num_experts_per_tok=2, sliding_window=WINDOW)
     raise ValueError(family)
 
 

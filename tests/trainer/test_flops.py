@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_families import FAMILIES, _config
+from model_families import FAMILIES, MOE_FAMILIES, _config
 
 from grpo.trainer.flops import StepFlopCounter, attended_keys, flop_rate_metrics, flop_shape, step_model_flops
 from grpo.trainer.peak_flops import peak_flops, table_peak_tflops
 
-DENSE = [f for f in FAMILIES if f != "gpt_oss"]
+DENSE = [f for f in FAMILIES if f not in MOE_FAMILIES]
 
 
 @pytest.mark.parametrize("family", DENSE)
@@ -34,6 +34,25 @@ def test_sliding_layers_are_counted_per_layer_kind(family, num_sliding):
     shape = flop_shape(_config(family))
     assert shape.num_sliding_layers == num_sliding
     assert (shape.sliding_window is None) == (num_sliding == 0)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_mixture_of_experts_count_the_top_k_of_the_built_models_expert_weights(family):
+    """Dense layers and shared experts count whole; of the fused experts (3-D) top_k of num_experts."""
+    from transformers import AutoModelForCausalLM
+
+    config = _config(family)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    num_experts = getattr(config, "num_local_experts", None) or config.num_experts
+    dense, experts = 0, 0
+    for name, p in model.model.layers.named_parameters():
+        if p.dim() == 3:
+            experts += p.numel()
+        elif p.dim() == 2 and not any(s in name for s in ("norm", "bias", ".gate.", "router", "expert_gate")):
+            dense += p.numel()
+    active = dense + experts * config.num_experts_per_tok // num_experts
+    assert flop_shape(config).num_decoder_linear_params == active
 
 
 def test_mixture_of_experts_counts_the_active_experts_only():

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.hf.moe import RoutingReplay
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
 
@@ -54,6 +55,8 @@ class Policy:
     autocast_dtype: torch.dtype | None
     """Set when the forward computes in bf16/fp16 with fp32 trainable weights (LoRA or full)."""
     is_lora: bool
+    routing_replay: RoutingReplay | None = None
+    """Set with routing_replay: micro-batches carrying routed_experts route through those experts."""
 
     @property
     def lm_head(self) -> nn.Module:
@@ -81,10 +84,15 @@ class Policy:
 
                 precision.enter_context(disable_input_dtype_casting(self.model))
         decoder = self.causal_lm.get_decoder()
+        routing = batch.routed_experts if self.routing_replay is not None else None
         with precision:
             if batch.forwards is None:
+                replay = {} if routing is None else {"routed_experts": routing}
                 out = decoder(
-                    input_ids=batch.input_ids[None], position_ids=batch.position_ids[None], use_cache=False
+                    input_ids=batch.input_ids[None],
+                    position_ids=batch.position_ids[None],
+                    use_cache=False,
+                    **replay,
                 )
                 return out.last_hidden_state[0]
             if self.uses_varlen_attention:
@@ -95,7 +103,16 @@ class Policy:
             layout = attention_layout(self.causal_lm)
             mask_dtype = self.autocast_dtype or self.dtype
             parts, tokens = [], []
+            replay = {}
             for forward in batch.forwards:
+                if routing is not None:
+                    from grpo.trainer.hf.moe import flat_routing
+
+                    replay = {
+                        "routed_experts": flat_routing(
+                            routing, forward.slots, forward.tokens, forward.input_ids.numel()
+                        )
+                    }
                 out = decoder(
                     input_ids=forward.input_ids,
                     position_ids=forward.position_ids,
@@ -103,6 +120,7 @@ class Policy:
                         layout, forward.attention_mask, forward.position_ids, mask_dtype
                     ),
                     use_cache=False,
+                    **replay,
                 ).last_hidden_state  # [B, L, H]
                 parts.append(out.reshape(-1, out.shape[-1])[forward.slots])
                 tokens.append(forward.tokens)
@@ -125,8 +143,14 @@ def _borrowed_dtype(borrowed: Mapping[str, torch.Tensor]) -> torch.dtype:
     return dtypes.pop()
 
 
-def _lora_targets(cfg: TrainerConfig) -> str | list[str]:
+def _lora_targets(cfg: TrainerConfig, causal_lm: nn.Module) -> str | list[str]:
+    from grpo.config.trainer import DEFAULT_LORA_TARGETS, MOE_DEFAULT_LORA_TARGETS
+    from grpo.trainer.hf.moe import is_moe
+
     targets = cfg.lora_target_modules
+    if targets == DEFAULT_LORA_TARGETS and is_moe(causal_lm):
+        # Experts are fused 3-D parameters, not linears: the default adapts attention only.
+        return list(MOE_DEFAULT_LORA_TARGETS)
     if "all-linear" in targets:
         if len(targets) > 1:
             raise UserError('lora_target_modules: "all-linear" cannot be combined with module names')
@@ -202,7 +226,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     if cfg.lora:
         from peft import LoraConfig, get_peft_model
 
-        targets = _lora_targets(cfg)
+        targets = _lora_targets(cfg, causal_lm)
         if targets != "all-linear":
             check_lora_targets(causal_lm, targets)
         lora_cfg = LoraConfig(
@@ -221,6 +245,11 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         # 16-bit base: round the residual stream where vLLM does (lowers the step-0 mismatch KL).
         follow_vllm_rounding(causal_lm)
     autocast_dtype = dtype if dtype != torch.float32 else None
+    routing_replay = None
+    if cfg.routing_replay:
+        from grpo.trainer.hf.moe import RoutingReplay
+
+        routing_replay = RoutingReplay.install(causal_lm)
     policy = Policy(
         model=model,
         causal_lm=causal_lm,
@@ -228,6 +257,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         dtype=dtype,
         autocast_dtype=autocast_dtype,
         is_lora=cfg.lora,
+        routing_replay=routing_replay,
     )
     num_trainable = sum(p.numel() for p in policy.trainable_parameters())
     log.info(

@@ -270,6 +270,8 @@ class Trainer:
         state = self._open
         assert state is not None and batch.step == state.step, "begin_step(batch.step) comes first"
         batch.validate()
+        if self.policy.routing_replay is not None:
+            self.policy.routing_replay.check_batch(batch)
         started = time.perf_counter()
         state.num_loss_tokens += batch.num_loss_tokens
         state.num_loss_samples += batch.num_loss_samples
@@ -360,6 +362,8 @@ class Trainer:
         )
         if self.grad_scale is not None:
             metrics["fp16_grad_scale"] = self.grad_scale.scale
+        if self.policy.routing_replay is not None:
+            metrics.update(self.policy.routing_replay.take_metrics())
         metrics.update(
             self._flops.take_rates(
                 step_time, self.policy.device, self.policy.autocast_dtype or self.policy.dtype

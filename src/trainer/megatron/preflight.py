@@ -58,6 +58,13 @@ def check_supported_model(hf_config: Any, sequence_len: int) -> None:
     """UserError (one line naming the model's field and the fix) unless backend megatron computes
     what the HF model computes."""
     architectures = list(getattr(hf_config, "architectures", None) or [])
+    from grpo.models.moe import is_moe_config
+
+    if is_moe_config(hf_config):
+        raise UserError(
+            f"the model ({architectures[0] if architectures else 'unknown'}) has mixture-of-experts layers; "
+            "backend megatron has no MoE layers yet: use backend: hf"
+        )
     if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
         raise UserError(
             f"backend megatron supports {sorted(SUPPORTED_ARCHITECTURES)}, the model is "

@@ -16,6 +16,10 @@ tokens. Per-token arrays are aligned with `input_ids`: entry t describes token t
   prompt once and hangs every completion from its last token, so the rows form a prefix tree
   (docs/design.md, "Shared-prefix packing"). Parents always come before their children.
 - `teacher_logprobs[t]` (optional) is the teacher's logprob of token t.
+- `routed_experts[t]` (optional, mixture-of-experts models with routing replay) is [num_moe_layers,
+  top_k]: the expert ids the inference engine routed token t to in each MoE layer (uint8, uint16
+  past 255 experts); `NO_ROUTING` (the dtype's maximum) where none was recorded (the trainer then
+  routes that token itself).
 
 A batch also says how its completions were truncated (`sampling`: top_k, top_p, min_p, the same for
 every row), because vLLM reports logprobs under the truncated distribution and the trainer must
@@ -42,6 +46,33 @@ ROW_FIELDS: dict[str, type] = {
     "parent_ids": np.int32,
 }
 OPTIONAL_ROW_FIELDS: dict[str, type] = {"teacher_logprobs": np.float32}
+ROUTING_DTYPES: tuple[np.dtype, np.dtype] = (np.dtype(np.uint8), np.dtype(np.uint16))
+"""Dtypes of `routed_experts` ([num_tokens, num_moe_layers, top_k], not in the 1-D tables above)."""
+
+
+def routing_dtype(num_experts: int) -> np.dtype:
+    """The smallest routing dtype whose maximum (kept for NO_ROUTING) is no expert id."""
+    return ROUTING_DTYPES[0] if num_experts < 255 else ROUTING_DTYPES[1]
+
+
+def no_routing(dtype: np.dtype) -> int:
+    """The `routed_experts` entry that means "not recorded"."""
+    return int(np.iinfo(dtype).max)
+
+
+def compact_routing(engine_routing: np.ndarray, num_tokens: int) -> np.ndarray:
+    """The engine's [num_tokens - 1 (or fewer), layers, top_k] routing as `routed_experts`: the
+    smallest routing dtype, one entry per token, NO_ROUTING for the tokens it has none for (the last
+    sampled token, which no forward pass saw)."""
+    if engine_routing.shape[0] > num_tokens or (engine_routing.size and engine_routing.min() < 0):
+        raise ValueError(
+            f"engine routing has {engine_routing.shape[0]} tokens for a sequence of {num_tokens} "
+            "or negative expert ids"
+        )
+    dtype = routing_dtype(int(engine_routing.max()) + 1 if engine_routing.size else 0)
+    out = np.full((num_tokens, *engine_routing.shape[1:]), no_routing(dtype), dtype=dtype)
+    out[: engine_routing.shape[0]] = engine_routing
+    return out
 
 
 @dataclass
@@ -56,6 +87,8 @@ class PackedRow:
     temperatures: np.ndarray
     parent_ids: np.ndarray
     teacher_logprobs: np.ndarray | None = None
+    routed_experts: np.ndarray | None = None
+    """[num_tokens, num_moe_layers, top_k] expert ids for routing replay (see the module doc)."""
 
     @property
     def num_tokens(self) -> int:
@@ -97,6 +130,14 @@ class PackedRow:
                 raise ValueError(f"row field {name} has shape {arr.shape}, expected ({n},)")
             if arr.dtype != np.dtype(dtype):
                 raise ValueError(f"row field {name} has dtype {arr.dtype}, expected {np.dtype(dtype)}")
+        routing = self.routed_experts
+        if routing is not None:
+            if routing.ndim != 3 or routing.shape[0] != n:
+                raise ValueError(
+                    f"row routed_experts has shape {routing.shape}, expected ({n}, layers, top_k)"
+                )
+            if routing.dtype not in ROUTING_DTYPES:
+                raise ValueError(f"row routed_experts has dtype {routing.dtype}, expected uint8 or uint16")
         check_tree(self.parent_ids, self.position_ids)
         if np.any(self.loss_mask & (self.parent_ids < 0)):
             # Nothing predicts a sequence's first token (a prompt always precedes a completion).

@@ -1,6 +1,7 @@
 """A TrainingBatch as one safetensors blob, for transports that cross a process boundary.
 
-Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` only when set),
+Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` and
+`routed_experts` only when set),
 and in the safetensors header metadata (string -> string): `format`, `version`, `step`,
 `num_rows`, `metadata` (the batch metadata as JSON), `sampling` (the batch's top_k/top_p/min_p as
 JSON) and `checksum`. The checksum (sha256 over step, row count, metadata, sampling and every
@@ -33,7 +34,7 @@ from grpo.transport.batches.validate import check_batch_values
 from grpo.utils.errors import UserError
 
 WIRE_FORMAT = "grpo.training_batch"
-WIRE_VERSION = "2"
+WIRE_VERSION = "3"  # 3: optional rows.{i}.routed_experts
 
 _HEADER_LENGTH_BYTES = 8  # safetensors starts with the header length as little-endian u64
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -57,7 +58,7 @@ def encode_batch(batch: TrainingBatch) -> bytes:
     batch.validate()
     tensors: dict[str, np.ndarray] = {}
     for i, row in enumerate(batch.rows):
-        for name in (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS):
+        for name in (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "routed_experts"):
             array = getattr(row, name)
             if array is not None:
                 tensors[f"rows.{i}.{name}"] = np.ascontiguousarray(array)
@@ -127,7 +128,8 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
         raise ValueError(f"training batch ({where}) is corrupt: checksum mismatch")
     num_rows = int(header["num_rows"])
     rows = [_row_from_tensors(tensors, i, where) for i in range(num_rows)]
-    known = {f"rows.{i}.{name}" for i in range(num_rows) for name in (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS)}
+    names = (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "routed_experts")
+    known = {f"rows.{i}.{name}" for i in range(num_rows) for name in names}
     unexpected = set(tensors) - known
     if unexpected:
         raise ValueError(f"training batch ({where}) has unexpected tensors {sorted(unexpected)[:5]}")
@@ -162,4 +164,5 @@ def _row_from_tensors(tensors: Mapping[str, np.ndarray], index: int, where: str)
             raise ValueError(f"training batch ({where}) lacks tensor {key}")
         fields[name] = tensors[key]
     teacher = tensors.get(f"rows.{index}.teacher_logprobs")
-    return PackedRow(**fields, teacher_logprobs=teacher)
+    routing = tensors.get(f"rows.{index}.routed_experts")
+    return PackedRow(**fields, teacher_logprobs=teacher, routed_experts=routing)

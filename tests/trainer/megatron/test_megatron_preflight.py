@@ -137,3 +137,13 @@ def test_a_launch_with_other_than_gpus_processes_is_refused(llama_folder: Path) 
     with pytest.raises(UserError, match="set gpus: 4"):
         check_megatron_start(_cfg(llama_folder, gpus=2), llama_folder, world_size=4)
     check_megatron_start(_cfg(llama_folder, gpus=2), llama_folder, world_size=2)
+
+
+def test_a_mixture_of_experts_model_is_refused_naming_backend_hf():
+    from transformers import Qwen3MoeConfig
+
+    moe = _config(Qwen3MoeConfig, "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2)
+    with pytest.raises(
+        UserError, match="has mixture-of-experts layers; backend megatron has no MoE layers yet"
+    ):
+        check_supported_model(moe, sequence_len=1024)

@@ -97,3 +97,24 @@ def test_edited_header_metadata_is_rejected_by_the_checksum() -> None:
     assert tampered != blob
     with pytest.raises(ValueError, match=r"step 4.*checksum"):
         decode_batch(tampered)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_roundtrip_keeps_optional_routed_experts(dtype: type) -> None:
+    batch = synthetic_batch(4)
+    rng = np.random.default_rng(0)
+    for row in batch.rows:
+        row.routed_experts = rng.integers(0, 8, (row.num_tokens, 3, 2)).astype(dtype)
+    decoded = decode_batch(encode_batch(batch))
+    assert decoded.rows[0].routed_experts is not None and decoded.rows[0].routed_experts.dtype == dtype
+    assert_batches_equal(decoded, batch)
+
+
+def test_routed_experts_of_the_wrong_shape_or_dtype_are_refused() -> None:
+    batch = synthetic_batch(4)
+    batch.rows[0].routed_experts = np.zeros((batch.rows[0].num_tokens, 2), np.uint8)
+    with pytest.raises(ValueError, match="routed_experts has shape"):
+        encode_batch(batch)
+    batch.rows[0].routed_experts = np.zeros((batch.rows[0].num_tokens, 2, 2), np.int64)
+    with pytest.raises(ValueError, match="routed_experts has dtype"):
+        encode_batch(batch)
