@@ -1,7 +1,7 @@
 """`grpo --train --infer --orch` with a Megatron trainer: full weights, no borrowing.
 
 The tiny random model: what is checked (steps, versions, published folders, logs) does not depend on
-the model's size, and the embedded 135M model made this run three times as long."""
+the model's size, and the embedded 135M model made this one of the suite's slowest runs."""
 
 from __future__ import annotations
 
