@@ -53,7 +53,7 @@ class InferenceConfig(StrictModel):
     """Maximum context length (prompt + completion); null takes the model's."""
 
     enforce_eager: bool = False
-    """Disable CUDA graphs (debugging; always eager on CPU)."""
+    """Disable CUDA graphs and torch.compile. On CPU vLLM compiles a full-weight engine with inductor (tens of seconds at start); with enable_lora it always runs eager."""
 
     trust_remote_code: bool = False
     """Allow custom model code from the model folder."""

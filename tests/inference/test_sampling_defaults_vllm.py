@@ -42,6 +42,7 @@ def server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         max_model_len=MAX_MODEL_LEN,
         max_num_seqs=4,
         enable_lora=False,
+        enforce_eager=True,  # on CPU a full-weight engine would be compiled first: ~25 s more
     )
     thread = ServerThread(cfg, str(model_dir)).start()
     try:

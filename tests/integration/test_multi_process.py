@@ -95,17 +95,25 @@ def test_zmq_and_collective_full_weights_reach_two_servers_started_last(
     launcher.start("train", "grpo-train", write_yaml(tmp_path / "train.yaml", train))
     launcher.start("orch", "grpo-orch", write_yaml(tmp_path / "orch.yaml", orch))
     for i, port in enumerate(infer_ports):
-        infer = write_yaml(
-            tmp_path / f"infer{i}.yaml", infer_config(tiny_model_path, port, lora=False, weight_dir=tmp_path)
-        )
-        launcher.start(f"infer{i}", "grpo-infer", infer)
+        # Server 0 compiled (vLLM's default for full weights on CPU), server 1 eager: the policies
+        # reach both kinds of engine, and the two do not compile side by side (~25 s each here).
+        cfg = {
+            **infer_config(tiny_model_path, port, lora=False, weight_dir=tmp_path),
+            "enforce_eager": i == 1,
+        }
+        launcher.start(f"infer{i}", "grpo-infer", write_yaml(tmp_path / f"infer{i}.yaml", cfg))
     launcher.wait_all(["orch", "train"], RUN_TIMEOUT_S + 240)
     assert trainer_steps(run_dir) == [0, 1, 2]
     # Policies 1 and 2 went over one collective with both servers (trainer rank 0, servers ranks 1
     # and 2; the orchestrator fails the run if either did not receive); the final policy is on disk.
     assert (run_dir / "broadcasts" / "step_2" / "collective.json").exists()
     assert (run_dir / "broadcasts" / "step_3" / "model.safetensors").exists()
-    assert launcher.stop("infer0") == 0 and launcher.stop("infer1") == 0
+    # SIGTERM ends each server with 0 and says so last; the launcher fixture then finds no process
+    # of theirs (vLLM's engine cores included) left.
+    for name in ("infer0", "infer1"):
+        assert launcher.stop(name, timeout=30) == 0
+        grpo_lines = [line for line in launcher.log(name).splitlines() if "[grpo." in line]
+        assert "inference server stopped (exit code 0)" in grpo_lines[-1], grpo_lines[-3:]
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,9 @@ def test_a_tensor_parallel_megatron_trainer_under_torchrun_publishes_each_full_w
     url = f"http://127.0.0.1:{port}/v1"
     infer = infer_config(model, port, lora=False, weight_dir=tmp_path)
     infer["weight_broadcast_type"] = "filesystem"
+    # Eager: on CPU vLLM would compile a full-weight engine (~25 s here); test_multi_process.py covers
+    # full-weight policies reaching a compiled engine.
+    infer["enforce_eager"] = True
     launcher.start("infer", "grpo-infer", write_yaml(tmp_path / "infer.yaml", infer))
     # Strictly on-policy: batch n is sampled from policy n, so every version must reach vLLM.
     orch = orch_config(model, run_dir, url, lora=False, max_async_level=0)

@@ -45,6 +45,13 @@ def one_rank_tied(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactor
     return single
 
 
+@pytest.fixture(scope="module")
+def one_rank_qwen2(tiny_qwen2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    single = _launch(tiny_qwen2_path, tmp_path_factory.mktemp("one-qwen2") / "out", num_ranks=1, tp=1)
+    assert single[1]["masked"] < 1, "the step must train something"
+    return single
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("num_ranks", "tp", "pp", "what"),
@@ -84,8 +91,7 @@ def test_pipeline_stages_sum_the_gradients_of_a_tied_embedding(
 @pytest.mark.slow
 @pytest.mark.parametrize(("tp", "pp", "what"), [(2, 1, "tensor parallel"), (1, 2, "pipeline stages")])
 def test_qwen2_biases_split_over_ranks_give_the_logprobs_and_first_update_of_one(
-    tp: int, pp: int, what: str, tiny_qwen2_path: Path, tmp_path: Path
+    tp: int, pp: int, what: str, one_rank_qwen2: tuple[dict, dict], tiny_qwen2_path: Path, tmp_path: Path
 ) -> None:
-    single = _launch(tiny_qwen2_path, tmp_path / "one", num_ranks=1, tp=1)
-    assert single[1]["masked"] < 1, "the step must train something"
-    _assert_same_run(_launch(tiny_qwen2_path, tmp_path / "two", num_ranks=2, tp=tp, pp=pp), single, what)
+    several = _launch(tiny_qwen2_path, tmp_path / "out", num_ranks=2, tp=tp, pp=pp)
+    _assert_same_run(several, one_rank_qwen2, what)
