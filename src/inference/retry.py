@@ -1,12 +1,16 @@
-"""Which failures of a request to an inference server are worth another attempt, and how long to
-wait before it: exponential backoff from RETRY_BASE_DELAY_S, at most RETRY_MAX_DELAY_S."""
+"""Which failures of a request to an inference server are worth another attempt, and how attempts
+follow each other (tenacity): at most max_retries + 1 in all, exponential backoff from
+RETRY_BASE_DELAY_S between them, at most RETRY_MAX_DELAY_S."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from grpo.inference.recovery import ServerDownError
-from grpo.utils.backoff import backoff_delay_s
 
 RETRY_BASE_DELAY_S = 0.5
 RETRY_MAX_DELAY_S = 8.0
@@ -20,9 +24,30 @@ class ServerLeftError(TransientServerError):
     """A request addressed to one server failed after that server left the elastic pool."""
 
 
-def backoff_s(attempt: int) -> float:
-    """Seconds to wait after failed attempt `attempt` (counted from 0) before the next one."""
-    return backoff_delay_s(attempt, RETRY_BASE_DELAY_S, RETRY_MAX_DELAY_S)
+def worth_retry(error: BaseException) -> bool:
+    """A connection that failed or dropped, an overloaded or failing server (429, 5xx: raised as
+    TransientServerError), a server taken out by the health checks; not one that left the pool
+    (the request ends there: ServerLeftError)."""
+    return isinstance(
+        error, httpx.TransportError | TransientServerError | ServerDownError
+    ) and not isinstance(error, ServerLeftError)
+
+
+def attempts(
+    max_retries: int,
+    retry_on: Callable[[BaseException], bool] = worth_retry,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> AsyncRetrying:
+    """Calls an attempt (`await attempts(...)(attempt)`) until it returns, raises what `retry_on`
+    refuses, or failed max_retries + 1 times (then tenacity.RetryError, holding the last failure);
+    `sleep` waits out each backoff."""
+    return AsyncRetrying(
+        stop=stop_after_attempt(max_retries + 1),
+        # read at each call: tests set the base to 0
+        wait=wait_exponential(multiplier=RETRY_BASE_DELAY_S, max=RETRY_MAX_DELAY_S),
+        retry=retry_if_exception(retry_on),
+        sleep=sleep,
+    )
 
 
 def server_gone(error: Exception) -> bool:
