@@ -8,9 +8,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying
 
 from grpo.inference.recovery import ServerDownError
+from grpo.utils import backoff
 
 RETRY_BASE_DELAY_S = 0.5
 RETRY_MAX_DELAY_S = 8.0
@@ -38,16 +39,9 @@ def attempts(
     retry_on: Callable[[BaseException], bool] = worth_retry,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncRetrying:
-    """Calls an attempt (`await attempts(...)(attempt)`) until it returns, raises what `retry_on`
-    refuses, or failed max_retries + 1 times (then tenacity.RetryError, holding the last failure);
-    `sleep` waits out each backoff."""
-    return AsyncRetrying(
-        stop=stop_after_attempt(max_retries + 1),
-        # read at each call: tests set the base to 0
-        wait=wait_exponential(multiplier=RETRY_BASE_DELAY_S, max=RETRY_MAX_DELAY_S),
-        retry=retry_if_exception(retry_on),
-        sleep=sleep,
-    )
+    """grpo.utils.backoff.attempts with this module's backoff (read at each call: tests set the
+    base to 0)."""
+    return backoff.attempts(max_retries, retry_on, RETRY_BASE_DELAY_S, RETRY_MAX_DELAY_S, sleep)
 
 
 def server_gone(error: Exception) -> bool:
