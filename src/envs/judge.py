@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from tenacity import RetryError
 
 from grpo.config.judges import MATCH_PREFIX, OWN_SERVER, JudgeConfig
 from grpo.envs.base import Message
 from grpo.envs.rewards import RewardFailure
 from grpo.utils.auth import secret_from_env
-from grpo.utils.backoff import backoff_delay_s
+from grpo.utils.backoff import attempts
 
 RETRY_BASE_DELAY_S = 0.5
 RETRY_MAX_DELAY_S = 8.0
@@ -139,30 +140,38 @@ class Judge:
         }
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         url = endpoint.base_url.rstrip("/") + "/chat/completions"
-        for attempt in range(self.cfg.max_retries + 1):
-            last = attempt == self.cfg.max_retries
+
+        async def ask() -> str:
+            assert self._client is not None
             self.num_requests += 1
-            try:
-                response = await self._client.post(url, json=body, headers=headers)
-            except httpx.TransportError as exc:
-                if last:
-                    raise RewardFailure(
-                        f"judge request to {url} failed: {type(exc).__name__}: {exc}"
-                    ) from exc
-            else:
-                status = response.status_code
-                if status < 400:
-                    return _content(response, url)
-                if last or not (status >= 500 or status == 429):
-                    raise RewardFailure(
-                        f"judge {url} answered HTTP {status}: {response.text[:VERDICT_CHARS]}"
-                    )
-            await asyncio.sleep(backoff_delay_s(attempt, RETRY_BASE_DELAY_S, RETRY_MAX_DELAY_S))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+            response = await self._client.post(url, json=body, headers=headers)
+            status = response.status_code
+            if status < 400:
+                return _content(response, url)
+            failure = _Busy if status >= 500 or status == 429 else RewardFailure
+            raise failure(f"judge {url} answered HTTP {status}: {response.text[:VERDICT_CHARS]}")
+
+        def retry_on(error: BaseException) -> bool:
+            return isinstance(error, httpx.TransportError | _Busy)
+
+        try:
+            verdict: str = await attempts(
+                self.cfg.max_retries, retry_on, RETRY_BASE_DELAY_S, RETRY_MAX_DELAY_S
+            )(ask)
+        except RetryError as gave_up:
+            error = gave_up.last_attempt.exception()
+            if isinstance(error, _Busy):
+                raise RewardFailure(str(error)) from error
+            raise RewardFailure(f"judge request to {url} failed: {type(error).__name__}: {error}") from error
+        return verdict
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
+
+
+class _Busy(RewardFailure):
+    """The judge answered 429 or 5xx: worth another attempt."""
 
 
 def _content(response: httpx.Response, url: str) -> str:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import httpx
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from grpo.envs.base import EnvReply, Example, Message, Score
 from grpo.envs.rewards import FailureLog
@@ -139,24 +140,25 @@ def fetch_info(
     timeout_s: float = REQUEST_TIMEOUT_S,
     max_reply_bytes: int = MAX_REPLY_BYTES,
 ) -> dict[str, Any]:
-    """GET /info, retrying connection errors for `retry_s` seconds; the reply must arrive within
+    """GET /info, retrying connection errors for `retry_s` seconds (tenacity); the reply must arrive within
     `timeout_s` (checked as each piece arrives) and hold at most `max_reply_bytes`."""
     url = f"{base_url(address)}/info"
-    deadline = time.monotonic() + retry_s
-    while True:
-        try:
-            response = _get_bounded(url, token, timeout_s, max_reply_bytes)
-            break
-        except (ReplyTooLarge, TimeoutError) as exc:
-            raise UserError(f"env {env_id}: {url}: {exc}") from exc
-        except httpx.TransportError as exc:
-            if time.monotonic() >= deadline:
-                raise UserError(
-                    f"env {env_id}: no environment server answers at {address} ({type(exc).__name__} "
-                    f"after {retry_s:g} s); start it with `grpo-env {env_id} --port {address.rsplit(':', 1)[-1]}` "
-                    "(add --args JSON for the loader's arguments), or remove env[].address to run it in-process"
-                ) from exc
-            time.sleep(_RETRY_INTERVAL_S)
+    retrying = Retrying(
+        retry=retry_if_exception_type(httpx.TransportError),
+        stop=stop_after_delay(retry_s),
+        wait=wait_fixed(_RETRY_INTERVAL_S),
+        reraise=True,
+    )
+    try:
+        response = retrying(_get_bounded, url, token, timeout_s, max_reply_bytes)
+    except (ReplyTooLarge, TimeoutError) as exc:
+        raise UserError(f"env {env_id}: {url}: {exc}") from exc
+    except httpx.TransportError as exc:
+        raise UserError(
+            f"env {env_id}: no environment server answers at {address} ({type(exc).__name__} "
+            f"after {retry_s:g} s); start it with `grpo-env {env_id} --port {address.rsplit(':', 1)[-1]}` "
+            "(add --args JSON for the loader's arguments), or remove env[].address to run it in-process"
+        ) from exc
     if response.status_code == 401:
         raise UserError(
             f"env {env_id}: the server at {address} refused the token; export {TOKEN_ENV} with the token "

@@ -24,6 +24,7 @@ import contextlib
 from typing import Any
 
 import httpx
+from tenacity import RetryError
 
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.collective_receive import receive_over_collective
@@ -31,7 +32,7 @@ from grpo.inference.completion_bodies import completion_body, completion_from_ch
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
 from grpo.inference.policy_replay import APPLY_NOISY_NORMS_PATH, UPDATE_WEIGHTS_PATH, PolicyReplay
 from grpo.inference.recovery import ServerDownError, ServerLostError, ServerRecovery
-from grpo.inference.retry import ServerLeftError, TransientServerError, backoff_s, server_gone
+from grpo.inference.retry import ServerLeftError, TransientServerError, attempts, server_gone
 from grpo.inference.streaming import StreamStatusError, stream_completions
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.transport.weights.announce import read_collective_manifest
@@ -172,52 +173,61 @@ class InferenceClient:
 
         `routed`: the request may move to another server on retry (elastic pools, client.recovery).
         A routed request whose server is taken out (client.recovery) moves without using a retry."""
-        attempt = 0
-        moved = False
-        while True:
-            if (attempt > 0 or moved) and routed and (self._pool is not None or self._recovery is not None):
-                await self._wait_for_server(self.cfg.timeout)
-                url = self.pick_server(session_id, avoid=url)
-            moved = False
-            self.num_in_flight[url] = self.num_in_flight.get(url, 0) + 1
-            try:
-                request = self._http.post(
-                    url + path,
-                    json=body,
-                    timeout=httpx.Timeout(timeout) if timeout else httpx.USE_CLIENT_DEFAULT,
-                )
-                response = await (
-                    request if self._recovery is None else self._recovery.until_lost(url, request)
-                )
-                if response.status_code == 429 or response.status_code >= 500:
-                    raise TransientServerError(
-                        f"{url}{path}: HTTP {response.status_code}: {response.text[:500]}"
-                    )
-                if response.status_code >= 400:
-                    raise RuntimeError(f"{url}{path}: HTTP {response.status_code}: {response.text[:2000]}")
-                if response.headers.get("content-type", "").startswith("application/json"):
-                    return response.json()
-                return response.text
-            except (httpx.TransportError, TransientServerError, ServerDownError) as error:
-                if not routed and self._pool is not None and url not in self._pool.urls:
-                    raise ServerLeftError(f"{url}{path} failed after {url} left the pool: {error}") from error
-                if self._recovery is not None and server_gone(error):
-                    self._recovery.take_out(url, f"{path}: {type(error).__name__} {error}")
-                    if routed:
-                        moved = True
-                        continue
-                    if self._recovery.is_recovering(url):
+        can_move = routed and (self._pool is not None or self._recovery is not None)
+        num_attempts = 0
+
+        async def attempt() -> Any:
+            nonlocal url, num_attempts
+            num_attempts += 1
+            if num_attempts > 1 and can_move:
+                url = await self._other_server(url, session_id)
+            while True:
+                self.num_in_flight[url] = self.num_in_flight.get(url, 0) + 1
+                try:
+                    return await self._post_once(url, path, body, timeout)
+                except (httpx.TransportError, TransientServerError, ServerDownError) as error:
+                    if not routed and self._pool is not None and url not in self._pool.urls:
                         raise ServerLeftError(
-                            f"{url}{path} failed; {url} is out of routing: {error}"
+                            f"{url}{path} failed after {url} left the pool: {error}"
                         ) from error
-                if attempt == self.cfg.max_retries:
-                    raise TransientServerError(
-                        f"{url}{path} failed after {attempt + 1} attempt(s): {error}"
-                    ) from error
-            finally:
-                self.num_in_flight[url] -= 1
-            await asyncio.sleep(backoff_s(attempt))
-            attempt += 1
+                    if self._recovery is None or not server_gone(error):
+                        raise
+                    self._recovery.take_out(url, f"{path}: {type(error).__name__} {error}")
+                    if not routed:
+                        if self._recovery.is_recovering(url):
+                            raise ServerLeftError(
+                                f"{url}{path} failed; {url} is out of routing: {error}"
+                            ) from error
+                        raise
+                finally:
+                    self.num_in_flight[url] -= 1
+                url = await self._other_server(url, session_id)
+
+        try:
+            return await attempts(self.cfg.max_retries)(attempt)
+        except RetryError as gave_up:
+            error = gave_up.last_attempt.exception()
+            raise TransientServerError(
+                f"{url}{path} failed after {num_attempts} attempt(s): {error}"
+            ) from error
+
+    async def _post_once(self, url: str, path: str, body: dict[str, Any], timeout: float | None) -> Any:
+        request = self._http.post(
+            url + path, json=body, timeout=httpx.Timeout(timeout) if timeout else httpx.USE_CLIENT_DEFAULT
+        )
+        response = await (request if self._recovery is None else self._recovery.until_lost(url, request))
+        if response.status_code == 429 or response.status_code >= 500:
+            raise TransientServerError(f"{url}{path}: HTTP {response.status_code}: {response.text[:500]}")
+        if response.status_code >= 400:
+            raise RuntimeError(f"{url}{path}: HTTP {response.status_code}: {response.text[:2000]}")
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.text
+
+    async def _other_server(self, url: str, session_id: str | None) -> str:
+        """The server a retry goes to: another one than `url` where one takes requests."""
+        await self._wait_for_server(self.cfg.timeout)
+        return self.pick_server(session_id, avoid=url)
 
     async def _post_all(self, path: str, body: dict[str, Any], timeout: float | None = None) -> list[Any]:
         """POST to every server taking requests; a server that leaves the pool meanwhile is skipped."""
@@ -343,36 +353,50 @@ class InferenceClient:
         closed, vLLM aborts the request, and each unfinished choice comes back with its tokens so far
         (finish_reason ABORTED). A failure is retried like `generate`'s, from the start."""
         body = completion_body(request)
+        can_move = self._pool is not None or self._recovery is not None
         url = ""
-        attempt = 0
-        moved = False
-        while True:
-            await self._wait_for_server(self.cfg.timeout)
-            retrying = (attempt > 0 or moved) and (self._pool is not None or self._recovery is not None)
-            url = self.pick_server(request.session_id, avoid=url if retrying else None)
+        num_attempts = 0
+
+        async def attempt() -> list[Completion]:
+            nonlocal url, num_attempts
+            num_attempts += 1
             moved = False
-            self.num_in_flight[url] += 1
-            try:
-                stream = stream_completions(self._http, url + "/completions", body, request.n, interrupt)
-                return await (stream if self._recovery is None else self._recovery.until_lost(url, stream))
-            except (httpx.TransportError, StreamStatusError, ServerDownError) as error:
-                if isinstance(error, StreamStatusError) and not error.retryable:
-                    raise
-                if self._recovery is not None and server_gone(error):
+            while True:
+                await self._wait_for_server(self.cfg.timeout)
+                retrying = (num_attempts > 1 or moved) and can_move
+                url = self.pick_server(request.session_id, avoid=url if retrying else None)
+                self.num_in_flight[url] += 1
+                try:
+                    stream = stream_completions(self._http, url + "/completions", body, request.n, interrupt)
+                    return await (
+                        stream if self._recovery is None else self._recovery.until_lost(url, stream)
+                    )
+                except (httpx.TransportError, ServerDownError) as error:
+                    if self._recovery is None or not server_gone(error):
+                        raise
                     # Its tokens so far are lost with the server: the request starts again elsewhere.
                     self._recovery.take_out(url, f"/completions (streamed): {type(error).__name__} {error}")
                     moved = True
-                    continue
-                if attempt == self.cfg.max_retries:
-                    raise TransientServerError(
-                        f"{url}/completions (streamed) failed after {attempt + 1} attempt(s): {error}"
-                    ) from error
-            finally:
-                self.num_in_flight[url] -= 1
+                finally:
+                    self.num_in_flight[url] -= 1
+
+        async def backoff_unless_interrupted(seconds: float) -> None:
             # an interrupt ends the wait: the next attempt returns at once, and the update goes on
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(interrupt.wait(), backoff_s(attempt))
-            attempt += 1
+                await asyncio.wait_for(interrupt.wait(), seconds)
+
+        def retryable(error: BaseException) -> bool:
+            return isinstance(error, httpx.TransportError | ServerDownError) or (
+                isinstance(error, StreamStatusError) and error.retryable
+            )
+
+        try:
+            return await attempts(self.cfg.max_retries, retryable, backoff_unless_interrupted)(attempt)
+        except RetryError as gave_up:
+            error = gave_up.last_attempt.exception()
+            raise TransientServerError(
+                f"{url}/completions (streamed) failed after {num_attempts} attempt(s): {error}"
+            ) from error
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Serve adapter folder `path` as model `name` on every server, each the way it serves LoRA

@@ -9,13 +9,13 @@ the policy as merged weights"); requests name the adapter either way.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
+from tenacity import RetryError
 
 from grpo.inference.completion_bodies import load_lora_body
-from grpo.inference.retry import TransientServerError, backoff_s
+from grpo.inference.retry import TransientServerError, attempts
 from grpo.inference.weight_routes import (
     APPLY_NOISY_NORMS_ROUTE,
     LORA_SERVING_ROUTE,
@@ -65,25 +65,24 @@ class PolicyReplay:
     async def lora_serving(self, url: str) -> str:
         """How server `url` takes an adapter: "merged" (it merges it into its weights) or "adapter"."""
         mode = self._lora_serving.get(url)
-        for attempt in range(self._max_retries + 1):
-            if mode is not None:
-                break
-            try:
-                response = await self._http.get(url + LORA_SERVING_PATH, timeout=10.0)
-                if response.status_code == 429 or response.status_code >= 500:
-                    raise TransientServerError(f"{url}{LORA_SERVING_PATH}: HTTP {response.status_code}")
-            except (httpx.TransportError, TransientServerError) as error:
-                if attempt == self._max_retries:
-                    raise TransientServerError(f"{url}{LORA_SERVING_PATH}: {error}") from error
-                await asyncio.sleep(backoff_s(attempt))
-                continue
-            # Anything but an explicit "merged" (a plain vLLM server answers 404) serves adapters.
-            is_json = response.headers.get("content-type", "").startswith("application/json")
-            merged = (
-                response.status_code == 200 and is_json and response.json().get("lora_serving") == "merged"
-            )
-            mode = self._lora_serving[url] = "merged" if merged else "adapter"
-        assert mode is not None
+        if mode is not None:
+            return mode
+
+        async def ask() -> httpx.Response:
+            response = await self._http.get(url + LORA_SERVING_PATH, timeout=10.0)
+            if response.status_code == 429 or response.status_code >= 500:
+                raise TransientServerError(f"{url}{LORA_SERVING_PATH}: HTTP {response.status_code}")
+            return response
+
+        try:
+            response: httpx.Response = await attempts(self._max_retries)(ask)
+        except RetryError as gave_up:
+            error = gave_up.last_attempt.exception()
+            raise TransientServerError(f"{url}{LORA_SERVING_PATH}: {error}") from error
+        # Anything but an explicit "merged" (a plain vLLM server answers 404) serves adapters.
+        is_json = response.headers.get("content-type", "").startswith("application/json")
+        merged = response.status_code == 200 and is_json and response.json().get("lora_serving") == "merged"
+        mode = self._lora_serving[url] = "merged" if merged else "adapter"
         return mode
 
     async def adapter_request(self, url: str, name: str, path: str) -> tuple[str, dict[str, Any]]:

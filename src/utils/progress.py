@@ -6,16 +6,18 @@ carries both. `grpo-orch` alone shows the batch part as soon as it is sent; a co
 in one process) installs one display for the two (`install`) and prints a step's line once the
 trainer has trained it.
 
-On a terminal a rich live line under the finished steps shows what is in flight and the ETA;
-otherwise (CI, pipes, files) each finished step is one plain log line, nothing else.
+On a terminal a live line under the finished steps (rich.progress: the step in training, steps
+done, elapsed time and rich's time-remaining estimate) shows what is in flight; otherwise (CI,
+pipes, files) each finished step is one plain log line, nothing else. Either way a step's line ends
+with the same estimate.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,38 +39,55 @@ def installed() -> StepDisplay | None:
     return _installed
 
 
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
 class StepDisplay:
     """Collects a step's orchestrator and trainer metrics and shows the step once both are in
     (`with_trainer`) or once the batch is sent (the orchestrator alone). Thread-safe: in a
     co-located run the trainer reports from its own thread."""
 
     def __init__(self, max_steps: int | None, first_step: int = 0, with_trainer: bool = False) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
         self.max_steps = max_steps
-        self.first_step = first_step
-        """The step this process started at (after a resume, the ETA counts the steps since)."""
         self.with_trainer = with_trainer
-        self.started = time.monotonic()
         self._batches: dict[int, Mapping[str, Any]] = {}
         self._last_sent: int | None = None
-        self._last_done: int | None = None
         self._lock = threading.Lock()
-        self._live: Any = None
+        self._eta = TimeRemainingColumn()
+        is_terminal = sys.stdout.isatty()
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            "steps done  elapsed",
+            TimeElapsedColumn(),
+            "ETA",
+            self._eta,
+            auto_refresh=False,
+            transient=True,
+            redirect_stderr=True,
+            # The estimate averages every step since this process started (after a resume, the
+            # steps since): a step takes minutes, longer than rich's default 30 s window.
+            speed_estimate_period=math.inf,
+            disable=not is_terminal,
+        )
+        self._task = self._progress.add_task("", total=max_steps, completed=first_step)
+        self._progress.advance(self._task, 0)  # a sample at the start: the first step's time counts
+        self._live = False
         self._handlers: list[tuple[logging.StreamHandler[Any], Any]] = []
-        if sys.stdout.isatty():
+        if is_terminal:
             self._start_live()
 
     @property
     def is_live(self) -> bool:
         """Whether a live line is shown (stdout is a terminal)."""
-        return self._live is not None
+        return self._live
 
     # -- what the parts report
 
@@ -111,44 +130,32 @@ class StepDisplay:
                 f"loss {float(trained.get('loss', 0.0)):.4f}",
                 f"kl {float(trained.get('kl', 0.0)):.1e}",
             ]
-        parts.append(f"ETA {self._eta()}")
+        parts.append(f"ETA {self._eta.render(self._progress.tasks[0]).plain or '-'}")
         return "  ".join(parts)
 
-    def _eta(self) -> str:
-        if self.max_steps is None or self._last_done is None or self._last_done < self.first_step:
-            return "-"
-        per_step = (time.monotonic() - self.started) / (self._last_done + 1 - self.first_step)
-        return _duration(per_step * max(self.max_steps - self._last_done - 1, 0))
-
     def _finish(self, step: int, batch: Mapping[str, Any], trained: Mapping[str, Any] | None) -> None:
-        self._last_done = step
+        self._progress.update(self._task, completed=step + 1)
         self._print(self.line(step, batch, trained))
         self._refresh()
 
     def _print(self, line: str) -> None:
-        if self._live is not None:
-            self._live.console.print(line, highlight=False, markup=False)
+        if self._live:
+            self._progress.console.print(line, highlight=False, markup=False, soft_wrap=True)
         else:
             log.info(line)
 
     def _refresh(self) -> None:
-        if self._live is None:
+        if not self._live:
             return
-        from rich.text import Text
-
-        total = "?" if self.max_steps is None else str(self.max_steps)
-        done = 0 if self._last_done is None else self._last_done + 1
-        status = f"{done}/{total} steps done"
-        if self.with_trainer and self._last_sent is not None and self._last_sent + 1 > done:
-            status += f", step {self._last_sent + 1} training"
-        status += f"  elapsed {_duration(time.monotonic() - self.started)}  ETA {self._eta()}"
-        self._live.update(Text(status, style="bold"), refresh=True)
+        sent = 0 if self._last_sent is None else self._last_sent + 1
+        training = self.with_trainer and sent > self._progress.tasks[0].completed
+        self._progress.update(
+            self._task, description=f"step {sent} training" if training else "", refresh=True
+        )
 
     def _start_live(self) -> None:
-        from rich.live import Live
-
-        self._live = Live(auto_refresh=False, transient=True, redirect_stderr=True)
-        self._live.start()
+        self._progress.start()
+        self._live = True
         # Log handlers hold the stderr they were made with; point grpo's at the live console's
         # proxy so log lines print above the live line instead of through it.
         for handler in logging.getLogger("grpo").handlers:
@@ -159,9 +166,9 @@ class StepDisplay:
 
     def close(self) -> None:
         with self._lock:
-            if self._live is None:
+            if not self._live:
                 return
             for handler, stream in self._handlers:
                 handler.setStream(stream)
-            self._live.stop()
-            self._live = None
+            self._progress.stop()
+            self._live = False

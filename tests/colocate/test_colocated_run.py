@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from wandb_records import history
 
 from grpo.utils.jsonl import read_jsonl
 
@@ -98,12 +99,26 @@ def _run_cleanly(args: list[str], cwd: Path, timeout: float) -> subprocess.Compl
     return result
 
 
-def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
-    tmp_path: Path, colocated_args: ColocatedArgs
+def _minimal_set(tmp_path: Path, model: Path, run_dir: Path) -> list[str]:
+    """A minimal config set (the model in train.yaml and infer.yaml, one env in orch.yaml), sized
+    for this CPU and sent to an offline W&B run by overrides: every other key is derived or default."""
+    (tmp_path / "train.yaml").write_text(f"model: {model}\n")
+    (tmp_path / "infer.yaml").write_text(f"model: {model}\n")
+    (tmp_path / "orch.yaml").write_text("env:\n  - id: reverse-text\n")
+    return [
+        *("--train", "train.yaml", "--infer", "infer.yaml", "--orch", "orch.yaml"),
+        *("--train.output_dir", str(run_dir), "--train.max_steps", "3", "--train.max_async_level", "0"),
+        *("--train.sequence_len", "256", "--train.lora_rank", "8", "--train.optimizer", "adamw"),
+        *("--orch.batch_size", "8", "--orch.rollouts_per_example", "4", "--orch.sampling.max_tokens", "16"),
+        *("--orch.report_to", '{"offline": true}', "--infer.port", "0", "--infer.max_num_seqs", "16"),
+    ]
+
+
+def test_one_shot_run_of_a_minimal_set_trains_on_policy_into_one_wandb_run_and_leaves_nothing_behind(
+    tmp_path: Path, tiny_model_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    args = colocated_args(run_dir, max_async_level=0)
-    result = _run_cleanly(args, tmp_path, timeout=600)
+    result = _run_cleanly(_minimal_set(tmp_path, tiny_model_path, run_dir), tmp_path, timeout=600)
 
     trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
     assert [r["step"] for r in trainer] == [0, 1, 2]
@@ -125,7 +140,13 @@ def test_one_shot_run_trains_on_policy_and_leaves_nothing_behind(
     # One line per step, shared by both parts: the orchestrator's reward and the trainer's loss.
     (step_2,) = [line for line in console.splitlines() if "step 2/3" in line]
     assert "reward" in step_2 and "lag 0" in step_2 and "loss" in step_2, step_2
-    assert len(console.splitlines()) < 60, console
+    # W&B's own end-of-run lines (`wandb: ...`: its summary, how to sync the offline run) aside.
+    assert len([line for line in console.splitlines() if not line.startswith("wandb:")]) < 60, console
+    # Exactly one W&B run, both parts' rows on one step axis that never goes back.
+    (wandb_log,) = run_dir.glob("wandb/*run-*/run-*.wandb")
+    rows = history(wandb_log)
+    assert [r["_step"] for r in rows] == [0, 1, 2], rows
+    assert [r["trainer/step"] for r in rows if "trainer/loss" in r] == [0, 1, 2]
 
 
 def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(

@@ -84,3 +84,17 @@ def test_on_a_terminal_finished_steps_print_above_a_live_line_and_logging_is_res
     assert [h.stream for h in handlers] == streams
     out = capsys.readouterr().out
     assert "step 1/2  reward 0.250" in out
+
+
+def test_a_step_line_ends_with_rich_time_remaining_from_the_steps_since_the_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import re
+
+    display = StepDisplay(max_steps=10, first_step=4, with_trainer=True)  # resumed at step 4
+    with caplog.at_level("INFO", logger="grpo"):
+        display.on_batch(4, BATCH)
+        display.on_trained(4, TRAINED)
+    (line,) = _lines(caplog)
+    assert line.startswith("step 5/10  "), line
+    assert re.search(r"  ETA \d+:\d\d:\d\d$", line), "rich's TimeRemainingColumn estimate, H:MM:SS"
