@@ -20,7 +20,6 @@ layer calls, so the recomputation in backward replays the same experts.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -59,8 +58,9 @@ def is_moe(causal_lm: nn.Module) -> bool:
 
 @dataclass
 class _Mismatch:
-    routing: weakref.ref[torch.Tensor]
-    """The routing tensor of one decoder call (a weak reference: an id is only its own while it lives)."""
+    routing: torch.Tensor
+    """The routing tensor of one decoder call, held until the take so that no later tensor can reuse
+    its id (a freed micro-batch's id reused by the next one lost the first one's counts)."""
     differs: torch.Tensor
     """[N] bool: some MoE layer's own top-k differs from the replayed experts."""
     replayed: torch.Tensor
@@ -136,8 +136,8 @@ class RoutingReplay:
         scores = _scores(scoring, router, logits, chosen)
         differs = (own.sort(-1).values != chosen.sort(-1).values).any(-1) & replayed
         call = self._calls.get(id(routing))
-        if call is None or call.routing() is not routing:
-            self._calls[id(routing)] = _Mismatch(weakref.ref(routing), differs.detach(), replayed)
+        if call is None:
+            self._calls[id(routing)] = _Mismatch(routing, differs.detach(), replayed)
         else:  # a later layer, or the recomputation in backward (idempotent)
             call.differs = call.differs | differs.detach()
         return logits, scores, chosen
