@@ -136,7 +136,9 @@ def test_servers_switch_to_each_new_policy_adapter(tmp_path: Path) -> None:
     cfg = _cfg(max_async_level=0)
     client = FakeClient()
     _run(cfg, tmp_path, client, _env())
-    assert [path.rsplit("_", 1)[1] for _name, path in client.loaded] == ["1", "2", "3", "4"]
+    loaded = [path.rsplit("_", 1)[1] for _name, path in client.loaded]
+    # policy 5 (the last step's) may be loaded too when it is published before the loop ends
+    assert loaded in (["1", "2", "3", "4"], ["1", "2", "3", "4", "5"])
     assert {name for name, _ in client.loaded} == {"default"}
     assert client.requests[0].model == "base-model"  # policy 0 is the base model
     assert client.requests[-1].model == "default"
