@@ -97,6 +97,7 @@ def grpo(
             check_megatron_start(train_cfg, resolved.path, world_size=infer_cfg.dp)
         gpu = None if plan_gpu_gib is None else ("(planned with --plan-gpu-gib)", plan_gpu_gib)
         plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path, gpu)
+        train_cfg, orch_cfg = plan.apply_train(train_cfg), plan.apply_orch(orch_cfg)
         if dry_run:
             from grpo.orchestrator.sampling import describe_sampling
             from grpo.trainer.loss_description import describe_loss

@@ -151,3 +151,35 @@ def test_a_trainer_that_dequantizes_nothing_is_planned_no_dequantization(tiny_mo
     for train, engine_quantization in [(plain, None), (megatron, "fp8")]:
         names = {name for name, _, _ in trainer_rows(train, _7b_shape(), True, engine_quantization)}
         assert not names & {"dequant buffers", "dequant temporaries"}
+
+
+def test_the_plan_sizes_the_micro_batch_budget_and_says_whether_layers_recompute_and_why(
+    tiny_model_path: Path,
+) -> None:
+    plan = _plan(tiny_model_path)
+    assert plan.micro_batch_tokens is not None and plan.micro_batch_tokens >= 2 * 2048
+    assert plan.gradient_checkpointing == 0  # a tiny model's activations fit any machine
+    table = plan.table()
+    assert f"micro-batch budget {plan.micro_batch_tokens} tokens" in table
+    assert "note: gradient checkpointing off: " in table and "are within 50% of" in table
+    train = plan.apply_train(TrainerConfig.model_validate({"model": str(tiny_model_path)}))
+    orch = plan.apply_orch(OrchestratorConfig.model_validate({"seq_len": 2048}))
+    assert train.micro_batch_tokens == orch.micro_batch_tokens == orch.row_tokens == plan.micro_batch_tokens
+    assert train.gradient_checkpointing == 0
+
+
+def test_a_set_gradient_checkpointing_stays_as_set_in_the_plan(tiny_model_path: Path) -> None:
+    train = TrainerConfig.model_validate(
+        {
+            "model": str(tiny_model_path),
+            "device": "cpu",
+            "gradient_checkpointing": True,
+            "micro_batch_tokens": 4096,
+        }
+    )
+    orch = OrchestratorConfig.model_validate({"batch_size": 64, "seq_len": 2048})
+    plan = plan_memory(
+        train, InferenceConfig.model_validate({"model": str(tiny_model_path)}), orch, tiny_model_path
+    )
+    assert plan.gradient_checkpointing is True and plan.micro_batch_tokens == 4096
+    assert "gradient checkpointing on, all 2 layers: gradient_checkpointing: true" in plan.table()

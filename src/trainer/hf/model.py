@@ -194,8 +194,12 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             causal_lm.get_output_embeddings().weight = causal_lm.get_input_embeddings().weight
     if not cfg.qlora_bnb:
         causal_lm.to(device)  # no-op (same tensors) for borrowed weights already on `device`
-    if cfg.gradient_checkpointing:
-        causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    from grpo.models.shape import ModelShape
+    from grpo.trainer.hf.checkpointing import enable_checkpointing, recomputed_layer_count
+
+    enable_checkpointing(
+        causal_lm, recomputed_layer_count(cfg, ModelShape.from_folder(source.model_path), device)
+    )
     causal_lm.config.use_cache = False
 
     model: nn.Module = causal_lm

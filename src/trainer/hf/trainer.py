@@ -1,6 +1,7 @@
 """The Trainer: one optimizer step per TrainingBatch, with metrics.
 
-A step trains on every row of the batch, `per_device_train_batch_size` rows per micro-batch. Each
+A step trains on every row of the batch, consecutive rows up to `micro_batch_tokens` tokens per
+micro-batch (one row per micro-batch under FSDP). Each
 micro-batch's loss is already divided by the step's normaliser (the loss tokens of the whole step,
 or loss.normalization_constant), so gradients simply add up to that of the step loss. Micro-batches
 are backpropagated in groups of `gradient_accumulation_steps` (the most whose activations are alive
@@ -44,7 +45,7 @@ import numpy as np
 
 from grpo.trainer.grad_scale import Float16GradScale
 from grpo.trainer.loss import LossSums, loss_of_tokens
-from grpo.trainer.packing import split_micro_batches
+from grpo.trainer.packing import split_micro_batches, token_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
@@ -175,9 +176,16 @@ class Trainer:
         from grpo.trainer.packing import build_micro_batch
 
         varlen = self.policy.uses_varlen_attention
+        # Under FSDP every rank must make as many forwards as the others, and balance_rows gives
+        # each the same number of rows: one row (at most the budget) per micro-batch.
+        groups = (
+            [[row] for row in rows]
+            if self._sharded
+            else token_micro_batches(rows, self.cfg.micro_batch_token_budget)
+        )
         return [
             build_micro_batch(group, self.policy.device, varlen, one_forward=self._sharded)
-            for group in split_micro_batches(rows, self.cfg.per_device_train_batch_size)
+            for group in groups
         ]
 
     def score(self, rows: list[PackedRow] | None, share_rows: bool = False) -> list[np.ndarray]:
