@@ -26,8 +26,8 @@ from grpo.trainer.activation_plan import (
     ACTIVATION_TENSORS_PER_LAYER_KEPT,
     activation_bytes,
     num_recomputed_layers,
-    planned_choices,
     resolved_for_memory,
+    tokens_without_recompute,
 )
 from grpo.utils.errors import UserError
 
@@ -68,8 +68,8 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
     micro_batch_tokens: int | None = None
     """The trainer's micro-batch budget (train and orch `micro_batch_tokens`)."""
-    gradient_checkpointing: bool | int | None = None
-    """The trainer's resolved gradient_checkpointing (auto: the number of layers recomputed)."""
+    activation_memory_gib: float | None = None
+    """What gradient_checkpointing auto decides against (train `activation_memory_gib`)."""
 
     @property
     def trainer_bytes(self) -> int:
@@ -85,12 +85,12 @@ class MemoryPlan:
         return infer.model_copy(update=update)
 
     def apply_train(self, train: TrainerConfig) -> TrainerConfig:
-        """The trainer config with the planned micro-batch budget and gradient checkpointing."""
+        """The trainer config with the planned micro-batch budget and activation memory."""
         update: dict[str, object] = {}
         if self.micro_batch_tokens is not None:
             update["micro_batch_tokens"] = self.micro_batch_tokens
-        if self.gradient_checkpointing is not None:
-            update["gradient_checkpointing"] = self.gradient_checkpointing
+        if self.activation_memory_gib is not None:
+            update["activation_memory_gib"] = self.activation_memory_gib
         return train.model_copy(update=update)
 
     def apply_orch(self, orch: OrchestratorConfig) -> OrchestratorConfig:
@@ -180,7 +180,11 @@ def trainer_rows(
     else:
         num_recomputed = num_recomputed_layers(train, shape.num_layers)
     kept = activation_bytes(shape, tokens, num_recomputed)
-    if num_recomputed == 0:
+    reserved = train.backend == "hf" and train.gradient_checkpointing == "auto"
+    if reserved and train.activation_memory_gib is not None:
+        kept = int(train.activation_memory_gib * GIB)
+        how = "reserved for an accumulation group (gradient_checkpointing auto, see note)"
+    elif num_recomputed == 0:
         how = f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} bf16 tensors per layer, every layer's kept"
     elif num_recomputed == shape.num_layers:
         how = f"one layer's {ACTIVATION_TENSORS_ONE_LAYER} bf16 tensors, each layer's input (recomputed)"
@@ -224,6 +228,15 @@ def trainer_rows(
     return rows
 
 
+def max_step_tokens(orch: OrchestratorConfig) -> int:
+    """Most tokens a step's rows can hold: every sample at most seq_len, and with shared prefixes
+    and a max_tokens each group's other completions add at most that many each."""
+    if orch.shared_prefix and orch.sampling.max_tokens is not None:
+        per_group = orch.seq_len + (orch.rollouts_per_example - 1) * orch.sampling.max_tokens
+        return orch.num_groups_per_step * per_group
+    return orch.batch_size * orch.seq_len
+
+
 def megatron_attention_scores_row(train: TrainerConfig, shape: ModelShape) -> tuple[str, int, str]:
     """backend megatron's [B, heads, L, L] attention scores at their largest: a padded call holds
     B x L <= the micro-batch's tokens with L <= sequence_len (grpo.trainer.packing.padded_forwards;
@@ -262,17 +275,23 @@ def plan_memory(
     on_gpu = device.startswith("cuda")
     plan = MemoryPlan(device=device, total_bytes=total)
     if train.backend == "hf":
-        max_step_tokens = orch.batch_size * orch.seq_len
-        _tokens, choice = planned_choices(train, shape, total, max_step_tokens)
-        train = resolved_for_memory(train, shape, total, max_step_tokens)
+        train, choice = resolved_for_memory(train, shape, total, max_step_tokens(orch))
         plan.micro_batch_tokens = train.micro_batch_tokens
-        assert isinstance(train.gradient_checkpointing, int), "auto is resolved to a layer count"
-        plan.gradient_checkpointing = train.gradient_checkpointing
+        plan.activation_memory_gib = train.activation_memory_gib
         plan.notes.append(
             f"micro-batch budget {train.micro_batch_token_budget} tokens (train/orch micro_batch_tokens; "
             "a group's prefix tree stays in one row when it fits)"
         )
-        plan.notes.append(choice.describe(shape.num_layers))
+        if train.gradient_checkpointing == "auto":
+            assert train.activation_memory_gib is not None
+            budget = int(train.activation_memory_gib * GIB)
+            plan.notes.append(
+                f"gradient checkpointing auto, per accumulation group: off up to "
+                f"{tokens_without_recompute(shape, budget)} tokens alive at once; the planned worst case: "
+                + choice.describe(shape.num_layers).removeprefix("gradient checkpointing ")
+            )
+        else:
+            plan.notes.append(choice.describe(shape.num_layers))
     plan.rows = trainer_rows(train, shape, on_gpu, engine_quantization=infer.quantization)
     num_replicas = infer.dp  # co-located dp: one engine + one trainer rank per replica
     if on_gpu:

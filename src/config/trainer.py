@@ -320,11 +320,16 @@ class TrainerConfig(StrictModel):
 
     gradient_checkpointing: Literal["auto"] | bool | int = "auto"
     """Recompute activations in backward to save memory (backend hf; backend megatron has
-    megatron.recompute instead and ignores this). auto: off when the activations alive at once
-    (gradient_accumulation_steps micro-batches, at most a step's tokens) fit half the memory with
-    every layer's kept (the memory plan's co-located, else the device's at start), else the fewest
-    decoder layers recomputed that make them fit (all when none does); `grpo --dry-run` prints the
-    choice and why. true: every layer; false: none; an integer N: the first N decoder layers."""
+    megatron.recompute instead and ignores this). auto: decided for each group of micro-batches
+    backpropagated together, from its tokens: off when their activations, every layer's kept, fit
+    activation_memory_gib, else the fewest decoder layers recomputed that make them fit (all when
+    none does); `grpo --dry-run` prints the threshold and the planned worst case. true: every
+    layer; false: none; an integer N: the first N decoder layers."""
+
+    activation_memory_gib: float | None = Field(None, gt=0)
+    """Memory the activations of one group of micro-batches may take (gradient_checkpointing auto
+    decides against it). null: co-located, what the memory plan reserves for the worst case it
+    plans; otherwise half the device's memory (a GPU's total, or the RAM available at start)."""
 
     logprob_chunk_size: int = Field(1024, gt=0)
     """Tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32 logits

@@ -8,8 +8,10 @@ The estimates count bf16 tensors of max(hidden, intermediate) elements per token
 behind the two counts are in grpo.colocate.memory_plan). A micro-batch's activations may take
 ACTIVATION_SHARE of the memory planned against: the rest holds weights, optimizer state and, in a
 co-located run, vLLM's KV cache. The micro-batches of one accumulation group keep their activations
-together until their backward (grpo.trainer.hf.trainer), so the checkpointing choice counts
-gradient_accumulation_steps of them, or a step's tokens where the plan knows fewer.
+together until their backward (grpo.trainer.hf.trainer), so `auto` decides per group from the
+group's own tokens, against activation_memory_gib: a co-located plan reserves what its worst case
+needs (gradient_accumulation_steps full micro-batches, at most a step's tokens), and most steps,
+with shared prompts and short completions, hold far fewer tokens than that.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from grpo.models.shape import ModelShape
 ACTIVATION_TENSORS_PER_LAYER_KEPT = 12
 ACTIVATION_TENSORS_ONE_LAYER = 6
 ACTIVATION_SHARE = 0.5
-"""Share of the planned memory the activations alive at once (gradient_accumulation_steps
-micro-batches' worth, at most a step's) may take before layers recompute."""
+"""Share of the memory planned against that the activations alive at once may take (when
+activation_memory_gib is unset), and that sizes the micro-batch budget."""
 MAX_PLANNED_MICRO_BATCH_TOKENS = 8192
 """Ceiling of a planned micro-batch budget: enough for a group's prefix tree of a long prompt and
 16 x 256-token completions; past it a bigger budget saves no prompt encodings, only memory."""
@@ -87,18 +89,26 @@ def planned_micro_batch_tokens(train: TrainerConfig, shape: ModelShape, memory_b
 
 
 def alive_tokens(train: TrainerConfig, micro_batch_tokens: int, max_step_tokens: int | None) -> int:
-    """Tokens whose activations are alive at once: an accumulation group of micro-batches, at most a
-    step's tokens where known."""
+    """Most tokens whose activations are alive at once: an accumulation group of micro-batches, at
+    most a step's tokens where known."""
     alive = train.gradient_accumulation_steps * micro_batch_tokens
-    return alive if max_step_tokens is None else max(micro_batch_tokens, min(alive, max_step_tokens))
+    return alive if max_step_tokens is None else min(alive, max_step_tokens)
+
+
+def activation_budget_bytes(train: TrainerConfig, memory_bytes: int) -> int:
+    """What an accumulation group's activations may take: activation_memory_gib, else
+    ACTIVATION_SHARE of `memory_bytes`."""
+    if train.activation_memory_gib is not None:
+        return int(train.activation_memory_gib * 2**30)
+    return int(ACTIVATION_SHARE * memory_bytes)
 
 
 def checkpointing_choice(
-    train: TrainerConfig, shape: ModelShape, num_tokens: int, memory_bytes: int
+    train: TrainerConfig, shape: ModelShape, num_tokens: int, budget_bytes: int
 ) -> CheckpointingChoice:
-    """What `gradient_checkpointing` means when `num_tokens` tokens' activations are alive at once
-    (`alive_tokens`): auto recomputes as few layers as bring them within ACTIVATION_SHARE of
-    `memory_bytes` (every layer when even that does not)."""
+    """What `gradient_checkpointing` means when `num_tokens` tokens' activations are alive at once:
+    auto recomputes as few layers as bring them within `budget_bytes` (every layer when even that
+    does not)."""
     setting = train.gradient_checkpointing
     num_layers = shape.num_layers
     if setting is True:
@@ -107,53 +117,51 @@ def checkpointing_choice(
         return CheckpointingChoice(0, "gradient_checkpointing: false")
     if setting != "auto":
         return CheckpointingChoice(min(int(setting), num_layers), f"gradient_checkpointing: {setting}")
-    budget = int(ACTIVATION_SHARE * memory_bytes)
-    room = f"{ACTIVATION_SHARE:.0%} of {memory_bytes / 2**30:.1f} GiB = {budget / 2**30:.2f} GiB"
+    room = f"the {budget_bytes / 2**30:.2f} GiB for activations"
     every = activation_bytes(shape, num_tokens, 0)
-    if every <= budget:
+    if every <= budget_bytes:
         return CheckpointingChoice(
-            0, f"{num_tokens} tokens' activations alive at once, {every / 2**30:.2f} GiB, are within {room}"
+            0, f"{num_tokens} tokens alive at once keep {every / 2**30:.2f} GiB, within {room}"
         )
     for count in range(1, num_layers + 1):
         needed = activation_bytes(shape, num_tokens, count)
-        if needed <= budget:
+        if needed <= budget_bytes:
             return CheckpointingChoice(
                 count,
-                f"{num_tokens} tokens' activations alive at once, {every / 2**30:.2f} GiB, exceed {room}; "
-                f"recomputing {count} brings them to {needed / 2**30:.2f} GiB",
+                f"{num_tokens} tokens alive at once would keep {every / 2**30:.2f} GiB, above {room}; "
+                f"recomputing {count} layers brings them to {needed / 2**30:.2f} GiB",
             )
     needed = activation_bytes(shape, num_tokens, num_layers)
     return CheckpointingChoice(
         num_layers,
-        f"{num_tokens} tokens' activations alive at once take {needed / 2**30:.2f} GiB even recomputing "
-        f"every layer, above {room}",
+        f"{num_tokens} tokens alive at once keep {needed / 2**30:.2f} GiB even recomputing every layer, above {room}",
     )
 
 
-def planned_choices(
-    train: TrainerConfig, shape: ModelShape, memory_bytes: int, max_step_tokens: int | None
-) -> tuple[int, CheckpointingChoice]:
-    """The micro-batch budget and the checkpointing choice for `memory_bytes` (the memory plan's, or
-    the trainer's device's); `max_step_tokens`: most tokens a step can hold, where known."""
-    tokens = planned_micro_batch_tokens(train, shape, memory_bytes)
-    alive = alive_tokens(train, tokens, max_step_tokens)
-    return tokens, checkpointing_choice(train, shape, alive, memory_bytes)
+def tokens_without_recompute(shape: ModelShape, budget_bytes: int) -> int:
+    """Most tokens alive at once whose activations fit `budget_bytes` with every layer's kept."""
+    return budget_bytes // activation_bytes(shape, 1, 0)
 
 
 def resolved_for_memory(
     train: TrainerConfig, shape: ModelShape, memory_bytes: int, max_step_tokens: int | None = None
-) -> TrainerConfig:
-    """`train` with micro_batch_tokens and gradient_checkpointing (auto: the number of layers) set as
-    `planned_choices` chooses them."""
-    tokens, choice = planned_choices(train, shape, memory_bytes, max_step_tokens)
-    setting = train.gradient_checkpointing
-    resolved = choice.num_layers if setting == "auto" else setting
-    return train.model_copy(update={"micro_batch_tokens": tokens, "gradient_checkpointing": resolved})
+) -> tuple[TrainerConfig, CheckpointingChoice]:
+    """`train` with micro_batch_tokens set for `memory_bytes` (the memory plan's) and, under auto,
+    activation_memory_gib: what the worst case (the most tokens alive at once) needs with the
+    fewest layers recomputed that fit ACTIVATION_SHARE; and the choice for that worst case."""
+    tokens = planned_micro_batch_tokens(train, shape, memory_bytes)
+    train = train.model_copy(update={"micro_batch_tokens": tokens})
+    worst = alive_tokens(train, tokens, max_step_tokens)
+    choice = checkpointing_choice(train, shape, worst, activation_budget_bytes(train, memory_bytes))
+    if train.gradient_checkpointing == "auto" and train.activation_memory_gib is None:
+        reserved = activation_bytes(shape, worst, choice.num_layers)
+        train = train.model_copy(update={"activation_memory_gib": reserved / 2**30})
+    return train, choice
 
 
 def num_recomputed_layers(train: TrainerConfig, num_layers: int) -> int:
-    """Layers a resolved `gradient_checkpointing` recomputes; auto left unresolved counts as every
-    layer (the least memory; the plan and the trainer resolve it first)."""
+    """Layers an explicit `gradient_checkpointing` recomputes; auto counts as every layer (the least
+    memory: the trainer decides per accumulation group)."""
     setting = train.gradient_checkpointing
     if setting == "auto" or setting is True:
         return num_layers

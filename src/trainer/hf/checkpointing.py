@@ -1,13 +1,18 @@
 """Gradient checkpointing of the HF decoder, per layer: `gradient_checkpointing` true / false / N
-layers, or auto, resolved here when no memory plan did it first (grpo-train alone: against this
-device's memory; grpo.trainer.activation_plan says how)."""
+layers, or auto, decided for each group of micro-batches backpropagated together from its tokens
+(grpo.trainer.activation_plan says how much each layer keeps)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from grpo.models.shape import ModelShape
-from grpo.trainer.activation_plan import alive_tokens, checkpointing_choice, num_recomputed_layers
+from grpo.trainer.activation_plan import (
+    activation_budget_bytes,
+    checkpointing_choice,
+    num_recomputed_layers,
+    tokens_without_recompute,
+)
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -20,7 +25,7 @@ log = get_logger("trainer")
 
 
 def device_memory_bytes(device: torch.device) -> int:
-    """What the trainer plans its activations against: the GPU's memory, or the RAM available now."""
+    """What auto plans against without activation_memory_gib: the GPU's memory, or the RAM available now."""
     import torch
 
     if device.type == "cuda":
@@ -30,26 +35,52 @@ def device_memory_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
-def recomputed_layer_count(cfg: TrainerConfig, shape: ModelShape, device: torch.device) -> int:
-    """Decoder layers to recompute: the setting's, or auto's choice for this device's memory."""
-    if cfg.gradient_checkpointing != "auto":
-        return num_recomputed_layers(cfg, shape.num_layers)
-    alive = alive_tokens(cfg, cfg.micro_batch_token_budget, None)
-    choice = checkpointing_choice(cfg, shape, alive, device_memory_bytes(device))
-    log.info("%s", choice.describe(shape.num_layers))
-    return choice.num_layers
+class LayerCheckpointing:
+    """Which decoder layers recompute their activations in backward: the first `num_layers`."""
 
+    def __init__(
+        self, causal_lm: nn.Module, cfg: TrainerConfig, shape: ModelShape, device: torch.device
+    ) -> None:
+        from transformers.modeling_layers import GradientCheckpointingLayer
 
-def enable_checkpointing(causal_lm: nn.Module, num_layers: int) -> None:
-    """Recompute the first `num_layers` decoder layers in backward (none: nothing changes)."""
-    if num_layers <= 0:
-        return
-    from transformers.modeling_layers import GradientCheckpointingLayer
+        self.cfg, self.shape = cfg, shape
+        self.auto = cfg.gradient_checkpointing == "auto"
+        self.budget_bytes = activation_budget_bytes(cfg, device_memory_bytes(device)) if self.auto else 0
+        self._causal_lm = causal_lm
+        self._layers = [m for m in causal_lm.modules() if isinstance(m, GradientCheckpointingLayer)]
+        self._enabled = False
+        self.num_layers = 0
+        if self.auto:
+            log.info(
+                "gradient checkpointing auto: off while a group of micro-batches holds at most %d tokens "
+                "(%.2f GiB for activations), else the fewest layers that fit",
+                tokens_without_recompute(shape, self.budget_bytes),
+                self.budget_bytes / 2**30,
+            )
+        else:
+            self.set_layers(num_recomputed_layers(cfg, shape.num_layers))
 
-    causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    layers = [m for m in causal_lm.modules() if isinstance(m, GradientCheckpointingLayer)]
-    if not layers:
-        log.warning("this model's decoder layers cannot be checkpointed one by one: every layer recomputes")
-        return
-    for layer in layers[num_layers:]:
-        layer.gradient_checkpointing = False
+    def fit(self, num_tokens: int) -> int:
+        """Under auto, the layers to recompute for `num_tokens` tokens alive at once (set, and
+        returned); otherwise the fixed setting's."""
+        if self.auto:
+            self.set_layers(
+                checkpointing_choice(self.cfg, self.shape, num_tokens, self.budget_bytes).num_layers
+            )
+        return self.num_layers
+
+    def set_layers(self, num_layers: int) -> None:
+        if num_layers > 0 and not self._enabled:
+            self._causal_lm.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+            self._enabled = True
+        if not self._layers:  # a decoder without per-layer flags: all or nothing
+            if self._enabled and num_layers == 0:
+                self._causal_lm.gradient_checkpointing_disable()
+                self._enabled = False
+            self.num_layers = self.shape.num_layers if self._enabled else 0
+            return
+        for index, layer in enumerate(self._layers):
+            layer.gradient_checkpointing = index < num_layers
+        self.num_layers = min(num_layers, len(self._layers))

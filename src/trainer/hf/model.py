@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.hf.checkpointing import LayerCheckpointing
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
 
@@ -54,6 +55,8 @@ class Policy:
     autocast_dtype: torch.dtype | None
     """Set when the forward computes in bf16/fp16 with fp32 trainable weights (LoRA or full)."""
     is_lora: bool
+    checkpointing: LayerCheckpointing | None = None
+    """Which decoder layers recompute in backward (set per accumulation group under auto)."""
 
     @property
     def lm_head(self) -> nn.Module:
@@ -195,11 +198,9 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     if not cfg.qlora_bnb:
         causal_lm.to(device)  # no-op (same tensors) for borrowed weights already on `device`
     from grpo.models.shape import ModelShape
-    from grpo.trainer.hf.checkpointing import enable_checkpointing, recomputed_layer_count
+    from grpo.trainer.hf.checkpointing import LayerCheckpointing
 
-    enable_checkpointing(
-        causal_lm, recomputed_layer_count(cfg, ModelShape.from_folder(source.model_path), device)
-    )
+    checkpointing = LayerCheckpointing(causal_lm, cfg, ModelShape.from_folder(source.model_path), device)
     causal_lm.config.use_cache = False
 
     model: nn.Module = causal_lm
@@ -232,6 +233,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         dtype=dtype,
         autocast_dtype=autocast_dtype,
         is_lora=cfg.lora,
+        checkpointing=checkpointing,
     )
     num_trainable = sum(p.numel() for p in policy.trainable_parameters())
     log.info(

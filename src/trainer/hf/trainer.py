@@ -24,7 +24,9 @@ match), skipped_steps (steps so far whose gradient norm was not finite and were 
 fp16_grad_scale (only when computing in float16: the dynamic gradient scale after the step),
 model_tflops_per_s and mfu (this rank's model FLOPs per second of step_time, and that over one
 device's peak in the matmul dtype; see grpo.trainer.flops and grpo.trainer.peak_flops),
-kl_ref (only with loss.kl_beta > 0: the reference KL estimate, grpo.trainer.loss).
+kl_ref (only with loss.kl_beta > 0: the reference KL estimate, grpo.trainer.loss), recomputed_layers
+(the most decoder layers a group of micro-batches recomputed in backward: gradient checkpointing,
+grpo.trainer.hf.checkpointing).
 
 num_iterations > 1 (train_step only): the batch's micro-batches are kept and trained on again after
 each optimizer update, with the first pass's logprobs as old_lp (and its reference logprobs reused:
@@ -77,6 +79,8 @@ class _OpenStep:
     num_tokens: int = 0
     num_sequence_tokens: int = 0
     compute_seconds: float = 0.0
+    num_recomputed_layers: int = 0
+    """Most decoder layers any accumulation group of the step recomputed (gradient checkpointing)."""
     first_pass: list[_FirstPass] = field(default_factory=list)
     """Each micro-batch of the first pass, kept for the later ones (num_iterations > 1 only)."""
 
@@ -305,6 +309,9 @@ class Trainer:
         state = self._open
         assert state is not None
         for group in split_micro_batches(passes, self.cfg.gradient_accumulation_steps):
+            if self.policy.checkpointing is not None:
+                num_layers = self.policy.checkpointing.fit(sum(item.micro_batch.num_tokens for item in group))
+                state.num_recomputed_layers = max(state.num_recomputed_layers, num_layers)
             group_loss = None
             for item in group:
                 mb = item.micro_batch
@@ -368,6 +375,7 @@ class Trainer:
         )
         if self.grad_scale is not None:
             metrics["fp16_grad_scale"] = self.grad_scale.scale
+        metrics["recomputed_layers"] = state.num_recomputed_layers
         metrics.update(
             self._flops.take_rates(
                 step_time, self.policy.device, self.policy.autocast_dtype or self.policy.dtype
