@@ -1,7 +1,8 @@
 """Every benchmark in one command (`make bench`): component benches, grpo vs TRL on two workloads, plots.
 
-    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl,reverse-text]
+    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl,reverse-text,group-sweep]
         [--workloads short-answer,long-brief] [--modes colocated] [--async-levels 1] [--steps 10]
+        [--trl-precision measure]
 
 Default: inference (embedded model), orchestrator, transport and trainer benches; then, for each
 workload (benchmarks/workloads.py: short-answer, and long-brief with its ~350-token system
@@ -16,8 +17,9 @@ never overwritten; the trainer bench is skipped in quick mode (its output file n
 The TRL runs are skipped with a note when `trl` is not installed (`pip install -e '.[bench]'`).
 TRL runs in its fastest CPU set-up (--trl-precision measure, the default: two steps of each of fp32
 weights + bf16 autocast, bf16 weights, fp32 on the workload, the fastest kept; the choice and the
-measured seconds are in the summary's notes). --group-sweep adds the trainer's step time against
-the group size G (group_sweep_bench.py, grpo and TRL, with its plot). Prints a summary table with
+measured seconds are in the summary's notes). Last, the trainer's step time against the group
+size G for one shared long prompt (group_sweep_bench.py: grpo, and TRL's training part, with its
+plot; --skip group-sweep leaves it out). Prints a summary table with
 the grpo/TRL speedup per workload; writes results/summary_<machine>.json and .md.
 """
 
@@ -243,7 +245,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="2-step smoke sizes; separate result files")
-    parser.add_argument("--skip", default="", help="comma list of: components, e2e, trl, reverse-text")
+    parser.add_argument(
+        "--skip", default="", help="comma list of: components, e2e, trl, reverse-text, group-sweep"
+    )
     parser.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="comma list of: " + ", ".join(WORKLOADS)
     )
@@ -258,17 +262,14 @@ def main() -> None:
         choices=["measure", "auto", *TRL_PRECISIONS],
         help="trl_bench.py --precision; measure: the fastest of bf16, default, fp32 on each workload",
     )
-    parser.add_argument(
-        "--group-sweep",
-        action="store_true",
-        help="also the trainer's step time against G (group_sweep_bench.py)",
-    )
     args = parser.parse_args()
 
     skip = set(split(args.skip))
-    unknown = skip - {"components", "e2e", "trl", "reverse-text"}
+    unknown = skip - {"components", "e2e", "trl", "reverse-text", "group-sweep"}
     if unknown:
-        raise ValueError(f"unknown --skip {sorted(unknown)}: use components, e2e, trl, reverse-text")
+        raise ValueError(
+            f"unknown --skip {sorted(unknown)}: use components, e2e, trl, reverse-text, group-sweep"
+        )
     workloads = [WORKLOADS[name] for name in split(args.workloads) if name in WORKLOADS]
     if len(workloads) != len(split(args.workloads)):
         raise ValueError(f"unknown --workloads {args.workloads!r}: use {', '.join(WORKLOADS)}")
@@ -329,7 +330,7 @@ def main() -> None:
     if reverse_runs and has_plots:
         run_script(["plot.py", "--machine", machine, "--tag", reverse_tag])
     runs += [{**row, "run": f"{row['run']}, reverse-text"} for row in reverse_runs]
-    if args.group_sweep:
+    if "group-sweep" not in skip:
         sweep = ["group_sweep_bench.py", *(["--tag", "quick"] if args.quick else [])]
         if args.quick:
             sweep += ["--groups", "2", "4", "--prompt-tokens", "64", "--max-tokens", "8", "--steps", "1"]
