@@ -230,7 +230,8 @@ def trainer_rows(
 
 def max_step_tokens(orch: OrchestratorConfig) -> int:
     """Most tokens a step's rows can hold: every sample at most seq_len, and with shared prefixes
-    and a max_tokens each group's other completions add at most that many each."""
+    and a max_tokens each group's other completions add at most that many each (single-turn; a
+    larger group of multi-turn rollouts stays within the reserve: auto then recomputes more layers)."""
     if orch.shared_prefix and orch.sampling.max_tokens is not None:
         per_group = orch.seq_len + (orch.rollouts_per_example - 1) * orch.sampling.max_tokens
         return orch.num_groups_per_step * per_group

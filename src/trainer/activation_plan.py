@@ -1,17 +1,16 @@
 """How much a micro-batch's activations take, and what the trainer does about it: the token budget
 of a micro-batch (train.yaml `micro_batch_tokens`) and which decoder layers recompute their
 activations in backward (`gradient_checkpointing: auto`). No torch import: the co-located memory
-plan (grpo.colocate.memory_plan) uses it before anything starts, and the HF trainer uses it at
-start when no plan resolved these settings (grpo-train alone).
+plan (grpo.colocate.memory_plan) sizes both before anything starts, and the HF trainer decides
+auto's layers for each group of micro-batches (grpo.trainer.hf.checkpointing).
 
-The estimates count bf16 tensors of max(hidden, intermediate) elements per token (the measurements
-behind the two counts are in grpo.colocate.memory_plan). A micro-batch's activations may take
-ACTIVATION_SHARE of the memory planned against: the rest holds weights, optimizer state and, in a
-co-located run, vLLM's KV cache. The micro-batches of one accumulation group keep their activations
-together until their backward (grpo.trainer.hf.trainer), so `auto` decides per group from the
-group's own tokens, against activation_memory_gib: a co-located plan reserves what its worst case
-needs (gradient_accumulation_steps full micro-batches, at most a step's tokens), and most steps,
-with shared prompts and short completions, hold far fewer tokens than that.
+The estimates count bf16 tensors of max(hidden, intermediate) elements per token (measured: below).
+The micro-batch budget is what fits ACTIVATION_SHARE of the memory planned against; the rest holds
+weights, optimizer state and, co-located, vLLM's KV cache. The micro-batches of one accumulation
+group keep their activations together until their backward (grpo.trainer.hf.trainer), so `auto`
+decides per group from the group's own tokens, against activation_memory_gib: a co-located plan
+reserves what its worst case needs (gradient_accumulation_steps full micro-batches, at most a
+step's tokens), and most steps, with shared prompts and short completions, hold far fewer tokens.
 """
 
 from __future__ import annotations
