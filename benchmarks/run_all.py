@@ -1,7 +1,8 @@
 """Every benchmark in one command (`make bench`): component benches, grpo vs TRL on two workloads, plots.
 
-    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl,reverse-text]
+    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl,reverse-text,group-sweep]
         [--workloads short-answer,long-brief] [--modes colocated] [--async-levels 1] [--steps 10]
+        [--trl-precision measure]
 
 Default: inference (embedded model), orchestrator, transport and trainer benches; then, for each
 workload (benchmarks/workloads.py: short-answer, and long-brief with its ~350-token system
@@ -14,8 +15,12 @@ and 0,1,2). --quick shrinks everything to a smoke run (2 steps, small component 
 its files under the label `<machine>-quick` / tags `<workload>-quick`, so the recorded numbers are
 never overwritten; the trainer bench is skipped in quick mode (its output file name has no label).
 The TRL runs are skipped with a note when `trl` is not installed (`pip install -e '.[bench]'`).
-Prints a summary table with the grpo/TRL speedup per workload; writes results/summary_<machine>.json
-and .md.
+TRL runs in its fastest CPU set-up (--trl-precision measure, the default: two steps of each of fp32
+weights + bf16 autocast, bf16 weights, fp32 on the workload, the fastest kept; the choice and the
+measured seconds are in the summary's notes). Last, the trainer's step time against the group
+size G for one shared long prompt (group_sweep_bench.py: grpo, and TRL's training part, with its
+plot; --skip group-sweep leaves it out). Prints a summary table with
+the grpo/TRL speedup per workload; writes results/summary_<machine>.json and .md.
 """
 
 from __future__ import annotations
@@ -199,6 +204,38 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(part for part in parts if part)
 
 
+TRL_PRECISIONS = ("bf16", "default", "fp32")
+"""trl_bench.py --precision candidates: fp32 weights + bf16 autocast, the checkpoint's bf16 weights
+(TRL's own default), fp32 throughout."""
+
+
+def fastest_trl_precision(task: list[str], tag: str, notes: list[str]) -> str:
+    """TRL's fastest CPU set-up for this task, by measurement: two steps of each candidate, the
+    second step's time compared (the first warms up)."""
+    probe = [
+        *task[: task.index("--steps")],
+        "--steps",
+        "2",
+        *task[task.index("--steps") + 2 : task.index("--tag")],
+    ]
+    seconds = {}
+    for precision in TRL_PRECISIONS:
+        probe_tag = f"{tag}-precision-{precision}"
+        try:
+            run_script(["trl_bench.py", *probe, "--precision", precision, "--tag", probe_tag])
+        except subprocess.CalledProcessError as exc:
+            notes.append(f"TRL precision probe {precision} ({tag}) failed (exit {exc.returncode})")
+            continue
+        result = json.loads((RESULTS / f"trl_{machine_label()}_{probe_tag}.json").read_text())
+        seconds[precision] = result["step_time_s"][-1]
+    if not seconds:
+        return "auto"
+    chosen = min(seconds, key=lambda p: seconds[p])
+    measured = ", ".join(f"{p} {s:.1f} s" for p, s in seconds.items())
+    notes.append(f"TRL precision for {tag}: {chosen}, the fastest second step of {measured}")
+    return chosen
+
+
 def split(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
@@ -208,7 +245,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="2-step smoke sizes; separate result files")
-    parser.add_argument("--skip", default="", help="comma list of: components, e2e, trl, reverse-text")
+    parser.add_argument(
+        "--skip", default="", help="comma list of: components, e2e, trl, reverse-text, group-sweep"
+    )
     parser.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="comma list of: " + ", ".join(WORKLOADS)
     )
@@ -217,12 +256,20 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=None, help="steps per run (default: each workload's; quick 2)"
     )
+    parser.add_argument(
+        "--trl-precision",
+        default="measure",
+        choices=["measure", "auto", *TRL_PRECISIONS],
+        help="trl_bench.py --precision; measure: the fastest of bf16, default, fp32 on each workload",
+    )
     args = parser.parse_args()
 
     skip = set(split(args.skip))
-    unknown = skip - {"components", "e2e", "trl", "reverse-text"}
+    unknown = skip - {"components", "e2e", "trl", "reverse-text", "group-sweep"}
     if unknown:
-        raise ValueError(f"unknown --skip {sorted(unknown)}: use components, e2e, trl, reverse-text")
+        raise ValueError(
+            f"unknown --skip {sorted(unknown)}: use components, e2e, trl, reverse-text, group-sweep"
+        )
     workloads = [WORKLOADS[name] for name in split(args.workloads) if name in WORKLOADS]
     if len(workloads) != len(split(args.workloads)):
         raise ValueError(f"unknown --workloads {args.workloads!r}: use {', '.join(WORKLOADS)}")
@@ -244,6 +291,7 @@ def main() -> None:
         notes.append("TRL not installed: pip install -e '.[bench]' (trl==1.16.0, matplotlib)")
     # Each workload's grpo and TRL runs back to back, so both see the same machine state.
     tags = {w.name: w.name + quick for w in workloads}
+    trl_precisions: dict[str, str] = {}
     for workload in workloads:
         steps = args.steps or (2 if args.quick else workload.steps)
         task = [*workload.task_args(steps), "--tag", tags[workload.name]]
@@ -251,6 +299,12 @@ def main() -> None:
         for part, argv in (("e2e", [*e2e, args.async_levels, *task]), ("trl", ["trl_bench.py", *task])):
             if part in skip:
                 continue
+            if part == "trl":
+                precision = args.trl_precision
+                if precision == "measure":
+                    precision = fastest_trl_precision(task, tags[workload.name], notes)
+                trl_precisions[workload.name] = precision
+                argv = [*argv, "--precision", precision]
             # one failed run (a crash, out of memory) should not throw away the others' hour
             try:
                 seconds[f"{part} {workload.name}"] = run_script(argv)
@@ -276,6 +330,15 @@ def main() -> None:
     if reverse_runs and has_plots:
         run_script(["plot.py", "--machine", machine, "--tag", reverse_tag])
     runs += [{**row, "run": f"{row['run']}, reverse-text"} for row in reverse_runs]
+    if "group-sweep" not in skip:
+        sweep = ["group_sweep_bench.py", *(["--tag", "quick"] if args.quick else [])]
+        if args.quick:
+            sweep += ["--groups", "2", "4", "--prompt-tokens", "64", "--max-tokens", "8", "--steps", "1"]
+            sweep += ["--seq-len", "96"]
+        if "trl" not in skip:
+            # long-brief's measured set-up where this run measured it
+            sweep += ["--trl", "--trl-precision", trl_precisions.get("long-brief", "auto")]
+        seconds["group sweep"] = run_script(sweep)
     components = component_rows(label)
     summary = {
         "machine": machine_info(),

@@ -19,7 +19,9 @@ AVX512-BF16 (matmuls in bf16, like grpo's bf16 default), else fp32; `default` le
 (the checkpoint's bf16 weights with `bf16=True`), much slower on a 2-core CPU in a first try. `use_cpu=True`; generation is HF `generate` (`use_vllm=False`: TRL's vLLM paths need CUDA).
 
 Wall clock per optimizer step (generation + scoring + forward/backward + update) comes from a
-callback; model loading is excluded from loop_wall_s and included in process_wall_s.
+callback, and the generation and scoring part of each step from a timer around TRL's
+_generate_and_score_completions (train_step_s = the rest: TRL's trainer cost); model loading is
+excluded from loop_wall_s and included in process_wall_s.
 Writes benchmarks/results/trl_<machine>[_<tag>].json.
 """
 
@@ -99,6 +101,26 @@ def step_timer() -> Any:
                 self.logs.append({k: float(v) for k, v in logs.items() if isinstance(v, int | float)})
 
     return StepTimer()
+
+
+def time_generation(trainer: Any) -> list[tuple[float, float]]:
+    """Monotonic (start, end) of every call of TRL's generation and scoring, so a step's training
+    time is the step less them (the method GRPOTrainer 1.16 calls from _prepare_inputs)."""
+    spans: list[tuple[float, float]] = []
+    generate = trainer._generate_and_score_completions
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        out = generate(*args, **kwargs)
+        spans.append((started, time.monotonic()))
+        return out
+
+    trainer._generate_and_score_completions = timed
+    return spans
+
+
+def generation_seconds(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    return sum(min(e, end) - max(s, start) for s, e in spans if s < end and e > start)
 
 
 def main() -> None:
@@ -185,10 +207,14 @@ def main() -> None:
         callbacks=[timer],
     )
     weight_dtype = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
+    generation_spans = time_generation(trainer)
     trainer.train()
     process_wall = time.monotonic() - started
 
     step_s = [end - start for start, end in zip(timer.starts, timer.ends, strict=True)]
+    generation_s = [
+        generation_seconds(generation_spans, s, e) for s, e in zip(timer.starts, timer.ends, strict=True)
+    ]
     completion_tokens = [log["completions/mean_length"] * batch for log in timer.logs]
     loop_wall = timer.ends[-1] - timer.starts[0]
     result: dict[str, Any] = {
@@ -226,6 +252,8 @@ def main() -> None:
         "num_steps": len(step_s),
         "loop_wall_s": loop_wall,
         "step_time_s": step_s,
+        "generation_s": generation_s,
+        "train_step_s": [step - gen for step, gen in zip(step_s, generation_s, strict=True)],
         "completion_tokens": sum(completion_tokens),
         "completion_tokens_per_s": sum(completion_tokens) / loop_wall,
         "reward_curve": [log["reward"] for log in timer.logs],

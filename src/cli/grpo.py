@@ -103,6 +103,7 @@ def grpo(
             )  # --dry-run too: the plan would be for a run that cannot start
         gpu = None if plan_gpu_gib is None else ("(planned with --plan-gpu-gib)", plan_gpu_gib)
         plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path, gpu)
+        train_cfg, orch_cfg = plan.apply_train(train_cfg), plan.apply_orch(orch_cfg)
         if dry_run:
             from grpo.orchestrator.sampling import describe_sampling
             from grpo.trainer.loss_description import describe_loss

@@ -21,6 +21,14 @@ from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.trainer import TrainerConfig
 from grpo.models.shape import ModelShape
+from grpo.trainer.activation_plan import (
+    ACTIVATION_TENSORS_ONE_LAYER,
+    ACTIVATION_TENSORS_PER_LAYER_KEPT,
+    activation_bytes,
+    num_recomputed_layers,
+    resolved_for_memory,
+    tokens_without_recompute,
+)
 from grpo.utils.errors import UserError
 
 GIB = 1024**3
@@ -46,14 +54,6 @@ MEGATRON_BYTES = 2 + 4 + 4 + 8
 ATTENTION_SCORE_KEPT_BYTES = 4 + 2
 ATTENTION_SCORE_LAYER_MARGIN_BYTES = 1
 ATTENTION_SCORE_WORKING_BYTES = 12
-# Activations per decoder layer and token, in bf16 tensors of max(hidden, intermediate) elements.
-# Keeping every layer's: measured on an H200 (Qwen3-0.6B shape, LoRA rank 16, 8 x 2048 tokens, no
-# gradient checkpointing) 32.1 GiB reserved at peak, about 11 such tensors per layer (RMSNorm's
-# float32 copies, q/k/v/o, the MLP's four intermediate-sized tensors, LoRA's inputs); 12 counted.
-# Recomputing, one layer's working set at a time: 6 counted (the same run with checkpointing
-# peaked at 5.49 GiB reserved against a 5.63 GiB plan).
-ACTIVATION_TENSORS_PER_LAYER_KEPT = 12
-ACTIVATION_TENSORS_ONE_LAYER = 6
 
 
 @dataclass
@@ -66,6 +66,10 @@ class MemoryPlan:
     gpu_memory_utilization: float | None = None
     kv_cache_space_gb: float | None = None
     notes: list[str] = field(default_factory=list)
+    micro_batch_tokens: int | None = None
+    """The trainer's micro-batch budget (train and orch `micro_batch_tokens`)."""
+    activation_memory_gib: float | None = None
+    """What gradient_checkpointing auto decides against (train `activation_memory_gib`)."""
 
     @property
     def trainer_bytes(self) -> int:
@@ -79,6 +83,21 @@ class MemoryPlan:
         if self.kv_cache_space_gb is not None:
             update["kv_cache_space_gb"] = self.kv_cache_space_gb
         return infer.model_copy(update=update)
+
+    def apply_train(self, train: TrainerConfig) -> TrainerConfig:
+        """The trainer config with the planned micro-batch budget and activation memory."""
+        update: dict[str, object] = {}
+        if self.micro_batch_tokens is not None:
+            update["micro_batch_tokens"] = self.micro_batch_tokens
+        if self.activation_memory_gib is not None:
+            update["activation_memory_gib"] = self.activation_memory_gib
+        return train.model_copy(update=update)
+
+    def apply_orch(self, orch: OrchestratorConfig) -> OrchestratorConfig:
+        """The orchestrator config packing rows of the trainer's micro-batch budget."""
+        if self.micro_batch_tokens is None:
+            return orch
+        return orch.model_copy(update={"micro_batch_tokens": self.micro_batch_tokens})
 
     def table(self) -> str:
         lines = [f"memory plan ({self.device}, {self.total_bytes / GIB:.1f} GiB total)"]
@@ -122,7 +141,7 @@ def dequantized_format(train: TrainerConfig, engine_quantization: str | None) ->
 def trainer_rows(
     train: TrainerConfig, shape: ModelShape, on_gpu: bool, engine_quantization: str | None = None
 ) -> list[tuple[str, int, str]]:
-    tokens = train.per_device_train_batch_size * train.sequence_len
+    tokens = train.micro_batch_token_budget
     h, vocab = shape.hidden_size, shape.vocab_size
     rows: list[tuple[str, int, str]] = []
     if train.lora:
@@ -154,18 +173,26 @@ def trainer_rows(
                 f"{num / 1e6:.1f}M params x {per} B (master, grad, {train.optimizer})",
             )
         )
-    tensor_bytes = tokens * max(h, shape.intermediate_size) * 2
-    # Recomputing, each layer keeps only its input for backward and one layer's tensors are live at
-    # a time; otherwise every layer keeps its own until backward reaches it.
-    recomputes = (
-        train.megatron.recompute == "full" if train.backend == "megatron" else train.gradient_checkpointing
-    )
-    if recomputes:
-        kept = ACTIVATION_TENSORS_ONE_LAYER * tensor_bytes + shape.num_layers * tokens * h * 2
+    # Recomputing, a layer keeps only its input for backward and one layer's tensors are live at a
+    # time; otherwise every layer keeps its own until backward reaches it.
+    if train.backend == "megatron":
+        num_recomputed = shape.num_layers if train.megatron.recompute == "full" else 0
+    else:
+        num_recomputed = num_recomputed_layers(train, shape.num_layers)
+    kept = activation_bytes(shape, tokens, num_recomputed)
+    reserved = train.backend == "hf" and train.gradient_checkpointing == "auto"
+    if reserved and train.activation_memory_gib is not None:
+        kept = int(train.activation_memory_gib * GIB)
+        how = "reserved for an accumulation group (gradient_checkpointing auto, see note)"
+    elif num_recomputed == 0:
+        how = f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} bf16 tensors per layer, every layer's kept"
+    elif num_recomputed == shape.num_layers:
         how = f"one layer's {ACTIVATION_TENSORS_ONE_LAYER} bf16 tensors, each layer's input (recomputed)"
     else:
-        kept = shape.num_layers * ACTIVATION_TENSORS_PER_LAYER_KEPT * tensor_bytes
-        how = f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} bf16 tensors per layer, every layer's kept"
+        how = (
+            f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} bf16 tensors per kept layer, one layer's "
+            f"{ACTIVATION_TENSORS_ONE_LAYER} and each recomputed layer's input ({num_recomputed} recomputed)"
+        )
     logits = min(tokens, train.logprob_chunk_size) * vocab * 4 * 3
     rows.append(("activations", kept + logits, f"{tokens} tokens: {how}, logits chunk"))
     if train.backend == "megatron":
@@ -201,14 +228,26 @@ def trainer_rows(
     return rows
 
 
+def max_step_tokens(orch: OrchestratorConfig) -> int:
+    """Most tokens a step's rows can hold: every sample at most seq_len, and with shared prefixes
+    and a max_tokens each group's other completions add at most that many each (single-turn; a
+    larger group of multi-turn rollouts stays within the reserve: auto then recomputes more layers)."""
+    if orch.shared_prefix and orch.sampling.max_tokens is not None:
+        per_group = orch.seq_len + (orch.rollouts_per_example - 1) * orch.sampling.max_tokens
+        return orch.num_groups_per_step * per_group
+    return orch.batch_size * orch.seq_len
+
+
 def megatron_attention_scores_row(train: TrainerConfig, shape: ModelShape) -> tuple[str, int, str]:
     """backend megatron's [B, heads, L, L] attention scores at their largest: a padded call holds
-    B x L <= the micro-batch's tokens with L <= sequence_len (grpo.trainer.packing.padded_forwards),
+    B x L <= the micro-batch's tokens with L <= sequence_len (grpo.trainer.packing.padded_forwards;
+    backend megatron's rows hold whole samples: a co-located plan leaves its budget at
+    per_device_train_batch_size x sequence_len),
     and tensor parallelism splits the heads. Every layer keeps its scores for backward unless
     megatron.recompute recomputes attention (selective or full: one layer's at a time). With
     pipeline stages a micro-batch's pieces share one call padded to the longest, which can hold
     more (many short pieces beside a long one)."""
-    tokens = train.per_device_train_batch_size * train.sequence_len
+    tokens = train.micro_batch_token_budget
     num_heads = shape.num_heads // train.megatron.tensor_model_parallel_size
     num_scores = tokens * train.sequence_len * num_heads
     recomputes = train.megatron.recompute in ("selective", "full")
@@ -235,8 +274,26 @@ def plan_memory(
     shape = ModelShape.from_folder(model_path)
     device, total = ("cuda " + gpu[0], int(gpu[1] * GIB)) if gpu is not None else _device_memory(train)
     on_gpu = device.startswith("cuda")
-    rows = trainer_rows(train, shape, on_gpu, engine_quantization=infer.quantization)
-    plan = MemoryPlan(device=device, total_bytes=total, rows=rows)
+    plan = MemoryPlan(device=device, total_bytes=total)
+    if train.backend == "hf":
+        train, choice = resolved_for_memory(train, shape, total, max_step_tokens(orch))
+        plan.micro_batch_tokens = train.micro_batch_tokens
+        plan.activation_memory_gib = train.activation_memory_gib
+        plan.notes.append(
+            f"micro-batch budget {train.micro_batch_token_budget} tokens (train/orch micro_batch_tokens; "
+            "a group's prefix tree stays in one row when it fits)"
+        )
+        if train.gradient_checkpointing == "auto":
+            assert train.activation_memory_gib is not None
+            budget = int(train.activation_memory_gib * GIB)
+            plan.notes.append(
+                f"gradient checkpointing auto, per accumulation group: off up to "
+                f"{tokens_without_recompute(shape, budget)} tokens alive at once; the planned worst case: "
+                + choice.describe(shape.num_layers).removeprefix("gradient checkpointing ")
+            )
+        else:
+            plan.notes.append(choice.describe(shape.num_layers))
+    plan.rows = trainer_rows(train, shape, on_gpu, engine_quantization=infer.quantization)
     num_replicas = infer.dp  # co-located dp: one engine + one trainer rank per replica
     if on_gpu:
         usable = total * (1 - SAFETY_MARGIN) - plan.trainer_bytes
@@ -246,7 +303,7 @@ def plan_memory(
         if fraction <= 0.05:
             raise UserError(
                 f"the trainer needs about {plan.trainer_bytes / GIB:.1f} GiB of {total / GIB:.1f} GiB: nothing is left "
-                "for vLLM; lower sequence_len or per_device_train_batch_size, or use qlora_bnb"
+                "for vLLM; lower micro_batch_tokens, sequence_len or per_device_train_batch_size, or use qlora_bnb"
             )
         plan.gpu_memory_utilization = round(min(fraction, infer.gpu_memory_utilization), 3)
         plan.engine_bytes = int(plan.gpu_memory_utilization * total)

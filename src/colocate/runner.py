@@ -75,7 +75,7 @@ def run_colocated(
     from grpo.config.resolved import write_resolved_configs
     from grpo.orchestrator.checkpoint import resolve_colocated_resume
 
-    infer = plan.apply(infer)
+    infer, train, orch = plan.apply(infer), plan.apply_train(train), plan.apply_orch(orch)
     run_dir = Path(orch.output_dir)
     started = time.monotonic()
     # Before the configs are rewritten (it compares with the run dir's) and before anything starts

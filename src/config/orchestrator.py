@@ -425,6 +425,12 @@ class OrchestratorConfig(StrictModel):
     """Tokens per packed training row; longer samples are truncated. Unset in a co-located run whose
     train.yaml sets sequence_len: that value."""
 
+    micro_batch_tokens: int | None = Field(None, gt=0)
+    """Tokens per packed training row (the trainer's micro-batch budget, train.yaml's
+    micro_batch_tokens): a group's prefix tree stays whole in one row whenever it fits, so its
+    shared prompt is encoded once; samples are still cut at seq_len. null: seq_len (a co-located
+    run sets it from the memory plan)."""
+
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the chat template on every render of every environment's
     conversations, e.g. {enable_thinking: false} for Qwen3 (as vLLM's chat_template_kwargs)."""
@@ -569,6 +575,20 @@ class OrchestratorConfig(StrictModel):
                 f"and the trainer waits for num_servers of them: set num_servers: {num_urls} in orch.yaml and train.yaml"
             )
         return self
+
+    @model_validator(mode="after")
+    def _row_holds_a_sample(self) -> OrchestratorConfig:
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < self.seq_len:
+            raise ValueError(
+                f"micro_batch_tokens ({self.micro_batch_tokens}) is below seq_len ({self.seq_len}): a row must "
+                f"hold a whole sample; set micro_batch_tokens >= {self.seq_len} (or leave it unset)"
+            )
+        return self
+
+    @property
+    def row_tokens(self) -> int:
+        """Most tokens of one packed row: micro_batch_tokens, else seq_len."""
+        return self.micro_batch_tokens if self.micro_batch_tokens is not None else self.seq_len
 
     @property
     def num_groups_per_step(self) -> int:

@@ -112,6 +112,11 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
         TRAINER_CHECKS,
     ),
     SharedFact(
+        "micro_batch_tokens",
+        (Place("train", "micro_batch_tokens"), Place("orch", "micro_batch_tokens")),
+        TRAINER_CHECKS,
+    ),
+    SharedFact(
         "lora_rank",
         (Place("train", "lora_rank"), Place("orch", "model.lora_rank")),
         TRAINER_CHECKS,

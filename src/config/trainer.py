@@ -270,7 +270,17 @@ class TrainerConfig(StrictModel):
     the step's gradient does not depend on this value."""
 
     per_device_train_batch_size: int = Field(2, ge=1)
-    """Packed rows per micro-batch (typically 1 for packed RL sequences)."""
+    """Packed rows per micro-batch under backend megatron; backend hf groups rows by
+    micro_batch_tokens, and uses this only for that key's default (this many sequence_len rows)."""
+
+    micro_batch_tokens: int | None = Field(None, gt=0)
+    """Token budget of one micro-batch (backend hf): consecutive rows are forwarded and
+    backpropagated together up to this many tokens (a larger row alone), and the orchestrator packs
+    rows of at most this many tokens, keeping a group's prefix tree (its shared prompt once) in one
+    row whenever the tree fits. null: co-located with backend hf, what the memory plan holds (one
+    micro-batch's activations, every layer's kept, within half the memory; at least
+    per_device_train_batch_size x sequence_len, at most 8192); otherwise
+    per_device_train_batch_size x sequence_len, and the orchestrator's rows stay seq_len long."""
 
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw_8bit"
     """adamw_8bit needs bitsandbytes on CUDA; on CPU it falls back to adamw with a warning."""
@@ -322,9 +332,18 @@ class TrainerConfig(StrictModel):
     as the model's own training used), added to the policy loss. 0 (the default) leaves it out: in RL
     it pulls the routing away from what the rollouts used for no reward."""
 
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: Literal["auto"] | bool | int = "auto"
     """Recompute activations in backward to save memory (backend hf; backend megatron has
-    megatron.recompute instead and ignores this)."""
+    megatron.recompute instead and ignores this). auto: decided for each group of micro-batches
+    backpropagated together, from its tokens: off when their activations, every layer's kept, fit
+    activation_memory_gib, else the fewest decoder layers recomputed that make them fit (all when
+    none does); `grpo --dry-run` prints the threshold and the planned worst case. true: every
+    layer; false: none; an integer N: the first N decoder layers."""
+
+    activation_memory_gib: float | None = Field(None, gt=0)
+    """Memory the activations of one group of micro-batches may take (gradient_checkpointing auto
+    decides against it). null: co-located, what the memory plan reserves for the worst case it
+    plans; otherwise half the device's memory (a GPU's total, or the RAM available at start)."""
 
     logprob_chunk_size: int = Field(1024, gt=0)
     """Tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32 logits
@@ -393,6 +412,15 @@ class TrainerConfig(StrictModel):
     @classmethod
     def _accept_hyphenated_recipe(cls, value: object) -> object:
         return value.replace("-", "_") if isinstance(value, str) else value
+
+    @field_validator("gradient_checkpointing")
+    @classmethod
+    def _layer_count_not_negative(cls, value: Literal["auto"] | bool | int) -> Literal["auto"] | bool | int:
+        if not isinstance(value, bool) and isinstance(value, int) and value < 0:
+            raise ValueError(
+                f"gradient_checkpointing {value}: give auto, true, false or a number of layers >= 0"
+            )
+        return value
 
     @field_validator("zero_level")
     @classmethod
@@ -489,6 +517,13 @@ class TrainerConfig(StrictModel):
                 "and never calls the model's own head, which adds that loss; leave it at 0"
             )
         return self
+
+    @property
+    def micro_batch_token_budget(self) -> int:
+        """micro_batch_tokens, or its default outside a memory plan."""
+        if self.micro_batch_tokens is not None:
+            return self.micro_batch_tokens
+        return self.per_device_train_batch_size * self.sequence_len
 
     @property
     def quantization(self) -> Literal["none", "nf4", "fp8", "nvfp4"]:

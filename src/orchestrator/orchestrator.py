@@ -290,7 +290,7 @@ class Orchestrator:
             send_seconds += time.monotonic() - collected
             groups += part_groups
             rollouts += part_rollouts
-        pack_metrics(stats, rollouts, self.cfg.seq_len)
+        pack_metrics(stats, rollouts, self.cfg.row_tokens)
         return groups, rollouts, send_seconds
 
     async def _maybe_eval(self, step: int, resumed_at: int | None) -> dict[str, float]:

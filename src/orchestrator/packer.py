@@ -1,4 +1,5 @@
-"""Packing rollouts into training rows of at most seq_len tokens.
+"""Packing rollouts into training rows of at most `row_tokens` tokens (orch.yaml
+micro_batch_tokens, the trainer's micro-batch budget; seq_len when unset).
 
 Each sample is prompt ids + completion ids; loss_mask is True only on model-generated completion
 tokens (and False for rollouts a filter masked); each loss token carries its rollout's advantage,
@@ -6,12 +7,14 @@ or with per-turn credit its turn's. Samples longer than seq_len are truncated on
 right and counted.
 
 With `share_prefixes`, samples that begin with the same tokens (the rollouts of a group, which
-repeat their prompt) are first merged into prefix trees (grpo.orchestrator.prefix_tree), each tree
-one item; otherwise every sample is an item of its own.
+repeat their prompt) are first merged into prefix trees (grpo.orchestrator.prefix_tree) of at most
+`row_tokens` tokens, each tree one item; otherwise every sample is an item of its own. A row budget
+above seq_len keeps a group's tree whole (its prompt stored once) where seq_len would cut it into
+several trees that each repeat the prompt.
 
 Rows are filled by first-fit decreasing: items sorted longest first, each placed in the first row
 with room for it, a new row opened when none has. This is within 11/9 of the optimal row count and
-keeps rows dense, so the trainer's compute goes to real tokens. Rows are not padded to seq_len: the
+keeps rows dense, so the trainer's compute goes to real tokens. Rows are not padded: the
 trainer handles ragged rows (padding would only add wasted compute).
 """
 
@@ -36,7 +39,7 @@ class PackStats:
     """Tokens of the samples as plain packing would store them (every prompt repeated)."""
     num_truncated: int
     efficiency: float
-    """Real tokens / (num_rows * seq_len)."""
+    """Real tokens / (num_rows * row_tokens)."""
 
 
 def _token_advantages(rollout: Rollout) -> np.ndarray:
@@ -103,9 +106,12 @@ def _routing_of(rollouts: Sequence[Rollout], seq_len: int) -> list[np.ndarray] |
 
 
 def pack_rollouts(
-    rollouts: Sequence[Rollout], seq_len: int, share_prefixes: bool
+    rollouts: Sequence[Rollout], seq_len: int, share_prefixes: bool, row_tokens: int | None = None
 ) -> tuple[list[PackedRow], PackStats]:
-    """Rows holding every rollout exactly once (first-fit decreasing), and packing statistics."""
+    """Rows of at most `row_tokens` (default seq_len) holding every rollout, each cut at seq_len,
+    exactly once (first-fit decreasing), and packing statistics."""
+    row_tokens = seq_len if row_tokens is None else row_tokens
+    assert row_tokens >= seq_len, "a row holds at least one whole sample"
     with_teacher = any(r.teacher_logprobs is not None for r in rollouts)
     samples = [_sample_arrays(r, seq_len, with_teacher) for r in rollouts]
     routing = _routing_of(rollouts, seq_len)
@@ -115,7 +121,7 @@ def pack_rollouts(
     num_sample_tokens = sum(len(s["input_ids"]) for s in samples)
     num_truncated = sum(len(r.prompt_ids) + len(r.completion_ids) > seq_len for r in rollouts)
     if share_prefixes:
-        items = build_prefix_trees(samples, seq_len)
+        items = build_prefix_trees(samples, row_tokens)
     else:
         items = [{**s, "parent_ids": plain_parent_ids(s["position_ids"])} for s in samples]
     order = sorted(range(len(items)), key=lambda i: -len(items[i]["input_ids"]))
@@ -130,14 +136,14 @@ def pack_rollouts(
                 break
         else:
             bins.append([i])
-            free.append(seq_len - size)
+            free.append(row_tokens - size)
     rows = []
     for members in bins:
         fields = {name: np.concatenate([items[i][name] for i in members]) for name in items[members[0]]}
         fields["parent_ids"] = concat_parent_ids([items[i]["parent_ids"] for i in members])
         rows.append(PackedRow(**fields))
     num_tokens = sum(r.num_tokens for r in rows)
-    efficiency = num_tokens / (len(rows) * seq_len) if rows else 0.0
+    efficiency = num_tokens / (len(rows) * row_tokens) if rows else 0.0
     stats = PackStats(
         num_rows=len(rows),
         num_tokens=num_tokens,

@@ -53,7 +53,7 @@ def build_batch(
         stats[key] = stats.get(key, 0) + count
     metadata: dict[str, float | int | str] = {"policy_version": policy_version}
     sampling = batch_sampling(cfg)
-    rows, pack = pack_rollouts(rollouts, cfg.seq_len, share_prefixes=cfg.shared_prefix)
+    rows, pack = pack_rollouts(rollouts, cfg.seq_len, cfg.shared_prefix, cfg.row_tokens)
     batch = TrainingBatch(step=step, rows=rows, metadata=metadata, sampling=sampling)
     try:
         check_batch_values(batch, vocab_size)
@@ -66,7 +66,7 @@ def build_batch(
                 fail_group(group, "the trainer's batch check refuses its rollouts")
                 num_failed += 1
         packed = [r for g in kept for r in g.rollouts]
-        rows, pack = pack_rollouts(packed, cfg.seq_len, share_prefixes=cfg.shared_prefix)
+        rows, pack = pack_rollouts(packed, cfg.seq_len, cfg.shared_prefix, cfg.row_tokens)
         batch = TrainingBatch(step=step, rows=rows, metadata=metadata, sampling=sampling)
         check_batch_values(batch, vocab_size)  # what no group causes (metadata): stop, send nothing
     if num_failed:
@@ -90,7 +90,7 @@ def build_batch(
 
 
 def _passes_alone(cfg: OrchestratorConfig, vocab_size: int, group: Group) -> bool:
-    rows, _pack = pack_rollouts(group.rollouts, cfg.seq_len, share_prefixes=cfg.shared_prefix)
+    rows, _pack = pack_rollouts(group.rollouts, cfg.seq_len, cfg.shared_prefix, cfg.row_tokens)
     try:
         check_batch_values(TrainingBatch(step=0, rows=rows, metadata={}), vocab_size)
     except ValueError:
@@ -98,10 +98,10 @@ def _passes_alone(cfg: OrchestratorConfig, vocab_size: int, group: Group) -> boo
     return True
 
 
-def pack_metrics(stats: dict[str, float], rollouts: list[Rollout], seq_len: int) -> None:
+def pack_metrics(stats: dict[str, float], rollouts: list[Rollout], row_tokens: int) -> None:
     """The step's packing and advantage metrics from the sums its parts left in `stats`."""
     num_tokens = stats.pop("packing/num_tokens")
-    stats["packing/efficiency"] = num_tokens / max(stats["packing/num_rows"] * seq_len, 1)
+    stats["packing/efficiency"] = num_tokens / max(stats["packing/num_rows"] * row_tokens, 1)
     stats["packing/shared_frac"] = 1.0 - num_tokens / max(stats.pop("packing/num_sample_tokens"), 1)
     advantages = np.array([r.advantage for r in rollouts], dtype=np.float64)
     stats["advantage/mean"] = float(advantages.mean())

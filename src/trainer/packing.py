@@ -268,6 +268,21 @@ def padded_forwards(
     return forwards
 
 
+def token_micro_batches(rows: list[PackedRow], budget: int) -> list[list[PackedRow]]:
+    """Consecutive rows grouped into micro-batches of at most `budget` tokens (a row above it alone):
+    the orchestrator packs rows of the same budget, so a row and the prefix trees in it stay whole."""
+    groups: list[list[PackedRow]] = []
+    num_tokens = 0
+    for row in rows:
+        if groups and num_tokens + row.num_tokens <= budget:
+            groups[-1].append(row)
+            num_tokens += row.num_tokens
+        else:
+            groups.append([row])
+            num_tokens = row.num_tokens
+    return groups
+
+
 def split_micro_batches(items: list[T], group_size: int) -> list[list[T]]:
     """Consecutive groups of `group_size` (the last may be shorter): rows into micro-batches, or
     micro-batches into backward groups."""

@@ -151,3 +151,53 @@ def test_a_trainer_that_dequantizes_nothing_is_planned_no_dequantization(tiny_mo
     for train, engine_quantization in [(plain, None), (megatron, "fp8")]:
         names = {name for name, _, _ in trainer_rows(train, _7b_shape(), True, engine_quantization)}
         assert not names & {"dequant buffers", "dequant temporaries"}
+
+
+def test_the_plan_sizes_the_micro_batch_budget_and_says_when_layers_recompute_and_why(
+    tiny_model_path: Path,
+) -> None:
+    plan = _plan(tiny_model_path)
+    assert plan.micro_batch_tokens is not None and plan.micro_batch_tokens >= 2 * 2048
+    assert plan.activation_memory_gib is not None
+    table = plan.table()
+    assert f"micro-batch budget {plan.micro_batch_tokens} tokens" in table
+    assert "note: gradient checkpointing auto, per accumulation group: off up to " in table
+    assert "the planned worst case: off: " in table  # a tiny model's activations fit any machine
+    train = plan.apply_train(TrainerConfig.model_validate({"model": str(tiny_model_path)}))
+    orch = plan.apply_orch(OrchestratorConfig.model_validate({"seq_len": 2048}))
+    assert train.micro_batch_tokens == orch.micro_batch_tokens == orch.row_tokens == plan.micro_batch_tokens
+    assert (
+        train.gradient_checkpointing == "auto" and train.activation_memory_gib == plan.activation_memory_gib
+    )
+    rows = {name: size for name, size, _ in plan.rows}
+    assert rows["activations"] >= plan.activation_memory_gib * 2**30  # the reserve is planned
+
+
+def test_a_set_gradient_checkpointing_stays_as_set_in_the_plan(tiny_model_path: Path) -> None:
+    train = TrainerConfig.model_validate(
+        {
+            "model": str(tiny_model_path),
+            "device": "cpu",
+            "gradient_checkpointing": True,
+            "micro_batch_tokens": 4096,
+        }
+    )
+    orch = OrchestratorConfig.model_validate({"batch_size": 64, "seq_len": 2048})
+    plan = plan_memory(
+        train, InferenceConfig.model_validate({"model": str(tiny_model_path)}), orch, tiny_model_path
+    )
+    assert plan.activation_memory_gib is None and plan.micro_batch_tokens == 4096
+    assert "gradient checkpointing on, all 2 layers: gradient_checkpointing: true" in plan.table()
+
+
+def test_a_steps_tokens_are_bounded_by_its_groups_shared_prompts() -> None:
+    from grpo.colocate.memory_plan import max_step_tokens
+
+    fields = {"batch_size": 64, "rollouts_per_example": 8, "seq_len": 512}
+    orch = OrchestratorConfig.model_validate({**fields, "sampling": {"max_tokens": 24}})
+    assert max_step_tokens(orch) == 8 * (512 + 7 * 24)
+    assert max_step_tokens(OrchestratorConfig.model_validate(fields)) == 64 * 512
+    plain = OrchestratorConfig.model_validate(
+        {**fields, "shared_prefix": False, "sampling": {"max_tokens": 24}}
+    )
+    assert max_step_tokens(plain) == 64 * 512

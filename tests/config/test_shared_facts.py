@@ -47,6 +47,7 @@ SAMPLES: dict[str, tuple[Any, Any, dict[str, dict[str, Any]]]] = {
     "seed": (3, 5, {}),
     "max_steps": (3, 5, {}),
     "max_async_level": (2, 3, {}),
+    "micro_batch_tokens": (4096, 8192, {}),
     "lora_rank": (8, 32, {}),
     "lora_alpha": (8.0, 64.0, {}),
     "batch transport": ("filesystem", "zmq", {}),

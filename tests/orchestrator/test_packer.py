@@ -88,3 +88,30 @@ def test_routing_travels_with_each_token_and_rollouts_without_it_get_no_routing(
     none = np.iinfo(np.uint16).max
     assert np.all(row.routed_experts[6] == none)  # the last sampled token
     assert np.all(row.routed_experts[7:] == none)  # the rollout without routing
+
+
+def _group(prompt_len: int, completion_len: int, group_size: int) -> list[Rollout]:
+    """A group: one prompt, `group_size` different completions."""
+    rollouts = []
+    for k in range(group_size):
+        rollout = _rollout(prompt_len, completion_len, 0, advantage=float(k))
+        rollout.completion_ids = [1000 + 100 * k + t for t in range(completion_len)]
+        rollouts.append(rollout)
+    return rollouts
+
+
+def test_a_group_tree_longer_than_seq_len_stays_whole_in_one_row_of_the_budget() -> None:
+    group = _group(prompt_len=30, completion_len=8, group_size=6)  # tree: 30 + 6 x 8 = 78 tokens
+    _, split_stats = pack_rollouts(group, seq_len=48, share_prefixes=True)
+    whole, whole_stats = pack_rollouts(group, seq_len=48, share_prefixes=True, row_tokens=128)
+    assert split_stats.num_rows > 1  # seq_len alone cuts the tree: the prompt is stored once per piece
+    assert len(whole) == 1 and whole[0].num_tokens == 30 + 6 * 8  # the prompt once
+    assert int((whole[0].parent_ids == -1).sum()) == 1  # one tree
+    assert whole_stats.num_tokens < split_stats.num_tokens
+    assert 1 - whole_stats.num_tokens / whole_stats.num_sample_tokens == 1 - 78 / (6 * 38)
+    assert whole_stats.efficiency == 78 / 128
+
+
+def test_samples_are_still_cut_at_seq_len_in_a_larger_row() -> None:
+    rows, stats = pack_rollouts([_rollout(4, 40, 0)], seq_len=20, share_prefixes=True, row_tokens=64)
+    assert stats.num_truncated == 1 and rows[0].num_tokens == 20

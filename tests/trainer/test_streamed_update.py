@@ -69,7 +69,9 @@ def float32(monkeypatch):
 )
 def test_streamed_update_equals_the_one_shot_update(make_cfg, tmp_path, float32, loss):
     # Clipping on and below the gradient norm: the step's normaliser must be applied before it.
-    cfg = make_cfg(max_grad_norm=0.005, adam_epsilon=_ADAM_EPSILON, loss=loss)
+    # One row per micro-batch on both sides (micro_batch_tokens 1), as the parts arrive: the same
+    # sums in the same order, so float32 rounding cannot tell the two apart.
+    cfg = make_cfg(max_grad_norm=0.005, adam_epsilon=_ADAM_EPSILON, loss=loss, micro_batch_tokens=1)
     one_shot = Trainer(cfg, tmp_path / "one_shot")
     streamed = Trainer(cfg, tmp_path / "streamed")
     before = _trainable(one_shot)
@@ -95,7 +97,9 @@ def test_streamed_update_equals_the_one_shot_update(make_cfg, tmp_path, float32,
 
 
 def test_the_trainer_loop_trains_a_step_sent_in_parts_like_the_whole_batch(make_cfg, tmp_path, float32):
-    cfg = make_cfg(max_grad_norm=0.005, adam_epsilon=_ADAM_EPSILON, max_steps=2, loss=_LOSS)
+    cfg = make_cfg(
+        max_grad_norm=0.005, adam_epsilon=_ADAM_EPSILON, max_steps=2, loss=_LOSS, micro_batch_tokens=1
+    )
     adapters = {}
     for name, num_parts in (("one_shot", 1), ("streamed", 3)):
         run_dir = tmp_path / name

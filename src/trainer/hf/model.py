@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.hf.checkpointing import LayerCheckpointing
     from grpo.trainer.hf.moe import RoutingReplay
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
@@ -57,6 +58,8 @@ class Policy:
     is_lora: bool
     routing_replay: RoutingReplay | None = None
     """Set with routing_replay: micro-batches carrying routed_experts route through those experts."""
+    checkpointing: LayerCheckpointing | None = None
+    """Which decoder layers recompute in backward (set per accumulation group under auto)."""
 
     @property
     def lm_head(self) -> nn.Module:
@@ -218,8 +221,10 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             causal_lm.get_output_embeddings().weight = causal_lm.get_input_embeddings().weight
     if not cfg.qlora_bnb:
         causal_lm.to(device)  # no-op (same tensors) for borrowed weights already on `device`
-    if cfg.gradient_checkpointing:
-        causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    from grpo.models.shape import ModelShape
+    from grpo.trainer.hf.checkpointing import LayerCheckpointing
+
+    checkpointing = LayerCheckpointing(causal_lm, cfg, ModelShape.from_folder(source.model_path), device)
     causal_lm.config.use_cache = False
 
     model: nn.Module = causal_lm
@@ -258,6 +263,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         autocast_dtype=autocast_dtype,
         is_lora=cfg.lora,
         routing_replay=routing_replay,
+        checkpointing=checkpointing,
     )
     num_trainable = sum(p.numel() for p in policy.trainable_parameters())
     log.info(

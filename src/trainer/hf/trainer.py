@@ -1,6 +1,7 @@
 """The Trainer: one optimizer step per TrainingBatch, with metrics.
 
-A step trains on every row of the batch, `per_device_train_batch_size` rows per micro-batch. Each
+A step trains on every row of the batch, consecutive rows up to `micro_batch_tokens` tokens per
+micro-batch (one row per micro-batch under FSDP). Each
 micro-batch's loss is already divided by the step's normaliser (the loss tokens of the whole step,
 or loss.normalization_constant), so gradients simply add up to that of the step loss. Micro-batches
 are backpropagated in groups of `gradient_accumulation_steps` (the most whose activations are alive
@@ -23,7 +24,9 @@ match), skipped_steps (steps so far whose gradient norm was not finite and were 
 fp16_grad_scale (only when computing in float16: the dynamic gradient scale after the step),
 model_tflops_per_s and mfu (this rank's model FLOPs per second of step_time, and that over one
 device's peak in the matmul dtype; see grpo.trainer.flops and grpo.trainer.peak_flops),
-kl_ref (only with loss.kl_beta > 0: the reference KL estimate, grpo.trainer.loss).
+kl_ref (only with loss.kl_beta > 0: the reference KL estimate, grpo.trainer.loss), recomputed_layers
+(the most decoder layers a group of micro-batches recomputed in backward: gradient checkpointing,
+grpo.trainer.hf.checkpointing).
 
 num_iterations > 1 (train_step only): the batch's micro-batches are kept and trained on again after
 each optimizer update, with the first pass's logprobs as old_lp (and its reference logprobs reused:
@@ -44,7 +47,7 @@ import numpy as np
 
 from grpo.trainer.grad_scale import Float16GradScale
 from grpo.trainer.loss import LossSums, loss_of_tokens
-from grpo.trainer.packing import split_micro_batches
+from grpo.trainer.packing import split_micro_batches, token_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
@@ -76,6 +79,8 @@ class _OpenStep:
     num_tokens: int = 0
     num_sequence_tokens: int = 0
     compute_seconds: float = 0.0
+    num_recomputed_layers: int = 0
+    """Most decoder layers any accumulation group of the step recomputed (gradient checkpointing)."""
     first_pass: list[_FirstPass] = field(default_factory=list)
     """Each micro-batch of the first pass, kept for the later ones (num_iterations > 1 only)."""
 
@@ -175,9 +180,16 @@ class Trainer:
         from grpo.trainer.packing import build_micro_batch
 
         varlen = self.policy.uses_varlen_attention
+        # Under FSDP every rank must make as many forwards as the others, and balance_rows gives
+        # each the same number of rows: one row (at most the budget) per micro-batch.
+        groups = (
+            [[row] for row in rows]
+            if self._sharded
+            else token_micro_batches(rows, self.cfg.micro_batch_token_budget)
+        )
         return [
             build_micro_batch(group, self.policy.device, varlen, one_forward=self._sharded)
-            for group in split_micro_batches(rows, self.cfg.per_device_train_batch_size)
+            for group in groups
         ]
 
     def score(self, rows: list[PackedRow] | None, share_rows: bool = False) -> list[np.ndarray]:
@@ -299,6 +311,9 @@ class Trainer:
         state = self._open
         assert state is not None
         for group in split_micro_batches(passes, self.cfg.gradient_accumulation_steps):
+            if self.policy.checkpointing is not None:
+                num_layers = self.policy.checkpointing.fit(sum(item.micro_batch.num_tokens for item in group))
+                state.num_recomputed_layers = max(state.num_recomputed_layers, num_layers)
             group_loss = None
             for item in group:
                 mb = item.micro_batch
@@ -364,6 +379,7 @@ class Trainer:
             metrics["fp16_grad_scale"] = self.grad_scale.scale
         if self.policy.routing_replay is not None:
             metrics.update(self.policy.routing_replay.take_metrics())
+        metrics["recomputed_layers"] = state.num_recomputed_layers
         metrics.update(
             self._flops.take_rates(
                 step_time, self.policy.device, self.policy.autocast_dtype or self.policy.dtype
