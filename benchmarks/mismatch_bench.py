@@ -64,6 +64,9 @@ def run_engine(args: argparse.Namespace) -> None:
         logprobs_mode="processed_logprobs",
         enforce_eager=not args.compiled,
         gpu_memory_utilization=0.3,
+        # every prompt's prefill in one step: a chunked prefill of a seeded request fails on CPU
+        # (vLLM 0.32 rewinds the request's generator offset, which CPU generators lack)
+        max_num_batched_tokens=16384,
         hf_overrides=overrides,
     )
     tokenizer = llm.get_tokenizer()
@@ -91,7 +94,10 @@ def run_engine(args: argparse.Namespace) -> None:
     print(f"{len(rows)} completions, {sum(len(r['completion']) for r in rows)} tokens -> {args.out}")
 
 
-def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, float]:
+def numerics_policy(dtype_name: str, parts: set[str]) -> Any:
+    """The trainer's LoRA policy on the embedded model's weights borrowed in `dtype_name`, with
+    vLLM's roundings as `parts` names them (`vllm_rounding`: the compiled engine's,
+    `vllm_eager_rounding`: the eager engine's, neither: transformers' order)."""
     import torch
     from safetensors.torch import load_file
 
@@ -99,12 +105,10 @@ def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, fl
     from grpo.models.embedded import build
     from grpo.trainer.hf.model import build_policy
     from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding
-    from grpo.trainer.logprobs import float32_logits
     from grpo.trainer.weights import BorrowedWeights
 
-    parts = set(variant.split("+"))
     path = build()
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[samples["engine"]["dtype"]]
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
     weights = {k: v.to(dtype) for k, v in load_file(str(path / "model.safetensors")).items()}
     policy = build_policy(TrainerConfig(model=str(path), lora=True), BorrowedWeights(path, weights))
     # The policy as build_policy makes it; undo what a variant leaves out.
@@ -113,6 +117,16 @@ def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, fl
     rounding = parts & {"vllm_rounding", "vllm_eager_rounding"}
     if rounding and follow_vllm_rounding(policy.causal_lm, engine_compiled="vllm_rounding" in rounding) == 0:
         raise SystemExit("vllm_rounding did not apply to this model")
+    return policy
+
+
+def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, float]:
+    import torch
+
+    from grpo.trainer.logprobs import float32_logits
+
+    parts = set(variant.split("+"))
+    policy = numerics_policy(samples["engine"]["dtype"], parts)
     autocast = policy.autocast_dtype
     if "float64" in parts:
         policy.model.to(torch.float64)

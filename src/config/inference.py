@@ -53,7 +53,9 @@ class InferenceConfig(StrictModel):
     """Maximum context length (prompt + completion); null takes the model's."""
 
     enforce_eager: bool = False
-    """Disable CUDA graphs (debugging; always eager on CPU)."""
+    """Run vLLM's model eagerly: no CUDA graphs on GPU, no torch.compile (inductor) on CPU (faster to
+    start, slower to generate). A co-located bf16 trainer on CPU rounds as the compiled engine
+    does (grpo.trainer.hf.vllm_numerics); against an eager engine its step-0 mismatch KL is higher."""
 
     trust_remote_code: bool = False
     """Allow custom model code from the model folder."""
