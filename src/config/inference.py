@@ -54,8 +54,8 @@ class InferenceConfig(StrictModel):
 
     enforce_eager: bool = False
     """Run vLLM's model eagerly: no CUDA graphs on GPU, no torch.compile (inductor) on CPU (faster to
-    start, slower to generate). A co-located bf16 trainer on CPU rounds as the compiled engine
-    does (grpo.trainer.hf.vllm_numerics); against an eager engine its step-0 mismatch KL is higher."""
+    start, slower to generate). The two round bf16 differently; a co-located 16-bit trainer follows
+    the mode its engine runs in (grpo.trainer.hf.vllm_numerics)."""
 
     trust_remote_code: bool = False
     """Allow custom model code from the model folder."""
