@@ -38,14 +38,19 @@ def _rope(num_tokens: int) -> None:
 
     compiled = torch.compile(native, backend="inductor")(x, cos, sin)
     # the trainer's float32 rotation (transformers' duplicated tables), then each rounding
-    full_cos, full_sin = torch.cat((cos, cos), -1)[:, None].float(), torch.cat((sin, sin), -1)[:, None].float()
+    full_cos, full_sin = (
+        torch.cat((cos, cos), -1)[:, None].float(),
+        torch.cat((sin, sin), -1)[:, None].float(),
+    )
     xf = x.float()
     x1, x2 = xf.chunk(2, -1)
     rotated = xf * full_cos + torch.cat((-x2, x1), -1) * full_sin
     print("RoPE (vLLM native, neox):")
     _count("eager native vs compiled", native(x, cos, sin), compiled)
     _count("float32, rounded to nearest vs compiled", rotated.bfloat16(), compiled)
-    _count("float32, rounded toward zero vs compiled", round_as_vllm_kernel(rotated, torch.bfloat16), compiled)
+    _count(
+        "float32, rounded toward zero vs compiled", round_as_vllm_kernel(rotated, torch.bfloat16), compiled
+    )
 
 
 def _silu_and_mul(num_tokens: int) -> None:
@@ -57,7 +62,11 @@ def _silu_and_mul(num_tokens: int) -> None:
     gate, up = x.float().chunk(2, -1)
     print("SiLU-and-mul (vLLM native):")
     _count("eager native (silu rounded, product rounded) vs compiled", SiluAndMul.forward_native(x), compiled)
-    _count("float32 silu(gate) * up, rounded once vs compiled", (torch.nn.functional.silu(gate) * up).bfloat16(), compiled)
+    _count(
+        "float32 silu(gate) * up, rounded once vs compiled",
+        (torch.nn.functional.silu(gate) * up).bfloat16(),
+        compiled,
+    )
 
 
 def _fused_add_rms_norm(num_tokens: int) -> None:
@@ -67,13 +76,17 @@ def _fused_add_rms_norm(num_tokens: int) -> None:
     x, residual = torch.randn(num_tokens, 576).bfloat16(), torch.randn(num_tokens, 576).bfloat16()
     weight = (torch.rand(576) + 0.5).bfloat16()
     fn = fused_add_rms_norm.impls["native"].impl_fn
-    compiled_out, compiled_res = torch.compile(fn, backend="inductor")(x.clone(), residual.clone(), weight, 1e-5)
+    compiled_out, compiled_res = torch.compile(fn, backend="inductor")(
+        x.clone(), residual.clone(), weight, 1e-5
+    )
     summed = x.float() + residual.float()
     normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-5)
     print("fused add + RMSNorm (vLLM IR native):")
     _count("residual: float32 sum rounded to nearest vs compiled", summed.bfloat16(), compiled_res)
     _count("norm: rounded, then * weight rounded vs compiled", weight * normed.bfloat16(), compiled_out)
-    _count("norm: float32 * weight rounded once vs compiled", (normed * weight.float()).bfloat16(), compiled_out)
+    _count(
+        "norm: float32 * weight rounded once vs compiled", (normed * weight.float()).bfloat16(), compiled_out
+    )
 
 
 def main() -> None:

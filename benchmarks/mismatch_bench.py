@@ -78,7 +78,9 @@ def run_engine(args: argparse.Namespace) -> None:
     ]
     prompts = [list(e if isinstance(e, list) else e["input_ids"]) for e in encoded]
     params = SamplingParams(n=args.completions, temperature=1.0, max_tokens=args.tokens, logprobs=0, seed=1)
+    start = time.time()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    seconds = time.time() - start
     rows = [
         {
             "prompt": prompt,
@@ -90,6 +92,10 @@ def run_engine(args: argparse.Namespace) -> None:
     ]
     engine = {"dtype": args.engine_dtype, "head_dtype": args.engine_head_dtype}
     engine["mode"] = "torch.compile (vLLM's default)" if args.compiled else "enforce_eager"
+    num_tokens = sum(len(r["completion"]) for r in rows)
+    engine["generate_s"] = round(seconds, 1)  # after the engine's warm-up (and compilation)
+    engine["generated_tokens_per_s"] = round(num_tokens / seconds, 1)
+    engine["load_average_after"] = load_average()
     Path(args.out).write_text(json.dumps({"engine": engine, "rows": rows}))
     print(f"{len(rows)} completions, {sum(len(r['completion']) for r in rows)} tokens -> {args.out}")
 

@@ -1,12 +1,16 @@
-"""CPU cost of following vLLM's roundings in the trainer (grpo.trainer.hf.vllm_numerics): forward
-and backward of the bf16 LoRA policy on the embedded SmolLM2-135M, per numerics variant, same batch.
+"""CPU cost of following vLLM's roundings in the bf16 trainer (grpo.trainer.hf.vllm_numerics):
+forward and backward of decoder layers of the embedded SmolLM2-135M's shapes, per numerics variant.
 
-    python benchmarks/numerics_step_bench.py [--rows 4] [--row-tokens 256] [--steps 3]
+    python benchmarks/numerics_step_bench.py [--layers 2] [--rows 4] [--row-tokens 256] [--repeats 5]
 
-Each step: the decoder over `rows x row-tokens` random tokens under bf16 autocast, float32 logits
-from the bf16 lm_head, log-softmax of the next token, backward of their mean into the LoRA weights
-(no gradient checkpointing, no optimizer step). The first step is a warm-up and not timed.
-Variants as benchmarks/mismatch_bench.py names them. Prints one JSON line per variant.
+A `--layers`-layer Llama decoder with the embedded model's config (hidden 576, 9 heads, 3 KV
+heads, intermediate 1536; random bf16 weights), frozen as a LoRA base is; each step runs the
+decoder over `rows x row-tokens` bf16 input states under bf16 autocast and back-propagates into
+the input (the activation gradients a LoRA step computes through every layer). The lm_head and
+embeddings, the same in every variant, are left out. Variants alternate, so load changes hit all
+alike; reported: the minimum and the median step time of each (the minimum is the least disturbed
+by other processes on a shared machine). Variants: `hf` (transformers' order), `vllm_eager_rounding`,
+`vllm_rounding` (the compiled engine's, the default).
 """
 
 from __future__ import annotations
@@ -14,48 +18,63 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 
 from e2e_bench import load_average
-from mismatch_bench import numerics_policy
 
 
-def _step_seconds(variant: str, rows: int, row_tokens: int, steps: int) -> list[float]:
+def _decoder(variant: str, num_layers: int):  # -> LlamaModel
     import torch
+    from transformers import AutoConfig, LlamaForCausalLM
 
-    from grpo.trainer.logprobs import float32_logits
+    from grpo.models.embedded import build
+    from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding
 
-    policy = numerics_policy("bfloat16", set(variant.split("+")))
+    config = AutoConfig.from_pretrained(build())
+    config.num_hidden_layers = num_layers
     torch.manual_seed(0)
-    ids = torch.randint(0, policy.causal_lm.config.vocab_size, (rows, row_tokens))
-    times = []
-    for _ in range(steps + 1):
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            hidden = policy.causal_lm.get_decoder()(input_ids=ids).last_hidden_state
-        logits = float32_logits(policy.lm_head, hidden[:, :-1].flatten(0, 1))  # [rows * (T-1), V]
-        logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].reshape(-1, 1))
-        logprobs.mean().backward()
-        policy.model.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    return times[1:]
+    model = LlamaForCausalLM(config).to(torch.bfloat16).requires_grad_(False)
+    if variant != "hf":
+        assert follow_vllm_rounding(model, engine_compiled=variant == "vllm_rounding") == num_layers
+    return model.model
 
 
 def main() -> None:
     import torch
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--row-tokens", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variants", default="hf,vllm_eager_rounding,vllm_rounding")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    for variant in args.variants.split(","):
-        load_before = load_average()
-        times = _step_seconds(variant, args.rows, args.row_tokens, args.steps)
-        row = {"variant": variant, "step_seconds": [round(t, 3) for t in times]}
-        row |= {"rows": args.rows, "row_tokens": args.row_tokens, "load_average_before": load_before}
+    variants = args.variants.split(",")
+    decoders = {v: _decoder(v, args.layers) for v in variants}
+    hidden = torch.randn(args.rows, args.row_tokens, decoders[variants[0]].config.hidden_size).bfloat16()
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    load_before = load_average()
+    for repeat in range(args.repeats + 1):
+        for variant in variants:
+            x = hidden.clone().requires_grad_(True)
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = decoders[variant](inputs_embeds=x).last_hidden_state
+            out.float().pow(2).mean().backward()
+            if repeat:  # the first round warms up
+                times[variant].append(time.perf_counter() - start)
+    for variant in variants:
+        row = {"variant": variant, "min_s": round(min(times[variant]), 3)}
+        row |= {
+            "median_s": round(statistics.median(times[variant]), 3),
+            "steps_s": [round(t, 3) for t in times[variant]],
+        }
+        row |= {"layers": args.layers, "rows": args.rows, "row_tokens": args.row_tokens}
+        row |= {"load_average_before": load_before, "load_average_after": load_average()}
         print(json.dumps(row), flush=True)
 
 

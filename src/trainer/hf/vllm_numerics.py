@@ -226,14 +226,16 @@ def follow_vllm_rounding(causal_lm: nn.Module, engine_compiled: bool = True) -> 
         return 0
     if layers[0].input_layernorm.weight.dtype not in (torch.bfloat16, torch.float16):
         return 0
-    mode = {"engine_compiled": engine_compiled}
     silu_mlp = getattr(decoder.config, "hidden_act", None) == "silu"
     for module in decoder.modules():
         name = type(module).__name__
         if name in _RMS_NORMS:
-            module.forward = types.MethodType(functools.partial(_rms_norm_forward, **mode), module)
+            module.forward = types.MethodType(
+                functools.partial(_rms_norm_forward, engine_compiled=engine_compiled), module
+            )
         elif name in _ATTENTIONS:
-            module.forward = types.MethodType(functools.partial(_attention_forward, **mode), module)
+            attention = functools.partial(_attention_forward, engine_compiled=engine_compiled)
+            module.forward = types.MethodType(attention, module)
         elif name in _MLPS and engine_compiled and silu_mlp:
             module.forward = types.MethodType(_mlp_forward, module)
     for layer in layers:
