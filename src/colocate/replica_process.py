@@ -38,6 +38,7 @@ def run_replica(run_dir: Path, model_path: str, rank: int, world_size: int, mast
     from grpo.config.inference import InferenceConfig
     from grpo.config.loading import read_yaml, validate
     from grpo.config.trainer import TrainerConfig
+    from grpo.inference.server_args import engine_runs_compiled
     from grpo.trainer.entry import run as run_trainer
     from grpo.trainer.weights import BorrowedWeights
 
@@ -47,7 +48,9 @@ def run_replica(run_dir: Path, model_path: str, rank: int, world_size: int, mast
     server = start_engine(replica_infer_config(infer, rank), model_path)
     try:
         borrowed, shared_files = borrow_base_weights(server, model_path)
-        base_weights = BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
+        base_weights = BorrowedWeights(
+            model_path, borrowed.tensors, borrowed.quantized, engine_compiled=engine_runs_compiled(infer)
+        )
         join_trainer_group(rank, world_size, master_port)
         trainer = TrainerThread(lambda: run_trainer(train, run_dir, None, None, base_weights))
         trainer.start()

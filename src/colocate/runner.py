@@ -144,6 +144,7 @@ def _train_with_server(
     from grpo.colocate.engine import SERVER_READY_TIMEOUT_S, borrow_base_weights
     from grpo.colocate.replicas import announce_replica, join_trainer_group
     from grpo.inference.client import InferenceClient
+    from grpo.inference.server_args import engine_runs_compiled
     from grpo.trainer.entry import run as run_trainer
     from grpo.trainer.weights import BorrowedWeights
     from grpo.transport.batches.memory import memory_transport_pair
@@ -166,8 +167,11 @@ def _train_with_server(
     num_parts = orch.num_parts_per_step
     sender, receiver = memory_transport_pair(capacity=(orch.max_async_level + 1) * num_parts)
     stop_trainer = threading.Event()
+    compiled = engine_runs_compiled(server.cfg)
     base_weights = (
-        None if borrowed is None else BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized)
+        None
+        if borrowed is None
+        else BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized, engine_compiled=compiled)
     )
     trainer = TrainerThread(
         lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights, num_parts=num_parts)

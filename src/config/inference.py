@@ -53,7 +53,9 @@ class InferenceConfig(StrictModel):
     """Maximum context length (prompt + completion); null takes the model's."""
 
     enforce_eager: bool = False
-    """Disable CUDA graphs and torch.compile. On CPU vLLM compiles a full-weight engine with inductor (tens of seconds at start); with enable_lora it always runs eager."""
+    """Run vLLM's model eagerly: no CUDA graphs on GPU, no torch.compile (inductor) on CPU (faster to
+    start, slower to generate). The two round bf16 differently; a co-located 16-bit trainer follows
+    the mode its engine runs in (grpo.trainer.hf.vllm_numerics)."""
 
     trust_remote_code: bool = False
     """Allow custom model code from the model folder."""

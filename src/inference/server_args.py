@@ -45,6 +45,16 @@ def resolve_lora_serving(cfg: InferenceConfig, on_cpu: bool | None = None) -> Lo
     return "merged" if on_cpu and cfg.tp == 1 and cfg.quantization is None else "adapter"
 
 
+def engine_runs_compiled(cfg: InferenceConfig, on_cpu: bool | None = None) -> bool:
+    """Whether vLLM runs the model compiled (torch.compile; its default) for `cfg`: not with
+    `enforce_eager`, nor on CPU when it serves LoRA adapters (vLLM-CPU then runs eagerly)."""
+    if cfg.enforce_eager:
+        return False
+    if on_cpu is None:
+        on_cpu = not _cuda_available()
+    return not (on_cpu and cfg.enable_lora and resolve_lora_serving(cfg, on_cpu) == "adapter")
+
+
 def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None = None) -> list[str]:
     """vLLM server argv for `cfg`, serving the weights at `model_path` under the name `cfg.model`.
 

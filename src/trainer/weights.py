@@ -36,6 +36,13 @@ class BaseWeightSource(Protocol):
         frozen linear, dequantized per matmul. Tensors must already be on the trainer's device."""
         ...
 
+    @property
+    def engine_compiled(self) -> bool:
+        """Whether the vLLM engine that samples for this trainer runs its model compiled (vLLM's
+        default) rather than eagerly: the two round 16-bit activations differently, and a 16-bit
+        trainer follows the one named here (grpo.trainer.hf.vllm_numerics)."""
+        ...
+
 
 class DiskWeights:
     """Everything from the model folder on disk."""
@@ -53,6 +60,10 @@ class DiskWeights:
     def borrowed_quantized(self) -> Mapping[str, FP8BlockWeight | NF4Weight]:
         return {}
 
+    @property
+    def engine_compiled(self) -> bool:
+        return True  # a separate server's mode is not known here: vLLM's default
+
 
 class BorrowedWeights:
     """The folder on disk, with some weights replaced by tensors that already live elsewhere."""
@@ -62,10 +73,12 @@ class BorrowedWeights:
         model_path: str | Path,
         tensors: Mapping[str, torch.Tensor],
         quantized: Mapping[str, FP8BlockWeight | NF4Weight] | None = None,
+        engine_compiled: bool = True,
     ) -> None:
         self._model_path = Path(model_path)
         self._tensors = dict(tensors)
         self._quantized = dict(quantized or {})
+        self._engine_compiled = engine_compiled
 
     @property
     def model_path(self) -> Path:
@@ -76,6 +89,10 @@ class BorrowedWeights:
 
     def borrowed_quantized(self) -> Mapping[str, FP8BlockWeight | NF4Weight]:
         return self._quantized
+
+    @property
+    def engine_compiled(self) -> bool:
+        return self._engine_compiled
 
 
 def install_borrowed(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:

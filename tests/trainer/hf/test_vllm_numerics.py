@@ -1,7 +1,10 @@
 """The trainer's bf16 decoder rounds where vLLM rounds: residual adds fused into the next RMSNorm in
-float32, only the carried residual rounded to the model dtype; RoPE and attention computed in
-float32 and rounded once, toward zero where vLLM's CPU kernels truncate (AVX2), to nearest
-elsewhere. Each reference below is vLLM's computation written out, independent of the trainer's."""
+float32, only the carried residual rounded to the model dtype; attention computed in float32 and
+rounded once, toward zero where vLLM's CPU kernels truncate (AVX2), to nearest elsewhere. Eager
+engine: RoPE as attention (vLLM's kernel), the norm rounded before its weight multiply, SiLU-and-mul
+as torch's bf16 ops; compiled engine (inductor's fused kernels, benchmarks/inductor_rounding_probe.py):
+RoPE, norm * weight and silu(gate) * up each computed in float32 and rounded once to nearest.
+Each reference below is vLLM's computation written out, independent of the trainer's."""
 
 from __future__ import annotations
 
@@ -11,9 +14,15 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from grpo.trainer.hf import vllm_numerics
-from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding, rotary_float32, round_as_vllm_kernel
+from grpo.trainer.hf.vllm_numerics import (
+    follow_vllm_rounding,
+    rotary_float32,
+    round_as_vllm_kernel,
+    silu_and_mul_float32,
+)
 
 ROUNDINGS = ["toward_zero", "nearest"]
+ENGINES = ["eager", "compiled"]
 
 
 @pytest.fixture(params=ROUNDINGS)
@@ -52,12 +61,13 @@ def _vllm_attention(q, k, v, rounding: str) -> torch.Tensor:
     return _to_bf16(out, rounding).transpose(1, 2).flatten(2)
 
 
-def _vllm_self_attention(attn, hidden: torch.Tensor, cos_sin, rounding: str) -> torch.Tensor:
+def _vllm_self_attention(attn, hidden: torch.Tensor, cos_sin, rounding: str, compiled: bool) -> torch.Tensor:
     b, t, _ = hidden.shape
     q = attn.q_proj(hidden).view(b, t, -1, attn.head_dim).transpose(1, 2)
     k = attn.k_proj(hidden).view(b, t, -1, attn.head_dim).transpose(1, 2)
     v = attn.v_proj(hidden).view(b, t, -1, attn.head_dim).transpose(1, 2)
-    q, k = _vllm_rope(q, *cos_sin, rounding), _vllm_rope(k, *cos_sin, rounding)
+    rope_rounding = "nearest" if compiled else rounding  # inductor's kernel rounds to nearest
+    q, k = _vllm_rope(q, *cos_sin, rope_rounding), _vllm_rope(k, *cos_sin, rope_rounding)
     return attn.o_proj(_vllm_attention(q, k, v, rounding))
 
 
@@ -76,20 +86,39 @@ def _model(dtype: torch.dtype) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
-def _fused_add_rms_norm(x, residual, weight, eps):
+def _weighted(normed, weight, compiled: bool):
+    """Eager: the normalised float32 input rounded, then the weight multiply rounded again;
+    compiled: inductor's fused kernel multiplies in float32 and rounds once."""
+    if compiled:
+        return (normed * weight.float()).to(weight.dtype)
+    return normed.to(weight.dtype) * weight
+
+
+def _fused_add_rms_norm(x, residual, weight, eps, compiled: bool):
     """vLLM's fused_add_rms_norm (native and CPU path), written out: the add in float32, the
-    unrounded sum normalised, the sum rounded once for the residual, once after the weight."""
+    unrounded sum normalised, the sum rounded once for the residual."""
     summed = x.float() + residual.float()
     normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed.to(weight.dtype) * weight).to(x.dtype), summed.to(x.dtype)
+    return _weighted(normed, weight, compiled).to(x.dtype), summed.to(x.dtype)
 
 
-def _rms_norm(x, weight, eps):
+def _rms_norm(x, weight, eps, compiled: bool):
     normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    return (normed.to(weight.dtype) * weight).to(x.dtype)
+    return _weighted(normed, weight, compiled).to(x.dtype)
 
 
-def _vllm_order_hidden(model: LlamaForCausalLM, input_ids: torch.Tensor, rounding: str) -> torch.Tensor:
+def _vllm_mlp(mlp, hidden: torch.Tensor, compiled: bool) -> torch.Tensor:
+    """Eager: torch's bf16 SiLU then bf16 product (transformers' own MLP); compiled: one float32
+    kernel, one rounding."""
+    if not compiled:
+        return mlp(hidden)
+    gate, up = mlp.gate_proj(hidden).float(), mlp.up_proj(hidden).float()
+    return mlp.down_proj((torch.nn.functional.silu(gate) * up).to(hidden.dtype))
+
+
+def _vllm_order_hidden(
+    model: LlamaForCausalLM, input_ids: torch.Tensor, rounding: str, compiled: bool
+) -> torch.Tensor:
     """The decoder computed in vLLM's LlamaModel order from the HF modules' own attention and MLP."""
     decoder = model.model
     hidden = decoder.embed_tokens(input_ids)
@@ -100,26 +129,35 @@ def _vllm_order_hidden(model: LlamaForCausalLM, input_ids: torch.Tensor, roundin
         eps = layer.input_layernorm.variance_epsilon
         if residual is None:
             residual = hidden
-            hidden = _rms_norm(hidden, layer.input_layernorm.weight, eps)
+            hidden = _rms_norm(hidden, layer.input_layernorm.weight, eps, compiled)
         else:
-            hidden, residual = _fused_add_rms_norm(hidden, residual, layer.input_layernorm.weight, eps)
-        hidden = _vllm_self_attention(layer.self_attn, hidden, cos_sin, rounding)
-        hidden, residual = _fused_add_rms_norm(hidden, residual, layer.post_attention_layernorm.weight, eps)
-        hidden = layer.mlp(hidden)
-    hidden, _ = _fused_add_rms_norm(hidden, residual, decoder.norm.weight, decoder.norm.variance_epsilon)
+            hidden, residual = _fused_add_rms_norm(
+                hidden, residual, layer.input_layernorm.weight, eps, compiled
+            )
+        hidden = _vllm_self_attention(layer.self_attn, hidden, cos_sin, rounding, compiled)
+        hidden, residual = _fused_add_rms_norm(
+            hidden, residual, layer.post_attention_layernorm.weight, eps, compiled
+        )
+        hidden = _vllm_mlp(layer.mlp, hidden, compiled)
+    norm = decoder.norm
+    hidden, _ = _fused_add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon, compiled)
     return hidden
 
 
-def test_patched_bf16_decoder_equals_vllm_order_bit_for_bit(rounding):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_patched_bf16_decoder_equals_vllm_order_bit_for_bit(rounding, engine):
     model = _model(torch.bfloat16)
     input_ids = torch.randint(0, 256, (2, 24))
+    compiled = engine == "compiled"
     with torch.no_grad():
-        expected = _vllm_order_hidden(model, input_ids, rounding)
+        expected = _vllm_order_hidden(model, input_ids, rounding, compiled)
+        other_engine = _vllm_order_hidden(model, input_ids, rounding, not compiled)
         before = model.model(input_ids=input_ids).last_hidden_state
-        assert follow_vllm_rounding(model) == 3
+        assert follow_vllm_rounding(model, engine_compiled=compiled) == 3
         after = model.model(input_ids=input_ids).last_hidden_state
     assert after.dtype == torch.bfloat16
     assert not torch.equal(before, expected)  # HF's own order rounds elsewhere
+    assert not torch.equal(other_engine, expected)  # the two engines round differently
     assert torch.equal(after, expected)
 
 
@@ -172,6 +210,23 @@ def test_rope_rotates_in_float32_and_rounds_once_unlike_transformers(rounding):
     assert torch.equal(ours, _vllm_rope(x, cos, sin, rounding))
     transformers_order, _ = apply_rotary_pos_emb(x, x, cos, sin)  # bf16 products and sums
     assert not torch.equal(ours, transformers_order)
+
+
+def test_compiled_silu_and_mul_rounds_once_where_torch_bf16_rounds_twice():
+    torch.manual_seed(2)
+    gate, up = (torch.randn(64, 256) * 3).bfloat16(), (torch.randn(64, 256) * 3).bfloat16()
+    ours = silu_and_mul_float32(gate, up)
+    assert ours.dtype == torch.bfloat16
+    assert torch.equal(ours, (torch.nn.functional.silu(gate.float()) * up.float()).bfloat16())
+    assert not torch.equal(ours, torch.nn.functional.silu(gate) * up)
+
+
+def test_compiled_mlp_is_patched_only_for_the_compiled_engine():
+    eager, compiled = _model(torch.bfloat16), _model(torch.bfloat16)
+    follow_vllm_rounding(eager, engine_compiled=False)
+    follow_vllm_rounding(compiled, engine_compiled=True)
+    assert "forward" not in vars(eager.model.layers[0].mlp)
+    assert "forward" in vars(compiled.model.layers[0].mlp)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
