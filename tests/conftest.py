@@ -46,6 +46,15 @@ def tiny_model_path(model_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vl_model_path(model_cache_dir: Path) -> Path:
+    """A random Qwen2-VL: 2-layer vision tower, 2-layer text model (hidden 128), SmolLM2 tokenizer
+    with Qwen2-VL's vision tokens, and its image processor."""
+    from grpo.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(model_cache_dir / "tiny-qwen2-vl")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_tp2_path(model_cache_dir: Path) -> Path:
     """A 2-layer random Llama, 4 heads and 2 KV heads (tensor parallel 2 divides both), untied
     output layer (the tiny fixture's is tied): both embedding layouts are covered."""

@@ -16,6 +16,9 @@ tokens. Per-token arrays are aligned with `input_ids`: entry t describes token t
   prompt once and hangs every completion from its last token, so the rows form a prefix tree
   (docs/design.md, "Shared-prefix packing"). Parents always come before their children.
 - `teacher_logprobs[t]` (optional) is the teacher's logprob of token t.
+- `images` (optional, vision-language rows) holds the processed pixels of the images whose
+  placeholder tokens lie in the row and where each placeholder run starts
+  (grpo.transport.batches.images).
 
 A batch also says how its completions were truncated (`sampling`: top_k, top_p, min_p, the same for
 every row), because vLLM reports logprobs under the truncated distribution and the trainer must
@@ -30,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from grpo.transport.batches.images import RowImages
 
 # name -> dtype of every per-token array in a row; the wire format and validation use this table.
 ROW_FIELDS: dict[str, type] = {
@@ -56,6 +61,7 @@ class PackedRow:
     temperatures: np.ndarray
     parent_ids: np.ndarray
     teacher_logprobs: np.ndarray | None = None
+    images: RowImages | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -98,6 +104,8 @@ class PackedRow:
             if arr.dtype != np.dtype(dtype):
                 raise ValueError(f"row field {name} has dtype {arr.dtype}, expected {np.dtype(dtype)}")
         check_tree(self.parent_ids, self.position_ids)
+        if self.images is not None:
+            self.images.validate(n)
         if np.any(self.loss_mask & (self.parent_ids < 0)):
             # Nothing predicts a sequence's first token (a prompt always precedes a completion).
             raise ValueError("row loss_mask is set on a sequence's first token, which no token predicts")

@@ -1,6 +1,7 @@
 """A TrainingBatch as one safetensors blob, for transports that cross a process boundary.
 
-Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` only when set),
+Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` only when set;
+a vision-language row's images as `rows.{i}.images.{pixel_values,grid_thw,token_starts}`),
 and in the safetensors header metadata (string -> string): `format`, `version`, `step`,
 `num_rows`, `metadata` (the batch metadata as JSON), `sampling` (the batch's top_k/top_p/min_p as
 JSON) and `checksum`. The checksum (sha256 over step, row count, metadata, sampling and every
@@ -29,6 +30,7 @@ from grpo.transport.batches.batch import (
     SamplingTruncation,
     TrainingBatch,
 )
+from grpo.transport.batches.images import IMAGE_FIELDS, RowImages
 from grpo.transport.batches.validate import check_batch_values
 from grpo.utils.errors import UserError
 
@@ -61,6 +63,8 @@ def encode_batch(batch: TrainingBatch) -> bytes:
             array = getattr(row, name)
             if array is not None:
                 tensors[f"rows.{i}.{name}"] = np.ascontiguousarray(array)
+        if row.images is not None:
+            tensors.update(row.images.to_tensors(f"rows.{i}.images"))
     step, num_rows, metadata = str(batch.step), str(len(batch.rows)), json.dumps(batch.metadata)
     sampling = json.dumps(dataclasses.asdict(batch.sampling))
     header = {
@@ -128,6 +132,7 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
     num_rows = int(header["num_rows"])
     rows = [_row_from_tensors(tensors, i, where) for i in range(num_rows)]
     known = {f"rows.{i}.{name}" for i in range(num_rows) for name in (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS)}
+    known |= {f"rows.{i}.images.{name}" for i in range(num_rows) for name in IMAGE_FIELDS}
     unexpected = set(tensors) - known
     if unexpected:
         raise ValueError(f"training batch ({where}) has unexpected tensors {sorted(unexpected)[:5]}")
@@ -162,4 +167,8 @@ def _row_from_tensors(tensors: Mapping[str, np.ndarray], index: int, where: str)
             raise ValueError(f"training batch ({where}) lacks tensor {key}")
         fields[name] = tensors[key]
     teacher = tensors.get(f"rows.{index}.teacher_logprobs")
-    return PackedRow(**fields, teacher_logprobs=teacher)
+    try:
+        images = RowImages.from_tensors(dict(tensors), f"rows.{index}.images")
+    except ValueError as err:
+        raise ValueError(f"training batch ({where}): {err}") from err
+    return PackedRow(**fields, teacher_logprobs=teacher, images=images)
