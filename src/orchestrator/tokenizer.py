@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from grpo.envs.base import Message
+from grpo.envs.base import Message, non_text_parts
 from grpo.utils.errors import UserError
 
 # Probe contents for finding the template's end of turn: text no template rewrites or shares a
@@ -136,17 +136,12 @@ class ChatTokenizer:
 def _check_text_only(messages: list[Message]) -> None:
     """UserError for a message with image (or other non-text) content parts: the trainer takes image
     rows (grpo.transport.batches.images), but the orchestrator does not send images to vLLM yet."""
-    for message in messages:
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        kinds = {part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content}
-        if kinds - {"text"}:
-            raise UserError(
-                f"a {message.get('role')} message has {', '.join(sorted(map(str, kinds - {'text'})))} content "
-                "parts, but the orchestrator sends text prompts only (vision-language rollouts are not "
-                "wired to vLLM yet); give the environment's prompts as text"
-            )
+    kinds = non_text_parts(messages)
+    if kinds:
+        raise UserError(
+            f"a prompt has {', '.join(kinds)} content parts, but the orchestrator sends text prompts only "
+            "(vision-language rollouts are not wired to vLLM yet); give the environment's prompts as text"
+        )
 
 
 def _as_sampled(message: Message) -> Message:
