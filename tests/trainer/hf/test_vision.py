@@ -17,6 +17,8 @@ import pytest
 import torch
 
 import grpo.trainer.hf.model as trainer_model
+from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.trainer import Trainer
 from grpo.transport.batches.batch import PackedRow, SamplingTruncation, TrainingBatch, plain_parent_ids
 from grpo.transport.batches.images import RowImages
@@ -194,6 +196,48 @@ def test_trainer_logprobs_of_image_rows_equal_the_models_unpacked_forward_plain_
     for rows in (plain, shared):
         got = np.concatenate([lp[row.loss_mask] for row, lp in zip(rows, trainer.score(rows), strict=True)])
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def _rollouts(samples: list[Sample]) -> list[Rollout]:
+    return [
+        Rollout(
+            env_name="e",
+            example_index=i // 3,
+            prompt_ids=list(s.prompt.ids),
+            completion_ids=list(s.completion),
+            completion_mask=[True] * len(s.completion),
+            completion_logprobs=[
+                -10.0 - 0.01 * (10 * i + k) for k in range(len(s.completion))
+            ],  # unique keys
+            temperature=s.temperature,
+            start_version=0,
+            end_version=0,
+            advantage=0.5,
+            prompt_images=s.prompt.images,
+        )
+        for i, s in enumerate(samples)
+    ]
+
+
+@pytest.mark.parametrize("share_prefixes", [False, True], ids=["plain", "shared"])
+def test_the_packers_image_rows_give_the_models_unpacked_logprobs(
+    make_cfg, tiny_vl_model_path, tmp_path, monkeypatch, share_prefixes
+):
+    trainer = _float32_trainer(make_cfg, tiny_vl_model_path, tmp_path, monkeypatch)
+    assert trainer.policy.vision is not None
+    samples = _samples(tiny_vl_model_path)
+    rows, _ = pack_rollouts(_rollouts(samples), seq_len=512, share_prefixes=share_prefixes)
+    num_images = sum(r.images.num_images for r in rows if r.images is not None)
+    assert num_images == (3 if share_prefixes else 9)  # prompts of 1 and 2 images, 3 rollouts each
+    got = {}  # each loss token's trainer logprob, keyed by its (unique) inference logprob
+    for row, logprobs in zip(rows, trainer.score(rows), strict=True):
+        for key, value in zip(row.inference_logprobs[row.loss_mask], logprobs[row.loss_mask], strict=True):
+            got[round(float(key), 4)] = float(value)
+    image_token = trainer.policy.vision.image_token_id
+    for sample, rollout in zip(samples, _rollouts(samples), strict=True):
+        expected = _reference_logprobs(trainer.policy.causal_lm, sample, image_token)
+        trained = [got[round(key, 4)] for key in rollout.completion_logprobs]
+        np.testing.assert_allclose(trained, expected, atol=1e-5, rtol=0)
 
 
 def test_image_rows_train_the_language_model_and_leave_the_vision_tower_frozen(
