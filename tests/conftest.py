@@ -55,6 +55,14 @@ def tiny_vl_model_path(model_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen25_vl_model_path(model_cache_dir: Path) -> Path:
+    """tiny_vl_model_path's Qwen2.5-VL sibling (windowed vision attention)."""
+    from grpo.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(model_cache_dir / "tiny-qwen2.5-vl", family="qwen2_5_vl")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_tp2_path(model_cache_dir: Path) -> Path:
     """A 2-layer random Llama, 4 heads and 2 KV heads (tensor parallel 2 divides both), untied
     output layer (the tiny fixture's is tied): both embedding layouts are covered."""

@@ -1,4 +1,4 @@
-"""A tiny random Qwen2-VL with the real SmolLM2 tokenizer, for vision-language tests.
+"""A tiny random Qwen2-VL or Qwen2.5-VL with the real SmolLM2 tokenizer, for vision-language tests.
 
 The tokenizer is the embedded SmolLM2 one plus Qwen2-VL's vision special tokens (image and video
 placeholders, vision start/end), so chat templates and decoding behave as in production while the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Literal
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 """Special tokens the processor and the model's config refer to, added to the SmolLM2 vocabulary."""
@@ -38,6 +39,7 @@ IMAGE_MAX_PIXELS = 112 * 112
 
 def build_tiny_vl_model(
     path: str | Path,
+    family: Literal["qwen2_vl", "qwen2_5_vl"] = "qwen2_vl",
     num_layers: int = 2,
     hidden_size: int = 128,
     num_heads: int = 2,
@@ -47,11 +49,14 @@ def build_tiny_vl_model(
     vision_embed_dim: int = 64,
     seed: int = 0,
 ) -> Path:
-    """Write a random Qwen2VLForConditionalGeneration (bf16 safetensors), its image processor and
-    the extended SmolLM2 tokenizer to `path`."""
+    """Write a random Qwen2-VL (or Qwen2.5-VL: windowed vision attention, 2 windows per side of the
+    largest image, the second block full) ForConditionalGeneration (bf16 safetensors), its image
+    processor and the extended SmolLM2 tokenizer to `path`."""
     import torch
     from transformers import (
         AutoTokenizer,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
         Qwen2VLConfig,
         Qwen2VLForConditionalGeneration,
         Qwen2VLImageProcessorPil,
@@ -70,7 +75,28 @@ def build_tiny_vl_model(
     # M-RoPE splits head_dim / 2 frequencies into temporal, height and width sections.
     quarter = head_dim // 8
     mrope_section = [head_dim // 2 - 2 * (3 * quarter // 2), 3 * quarter // 2, 3 * quarter // 2]
-    config = Qwen2VLConfig(
+    vision: dict[str, object] = {
+        "depth": vision_depth,
+        "num_heads": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    }
+    if family == "qwen2_vl":
+        vision.update(embed_dim=vision_embed_dim, hidden_size=hidden_size, mlp_ratio=2)
+    else:
+        vision.update(
+            hidden_size=vision_embed_dim,
+            intermediate_size=2 * vision_embed_dim,
+            out_hidden_size=hidden_size,
+            window_size=56,
+            fullatt_block_indexes=[vision_depth - 1],
+        )
+    config_class, model_class = {
+        "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
+        "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
+    }[family]
+    config = config_class(
         text_config={
             "vocab_size": len(tokenizer),
             "hidden_size": hidden_size,
@@ -89,16 +115,7 @@ def build_tiny_vl_model(
             "eos_token_id": tokenizer.eos_token_id,
             "pad_token_id": tokenizer.pad_token_id,
         },
-        vision_config={
-            "depth": vision_depth,
-            "embed_dim": vision_embed_dim,
-            "hidden_size": hidden_size,
-            "num_heads": 2,
-            "mlp_ratio": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-        },
+        vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -107,7 +124,7 @@ def build_tiny_vl_model(
         dtype=torch.bfloat16,
     )
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).to(torch.bfloat16)
+    model = model_class(config).to(torch.bfloat16)
     image_processor = Qwen2VLImageProcessorPil(
         min_pixels=IMAGE_MIN_PIXELS, max_pixels=IMAGE_MAX_PIXELS, patch_size=14, merge_size=2
     )

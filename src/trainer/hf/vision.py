@@ -10,7 +10,8 @@ decoder's final hidden states at completion tokens only, as for text.
 LoRA adapts the language model only; the vision tower stays frozen unless `train_vision_tower`
 (full training only: vLLM applies adapters to the language model).
 
-Verified families: Qwen2-VL (`qwen2_vl`). Others fail at load by name.
+Verified families: Qwen2-VL (`qwen2_vl`) and Qwen2.5-VL (`qwen2_5_vl`, whose M-RoPE for images is
+Qwen2-VL's). Others fail at load by name.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ if TYPE_CHECKING:
     from grpo.trainer.hf.attention import AttentionLayout
     from grpo.trainer.packing import MicroBatch
 
-VISION_FAMILIES = ("qwen2_vl",)
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 """model_type of the vision-language families whose image inputs and M-RoPE the trainer reproduces
 (checked against the model's own unpacked forward, tests/trainer/hf/test_vision.py)."""
 
 VISION_TOWER_PATTERN = r".*\.visual\..*"
-"""Modules of the vision tower and its merger (Qwen2-VL names them model.visual.*)."""
+"""Modules of the vision tower and its merger (Qwen2-VL and Qwen2.5-VL name them model.visual.*)."""
 
 
 def is_vision_language(config: Any) -> bool:

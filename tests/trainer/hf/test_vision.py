@@ -178,13 +178,20 @@ def _float32_trainer(make_cfg, model_path, tmp_path, monkeypatch, **overrides) -
     return trainer
 
 
-@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+@pytest.mark.parametrize(
+    ("family", "lora"),
+    [("qwen2_vl", True), ("qwen2_vl", False), ("qwen2_5_vl", True)],
+    ids=["qwen2-vl-lora", "qwen2-vl-full", "qwen2.5-vl-lora"],
+)
 def test_trainer_logprobs_of_image_rows_equal_the_models_unpacked_forward_plain_and_shared(
-    make_cfg, tiny_vl_model_path, tmp_path, monkeypatch, lora
+    make_cfg, request, tmp_path, monkeypatch, family, lora
 ):
-    trainer = _float32_trainer(make_cfg, tiny_vl_model_path, tmp_path, monkeypatch, lora=lora)
+    fixture = {"qwen2_vl": "tiny_vl_model_path", "qwen2_5_vl": "tiny_qwen25_vl_model_path"}[family]
+    model_path = request.getfixturevalue(fixture)
+    trainer = _float32_trainer(make_cfg, model_path, tmp_path, monkeypatch, lora=lora)
     assert trainer.policy.vision is not None
-    samples = _samples(tiny_vl_model_path)
+    assert trainer.policy.causal_lm.config.model_type == family
+    samples = _samples(model_path)
     expected = np.concatenate(
         [
             _reference_logprobs(trainer.policy.causal_lm, s, trainer.policy.vision.image_token_id)
@@ -293,3 +300,14 @@ def test_image_rows_for_a_text_model_are_refused(make_cfg, tiny_vl_model_path, t
     row.input_ids = np.minimum(row.input_ids, 400).astype(np.int32)
     with pytest.raises(ValueError, match="text-only"):
         trainer.score([row])
+
+
+def test_vision_language_families_not_verified_are_refused_by_name() -> None:
+    from types import SimpleNamespace
+
+    from grpo.trainer.hf.vision import is_vision_language, vision_tokens_for
+
+    smolvlm = SimpleNamespace(model_type="idefics3", vision_config=SimpleNamespace(), image_token_id=5)
+    assert is_vision_language(smolvlm)
+    with pytest.raises(UserError, match="idefics3 is a vision-language model the trainer does not support"):
+        vision_tokens_for(smolvlm)
