@@ -226,25 +226,28 @@ def _rollouts(samples: list[Sample]) -> list[Rollout]:
     ]
 
 
-@pytest.mark.parametrize("share_prefixes", [False, True], ids=["plain", "shared"])
-def test_the_packers_image_rows_give_the_models_unpacked_logprobs(
-    make_cfg, tiny_vl_model_path, tmp_path, monkeypatch, share_prefixes
+def test_the_packers_image_rows_give_the_models_unpacked_logprobs_plain_and_shared(
+    make_cfg, tiny_vl_model_path, tmp_path, monkeypatch
 ):
     trainer = _float32_trainer(make_cfg, tiny_vl_model_path, tmp_path, monkeypatch)
     assert trainer.policy.vision is not None
     samples = _samples(tiny_vl_model_path)
-    rows, _ = pack_rollouts(_rollouts(samples), seq_len=512, share_prefixes=share_prefixes)
-    num_images = sum(r.images.num_images for r in rows if r.images is not None)
-    assert num_images == (3 if share_prefixes else 9)  # prompts of 1 and 2 images, 3 rollouts each
-    got = {}  # each loss token's trainer logprob, keyed by its (unique) inference logprob
-    for row, logprobs in zip(rows, trainer.score(rows), strict=True):
-        for key, value in zip(row.inference_logprobs[row.loss_mask], logprobs[row.loss_mask], strict=True):
-            got[round(float(key), 4)] = float(value)
     image_token = trainer.policy.vision.image_token_id
-    for sample, rollout in zip(samples, _rollouts(samples), strict=True):
-        expected = _reference_logprobs(trainer.policy.causal_lm, sample, image_token)
-        trained = [got[round(key, 4)] for key in rollout.completion_logprobs]
-        np.testing.assert_allclose(trained, expected, atol=1e-5, rtol=0)
+    expected = [_reference_logprobs(trainer.policy.causal_lm, s, image_token) for s in samples]
+    rollouts = _rollouts(samples)
+    for share_prefixes in (False, True):
+        rows, _ = pack_rollouts(rollouts, seq_len=512, share_prefixes=share_prefixes)
+        num_images = sum(r.images.num_images for r in rows if r.images is not None)
+        assert num_images == (3 if share_prefixes else 9)  # prompts of 1 and 2 images, 3 rollouts each
+        got = {}  # each loss token's trainer logprob, keyed by its (unique) inference logprob
+        for row, logprobs in zip(rows, trainer.score(rows), strict=True):
+            for key, value in zip(
+                row.inference_logprobs[row.loss_mask], logprobs[row.loss_mask], strict=True
+            ):
+                got[round(float(key), 4)] = float(value)
+        for rollout, want in zip(rollouts, expected, strict=True):
+            trained = [got[round(key, 4)] for key in rollout.completion_logprobs]
+            np.testing.assert_allclose(trained, want, atol=1e-5, rtol=0)
 
 
 def test_image_rows_train_the_language_model_and_leave_the_vision_tower_frozen(
