@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import grpo.trainer.hf.model as trainer_model
+from grpo.orchestrator.image_prompts import ImagePrompter
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.trainer import Trainer
@@ -42,37 +43,16 @@ class Sample:
 
 
 def _prompt(model_path: Path, parts: list[object]) -> Prompt:
-    """A user turn of image and text parts (a PIL image or a string), chat-templated, each image's
-    placeholder expanded to its token count."""
+    """A user turn of image and text parts (a PIL image or a string), as the orchestrator renders it."""
     from PIL import Image
-    from transformers import AutoImageProcessor, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    processor = AutoImageProcessor.from_pretrained(model_path)
     content = [
-        {"type": "image"} if isinstance(p, Image.Image) else {"type": "text", "text": p} for p in parts
+        {"type": "image", "image": p} if isinstance(p, Image.Image) else {"type": "text", "text": p}
+        for p in parts
     ]
-    images = [p for p in parts if isinstance(p, Image.Image)]
-    templated = tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True
-    )
-    ids = list(templated["input_ids"])
-    processed = processor(images=images, return_tensors="np")
-    grid = processed["image_grid_thw"].astype(np.int32)
-    image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    expanded: list[int] = []
-    starts = []
-    counts = iter((grid.prod(axis=1) // 4).tolist())
-    for token in ids:
-        if token == image_token:
-            starts.append(len(expanded))
-            expanded += [image_token] * next(counts)
-        else:
-            expanded.append(token)
-    return Prompt(
-        expanded,
-        RowImages(processed["pixel_values"].astype(np.float32), grid, np.array(starts, np.int32)),
-    )
+    ids, images = ImagePrompter.from_path(str(model_path)).prompt([{"role": "user", "content": content}])
+    assert images is not None
+    return Prompt(ids, images)
 
 
 def _samples(model_path: Path) -> list[Sample]:
