@@ -46,6 +46,23 @@ def tiny_model_path(model_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vl_model_path(model_cache_dir: Path) -> Path:
+    """A random Qwen2-VL: 2-layer vision tower, 2-layer text model (hidden 128), SmolLM2 tokenizer
+    with Qwen2-VL's vision tokens, and its image processor."""
+    from grpo.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(model_cache_dir / "tiny-qwen2-vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen25_vl_model_path(model_cache_dir: Path) -> Path:
+    """tiny_vl_model_path's Qwen2.5-VL sibling (windowed vision attention)."""
+    from grpo.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(model_cache_dir / "tiny-qwen2.5-vl", family="qwen2_5_vl")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_tp2_path(model_cache_dir: Path) -> Path:
     """A 2-layer random Llama, 4 heads and 2 KV heads (tensor parallel 2 divides both), untied
     output layer (the tiny fixture's is tied): both embedding layouts are covered."""

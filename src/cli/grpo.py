@@ -87,8 +87,15 @@ def grpo(
 
         from grpo.colocate.memory_plan import plan_memory
         from grpo.models.resolve import resolve_model
+        from grpo.models.shape import has_vision_tower
 
         resolved = resolve_model(train_cfg.model)
+        if has_vision_tower(resolved.path):
+            raise UserError(
+                f"{train_cfg.model} is a vision-language model, which co-located mode does not run yet "
+                "(the engine's vision tower is neither borrowed nor planned for); run grpo-infer, "
+                "grpo-orch and grpo-train as separate processes"
+            )
         log_model(resolved)
         if train_cfg.backend == "megatron":
             from grpo.trainer.megatron.preflight import check_megatron_start

@@ -50,7 +50,8 @@ OPENENV_PREFIX = "openenv:"
 
 class EnvConfig(ToolUseConfig, ExtraRewardsConfig):
     id: str
-    """Built-in environment id (reverse-text, short-answer, long-brief, math,
+    """Built-in environment id (reverse-text, short-answer, long-brief, math, count-shapes (image
+    prompts: refused at load until the orchestrator sends images),
     reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum), an import path
     "pkg.module:load_environment" whose function returns an environment, a verifiers environment
     id (an installed or importable taskset package, verifiers >= 0.4), or

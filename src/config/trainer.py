@@ -309,7 +309,12 @@ class TrainerConfig(StrictModel):
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     lora_target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     """Module names wrapped with LoRA ("all-linear" allowed). On a mixture-of-experts model the
-    default is attention only (q/k/v/o_proj): its experts are fused 3-D parameters, not linears."""
+    default is attention only (q/k/v/o_proj): its experts are fused 3-D parameters, not linears. In
+    a vision-language model only the language model's modules: the vision tower is never adapted."""
+
+    train_vision_tower: bool = False
+    """Vision-language models: train the vision tower too (full training only; LoRA adapts the
+    language model, the only part vLLM applies adapters to). False keeps it frozen."""
 
     qlora_bnb: bool = False
     """Base weights in bitsandbytes NF4 (QLoRA)."""

@@ -107,6 +107,17 @@ def normalise_examples(examples: list[Example]) -> list[Example]:
     return out
 
 
+def non_text_parts(messages: list[Message]) -> list[str]:
+    """The kinds of non-text content part (image, video, ...) in `messages`, sorted; [] for text only.
+    A message's content is a string or a list of parts like {"type": "text", "text": ...}."""
+    kinds: set[str] = set()
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            kinds |= {str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in content}
+    return sorted(kinds - {"text"})
+
+
 def completion_text(completion: list[Message]) -> str:
     """The model's text: its assistant messages joined by newlines."""
     return "\n".join(str(m.get("content", "")) for m in completion if m.get("role") == "assistant")

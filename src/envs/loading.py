@@ -26,10 +26,10 @@ from typing import Any
 from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.orchestrator import OPENENV_PREFIX, EnvConfig, OrchestratorConfig
 from grpo.envs.args import check_args
-from grpo.envs.base import Environment, check_num_examples
+from grpo.envs.base import Environment, check_num_examples, non_text_parts
 from grpo.utils.errors import UserError
 
-BUILTIN_IDS = ("reverse-text", "short-answer", "long-brief", "math")
+BUILTIN_IDS = ("reverse-text", "short-answer", "long-brief", "math", "count-shapes")
 """Built-in ids besides `reasoning-gym:<dataset>`."""
 
 RENAMED_IDS = {
@@ -58,6 +58,10 @@ def _builtin(env_id: str) -> Callable[..., Any] | None:
         from grpo.envs import math_env
 
         return math_env.load_environment
+    if env_id == "count-shapes":
+        from grpo.envs import count_shapes
+
+        return count_shapes.load_environment
     return None
 
 
@@ -248,7 +252,20 @@ def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
     the block's tools."""
     from grpo.envs.tool_env import add_tools
 
-    return add_tools(_build_loader(env_cfg), env_cfg, f"env {env_cfg.display_name}")
+    env = add_tools(_build_loader(env_cfg), env_cfg, f"env {env_cfg.display_name}")
+    _refuse_image_prompts(env, env_cfg.display_name)
+    return env
+
+
+def _refuse_image_prompts(env: Environment, name: str) -> None:
+    """UserError at load for an environment whose prompts hold images (its first example's): the
+    orchestrator cannot send them to vLLM yet, and would otherwise fail at its first rollout."""
+    kinds = non_text_parts(env.prompt_messages(env.examples[0])) if env.examples else []
+    if kinds:
+        raise UserError(
+            f"env {name}: its prompts have {', '.join(kinds)} content parts, but the orchestrator sends text "
+            "prompts only (vision-language rollouts are not wired to vLLM yet); use a text environment"
+        )
 
 
 def _build_loader(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:

@@ -10,6 +10,12 @@ from pathlib import Path
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def has_vision_tower(path: str | Path) -> bool:
+    """Whether the model in folder `path` is a vision-language model (its config.json has a
+    vision_config)."""
+    return "vision_config" in json.loads((Path(path) / "config.json").read_text())
+
+
 @dataclass(frozen=True)
 class ModelShape:
     hidden_size: int

@@ -10,7 +10,8 @@ With `share_prefixes`, samples that begin with the same tokens (the rollouts of 
 repeat their prompt) are first merged into prefix trees (grpo.orchestrator.prefix_tree) of at most
 `row_tokens` tokens, each tree one item; otherwise every sample is an item of its own. A row budget
 above seq_len keeps a group's tree whole (its prompt stored once) where seq_len would cut it into
-several trees that each repeat the prompt.
+several trees that each repeat the prompt. A vision-language prompt's images go with
+its placeholder tokens (grpo.orchestrator.image_packing): a shared prefix holds them once.
 
 Rows are filled by first-fit decreasing: items sorted longest first, each placed in the first row
 with room for it, a new row opened when none has. This is within 11/9 of the optimal row count and
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo.orchestrator.image_packing import IMAGE_REF, ImageTable, image_ref_column, row_images
 from grpo.orchestrator.prefix_tree import build_prefix_trees
 from grpo.orchestrator.types import Rollout
 from grpo.transport.batches.batch import PackedRow, concat_parent_ids, no_routing, plain_parent_ids
@@ -118,6 +120,10 @@ def pack_rollouts(
     if routing is not None:
         for sample, routed in zip(samples, routing, strict=True):
             sample["routed_experts"] = routed
+    images = ImageTable() if any(r.prompt_images is not None for r in rollouts) else None
+    if images is not None:  # one more per-token column, so that only the same images are shared
+        for sample, rollout in zip(samples, rollouts, strict=True):
+            sample[IMAGE_REF] = image_ref_column(rollout, len(sample["input_ids"]), images)
     num_sample_tokens = sum(len(s["input_ids"]) for s in samples)
     num_truncated = sum(len(r.prompt_ids) + len(r.completion_ids) > seq_len for r in rollouts)
     if share_prefixes:
@@ -141,7 +147,11 @@ def pack_rollouts(
     for members in bins:
         fields = {name: np.concatenate([items[i][name] for i in members]) for name in items[members[0]]}
         fields["parent_ids"] = concat_parent_ids([items[i]["parent_ids"] for i in members])
-        rows.append(PackedRow(**fields))
+        image_ref = fields.pop(IMAGE_REF, None)
+        row_image_inputs = (
+            row_images(image_ref, images) if images is not None and image_ref is not None else None
+        )
+        rows.append(PackedRow(**fields, images=row_image_inputs))
     num_tokens = sum(r.num_tokens for r in rows)
     efficiency = num_tokens / (len(rows) * row_tokens) if rows else 0.0
     stats = PackStats(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from grpo.envs.base import Message
+from grpo.envs.base import Message, non_text_parts
 from grpo.utils.errors import UserError
 
 # Probe contents for finding the template's end of turn: text no template rewrites or shares a
@@ -40,6 +40,7 @@ class ChatTokenizer:
     ) -> str:
         """The conversation as text; `tools`: the JSON schemas of the tools the model may call;
         `continue_final_message`: the last message left open for the model to continue."""
+        _check_text_only(messages)
         if self.hf.chat_template is None:
             raise UserError(
                 "the model's tokenizer has no chat template; use a chat/instruct model or set one in "
@@ -130,6 +131,17 @@ class ChatTokenizer:
             # templates that rewrite earlier turns (e.g. strip reasoning): render the new part alone
             return self.encode(self.render(new_messages, add_generation_prompt=True))
         return self.encode(after[cut:])
+
+
+def _check_text_only(messages: list[Message]) -> None:
+    """UserError for a message with image (or other non-text) content parts: the trainer takes image
+    rows (grpo.transport.batches.images), but the orchestrator does not send images to vLLM yet."""
+    kinds = non_text_parts(messages)
+    if kinds:
+        raise UserError(
+            f"a prompt has {', '.join(kinds)} content parts, but the orchestrator sends text prompts only "
+            "(vision-language rollouts are not wired to vLLM yet); give the environment's prompts as text"
+        )
 
 
 def _as_sampled(message: Message) -> Message:

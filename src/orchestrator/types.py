@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from grpo.transport.batches.images import RowImages
+
 
 @dataclass
 class Rollout:
@@ -52,6 +54,9 @@ class Rollout:
     """No loss on its tokens: it failed (`fail`), or a filter with enforce=true flagged it."""
     teacher_logprobs: list[float] | None = None
     """Teacher logprob of each prompt + completion token (entry 0 is 0.0)."""
+    prompt_images: RowImages | None = None
+    """A vision-language prompt's processed images, token_starts counted from the prompt's first
+    token (grpo.transport.batches.images); None for a text prompt."""
     completion_versions: list[int] | None = None
     """With partial_rollouts: the policy version that sampled each completion token (an environment
     token carries the version the servers ran at its turn); None otherwise. Its first entry, the

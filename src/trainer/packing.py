@@ -28,6 +28,8 @@ from grpo.transport.batches.batch import PackedRow, concat_parent_ids
 if TYPE_CHECKING:
     import torch
 
+    from grpo.trainer.vision_inputs import VisionInputs, VisionTokens
+
 T = TypeVar("T")
 
 
@@ -85,6 +87,8 @@ class MicroBatch:
     routed_experts: torch.Tensor | None = None
     """[T, num_layers, top_k] int16 expert ids to replay (-1: none recorded; int16 keeps a long batch's
     routing small on the device), or None (routing replay off)."""
+    vision: VisionInputs | None = None
+    """Image inputs of a vision-language micro-batch (grpo.trainer.vision_inputs); None without images."""
 
     @property
     def num_tokens(self) -> int:
@@ -135,12 +139,19 @@ def _is_plain(row: PackedRow) -> bool:
 
 
 def build_micro_batch(
-    rows: list[PackedRow], device: torch.device, varlen_attention: bool, one_forward: bool = False
+    rows: list[PackedRow],
+    device: torch.device,
+    varlen_attention: bool,
+    one_forward: bool = False,
+    vision: VisionTokens | None = None,
 ) -> MicroBatch:
     """Concatenate `rows` into one packed sequence on `device`. `one_forward` puts all its pieces in
     a single padded decoder call: under FSDP every rank must make the same number of calls (each
-    gathers the layers' shards collectively), and the ranks' pieces differ."""
+    gathers the layers' shards collectively), and the ranks' pieces differ. `vision`: the model's
+    image token and merge size, for rows that carry images."""
     import torch
+
+    from grpo.trainer.vision_inputs import build_vision_inputs
 
     assert rows, "a micro-batch needs at least one row"
 
@@ -159,10 +170,14 @@ def build_micro_batch(
     has_teacher = [r.teacher_logprobs is not None for r in rows]
     if any(has_teacher) and not all(has_teacher):
         raise ValueError("some rows of the batch carry teacher_logprobs and some do not")
+    has_images = any(r.images is not None for r in rows)
+    if has_images and vision is None:
+        raise ValueError("rows carry images but the trainer's model is text-only")
     parents = concat_parent_ids([r.parent_ids for r in rows])
     parent_ids = torch.from_numpy(parents).to(device=device, dtype=torch.long)
     forwards = None
-    if not (varlen_attention and all(_is_plain(r) for r in rows)):
+    # Image rows take the padded path: their M-RoPE ids are no per-sample positions to split by.
+    if has_images or not (varlen_attention and all(_is_plain(r) for r in rows)):
         input_ids = np.concatenate([r.input_ids for r in rows])
         position_ids = np.concatenate([r.position_ids for r in rows])
         forwards = padded_forwards(input_ids, position_ids, parents, device, one_forward)
@@ -188,6 +203,7 @@ def build_micro_batch(
         loss=loss,
         num_sequence_tokens=sum(sum(r.sequence_lengths()) for r in rows),
         routed_experts=_routing(rows, device) if all(has_routing) else None,
+        vision=build_vision_inputs(rows, vision, device) if vision is not None else None,
     )
 
 

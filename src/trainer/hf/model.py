@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from grpo.trainer.hf.checkpointing import LayerCheckpointing
     from grpo.trainer.hf.moe import RoutingReplay
     from grpo.trainer.packing import MicroBatch
+    from grpo.trainer.vision_inputs import VisionTokens
     from grpo.trainer.weights import BaseWeightSource
 
 log = get_logger("trainer")
@@ -60,6 +61,8 @@ class Policy:
     """Set with routing_replay: micro-batches carrying routed_experts route through those experts."""
     checkpointing: LayerCheckpointing | None = None
     """Which decoder layers recompute in backward (set per accumulation group under auto)."""
+    vision: VisionTokens | None = None
+    """Image token and merge size of a vision-language model (grpo.trainer.hf.vision); None for text."""
 
     @property
     def lm_head(self) -> nn.Module:
@@ -89,6 +92,11 @@ class Policy:
         decoder = self.causal_lm.get_decoder()
         routing = batch.routed_experts if self.routing_replay is not None else None
         with precision:
+            if batch.vision is not None:
+                from grpo.trainer.hf.vision import vision_hidden_states
+
+                layout = attention_layout(self.causal_lm)
+                return vision_hidden_states(self.causal_lm, batch, layout, self.autocast_dtype or self.dtype)
             if batch.forwards is None:
                 replay = {} if routing is None else {"routed_experts": routing}
                 out = decoder(
@@ -161,6 +169,31 @@ def _lora_targets(cfg: TrainerConfig, causal_lm: nn.Module) -> str | list[str]:
     return list(targets)
 
 
+def _vision_tokens(cfg: TrainerConfig, config: object, borrows: bool) -> VisionTokens | None:
+    """The vision-language model's image inputs (None for a text model); UserError for what the
+    trainer cannot do with one yet."""
+    from grpo.trainer.hf.vision import is_vision_language, vision_tokens_for
+
+    if not is_vision_language(config):
+        if cfg.train_vision_tower:
+            raise UserError("train_vision_tower is set but the model has no vision tower; remove it")
+        return None
+    vision = vision_tokens_for(config)
+    if borrows:
+        raise UserError(
+            "co-located training does not support vision-language models yet (the engine's vision tower "
+            "weights are not borrowed); run grpo-infer and grpo-train as separate processes"
+        )
+    if cfg.qlora_bnb or cfg.qlora_fp8 or cfg.qlora_fp4:
+        raise UserError("quantized base weights (qlora_*) are not supported for vision-language models yet")
+    if cfg.lora and cfg.train_vision_tower:
+        raise UserError(
+            "train_vision_tower needs lora: false: LoRA adapts the language model only (vLLM applies "
+            "adapters there), so the vision tower can train only in full"
+        )
+    return vision
+
+
 def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
@@ -187,6 +220,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     load_dtype = dtype if cfg.lora else torch.float32
     kwargs: dict[str, object] = {"dtype": load_dtype}
     config = AutoConfig.from_pretrained(source.model_path)
+    vision = _vision_tokens(cfg, config, bool(borrowed or borrowed_quantized))
     if (attn_implementation := attention_implementation_for(config)) is not None:
         kwargs["attn_implementation"] = attn_implementation
     if cfg.qlora_bnb:
@@ -197,7 +231,12 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             bnb_4bit_use_double_quant=False,
         )
         kwargs["device_map"] = {"": device}
-    causal_lm = AutoModelForCausalLM.from_pretrained(source.model_path, config=config, **kwargs)
+    if vision is not None:
+        from transformers import AutoModelForImageTextToText
+
+        causal_lm = AutoModelForImageTextToText.from_pretrained(source.model_path, config=config, **kwargs)
+    else:
+        causal_lm = AutoModelForCausalLM.from_pretrained(source.model_path, config=config, **kwargs)
     check_attention(causal_lm)
     check_borrowed_names(causal_lm, [*borrowed, *borrowed_quantized])
     if cfg.qlora_fp8:
@@ -227,9 +266,15 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     checkpointing = LayerCheckpointing(causal_lm, cfg, ModelShape.from_folder(source.model_path), device)
     causal_lm.config.use_cache = False
 
+    if vision is not None and not cfg.lora and not cfg.train_vision_tower:
+        from grpo.trainer.hf.vision import freeze_vision_tower
+
+        freeze_vision_tower(causal_lm)
     model: nn.Module = causal_lm
     if cfg.lora:
         from peft import LoraConfig, get_peft_model
+
+        from grpo.trainer.hf.vision import VISION_TOWER_PATTERN
 
         targets = _lora_targets(cfg, causal_lm)
         if targets != "all-linear":
@@ -239,6 +284,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             lora_alpha=cfg.lora_alpha,
             lora_dropout=cfg.lora_dropout,
             target_modules=targets,
+            exclude_modules=VISION_TOWER_PATTERN if vision is not None else None,
             task_type="CAUSAL_LM",
         )
         torch.manual_seed(cfg.seed)  # LoRA A init
@@ -264,6 +310,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         is_lora=cfg.lora,
         routing_replay=routing_replay,
         checkpointing=checkpointing,
+        vision=vision,
     )
     num_trainable = sum(p.numel() for p in policy.trainable_parameters())
     log.info(

@@ -127,6 +127,11 @@ class Trainer:
             log.info(resolved.describe())
             base_weights = DiskWeights(resolved.path)
         self.policy = build_policy(cfg, base_weights)
+        if self.policy.vision is not None and self.dist is not None:
+            raise UserError(
+                "vision-language models train in one process for now (torchrun does not share a batch's "
+                "images between ranks); launch grpo-train without torchrun and gpus: 1"
+            )
         self._sharded = self.dist is not None and not cfg.lora
         """Full-weight data parallel: FSDP2 shards the decoder layers and sums their gradients."""
         if self._sharded:
@@ -188,7 +193,9 @@ class Trainer:
             else token_micro_batches(rows, self.cfg.micro_batch_token_budget)
         )
         return [
-            build_micro_batch(group, self.policy.device, varlen, one_forward=self._sharded)
+            build_micro_batch(
+                group, self.policy.device, varlen, one_forward=self._sharded, vision=self.policy.vision
+            )
             for group in groups
         ]
 

@@ -20,6 +20,9 @@ tokens. Per-token arrays are aligned with `input_ids`: entry t describes token t
   top_k]: the expert ids the inference engine routed token t to in each MoE layer (uint8, uint16
   past 255 experts); `NO_ROUTING` (the dtype's maximum) where none was recorded (the trainer then
   routes that token itself).
+- `images` (optional, vision-language rows) holds the processed pixels of the images whose
+  placeholder tokens lie in the row and where each placeholder run starts
+  (grpo.transport.batches.images).
 
 A batch also says how its completions were truncated (`sampling`: top_k, top_p, min_p, the same for
 every row), because vLLM reports logprobs under the truncated distribution and the trainer must
@@ -34,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from grpo.transport.batches.images import RowImages
 
 # name -> dtype of every per-token array in a row; the wire format and validation use this table.
 ROW_FIELDS: dict[str, type] = {
@@ -89,6 +94,7 @@ class PackedRow:
     teacher_logprobs: np.ndarray | None = None
     routed_experts: np.ndarray | None = None
     """[num_tokens, num_moe_layers, top_k] expert ids for routing replay (see the module doc)."""
+    images: RowImages | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -139,6 +145,8 @@ class PackedRow:
             if routing.dtype not in ROUTING_DTYPES:
                 raise ValueError(f"row routed_experts has dtype {routing.dtype}, expected uint8 or uint16")
         check_tree(self.parent_ids, self.position_ids)
+        if self.images is not None:
+            self.images.validate(n)
         if np.any(self.loss_mask & (self.parent_ids < 0)):
             # Nothing predicts a sequence's first token (a prompt always precedes a completion).
             raise ValueError("row loss_mask is set on a sequence's first token, which no token predicts")

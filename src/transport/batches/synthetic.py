@@ -52,8 +52,15 @@ def assert_batches_equal(actual: TrainingBatch, expected: TrainingBatch) -> None
     assert actual.sampling == expected.sampling, (actual.sampling, expected.sampling)
     assert len(actual.rows) == len(expected.rows)
     for got, want in zip(actual.rows, expected.rows, strict=True):
-        for name in vars(want):
-            got_array, want_array = getattr(got, name), getattr(want, name)
+        arrays = {name: (getattr(got, name), getattr(want, name)) for name in vars(want) if name != "images"}
+        if want.images is None:
+            assert got.images is None
+        else:
+            assert got.images is not None
+            arrays.update(
+                {f"images.{n}": (getattr(got.images, n), getattr(want.images, n)) for n in vars(want.images)}
+            )
+        for name, (got_array, want_array) in arrays.items():
             if want_array is None:
                 assert got_array is None, name
                 continue

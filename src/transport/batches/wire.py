@@ -1,7 +1,8 @@
 """A TrainingBatch as one safetensors blob, for transports that cross a process boundary.
 
 Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` and
-`routed_experts` only when set),
+`routed_experts` only when set; a vision-language row's images as
+`rows.{i}.images.{pixel_values,grid_thw,token_starts}`),
 and in the safetensors header metadata (string -> string): `format`, `version`, `step`,
 `num_rows`, `metadata` (the batch metadata as JSON), `sampling` (the batch's top_k/top_p/min_p as
 JSON) and `checksum`. The checksum (sha256 over step, row count, metadata, sampling and every
@@ -30,6 +31,7 @@ from grpo.transport.batches.batch import (
     SamplingTruncation,
     TrainingBatch,
 )
+from grpo.transport.batches.images import IMAGE_FIELDS, RowImages
 from grpo.transport.batches.validate import check_batch_values
 from grpo.utils.errors import UserError
 
@@ -62,6 +64,8 @@ def encode_batch(batch: TrainingBatch) -> bytes:
             array = getattr(row, name)
             if array is not None:
                 tensors[f"rows.{i}.{name}"] = np.ascontiguousarray(array)
+        if row.images is not None:
+            tensors.update(row.images.to_tensors(f"rows.{i}.images"))
     step, num_rows, metadata = str(batch.step), str(len(batch.rows)), json.dumps(batch.metadata)
     sampling = json.dumps(dataclasses.asdict(batch.sampling))
     header = {
@@ -130,6 +134,7 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
     rows = [_row_from_tensors(tensors, i, where) for i in range(num_rows)]
     names = (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "routed_experts")
     known = {f"rows.{i}.{name}" for i in range(num_rows) for name in names}
+    known |= {f"rows.{i}.images.{name}" for i in range(num_rows) for name in IMAGE_FIELDS}
     unexpected = set(tensors) - known
     if unexpected:
         raise ValueError(f"training batch ({where}) has unexpected tensors {sorted(unexpected)[:5]}")
@@ -165,4 +170,8 @@ def _row_from_tensors(tensors: Mapping[str, np.ndarray], index: int, where: str)
         fields[name] = tensors[key]
     teacher = tensors.get(f"rows.{index}.teacher_logprobs")
     routing = tensors.get(f"rows.{index}.routed_experts")
-    return PackedRow(**fields, teacher_logprobs=teacher, routed_experts=routing)
+    try:
+        images = RowImages.from_tensors(dict(tensors), f"rows.{index}.images")
+    except ValueError as err:
+        raise ValueError(f"training batch ({where}): {err}") from err
+    return PackedRow(**fields, teacher_logprobs=teacher, routed_experts=routing, images=images)
