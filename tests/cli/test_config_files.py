@@ -60,7 +60,14 @@ def test_the_shipped_minimal_set_and_its_rl_yaml_resolve_alike(tmp_path: Path) -
     )  # fmt: skip
     one = _run("grpo", "--config", str(MINIMAL / "rl.yaml"), "--dry-run", cwd=tmp_path)
     assert three.returncode == 0 and one.returncode == 0, (three.stderr, one.stderr)
-    assert _resolved(three.stdout) == _resolved(one.stdout)
+    # The memory plan sizes these from the memory available at each start, which moves between runs.
+    planned = ("micro_batch_tokens", "activation_memory_gib")
+    resolved = [_resolved(run.stdout) for run in (three, one)]
+    for documents in resolved:
+        for document in documents.values():
+            for key in planned:
+                document.pop(key, None)
+    assert resolved[0] == resolved[1]
 
 
 def test_each_process_takes_its_section_of_rl_yaml(tmp_path: Path) -> None:

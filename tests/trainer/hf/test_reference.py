@@ -25,7 +25,8 @@ def float32(monkeypatch):
 
 
 def _trainer(make_cfg, path, lora_b_std: float = 0.0, **overrides) -> Trainer:
-    trainer = Trainer(make_cfg(**overrides), path)
+    # micro_batch_tokens 1: a micro-batch per row, so rows and micro-batches pair up one to one
+    trainer = Trainer(make_cfg(micro_batch_tokens=1, **overrides), path)
     if lora_b_std > 0:  # a trained-looking adapter: the policy is no longer the base
         torch.manual_seed(0)
         for name, param in trainer.policy.model.named_parameters():
