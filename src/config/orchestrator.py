@@ -1,7 +1,8 @@
 """`orch.yaml`: the orchestrator (`grpo-orch`, or the main loop of `grpo`).
 
-Its `sampling` section is in grpo.config.sampling, the transports in grpo.config.transport (both
-re-exported here).
+Its `sampling` section is in grpo.config.sampling, `env` entries in grpo.config.env (and
+grpo.config.dataset_env), `advantage` in grpo.config.advantage, the transports in
+grpo.config.transport (each re-exported here).
 """
 
 from __future__ import annotations
@@ -9,16 +10,19 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from grpo.config.advantage import GROUP_RELATIVE_ADVANTAGES as GROUP_RELATIVE_ADVANTAGES
+from grpo.config.advantage import AdvantageConfig as AdvantageConfig
 from grpo.config.base import StrictModel
-from grpo.config.dataset_env import ENV_BLOCK_TAGS, DatasetEnvConfig, env_block_kind
-from grpo.config.judges import ExtraRewardsConfig
+from grpo.config.dataset_env import DatasetEnvConfig
+from grpo.config.env import OPENENV_PREFIX as OPENENV_PREFIX
+from grpo.config.env import EnvBlock as EnvBlock
+from grpo.config.env import EnvConfig as EnvConfig
 from grpo.config.sampling import SamplingConfig
 from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
 from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
 from grpo.config.supervisor import ServerRecoveryConfig
-from grpo.config.tool_use import ToolUseConfig
 from grpo.config.transport import (
     FilesystemRolloutTransport,
     FilesystemWeightBroadcast,
@@ -42,90 +46,6 @@ class ModelConfig(StrictModel):
 
     lora_alpha: float | None = Field(None, gt=0)
     """LoRA alpha of the trainer (checked against the trainer)."""
-
-
-OPENENV_PREFIX = "openenv:"
-"""`id: "openenv:http://HOST:PORT"` names a running OpenEnv environment server (grpo.envs.openenv_env)."""
-
-
-class EnvConfig(ToolUseConfig, ExtraRewardsConfig):
-    id: str
-    """Built-in environment id (reverse-text, short-answer, long-brief, math, count-shapes (image
-    prompts: refused at load until the orchestrator sends images),
-    reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum), an import path
-    "pkg.module:load_environment" whose function returns an environment, a verifiers environment
-    id (an installed or importable taskset package, verifiers >= 0.4), or
-    "openenv:http://HOST:PORT", a running OpenEnv environment server (its args: grpo.config.openenv)."""
-
-    name: str | None = None
-    """Human-readable name used in metrics (defaults to id, `openenv` for an openenv: id); environments sharing one are told apart
-    by their index in the list (`reverse-text#0`, `reverse-text#1`)."""
-
-    args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for the environment's loader."""
-
-    address: str | None = None
-    """Address (host:port) of an external environment server; null runs the environment in-process."""
-
-    request_timeout_s: float = Field(600, gt=0)
-    """(address or openenv:) Deadline of one request to the environment server, from sending it to the reply's
-    last byte however slowly the server sends it; a later reply fails its rollout (masked and
-    counted, training goes on). Scoring runs the server's reward functions, which may be slow."""
-
-    max_reply_mib: float = Field(64, gt=0)
-    """(address or openenv:) Largest reply accepted from the environment server, in MiB (counted as it
-    arrives); a larger one fails its rollout, or the load for the /info reply (the examples and
-    their prompts)."""
-
-    @model_validator(mode="after")
-    def _tools_run_in_process(self) -> EnvConfig:
-        if self.tools and self.address is not None:
-            raise ValueError(
-                "tools run in the orchestrator's process, an environment at address runs elsewhere; give "
-                "the tools to that server's environment, or remove tools"
-            )
-        return self
-
-    @property
-    def display_name(self) -> str:
-        if self.name is None and self.id.startswith(OPENENV_PREFIX):
-            return "openenv"  # a URL would make awkward metric names
-        return self.name or self.id
-
-    @model_validator(mode="after")
-    def _openenv_url(self) -> EnvConfig:
-        if not self.id.startswith(OPENENV_PREFIX):
-            return self
-        from urllib.parse import urlsplit
-
-        url = self.id[len(OPENENV_PREFIX) :]
-        parts = urlsplit(url)
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname or port is None:
-            raise ValueError(
-                f"env id {self.id!r}: an OpenEnv server is named by its URL with scheme and port, "
-                'like "openenv:http://127.0.0.1:8001"'
-            )
-        if parts.query or parts.fragment or parts.path.strip("/"):
-            raise ValueError(
-                f"env id {self.id!r}: give the server's base URL only (no path or query); its /ws endpoint is "
-                "found from there"
-            )
-        if self.address is not None:
-            raise ValueError(
-                f"env {self.display_name}: an openenv: id holds its server's URL itself; remove env[].address"
-            )
-        return self
-
-
-EnvBlock = Annotated[
-    Annotated[EnvConfig, Tag(ENV_BLOCK_TAGS[0])] | Annotated[DatasetEnvConfig, Tag(ENV_BLOCK_TAGS[1])],
-    Discriminator(env_block_kind),
-]
-"""One `env:` entry: an environment by id (`- id: ...`) or a dataset with reward functions (`- dataset: ...`)."""
 
 
 class ElasticConfig(StrictModel):
@@ -200,65 +120,6 @@ class BufferConfig(StrictModel):
             raise ValueError(
                 "buffer.skip_verification gives every rollout reward 0, so online_difficulty_filtering "
                 "would drop every group and no batch would ever fill; set online_difficulty_filtering: false"
-            )
-        return self
-
-
-GROUP_RELATIVE_ADVANTAGES = ("default", "grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
-"""Advantage types whose baseline is the prompt's group: all 0 for a group of one rollout."""
-
-
-class AdvantageConfig(StrictModel):
-    type: Literal["default", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "custom"] = (
-        "default"
-    )
-    """default: reward minus the group mean. grpo: that divided by the group's std (a group of equal
-    rewards gets 0). dr_grpo (Dr. GRPO): reward minus the group mean, and the loss divided by a
-    constant instead of the step's loss tokens, so it needs train loss.normalization: constant.
-    rloo: reward minus the mean of the group's other rollouts (never whitened). reinforce_pp
-    (REINFORCE++): rewards whitened over the batch's completion tokens, (r - mean) / (std + 1e-6),
-    each rollout weighing its completion length. reinforce_pp_baseline: group mean removed, then
-    whitened the same way. custom: import_path. The grpo group std is the sample std (ddof=1), as
-    TRL's GRPO and OpenRLHF's group_norm compute it."""
-
-    length_weighted_mean: bool = False
-    """(default only) Weight the group mean by completion length; the other types use the baseline
-    their paper defines and refuse it."""
-
-    import_path: str | None = None
-    """(custom) "pkg.module:function" taking (rewards [groups x n], lengths, **kwargs) and returning advantages."""
-
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    """(custom) keyword arguments for the function."""
-
-    turn_credit: Literal["final", "per_turn"] = "final"
-    """Multi-turn credit. final: one advantage per rollout from its reward (the score plus every
-    turn's reward), on all its tokens. per_turn: each model turn's tokens carry that turn's own
-    advantage: its return (its reward and the later turns', discounted by turn_discount) compared by
-    `type` with the returns of the group's rollouts at the same turn index that reached it
-    (docs/loss.md, "Multi-turn credit"). Single-turn rollouts are the same under both."""
-
-    turn_discount: float = Field(1.0, ge=0.0, le=1.0)
-    """(per_turn) gamma of a turn's return, sum over k >= t of gamma^(k-t) * r_k."""
-
-    @model_validator(mode="after")
-    def _options_the_type_uses(self) -> AdvantageConfig:
-        if self.turn_discount != 1.0 and self.turn_credit != "per_turn":
-            raise ValueError(
-                "advantage.turn_discount only applies with advantage.turn_credit: per_turn; "
-                "set turn_credit: per_turn or remove turn_discount"
-            )
-        if self.type == "custom" and not self.import_path:
-            raise ValueError("advantage.type 'custom' needs advantage.import_path ('pkg.module:function')")
-        if self.type != "custom" and self.import_path:
-            raise ValueError("advantage.import_path is only used with advantage.type: custom")
-        if self.type != "custom" and self.kwargs:
-            raise ValueError("advantage.kwargs is only used with advantage.type: custom")
-        if self.length_weighted_mean and self.type != "default":
-            raise ValueError(
-                f"advantage.length_weighted_mean only applies to advantage.type default; {self.type} uses "
-                "the baseline its definition gives (a custom function receives the lengths itself): "
-                "remove length_weighted_mean or use type: default"
             )
         return self
 

@@ -39,13 +39,13 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from grpo.trainer.grad_scale import Float16GradScale
+from grpo.trainer.hf.step_state import FirstPass, OpenStep, score_on_all_ranks
 from grpo.trainer.loss import LossSums, loss_of_tokens
 from grpo.trainer.packing import split_micro_batches, token_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
@@ -62,40 +62,6 @@ if TYPE_CHECKING:
     from grpo.transport.batches.batch import PackedRow, SamplingTruncation
 
 log = get_logger("trainer")
-
-
-@dataclass
-class _OpenStep:
-    """What a step adds up over its batches (parts) until finish_step."""
-
-    step: int
-    loss_scale: int | None
-    """The normaliser each micro-batch loss is divided by; None: 1 now, the step's at the end."""
-    lr: float
-    totals: LossSums = field(default_factory=LossSums)
-    num_loss_tokens: int = 0
-    """Over every part and rank: with num_loss_samples, the normaliser when loss_scale is None."""
-    num_loss_samples: int = 0
-    num_tokens: int = 0
-    num_sequence_tokens: int = 0
-    compute_seconds: float = 0.0
-    num_recomputed_layers: int = 0
-    """Most decoder layers any accumulation group of the step recomputed (gradient checkpointing)."""
-    first_pass: list[_FirstPass] = field(default_factory=list)
-    """Each micro-batch of the first pass, kept for the later ones (num_iterations > 1 only)."""
-
-
-@dataclass
-class _FirstPass:
-    """One micro-batch of a step, with what its first pass computed."""
-
-    micro_batch: MicroBatch
-    truncation: SamplingTruncation
-    """How its batch's completions were sampled (TrainingBatch.sampling)."""
-    lp: Any = None
-    """torch.Tensor [N] float32: the policy's logprobs of its loss tokens before any update (detached)."""
-    ref_lp: Any = None
-    """torch.Tensor [N] float32, or None without loss.kl_beta: the reference's logprobs."""
 
 
 class Trainer:
@@ -155,7 +121,7 @@ class Trainer:
             Float16GradScale() if self.policy.dtype == torch.float16 else None
         )
         """Dynamic gradient scaling when the trainer computes in float16 (grpo.trainer.grad_scale)."""
-        self._open: _OpenStep | None = None
+        self._open: OpenStep | None = None
         """The step between begin_step and finish_step."""
         self._report = StepReport(cfg, self.run_dir, self.is_main)
         self._flops = self._flop_counter()
@@ -214,31 +180,7 @@ class Trainer:
             raise ValueError("score() needs rows (or share_rows=True on every rank, with rows on rank 0)")
         if self.dist is None:
             return self._score_rows(rows)
-        return self._score_on_all_ranks(rows)
-
-    def _score_on_all_ranks(self, rows: list[PackedRow]) -> list[np.ndarray]:
-        import torch
-
-        from grpo.trainer.distributed import balance_row_indices, same_on_every_rank, sum_tensor
-        from grpo.trainer.packing import empty_row
-
-        assert self.dist is not None
-        lengths = [r.num_tokens for r in rows]
-        if not same_on_every_rank([len(rows)], self.dist) or not same_on_every_rank(lengths, self.dist):
-            raise ValueError(
-                "score() got different rows on different ranks; pass the same rows on every rank, or "
-                "share_rows=True to score rank 0's rows"
-            )
-        share = balance_row_indices(lengths, self.dist.world_size)[self.dist.rank]
-        local = self._score_rows([rows[i] if i < len(rows) else empty_row() for i in share])
-        starts = np.cumsum([0, *lengths])
-        flat = torch.zeros(int(starts[-1]), dtype=torch.float32)  # [all rows' tokens]
-        for index, logprobs in zip(share, local, strict=True):
-            if index < len(rows):
-                flat[starts[index] : starts[index + 1]] = torch.from_numpy(logprobs)
-        # Each token is scored by exactly one rank (zeros elsewhere), so the sum is that rank's value.
-        summed = sum_tensor(flat, self.dist).numpy()
-        return [summed[starts[i] : starts[i + 1]].copy() for i in range(len(rows))]
+        return score_on_all_ranks(rows, self.dist, self._score_rows)
 
     def _score_rows(self, rows: list[PackedRow]) -> list[np.ndarray]:
         import torch
@@ -281,7 +223,7 @@ class Trainer:
         once its last part is in) backpropagates the plain token sums, and `finish_step` divides the
         summed gradients by the normaliser before clipping, which is the same update."""
         self.optimizer.zero_grad(set_to_none=True)
-        self._open = _OpenStep(step, loss_scale, float(self.scheduler.get_last_lr()[0]))
+        self._open = OpenStep(step, loss_scale, float(self.scheduler.get_last_lr()[0]))
 
     def accumulate(self, batch: TrainingBatch) -> None:
         """Forward and backward every row of `batch` (a whole step, or one part of it), adding to the
@@ -295,7 +237,7 @@ class Trainer:
         state.num_loss_tokens += batch.num_loss_tokens
         state.num_loss_samples += batch.num_loss_samples
         loss_scale = 1 if state.loss_scale is None else state.loss_scale
-        passes = [_FirstPass(mb, batch.sampling) for mb in self._micro_batches(self._local_rows(batch.rows))]
+        passes = [FirstPass(mb, batch.sampling) for mb in self._micro_batches(self._local_rows(batch.rows))]
         self._backward(passes, loss_scale, first=True)
         if self.cfg.num_iterations > 1:
             state.first_pass.extend(passes)
@@ -311,7 +253,7 @@ class Trainer:
         self._backward(state.first_pass, state.loss_scale, first=False)
         state.compute_seconds += time.perf_counter() - started
 
-    def _backward(self, passes: list[_FirstPass], loss_scale: int, first: bool) -> None:
+    def _backward(self, passes: list[FirstPass], loss_scale: int, first: bool) -> None:
         """Forward and backward micro-batches in groups of gradient_accumulation_steps, adding to the
         open step's gradients and sums. The first pass records each one's logprobs (and the
         reference's); a later pass trains against them."""
