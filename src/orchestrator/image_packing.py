@@ -64,25 +64,6 @@ def image_ref_column(rollout: Rollout, num_tokens: int, table: ImageTable) -> np
         if start < num_tokens:
             column[start] = 2 * ref + 1
     return column
-    patch_offsets = np.cumsum([0, *images.grid_thw.astype(np.int64).prod(axis=1)])
-    ends = [*images.token_starts[1:].tolist(), len(rollout.prompt_ids)]
-    for image, start in enumerate(images.token_starts.tolist()):
-        pixels = images.pixel_values[patch_offsets[image] : patch_offsets[image + 1]]
-        ref = table.add(pixels, images.grid_thw[image])
-        # The run ends where the placeholder tokens do (the next image or the prompt's end bound it).
-        run = start + int(
-            np.argmax(
-                np.append(
-                    np.asarray(rollout.prompt_ids[start : ends[image]]) != rollout.prompt_ids[start], True
-                )
-            )
-        )
-        if start < num_tokens < run:
-            raise ValueError(f"seq_len cuts a prompt inside image {image}; raise seq_len")
-        column[start : min(run, num_tokens)] = 2 * ref
-        if start < num_tokens:
-            column[start] = 2 * ref + 1
-    return column
 
 
 def row_images(image_ref: np.ndarray, table: ImageTable) -> RowImages | None:
