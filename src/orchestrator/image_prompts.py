@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from grpo.envs.base import Message
-from grpo.transport.batches.images import RowImages
+from grpo.transport.batches.images import RowImages, image_token_count
 from grpo.utils.errors import UserError
 
 IMAGE_TOKEN = "<|image_pad|>"
@@ -62,7 +62,7 @@ class ImagePrompter:
             return ids, None
         processed = self.image_processor(images=images, return_tensors="np")
         grid = np.asarray(processed["image_grid_thw"], np.int32)
-        counts = iter((grid.astype(np.int64).prod(axis=1) // self.merge_size**2).tolist())
+        counts = iter(image_token_count(grid, self.merge_size).tolist())
         expanded: list[int] = []
         starts = []
         for token in ids:

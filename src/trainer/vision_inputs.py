@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grpo.transport.batches.batch import PackedRow
+from grpo.transport.batches.images import image_token_count
 
 if TYPE_CHECKING:
     import torch
@@ -46,11 +47,6 @@ class VisionInputs:
     """[num_image_tokens] micro-batch index of the token each vision-tower output replaces, in order."""
     rope_position_ids: torch.Tensor
     """[3, T] long: every token's M-RoPE (temporal, height, width) position ids."""
-
-
-def image_token_count(grid_thw: np.ndarray, spatial_merge_size: int) -> np.ndarray:
-    """[num_images] placeholder tokens each image takes: its patches over the merged block."""
-    return (grid_thw.astype(np.int64).prod(axis=1) // spatial_merge_size**2).astype(np.int64)
 
 
 def row_placeholders(row: PackedRow, vision: VisionTokens) -> np.ndarray:

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from grpo.orchestrator.image_prompts import ImagePrompter
-from grpo.trainer.vision_inputs import VisionTokens, image_token_count, row_placeholders
+from grpo.trainer.vision_inputs import VisionTokens, row_placeholders
 from grpo.transport.batches.batch import PackedRow, plain_parent_ids
+from grpo.transport.batches.images import image_token_count
 
 
 def test_each_image_placeholder_expands_to_its_images_tokens(tiny_vl_model_path: Path) -> None:

@@ -95,3 +95,8 @@ class RowImages:
                 np.int32
             ),
         )
+
+
+def image_token_count(grid_thw: np.ndarray, spatial_merge_size: int) -> np.ndarray:
+    """[num_images] placeholder tokens each image takes: its patches over the merged block."""
+    return (grid_thw.astype(np.int64).prod(axis=1) // spatial_merge_size**2).astype(np.int64)
