@@ -63,6 +63,12 @@ def make_batch(step: int, num_rows: int, row_tokens: int, vocab: int):
     return TrainingBatch(step=step, rows=rows)
 
 
+def _checkpointing(variant: str) -> str | bool:
+    if variant.startswith("trainer_auto"):
+        return "auto"
+    return variant != "trainer_no_checkpointing"
+
+
 def run_variant(
     variant: str, model: str, num_rows: int, row_tokens: int, num_steps: int
 ) -> dict[str, object]:
@@ -83,7 +89,10 @@ def run_variant(
         logprob_chunk_size=256,
         loss=loss,
         learning_rate=1e-5,
-        gradient_checkpointing=variant != "trainer_no_checkpointing",
+        gradient_checkpointing=_checkpointing(variant),
+        # trainer_auto_12gib: auto with too little room for every layer's activations, so it
+        # recomputes some layers and keeps the others (the plan's partial case, measured).
+        activation_memory_gib=12.0 if variant == "trainer_auto_12gib" else None,
     )
     if variant == "trainer_fp32":
         import grpo.trainer.hf.model as model_module
@@ -120,8 +129,12 @@ def run_variant(
     # The trainer's own metric (LoRA-aware model FLOPs, attention and logits included, over the peak
     # of grpo.trainer.peak_flops), beside the 6 x parameters convention of `mfu`.
     own = [m["mfu"] for m in step_metrics if isinstance(m, dict) and "mfu" in m]
+    recomputed = [
+        m["recomputed_layers"] for m in step_metrics if isinstance(m, dict) and "recomputed_layers" in m
+    ]
     return {
         **cuda,
+        "recomputed_layers": recomputed[-1] if recomputed else None,
         "trainer_mfu_metric": sum(own) / len(own) if own else None,
         "tokens_per_s": tokens_per_s,
         "step_s": elapsed / num_steps,
@@ -254,6 +267,12 @@ def _plain_step(trainer, cfg):
     return step
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M)")
@@ -291,6 +310,9 @@ def main() -> None:
         "plain_peft",
         "logprobs_chunked",
         "logprobs_naive",
+        # The default (auto) on a GPU, and auto choosing some layers; on a CPU the default's choice
+        # is measured where it matters, in the end-to-end benchmark.
+        *(("trainer_auto", "trainer_auto_12gib") if _has_cuda() else ()),
     )
     threads = {} if args.threads is None else {"OMP_NUM_THREADS": str(args.threads)}
     for variant in [v for v in variants if v not in args.skip]:

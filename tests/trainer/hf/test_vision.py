@@ -134,16 +134,17 @@ def _shared_row(groups: list[list[Sample]]) -> PackedRow:
 
 def _reference_logprobs(causal_lm: torch.nn.Module, sample: Sample, image_token_id: int) -> np.ndarray:
     """The model's own forward of one rollout: logprobs of its completion tokens."""
-    ids = torch.tensor([sample.prompt.ids + sample.completion])
+    device = next(causal_lm.parameters()).device  # the trainer's (CUDA on a GPU machine)
+    ids = torch.tensor([sample.prompt.ids + sample.completion], device=device)
     with torch.no_grad():
         logits = causal_lm(
             input_ids=ids,
-            pixel_values=torch.from_numpy(sample.prompt.images.pixel_values),
-            image_grid_thw=torch.from_numpy(sample.prompt.images.grid_thw.astype(np.int64)),
+            pixel_values=torch.from_numpy(sample.prompt.images.pixel_values).to(device),
+            image_grid_thw=torch.from_numpy(sample.prompt.images.grid_thw.astype(np.int64)).to(device),
             mm_token_type_ids=(ids == image_token_id).int(),
         ).logits[0]
     n_prompt = len(sample.prompt.ids)
-    predicting = logits[n_prompt - 1 : -1].float() / sample.temperature
+    predicting = logits[n_prompt - 1 : -1].float().cpu() / sample.temperature
     logprobs = torch.log_softmax(predicting, dim=-1)
     return logprobs.gather(-1, torch.tensor(sample.completion)[:, None])[:, 0].numpy()
 
