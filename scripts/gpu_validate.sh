@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The acceptance run on a GPU machine (`make gpu-validate`; about 4 minutes on an H200; no vLLM, no
 # network needed): one NVIDIA GPU (H100 / H200) and torch with CUDA. Results of a run on a lent H200:
-# benchmarks/results/gpu_validate_h200.md.
+# benchmarks/results/gpu_validate.md.
 #
 #   OUT=/some/dir bash scripts/gpu_validate.sh        (run from anywhere; default OUT: outputs/gpu_validate)
 #

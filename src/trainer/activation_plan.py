@@ -21,12 +21,14 @@ from grpo.config.trainer import TrainerConfig
 from grpo.models.shape import ModelShape
 
 # Activations per decoder layer and token, in bf16 tensors of max(hidden, intermediate) elements.
-# Keeping every layer's: measured on an H200 (Qwen3-0.6B shape, LoRA rank 16, 8 x 2048 tokens, no
-# gradient checkpointing) 32.1 GiB reserved at peak, about 11 such tensors per layer (RMSNorm's
-# float32 copies, q/k/v/o, the MLP's four intermediate-sized tensors, LoRA's inputs); 12 counted.
-# Recomputing, one layer's working set at a time: 6 counted (the same run with checkpointing
-# peaked at 5.49 GiB reserved against a 5.63 GiB plan).
-ACTIVATION_TENSORS_PER_LAYER_KEPT = 12
+# Keeping every layer's: measured on an H100 (Qwen3-0.6B shape, LoRA rank 16, micro-batches of
+# 8,192 tokens, no gradient checkpointing; benchmarks/trainer_bench.py) 20.9 GiB reserved at peak,
+# about 13 such tensors per layer once weights, LoRA state and the logits chunk are taken off
+# (RMSNorm's float32 copies, q/k/v/o, the MLP's four intermediate-sized tensors, LoRA's inputs, the
+# caching allocator's slack); 14 counted. Recomputing 8 of 28 layers there peaked at 15.8 GiB, 0.64
+# GiB per kept layer above recomputing all. Recomputing, one layer's working set at a time: 6 counted
+# (recomputing every layer peaked at 3.6 GiB reserved against a 4.9 GiB plan).
+ACTIVATION_TENSORS_PER_LAYER_KEPT = 14
 ACTIVATION_TENSORS_ONE_LAYER = 6
 ACTIVATION_SHARE = 0.5
 """Share of the memory planned against that the activations alive at once may take (when
