@@ -24,7 +24,8 @@ def test_each_image_placeholder_expands_to_its_images_tokens(tiny_vl_model_path:
         {"type": "image", "image": wide},
         {"type": "text", "text": "How many?"},
     ]
-    ids, images = prompter.prompt([{"role": "user", "content": content}])
+    prompt = prompter.prompt([{"role": "user", "content": content}])
+    ids, images = prompt.ids, prompt.images
     assert images is not None and images.num_images == 2
     counts = image_token_count(images.grid_thw, prompter.merge_size)
     assert counts.tolist() == [4, 8]  # 56x56 -> 4x4 patches -> 2x2 tokens; 112x56 -> 4x2 tokens
@@ -47,5 +48,26 @@ def test_each_image_placeholder_expands_to_its_images_tokens(tiny_vl_model_path:
 
 def test_a_text_prompt_has_no_images(tiny_vl_model_path: Path) -> None:
     prompter = ImagePrompter.from_path(str(tiny_vl_model_path))
-    ids, images = prompter.prompt([{"role": "user", "content": "Hello"}])
-    assert images is None and prompter.image_token_id not in ids
+    prompt = prompter.prompt([{"role": "user", "content": "Hello"}])
+    assert prompt.images is None and prompter.image_token_id not in prompt.ids
+    assert prompt.request_ids == prompt.ids and prompt.image_urls == ()
+
+
+def test_vllm_is_sent_one_placeholder_per_image_and_the_images_as_png(tiny_vl_model_path: Path) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    prompter = ImagePrompter.from_path(str(tiny_vl_model_path))
+    picture = Image.new("RGB", (56, 56), "red")
+    content = [{"type": "image", "image": picture}, {"type": "text", "text": "How many?"}]
+    prompt = prompter.prompt([{"role": "user", "content": content}])
+    assert prompt.request_ids.count(prompter.image_token_id) == 1
+    # the expansion: the one placeholder repeated to the image's 4 tokens, the rest unchanged
+    start = prompt.request_ids.index(prompter.image_token_id)
+    expected = prompt.request_ids[:start] + [prompter.image_token_id] * 4 + prompt.request_ids[start + 1 :]
+    assert prompt.ids == expected
+    (url,) = prompt.image_urls
+    sent = Image.open(io.BytesIO(base64.b64decode(url.removeprefix("data:image/png;base64,"))))
+    assert sent.size == (56, 56) and sent.getpixel((0, 0)) == (255, 0, 0)
