@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo.envs.base import Message
+from grpo.envs.base import Environment, Message, non_text_parts
 from grpo.inference.generate_bodies import image_data_url
 from grpo.transport.batches.images import RowImages, image_token_count
 from grpo.utils.errors import UserError
@@ -64,9 +64,23 @@ class ImagePrompter:
 
     @classmethod
     def from_path(cls, path: str) -> ImagePrompter:
+        """The prompter of the model folder `path`; UserError where it is no Qwen2-VL-style model
+        (its tokenizer lacks the image placeholder, or it has no image processor with a merge size)."""
         from transformers import AutoImageProcessor, AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path))
+        hf_tokenizer = AutoTokenizer.from_pretrained(path)
+        if IMAGE_TOKEN not in hf_tokenizer.get_vocab():
+            raise UserError(
+                f"{path}: its tokenizer has no {IMAGE_TOKEN} token, so the orchestrator cannot render image "
+                "prompts for it; use a Qwen2-VL or Qwen2.5-VL model for environments with images"
+            )
+        image_processor = AutoImageProcessor.from_pretrained(path)
+        if not hasattr(image_processor, "merge_size"):
+            raise UserError(
+                f"{path}: its image processor ({type(image_processor).__name__}) is not Qwen2-VL's; use a "
+                "Qwen2-VL or Qwen2.5-VL model for environments with images"
+            )
+        return cls(hf_tokenizer, image_processor)
 
     def prompt(self, messages: list[Message]) -> ImagePrompt:
         """The prompt of `messages` after a generation prompt, with its images."""
@@ -96,3 +110,36 @@ class ImagePrompter:
         pixels = np.asarray(processed["pixel_values"], np.float32)
         row_images = RowImages(pixels, grid, np.asarray(starts, np.int32))
         return ImagePrompt(ids, expanded, row_images, tuple(image_data_url(image) for image in images))
+
+
+def has_image_prompts(env: Environment) -> bool:
+    """Whether `env`'s prompts hold images (its first example's)."""
+    return bool(env.examples) and "image" in non_text_parts(env.prompt_messages(env.examples[0]))
+
+
+def image_prompter_for(
+    envs: list[Environment], model_path: str, partial_rollouts: bool, has_teacher: bool
+) -> ImagePrompter | None:
+    """The prompter for a run's environments (None when none has image prompts); UserError at load
+    for what image prompts cannot do yet."""
+    image_envs = [env for env in envs if has_image_prompts(env)]
+    if not image_envs:
+        return None
+    from grpo.envs.tool_env import ToolUse
+
+    for env in image_envs:
+        if env.max_turns != 1 or isinstance(env, ToolUse):
+            raise UserError(
+                f"env {env.name}: image prompts are sent to vLLM for single-turn environments without tools "
+                "only; set max_turns 1 and no tools"
+            )
+    if partial_rollouts:
+        raise UserError(
+            "partial_rollouts streams /v1/completions, which takes no images; set partial_rollouts: false in "
+            "orch.yaml for environments with image prompts"
+        )
+    if has_teacher:
+        raise UserError(
+            "teacher_model scores token ids without their images; remove it for environments with image prompts"
+        )
+    return ImagePrompter.from_path(model_path)

@@ -162,11 +162,7 @@ class RolloutRunner:
     async def _generate_images(self, req: GroupRequest, prompt: ImagePrompt) -> list[Resumed]:
         """`req.num_rollouts` completions of an image prompt: vLLM is sent one placeholder per image
         with the images, and must have run the prompt the trainer will see (`prompt.ids`)."""
-        if self._resumes(req):
-            raise UserError(
-                "partial_rollouts cannot resume a prompt with images (it streams /v1/completions, which takes "
-                "none); set partial_rollouts: false in orch.yaml"
-            )
+        assert not self._resumes(req), "image_prompter_for refuses partial_rollouts with image prompts"
         params = self._bounded(req.params, len(prompt.ids))
         version = self.policy.version
         request = replace(
@@ -192,16 +188,8 @@ class RolloutRunner:
                 f"env {req.env.name}: its prompts have images, but the policy is not a vision-language "
                 "model the orchestrator can render them for (Qwen2-VL, Qwen2.5-VL)"
             )
-        if req.teacher_model is not None:
-            raise UserError(
-                f"env {req.env.name}: a teacher scores token ids without their images; turn the teacher off "
-                "for an environment with image prompts"
-            )
-        if req.env.max_turns != 1 or isinstance(req.env, ToolUse):
-            raise UserError(
-                f"env {req.env.name}: image prompts are sent to vLLM for single-turn environments without "
-                "tools only; set max_turns 1 and no tools"
-            )
+        # image_prompter_for refused the rest at load
+        assert req.teacher_model is None and req.env.max_turns == 1 and not isinstance(req.env, ToolUse)
         return self.image_prompter.prompt(messages)
 
     def _bounded(self, params: SamplingParams, num_context_tokens: int) -> SamplingParams:

@@ -3,14 +3,18 @@ token count, where the trainer looks for them."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from grpo.orchestrator.image_prompts import ImagePrompter
+from grpo.envs import Environment, MultiTurnEnv, SingleTurnEnv
+from grpo.orchestrator.image_prompts import ImagePrompter, image_prompter_for
 from grpo.trainer.vision_inputs import VisionTokens, row_placeholders
 from grpo.transport.batches.batch import PackedRow, plain_parent_ids
 from grpo.transport.batches.images import image_token_count
+from grpo.utils.errors import UserError
 
 
 def test_each_image_placeholder_expands_to_its_images_tokens(tiny_vl_model_path: Path) -> None:
@@ -71,3 +75,45 @@ def test_vllm_is_sent_one_placeholder_per_image_and_the_images_as_png(tiny_vl_mo
     (url,) = prompt.image_urls
     sent = Image.open(io.BytesIO(base64.b64decode(url.removeprefix("data:image/png;base64,"))))
     assert sent.size == (56, 56) and sent.getpixel((0, 0)) == (255, 0, 0)
+
+
+def picture_env(num_turns: int = 1) -> Environment:
+    from PIL import Image
+
+    content = [{"type": "image", "image": Image.new("RGB", (56, 56))}, {"type": "text", "text": "How many?"}]
+    examples = [{"prompt": [{"role": "user", "content": content}]}]
+    if num_turns == 1:
+        return SingleTurnEnv(examples=examples, rewards=[lambda c: 0.0])
+    return MultiTurnEnv(examples=examples, rewards=[lambda c: 0.0], max_turns=num_turns)
+
+
+def test_a_run_without_image_prompts_needs_no_prompter(tiny_model_path: Path) -> None:
+    text = SingleTurnEnv(examples=[{"prompt": "hi"}], rewards=[lambda c: 0.0])
+    assert image_prompter_for([text], str(tiny_model_path), partial_rollouts=False, has_teacher=False) is None
+
+
+def test_image_prompts_load_for_a_qwen2_vl_policy(tiny_vl_model_path: Path) -> None:
+    prompter = image_prompter_for(
+        [picture_env()], str(tiny_vl_model_path), partial_rollouts=False, has_teacher=False
+    )
+    assert prompter is not None and prompter.merge_size == 2
+
+
+def test_image_prompts_for_a_text_policy_are_refused_at_load(tiny_model_path: Path) -> None:
+    with pytest.raises(UserError, match=re.escape("no <|image_pad|> token")):
+        image_prompter_for([picture_env()], str(tiny_model_path), partial_rollouts=False, has_teacher=False)
+
+
+@pytest.mark.parametrize(
+    ("num_turns", "partial", "teacher", "refusal"),
+    [
+        (2, False, False, "single-turn environments"),
+        (1, True, False, "partial_rollouts"),
+        (1, False, True, "teacher"),
+    ],
+)
+def test_what_image_prompts_cannot_do_yet_is_refused_at_load(
+    num_turns: int, partial: bool, teacher: bool, refusal: str
+) -> None:
+    with pytest.raises(UserError, match=refusal):
+        image_prompter_for([picture_env(num_turns)], "unused", partial_rollouts=partial, has_teacher=teacher)

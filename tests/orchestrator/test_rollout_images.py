@@ -94,8 +94,3 @@ def test_a_server_that_expands_an_image_to_other_tokens_fails_the_group(tmp_path
 def test_image_prompts_without_a_vision_language_policy_are_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not a vision-language model"):
         run(ImageServer(), tmp_path)
-
-
-def test_a_teacher_cannot_score_image_prompts(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="teacher"):
-        run(ImageServer(), tmp_path, FakePrompter(), teacher_model="teacher")
