@@ -213,16 +213,17 @@ class InferenceClient:
             ) from error
 
     async def _post_once(self, url: str, path: str, body: dict[str, Any], timeout: float | None) -> Any:
+        target = route_url(url, path)
         request = self._http.post(
-            route_url(url, path),
+            target,
             json=body,
             timeout=httpx.Timeout(timeout) if timeout else httpx.USE_CLIENT_DEFAULT,
         )
         response = await (request if self._recovery is None else self._recovery.until_lost(url, request))
         if response.status_code == 429 or response.status_code >= 500:
-            raise TransientServerError(f"{url}{path}: HTTP {response.status_code}: {response.text[:500]}")
+            raise TransientServerError(f"{target}: HTTP {response.status_code}: {response.text[:500]}")
         if response.status_code >= 400:
-            raise RuntimeError(f"{url}{path}: HTTP {response.status_code}: {response.text[:2000]}")
+            raise RuntimeError(f"{target}: HTTP {response.status_code}: {response.text[:2000]}")
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.text
