@@ -253,11 +253,11 @@ def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
     from grpo.envs.tool_env import add_tools
 
     env = add_tools(_build_loader(env_cfg), env_cfg, f"env {env_cfg.display_name}")
-    _refuse_image_prompts(env, env_cfg.display_name)
+    _refuse_unsent_parts(env, env_cfg.display_name)
     return env
 
 
-def _refuse_image_prompts(env: Environment, name: str) -> None:
+def _refuse_unsent_parts(env: Environment, name: str) -> None:
     """UserError at load for an environment whose prompts hold video, audio or other non-text parts
     but images (its first example's): only images reach vLLM (grpo.orchestrator.image_prompts)."""
     kinds = non_text_parts(env.prompt_messages(env.examples[0])) if env.examples else []
