@@ -5,9 +5,9 @@ triangles in a few colours, drawn with PIL from a seed (no download), and the qu
 <colour> shapes are in the picture?"; the answer is the count as digits. The prompt is one user
 message of an image part (the PIL image itself) and a text part.
 
-The orchestrator does not send image prompts to vLLM yet, so a run with this environment is refused
-at load (grpo.envs.loading); the task itself is complete and is what the vision-language path will
-train on.
+The orchestrator sends its prompts to vLLM with their images (grpo.orchestrator.image_prompts) for
+a Qwen2-VL or Qwen2.5-VL policy; no run with it has gone end to end yet (vLLM's CPU engine here
+cannot load those families, and co-located mode refuses vision-language models).
 """
 
 from __future__ import annotations

@@ -253,18 +253,19 @@ def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
     from grpo.envs.tool_env import add_tools
 
     env = add_tools(_build_loader(env_cfg), env_cfg, f"env {env_cfg.display_name}")
-    _refuse_image_prompts(env, env_cfg.display_name)
+    _refuse_unsent_parts(env, env_cfg.display_name)
     return env
 
 
-def _refuse_image_prompts(env: Environment, name: str) -> None:
-    """UserError at load for an environment whose prompts hold images (its first example's): the
-    orchestrator cannot send them to vLLM yet, and would otherwise fail at its first rollout."""
+def _refuse_unsent_parts(env: Environment, name: str) -> None:
+    """UserError at load for an environment whose prompts hold video, audio or other non-text parts
+    but images (its first example's): only images reach vLLM (grpo.orchestrator.image_prompts)."""
     kinds = non_text_parts(env.prompt_messages(env.examples[0])) if env.examples else []
-    if kinds:
+    unsent = [kind for kind in kinds if kind != "image"]
+    if unsent:
         raise UserError(
-            f"env {name}: its prompts have {', '.join(kinds)} content parts, but the orchestrator sends text "
-            "prompts only (vision-language rollouts are not wired to vLLM yet); use a text environment"
+            f"env {name}: its prompts have {', '.join(unsent)} content parts, but the orchestrator sends text "
+            "and image prompts only; give the environment's prompts as text and images"
         )
 
 

@@ -30,6 +30,7 @@ from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, We
 from grpo.inference.collective_receive import receive_over_collective
 from grpo.inference.completion_bodies import completion_body, completion_from_choice, prompt_logprobs_body
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
+from grpo.inference.generate_bodies import GENERATE_PATH, completions_from_generate, generate_body, route_url
 from grpo.inference.policy_replay import APPLY_NOISY_NORMS_PATH, UPDATE_WEIGHTS_PATH, PolicyReplay
 from grpo.inference.recovery import ServerDownError, ServerLostError, ServerRecovery
 from grpo.inference.retry import ServerLeftError, TransientServerError, attempts, server_gone
@@ -212,14 +213,17 @@ class InferenceClient:
             ) from error
 
     async def _post_once(self, url: str, path: str, body: dict[str, Any], timeout: float | None) -> Any:
+        target = route_url(url, path)
         request = self._http.post(
-            url + path, json=body, timeout=httpx.Timeout(timeout) if timeout else httpx.USE_CLIENT_DEFAULT
+            target,
+            json=body,
+            timeout=httpx.Timeout(timeout) if timeout else httpx.USE_CLIENT_DEFAULT,
         )
         response = await (request if self._recovery is None else self._recovery.until_lost(url, request))
         if response.status_code == 429 or response.status_code >= 500:
-            raise TransientServerError(f"{url}{path}: HTTP {response.status_code}: {response.text[:500]}")
+            raise TransientServerError(f"{target}: HTTP {response.status_code}: {response.text[:500]}")
         if response.status_code >= 400:
-            raise RuntimeError(f"{url}{path}: HTTP {response.status_code}: {response.text[:2000]}")
+            raise RuntimeError(f"{target}: HTTP {response.status_code}: {response.text[:2000]}")
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.text
@@ -341,6 +345,12 @@ class InferenceClient:
         return {card["id"] for card in response.json().get("data", [])}
 
     async def generate(self, request: GenerateRequest) -> list[Completion]:
+        if request.image_urls:
+            # /v1/completions takes no images: vLLM's token-in route does (grpo.inference.generate_bodies)
+            images_response = await self._post_routed(
+                GENERATE_PATH, generate_body(request), request.session_id
+            )
+            return completions_from_generate(images_response)
         response = await self._post_routed("/completions", completion_body(request), request.session_id)
         return [
             completion_from_choice(choice) for choice in sorted(response["choices"], key=lambda c: c["index"])
@@ -352,6 +362,11 @@ class InferenceClient:
         """As `generate`, streamed (grpo.inference.streaming): once `interrupt` is set the stream is
         closed, vLLM aborts the request, and each unfinished choice comes back with its tokens so far
         (finish_reason ABORTED). A failure is retried like `generate`'s, from the start."""
+        if request.image_urls:
+            raise UserError(
+                "partial_rollouts streams /v1/completions, which takes no images; set partial_rollouts: false "
+                "in orch.yaml for an environment with image prompts"
+            )
         body = completion_body(request)
         can_move = self._pool is not None or self._recovery is not None
         url = ""

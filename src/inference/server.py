@@ -21,6 +21,7 @@ from grpo.config.inference import InferenceConfig
 from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
 from grpo.inference.vllm_compat import app as vllm_app
 from grpo.inference.vllm_compat.version import check_vllm_version, parse_server_args
+from grpo.inference.vllm_compat.vision_models import refuse_unservable_vision_model
 from grpo.inference.weight_routes import WeightRouteRules, add_weight_routes
 from grpo.utils.logging import get_logger
 from grpo.utils.signals import interrupt_on_sigterm
@@ -34,6 +35,7 @@ def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Name
     """Check vLLM, set the engine's environment, and parse the server argv for `cfg`; also what
     its weight routes accept (the LoRA serving mode with auto decided, the weight folders)."""
     version = check_vllm_version()
+    refuse_unservable_vision_model(model_path)
     lora_serving = resolve_lora_serving(cfg)
     os.environ.update(server_env(cfg))
     log.info("vLLM %s; serving %s from %s", version, cfg.model, model_path)

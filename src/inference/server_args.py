@@ -88,6 +88,8 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         # vLLM's neutral sampling defaults, not the checkpoint's generation_config.json (Qwen3:
         # top_k 20, top_p 0.95), for any request that leaves a setting out; grpo's state them all.
         "--generation-config", "vllm",
+        # the token-in route /inference/v1/generate, the one that takes images with token ids
+        "--enable-scale-out",
         *(["--enable-return-routed-experts"] if cfg.return_routed_experts else []),
     ]  # fmt: skip
     if cfg.max_model_len is not None:

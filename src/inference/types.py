@@ -57,6 +57,9 @@ class Completion:
     routed_experts: np.ndarray | None = None
     """With return_routed_experts: [prompt + completion tokens - 1, num_layers, top_k] expert ids
     (the last token was never forwarded); None otherwise."""
+    prompt_token_ids: list[int] | None = None
+    """For a request with images: the prompt as the server ran it, each image's placeholder
+    expanded to the image's tokens; None for a text request (its prompt is the request's)."""
 
 
 @dataclass
@@ -71,6 +74,10 @@ class GenerateRequest:
     session_id: str | None = None
     """Multi-turn sessions route to the same server (sticky) for prefix-cache hits."""
     extra: dict[str, object] = field(default_factory=dict)
+    image_urls: tuple[str, ...] = ()
+    """A vision-language prompt's images, in placeholder order, as `data:` URLs (PNG, base64); the
+    prompt then holds one placeholder token per image, which the server expands. Non-empty sends
+    the request to vLLM's token-in route (grpo.inference.generate_bodies) instead of /completions."""
 
 
 class RolloutClient(Protocol):

@@ -9,6 +9,7 @@ from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.loading import load_environment
 from grpo.envs.rewards import REWARD_POOL
 from grpo.inference.types import RolloutClient
+from grpo.orchestrator.image_prompts import image_prompter_for
 from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.transport.batches.interfaces import BatchSender
@@ -32,6 +33,13 @@ async def run(
     eval_envs = (
         await asyncio.to_thread(lambda: [load_environment(e) for e in eval_cfg.env]) if eval_cfg else []
     )
+    image_prompter = await asyncio.to_thread(
+        image_prompter_for,
+        [*envs, *eval_envs],
+        tokenizer_path,
+        cfg.partial_rollouts,
+        cfg.teacher_model is not None,
+    )
     own_teacher = (
         teacher_client is None and cfg.teacher_model is not None and cfg.teacher_model.client is not None
     )
@@ -50,6 +58,7 @@ async def run(
         eval_envs=eval_envs,
         stop=stop,
         teacher_client=teacher_client,
+        image_prompter=image_prompter,
     )
     try:
         await orchestrator.run()

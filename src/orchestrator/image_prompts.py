@@ -1,27 +1,56 @@
-"""Chat messages with image parts -> the prompt's token ids (placeholders expanded) and its images.
+"""Chat messages with image parts -> the prompt vLLM is sent, the prompt the trainer sees, the images.
 
 A Qwen2-VL-style chat template writes one image placeholder token per image part; the model needs
 as many as the vision tower makes embeddings for that image (its patch grid over the merged block).
-This renders the messages with the model's own template, processes the images with its image
-processor, and repeats each placeholder accordingly, so the ids are those vLLM would run after its
-own placeholder expansion and the trainer can place the images (grpo.transport.batches.images).
+vLLM's token-in route (grpo.inference.generate_bodies) takes the template's ids, one placeholder
+per image, with the images, and expands each placeholder itself. This renders the messages with
+the model's own template and processes the images with its image processor, so it has both: the
+ids to send, and the expanded ids with the processed images (grpo.transport.batches.images) that
+the rollout keeps for training. The rollout checks that vLLM's expansion equals this one.
 
-An image part is {"type": "image", "image": <PIL image>}. Not yet called by the rollout loop: the
-orchestrator does not send images to vLLM yet (grpo.orchestrator.tokenizer refuses image parts).
+An image part is {"type": "image", "image": <PIL image>}.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from grpo.envs.base import Message
+from grpo.envs.base import Environment, Message, non_text_parts
+from grpo.inference.generate_bodies import image_data_url
 from grpo.transport.batches.images import RowImages, image_token_count
 from grpo.utils.errors import UserError
 
 IMAGE_TOKEN = "<|image_pad|>"
 """Qwen2-VL's image placeholder."""
+
+
+@dataclass
+class ImagePrompt:
+    """One rendered prompt with its images."""
+
+    request_ids: list[int]
+    """The template's ids: one placeholder token per image (what vLLM is sent)."""
+    ids: list[int]
+    """request_ids with each placeholder repeated to its image's token count (what vLLM runs and
+    the trainer sees)."""
+    images: RowImages | None
+    """The processed images, token_starts counted in `ids`; None for a prompt without images."""
+    image_urls: tuple[str, ...]
+    """Each image as a PNG `data:` URL, in placeholder order (what vLLM is sent)."""
+
+
+def image_parts(messages: list[Message]) -> list[Any]:
+    """The images of `messages`' image parts, in order."""
+    return [
+        part["image"]
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") == "image"
+    ]
 
 
 class ImagePrompter:
@@ -35,20 +64,27 @@ class ImagePrompter:
 
     @classmethod
     def from_path(cls, path: str) -> ImagePrompter:
+        """The prompter of the model folder `path`; UserError where it is no Qwen2-VL-style model
+        (its tokenizer lacks the image placeholder, or it has no image processor with a merge size)."""
         from transformers import AutoImageProcessor, AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path))
+        hf_tokenizer = AutoTokenizer.from_pretrained(path)
+        if IMAGE_TOKEN not in hf_tokenizer.get_vocab():
+            raise UserError(
+                f"{path}: its tokenizer has no {IMAGE_TOKEN} token, so the orchestrator cannot render image "
+                "prompts for it; use a Qwen2-VL or Qwen2.5-VL model for environments with images"
+            )
+        image_processor = AutoImageProcessor.from_pretrained(path)
+        if not hasattr(image_processor, "merge_size"):
+            raise UserError(
+                f"{path}: its image processor ({type(image_processor).__name__}) is not Qwen2-VL's; use a "
+                "Qwen2-VL or Qwen2.5-VL model for environments with images"
+            )
+        return cls(hf_tokenizer, image_processor)
 
-    def prompt(self, messages: list[Message]) -> tuple[list[int], RowImages | None]:
-        """Token ids of `messages` after a generation prompt, and their images (token_starts counted
-        from the first prompt token); None for a prompt without images."""
-        images = [
-            part["image"]
-            for message in messages
-            if isinstance(message.get("content"), list)
-            for part in message["content"]
-            if isinstance(part, dict) and part.get("type") == "image"
-        ]
+    def prompt(self, messages: list[Message]) -> ImagePrompt:
+        """The prompt of `messages` after a generation prompt, with its images."""
+        images = [image.convert("RGB") for image in image_parts(messages)]
         rendered = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = list(
             rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
@@ -59,7 +95,7 @@ class ImagePrompter:
                 "image parts; use the model's own chat template"
             )
         if not images:
-            return ids, None
+            return ImagePrompt(ids, list(ids), None, ())
         processed = self.image_processor(images=images, return_tensors="np")
         grid = np.asarray(processed["image_grid_thw"], np.int32)
         counts = iter(image_token_count(grid, self.merge_size).tolist())
@@ -72,4 +108,38 @@ class ImagePrompter:
             else:
                 expanded.append(token)
         pixels = np.asarray(processed["pixel_values"], np.float32)
-        return expanded, RowImages(pixels, grid, np.asarray(starts, np.int32))
+        row_images = RowImages(pixels, grid, np.asarray(starts, np.int32))
+        return ImagePrompt(ids, expanded, row_images, tuple(image_data_url(image) for image in images))
+
+
+def has_image_prompts(env: Environment) -> bool:
+    """Whether `env`'s prompts hold images (its first example's)."""
+    return bool(env.examples) and "image" in non_text_parts(env.prompt_messages(env.examples[0]))
+
+
+def image_prompter_for(
+    envs: list[Environment], model_path: str, partial_rollouts: bool, has_teacher: bool
+) -> ImagePrompter | None:
+    """The prompter for a run's environments (None when none has image prompts); UserError at load
+    for what image prompts cannot do yet."""
+    image_envs = [env for env in envs if has_image_prompts(env)]
+    if not image_envs:
+        return None
+    from grpo.envs.tool_env import ToolUse
+
+    for env in image_envs:
+        if env.max_turns != 1 or isinstance(env, ToolUse):
+            raise UserError(
+                f"env {env.name}: image prompts are sent to vLLM for single-turn environments without tools "
+                "only; set max_turns 1 and no tools"
+            )
+    if partial_rollouts:
+        raise UserError(
+            "partial_rollouts streams /v1/completions, which takes no images; set partial_rollouts: false in "
+            "orch.yaml for environments with image prompts"
+        )
+    if has_teacher:
+        raise UserError(
+            "teacher_model scores token ids without their images; remove it for environments with image prompts"
+        )
+    return ImagePrompter.from_path(model_path)

@@ -32,6 +32,7 @@ from grpo.orchestrator import checkpoint
 from grpo.orchestrator.buffer import Buffer
 from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.eval import evaluate, should_evaluate
+from grpo.orchestrator.image_prompts import ImagePrompter
 from grpo.orchestrator.partial import UpdateGate
 from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
@@ -63,6 +64,7 @@ class Orchestrator:
         eval_envs: list[Environment] | None = None,
         stop: asyncio.Event | None = None,
         teacher_client: RolloutClient | None = None,
+        image_prompter: ImagePrompter | None = None,
     ) -> None:
         self.cfg = cfg
         self.sender = sender
@@ -96,6 +98,7 @@ class Orchestrator:
             gate,
             seq_len=cfg.seq_len,
             tool_parser=ToolCallParser(tokenizer, cfg.tool_call_parser) if uses_tools else None,
+            image_prompter=image_prompter,
         )
         self.vocab_size = tokenizer.vocab_size
         self.step = 0

@@ -13,12 +13,14 @@ from grpo.envs.rewards import FailureLog
 from grpo.envs.tool_env import ToolUse
 from grpo.envs.tools import ToolCall
 from grpo.inference.types import GenerateRequest, RolloutClient, SamplingParams
+from grpo.orchestrator.image_prompts import ImagePrompt, ImagePrompter, image_parts
 from grpo.orchestrator.partial import Resumed, ResumingGenerator, UpdateGate
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.tool_calls import ToolCallParser
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.batch import compact_routing
+from grpo.utils.errors import UserError
 
 T = TypeVar("T")
 
@@ -49,8 +51,11 @@ class RolloutRunner:
         update_gate: UpdateGate | None = None,
         seq_len: int | None = None,
         tool_parser: ToolCallParser | None = None,
+        image_prompter: ImagePrompter | None = None,
     ) -> None:
         self.client = client
+        self.image_prompter = image_prompter
+        """Renders prompts with image parts (vision-language policies); None: text prompts only."""
         self.tool_parser = tool_parser
         """Reads tool calls from model turns; needed by environments with tools."""
         self.seq_len = seq_len
@@ -154,6 +159,39 @@ class RolloutRunner:
         completions = await self.client.generate(self._request(prompt_ids, params, n, session))
         return [Resumed(c, [version] * len(c.token_ids), version) for c in completions]
 
+    async def _generate_images(self, req: GroupRequest, prompt: ImagePrompt) -> list[Resumed]:
+        """`req.num_rollouts` completions of an image prompt: vLLM is sent one placeholder per image
+        with the images, and must have run the prompt the trainer will see (`prompt.ids`)."""
+        assert not self._resumes(req), "image_prompter_for refuses partial_rollouts with image prompts"
+        params = self._bounded(req.params, len(prompt.ids))
+        version = self.policy.version
+        request = replace(
+            self._request(prompt.request_ids, params, req.num_rollouts, None), image_urls=prompt.image_urls
+        )
+        completions = await self.client.generate(request)
+        for completion in completions:
+            if completion.prompt_token_ids != prompt.ids:
+                ran = completion.prompt_token_ids or []
+                raise RuntimeError(
+                    f"vLLM ran the image prompt as {len(ran)} tokens where the model's image processor gives "
+                    f"{len(prompt.ids)}: the server and the orchestrator process images differently (check that "
+                    "both load the same model folder)"
+                )
+        return [Resumed(c, [version] * len(c.token_ids), version) for c in completions]
+
+    def _image_prompt(self, req: GroupRequest, messages: list[Message]) -> ImagePrompt | None:
+        """The prompt of messages with image parts; None for a text prompt."""
+        if not image_parts(messages):
+            return None
+        if self.image_prompter is None:
+            raise UserError(
+                f"env {req.env.name}: its prompts have images, but the policy is not a vision-language "
+                "model the orchestrator can render them for (Qwen2-VL, Qwen2.5-VL)"
+            )
+        # image_prompter_for refused the rest at load
+        assert req.teacher_model is None and req.env.max_turns == 1 and not isinstance(req.env, ToolUse)
+        return self.image_prompter.prompt(messages)
+
     def _bounded(self, params: SamplingParams, num_context_tokens: int) -> SamplingParams:
         """`params` with a null max_tokens made the room left in seq_len: vLLM reads a null max_tokens
         as 16 tokens, and tokens past seq_len are truncated before training anyway."""
@@ -187,11 +225,20 @@ class RolloutRunner:
 
     async def run_group(self, req: GroupRequest) -> Group:
         messages = req.env.prompt_messages(req.example)
-        prompt_ids = self.tokenizer.prompt_ids(messages, _tool_schemas(req.env))
+        image_prompt = self._image_prompt(req, messages)
+        if image_prompt is None:
+            prompt_ids = self.tokenizer.prompt_ids(messages, _tool_schemas(req.env))
+        else:
+            prompt_ids = image_prompt.ids
         if req.env.max_turns == 1:
             start = self.policy.version
-            choices = await self._generate(req, prompt_ids, req.num_rollouts, None)
+            if image_prompt is None:
+                choices = await self._generate(req, prompt_ids, req.num_rollouts, None)
+            else:
+                choices = await self._generate_images(req, image_prompt)
             rollouts = [self._rollout(req, prompt_ids, c, start) for c in choices]
+            for rollout in rollouts:
+                rollout.prompt_images = None if image_prompt is None else image_prompt.images
             resets = [await self._env_call(req.env, "reset", req.env.reset, req.example) for _ in rollouts]
             texts = [[{"role": "assistant", "content": c.completion.text}] for c in choices]
             scores = await self._group_scores(req, rollouts, texts, [failure for _, failure in resets])

@@ -134,13 +134,13 @@ class ChatTokenizer:
 
 
 def _check_text_only(messages: list[Message]) -> None:
-    """UserError for a message with image (or other non-text) content parts: the trainer takes image
-    rows (grpo.transport.batches.images), but the orchestrator does not send images to vLLM yet."""
+    """UserError for a message with image (or other non-text) content parts: image prompts render
+    through grpo.orchestrator.image_prompts, for single-turn environments only; this renders text."""
     kinds = non_text_parts(messages)
     if kinds:
         raise UserError(
-            f"a prompt has {', '.join(kinds)} content parts, but the orchestrator sends text prompts only "
-            "(vision-language rollouts are not wired to vLLM yet); give the environment's prompts as text"
+            f"a prompt has {', '.join(kinds)} content parts where the orchestrator takes text only (image prompts "
+            "are sent for the first turn of a single-turn environment); give these messages as text"
         )
 
 

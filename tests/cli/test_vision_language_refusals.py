@@ -1,5 +1,6 @@
 """What of vision-language RL cannot run yet is refused at load in one line (exit 2), before vLLM
-starts: a vision-language model in co-located mode, and environment prompts with image parts."""
+starts: a vision-language model in co-located mode; and text rendering refuses image parts (image
+prompts go through grpo.orchestrator.image_prompts)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_colocated_grpo_refuses_a_vision_language_model_before_the_engine_starts
     assert_refused_in_one_line(argv, unset="GRPO_UNUSED", expected="vision-language model", cwd=tmp_path)
 
 
-def test_prompts_with_image_parts_are_refused_by_the_orchestrator(tiny_vl_model_path: Path) -> None:
+def test_the_text_tokenizer_refuses_prompts_with_image_parts(tiny_vl_model_path: Path) -> None:
     tokenizer = ChatTokenizer.from_path(str(tiny_vl_model_path))
     text_only = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]}]
     assert tokenizer.prompt_ids(text_only)

@@ -1,5 +1,5 @@
-"""count-shapes: generated pictures whose answer is the number of shapes of the asked colour; an
-environment with image prompts is refused at load until the orchestrator sends images."""
+"""count-shapes: generated pictures whose answer is the number of shapes of the asked colour; its
+image prompts load (the orchestrator sends them to vLLM), video prompts do not."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
 from grpo.envs.count_shapes import COLOURS, draw_shapes, exact_count, make_examples
 from grpo.envs.loading import check_environments
+from grpo.envs.single_turn import SingleTurnEnv
 from grpo.utils.errors import UserError
 
 
@@ -43,7 +44,18 @@ def test_the_reward_is_an_exact_count() -> None:
     assert exact_count("There are 3.", "3") == 0.0
 
 
-def test_an_environment_with_image_prompts_is_refused_at_load() -> None:
-    cfg = OrchestratorConfig(env=[EnvConfig(id="count-shapes", args={"num_examples": 2})])
-    with pytest.raises(UserError, match="count-shapes: its prompts have image content parts"):
+def test_an_environment_with_image_prompts_loads() -> None:
+    check_environments(OrchestratorConfig(env=[EnvConfig(id="count-shapes", args={"num_examples": 2})]))
+
+
+def video_env() -> SingleTurnEnv:
+    content = [{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": "What happens?"}]
+    return SingleTurnEnv(
+        examples=[{"prompt": [{"role": "user", "content": content}]}], rewards=[lambda c: 0.0]
+    )
+
+
+def test_an_environment_with_video_prompts_is_refused_at_load() -> None:
+    cfg = OrchestratorConfig(env=[EnvConfig(id=f"{__name__}:video_env")])
+    with pytest.raises(UserError, match="its prompts have video content parts"):
         check_environments(cfg)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import grpo.inference.retry as retry
 from grpo.config.orchestrator import ClientConfig
 from grpo.inference.client import InferenceClient, TransientServerError
 from grpo.inference.types import GenerateRequest, SamplingParams
+from grpo.utils.errors import UserError
 
 URLS = ["http://a/v1", "http://b/v1"]
 
@@ -233,3 +235,31 @@ def test_asking_how_a_server_serves_lora_is_retried_on_transient_errors() -> Non
     client = make_client(handler, base_url=URLS[:1])
     asyncio.run(client.load_lora_adapter("policy", "/run/broadcasts/step_1"))
     assert posted == ["/v1/grpo/merge_lora"]
+
+
+def test_a_request_with_images_goes_to_the_token_in_route_at_the_server_root() -> None:
+    seen: list[tuple[str, dict[str, object]]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append((str(req.url), json.loads(req.content)))
+        choice = {"index": 0, "text": "3", "token_ids": [9], "finish_reason": "stop"}
+        choice["logprobs"] = {"content": [{"token": "3", "logprob": -0.1}]}
+        return httpx.Response(200, json={"prompt_token_ids": [5, 6, 6, 7], "choices": [choice]})
+
+    client = make_client(handler)
+    image_request = dataclasses.replace(request(), image_urls=("data:image/png;base64,AAAA",))
+    (completion,) = asyncio.run(client.generate(image_request))
+
+    ((url, body),) = seen
+    assert url in ("http://a/inference/v1/generate", "http://b/inference/v1/generate")
+    assert body["token_ids"] == [5, 6, 7] and body["content_parts"] == [
+        {"type": "image_url", "url": "data:image/png;base64,AAAA"}
+    ]
+    assert completion.prompt_token_ids == [5, 6, 6, 7] and completion.token_ids == [9]
+
+
+def test_a_streamed_request_with_images_is_refused() -> None:
+    client = make_client(lambda req: httpx.Response(500))
+    image_request = dataclasses.replace(request(), image_urls=("data:image/png;base64,AAAA",))
+    with pytest.raises(UserError, match="partial_rollouts"):
+        asyncio.run(client.generate_interruptible(image_request, asyncio.Event()))

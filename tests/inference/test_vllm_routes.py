@@ -29,7 +29,8 @@ def _vllm_app(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[Any, argpars
     from grpo.inference.vllm_compat.version import parse_server_args
 
     monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")  # adds the adapter routes
-    args = parse_server_args(["--model", "tiny", *argv])
+    # grpo's servers start with --enable-scale-out (its token-in route takes prompts with images)
+    args = parse_server_args(["--model", "tiny", "--enable-scale-out", *argv])
     return build_app(args, ("generate",), None), args
 
 
@@ -41,7 +42,7 @@ def test_only_the_vllm_routes_a_run_uses_are_served(monkeypatch: pytest.MonkeyPa
     app, _args = _vllm_app(monkeypatch)
     assert _paths(app) >= UNUSED  # what vLLM 0.32 registers with runtime LoRA updating on
     dropped = keep_only_served_routes(app)
-    assert _paths(app) == SERVED_VLLM_PATHS
+    assert _paths(app) == SERVED_VLLM_PATHS and "/inference/v1/generate" in SERVED_VLLM_PATHS
     assert set(dropped) >= UNUSED
 
 
@@ -56,6 +57,7 @@ def test_vllms_app_refuses_every_route_but_health_without_the_key(monkeypatch: p
         ("POST", "/adapters"),
         ("DELETE", "/adapters/policy"),
         ("GET", "/v1/models"),
+        ("POST", "/inference/v1/generate"),
         ("GET", "/metrics"),
         ("GET", "/version"),
     ]:

@@ -29,10 +29,12 @@ SERVED_VLLM_PATHS = frozenset(
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/load_lora_adapter",
+        "/inference/v1/generate",
     }
 )
 """vLLM's routes a grpo server keeps: what grpo's client, supervisor and recovery use (liveness,
-Prometheus metrics, the model list, token-id completions, adapter hot-loads), and chat completions,
+Prometheus metrics, the model list, token-id completions, adapter hot-loads, the token-in route
+that takes prompts with images: grpo.inference.generate_bodies), and chat completions,
 the one route people point their own tools at to look at the policy being trained (an
 OpenAI-compatible client, a judge). vLLM 0.32 adds many more (responses, messages, tokenize,
 /invocations, SageMaker's /adapters, /load, /version, the docs, elastic-EP scaling, ...); none is

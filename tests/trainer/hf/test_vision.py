@@ -50,7 +50,8 @@ def _prompt(model_path: Path, parts: list[object]) -> Prompt:
         {"type": "image", "image": p} if isinstance(p, Image.Image) else {"type": "text", "text": p}
         for p in parts
     ]
-    ids, images = ImagePrompter.from_path(str(model_path)).prompt([{"role": "user", "content": content}])
+    prompt = ImagePrompter.from_path(str(model_path)).prompt([{"role": "user", "content": content}])
+    ids, images = prompt.ids, prompt.images
     assert images is not None
     return Prompt(ids, images)
 
