@@ -79,12 +79,22 @@ class LossConfig(StrictModel):
     kl_beta * kl_estimator(lp, ref_lp) per kept loss token, normalised like the policy term, with
     its gradient through lp. The reference is the base model with the LoRA adapters disabled (no
     second copy), or for full-parameter training a frozen copy of the initial weights on the
-    training device. 0: off (no reference forward). Backend hf only; metric kl_ref."""
+    training device. 0: off (no reference forward). Backend hf only; metric kl_ref. With
+    kl_in_reward the penalty goes into the reward instead of the loss."""
 
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """The per-token estimate of KL(policy || reference) that kl_beta weights, with r = ref_lp - lp:
     k1 = -r (verl's kl), k2 = r^2 / 2 (verl's mse), k3 = exp(r) - r - 1 (verl's low_var_kl, TRL's;
     never negative). Formulas and gradients in docs/loss.md."""
+
+    kl_in_reward: bool = False
+    """Apply kl_beta's KL as a reward penalty instead of a loss term (verl's use_kl_in_reward): each
+    token's reward gets -kl_beta * kl_estimator(lp, ref_lp), and each kept token's advantage A[t]
+    becomes A[t] - kl_beta * (the sum of the estimate over the kept tokens of its sample from t on),
+    a detached return-to-go, with no gradient of its own. The orchestrator's group advantage A is
+    normalised as configured; the penalty is neither centred nor scaled by the group (docs/loss.md,
+    "KL as a reward penalty"). The estimate uses the first pass's logprobs on every update. Needs
+    kl_beta > 0 and adv_tau > 0."""
 
     normalization: Literal["tokens", "constant"] = "tokens"
     """What the step's summed token loss is divided by. tokens: the step's loss tokens (every token
@@ -126,6 +136,20 @@ class LossConfig(StrictModel):
         if self.ratio_type == "token":
             return max(num_loss_tokens, 1)
         return max(num_loss_samples, 1)
+
+    @model_validator(mode="after")
+    def _kl_in_reward_has_a_reference(self) -> LossConfig:
+        if self.kl_in_reward and self.kl_beta == 0:
+            raise ValueError(
+                "loss.kl_in_reward needs the frozen reference of loss.kl_beta > 0 (its penalty is "
+                "kl_beta * the KL estimate); set kl_beta (e.g. 0.05) or remove kl_in_reward"
+            )
+        if self.kl_in_reward and self.adv_tau == 0:
+            raise ValueError(
+                "loss.kl_in_reward puts the KL penalty into the advantage, which loss.adv_tau 0 switches off; "
+                "set adv_tau > 0 or kl_in_reward: false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> LossConfig:

@@ -49,7 +49,8 @@ class OpenEnvArgs(StrictModel):
 
     reward: Literal["sum", "last"] = "sum"
     """An episode's reward: the sum of its step rewards (its return; a step's null reward counts 0),
-    or the last step's, for servers whose reward is already cumulative."""
+    each step's also the reward of the model turn it reacts to (orch advantage.turn_credit per_turn);
+    or the last step's, on the last turn, for servers whose reward is already cumulative."""
 
     max_sessions: int = Field(1, ge=1)
     """Episodes open on the server at once (one WebSocket session each): its max_concurrent_envs

@@ -18,6 +18,12 @@ stepped when the rollout is scored, so every turn's action reaches the server. T
 of the episode's step rewards (its return; a step's None counts 0), or the last one with
 `reward: last` for servers whose reward is already cumulative.
 
+Per-turn rewards (`reward: sum`): each step's reward is the reward of the model turn it reacts to, so
+`step` returns it in EnvReply.reward and the score carries only the steps the rollout loop did not
+see (the last reply, stepped when scored); the rollout's reward (score plus turn rewards) is the
+same return, and orch advantage.turn_credit per_turn credits each turn with its own. With
+`reward: last` a step's value is a running total, not its turn's reward: the score carries it all.
+
 A server that is down, slow (request_timeout_s per message) or answers too much (max_reply_mib)
 fails the rollout it was serving, never the run. Sessions are capped at `max_sessions` at once (the
 server's `max_concurrent_envs`, 1 by default in OpenEnv): more would be refused by the server.
@@ -194,6 +200,7 @@ class OpenEnvEnv:
             "failure": None,
             "rewards": [],
             "num_actions": 0,
+            "num_rewards_stepped": 0,
             "done": False,
         }
         slots = self._session_slots()
@@ -229,11 +236,18 @@ class OpenEnvEnv:
         if state["failure"] is not None or state["done"]:
             return EnvReply(messages=[], done=True)
         text = await self._act(state, str(messages[-1].get("content", "")))
+        reward = None
+        if self.args.reward == "sum" and state["failure"] is None:
+            # this step's reward is its model turn's; the score leaves it out (score docstring)
+            reward = state["rewards"][-1]
+            state["num_rewards_stepped"] = len(state["rewards"])
         if text is None:
-            return EnvReply(messages=[], done=True)
-        return EnvReply(messages=[{"role": "user", "content": text}], done=False)
+            return EnvReply(messages=[], done=True, reward=reward)
+        return EnvReply(messages=[{"role": "user", "content": text}], done=False, reward=reward)
 
     async def score(self, example: Example, completion: list[Message], state: dict[str, Any]) -> Score:
+        """The episode's reward less the step rewards `step` already returned as turn rewards (the
+        rollout loop adds those up with this score), and its metrics: env_reward is the whole return."""
         replies = [m for m in completion if m.get("role") == "assistant"]
         if state["failure"] is None and not state["done"] and state["num_actions"] < len(replies):
             await self._act(state, str(replies[-1].get("content", "")))
@@ -242,13 +256,16 @@ class OpenEnvEnv:
         if state["failure"] is not None:
             return Score(reward=0.0, failure=state["failure"])
         rewards = [0.0 if r is None else r for r in state["rewards"]]
-        total = (rewards[-1] if rewards else 0.0) if self.args.reward == "last" else sum(rewards)
+        if self.args.reward == "last":
+            total = unreported = rewards[-1] if rewards else 0.0
+        else:
+            total, unreported = sum(rewards), sum(rewards[state["num_rewards_stepped"] :])
         metrics = {
             "env_reward": total,
             "num_steps": float(len(rewards)),
             "episode_done": float(state["done"]),
         }
-        return Score(reward=total, metrics=metrics)
+        return Score(reward=unreported, metrics=metrics)
 
     async def _act(self, state: dict[str, Any], reply: str) -> str | None:
         """Step the model's `reply`: the next observation's text, or None when the episode ended or failed."""

@@ -12,7 +12,10 @@ Env's `run(task, agents)` drives each rollout as it does in verifiers, but its o
 model's next reply, so no harness, runtime or OpenAI client of verifiers is ever started. Closing the
 interaction scores the trace through `Task.score` (its `@vf.reward` functions with their weights and
 `@vf.metric` functions, plugged ones and judges included); rewards an Env's `run` records on the trace
-count too. Every reward and metric lands in `Score.metrics` under its own name. Trace-typed `@vf.stop`
+count too. Every reward and metric lands in `Score.metrics` under its own name. verifiers' Trace
+holds rewards for the whole rollout only (no reward per turn or per message), so `step` returns no
+turn reward and orch advantage.turn_credit per_turn sees them all on the last turn (docs/loss.md,
+"Multi-turn credit"). Trace-typed `@vf.stop`
 predicates end the exchange after the model turn that meets them; Request/Response-typed ones and tool
 servers need a harness and are not run. Envs with more than one agent seat are refused.
 """

@@ -12,6 +12,10 @@ Per loss token t of sample s (`sample_ids`), with keep[t] the masks of `keep_mas
     loss      = -(coeff.detach() * weight * trainer_lp)[keep & has_gradient].sum() / loss_scale
               + kl_beta * (weight * kl_estimator(trainer_lp, ref_lp))[keep].sum() / loss_scale
 
+With loss.kl_in_reward the second line is absent and the KL is a reward penalty instead: A[t] above
+becomes A[t] - kl_beta * sum over the kept tokens u >= t of t's sample of kl_estimator(lp, ref_lp)[u]
+(detached; lp the first pass's logprobs), the return-to-go of the per-token reward -kl_beta * kl.
+
 where trainer_lp is at the token's sampling temperature (as vLLM's inference_lp is) and
 trainer_lp_1 at temperature 1, as the teacher's prompt logprobs are (vLLM scores prompts with no
 sampling processor): the teacher term compares the two models' own distributions, whatever the
@@ -25,14 +29,16 @@ On a batch's later updates (num_iterations > 1) `old_lp`, the first pass's logpr
 masks (keep is computed from old_lp - inference_lp, so it is the same on every update) and is
 pi_old for the PPO clip and tis_cap (grpo.trainer.ratio_clip). The reference-KL term (kl_beta,
 grpo.trainer.ref_kl) is the only term with a gradient other than through coeff; it is neither
-weighted by the ratio nor gated by the clip, only by keep.
+weighted by the ratio nor gated by the clip, only by keep. As a reward penalty (kl_in_reward) it is
+part of the signal instead, so the ratio weighs it and the clip tests it.
 
 Metrics use the k3 estimator (r - 1) - log r, which is unbiased, never negative, and low-variance
 for samples drawn from the denominator policy, averaged over the tokens the loss keeps (a masked
 token, whose ratio may have overflowed, counts in `masked` and `tokens` only):
 - kl: r = p_trainer / p_inference (estimates KL(inference || trainer)).
 - teacher_kl: r = p_teacher / p_trainer, both at temperature 1 (estimates KL(student || teacher)).
-kl_ref (only with kl_beta > 0) is the mean of the configured kl_estimator over the kept tokens.
+kl_ref (only with kl_beta > 0) is the mean of the configured kl_estimator over the kept tokens (with
+kl_in_reward, of the first pass's estimate, the one in the reward).
 With a clip or tis_cap configured, clip_frac_low / clip_frac_high / tis_frac_capped are the shares of
 the kept tokens the clip bounds and the cap acted on.
 """
@@ -43,7 +49,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from grpo.trainer.ratio_clip import clip_ratio
-from grpo.trainer.ref_kl import kl_estimate
+from grpo.trainer.ref_kl import kl_estimate, return_to_go
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -235,6 +241,17 @@ def token_weights(loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossCo
     return weights / count[sample_ids]
 
 
+def _kept_kl(lp: torch.Tensor, ref_lp: torch.Tensor, keep: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """[T] loss.kl_estimator(lp, ref_lp) on the kept tokens, 0 elsewhere (gradient through lp)."""
+    import torch
+
+    # A dropped token gets lp = ref = 0 (estimate and gradient exactly 0): either may be -inf, and
+    # a `where` after the estimate would still backpropagate 0 * inf = NaN.
+    zeros = torch.zeros_like(lp.detach())
+    ref_lp = torch.where(keep, ref_lp.detach().to(zeros.dtype), zeros)
+    return kl_estimate(torch.where(keep, lp, zeros), ref_lp, cfg.kl_estimator)
+
+
 def grpo_loss(
     trainer_lp: torch.Tensor,
     inference_lp: torch.Tensor,
@@ -282,7 +299,17 @@ def grpo_loss(
             old_ratio = importance_ratio(old_log_ratio, loss_mask, sample_ids, cfg)
             policy_log_ratio = torch.where(loss_mask, lp - old_lp, zeros)
             policy_ratio = importance_ratio(policy_log_ratio, loss_mask, sample_ids, cfg)
-        signal = cfg.adv_tau * advantages.to(lp.dtype) - cfg.kl_tau * log_ratio
+        # The masks guard against the behaviour mismatch: decided by the first pass, kept after it.
+        masks = masked_by(old_log_ratio, loss_mask, sample_ids, cfg)
+        keep = masks.keep(loss_mask)
+        advantages = advantages.to(lp.dtype)
+        kl_ref = None
+        if cfg.kl_in_reward:
+            assert ref_lp is not None, "loss.kl_in_reward: the trainer passes the reference logprobs"
+            # The reward is fixed once the batch is sampled: the first pass's logprobs on every update.
+            kl_ref = _kept_kl(lp if old_lp is None else old_lp, ref_lp, keep, cfg)
+            advantages = advantages - cfg.kl_beta * return_to_go(kl_ref, sample_ids)
+        signal = cfg.adv_tau * advantages - cfg.kl_tau * log_ratio
         if teacher_lp is not None:
             assert untempered_lp is not None, "the teacher term needs the trainer's logprobs at temperature 1"
             teacher_lp = teacher_lp.detach().to(lp.dtype)
@@ -291,22 +318,15 @@ def grpo_loss(
         clipped = clip_ratio(ratio, signal, cfg, policy_ratio, old_ratio)
         weights = token_weights(loss_mask, sample_ids, cfg).to(lp.dtype)
         coeff = clipped.weight * signal * weights
-        # The masks guard against the behaviour mismatch: decided by the first pass, kept after it.
-        masks = masked_by(old_log_ratio, loss_mask, sample_ids, cfg)
-        keep = masks.keep(loss_mask)
         # `where`, not a multiplication by keep: a dropped token's coeff may be inf (its ratio
         # overflowed), and inf * 0 would make the loss and every gradient NaN. The metrics below
         # select the kept tokens the same way. A token PPO's clip catches stays kept (it counts in
         # the metrics) but keeps no gradient.
         coeff = torch.where(keep & clipped.has_gradient, coeff, zeros)
     loss = -(coeff * trainer_lp).sum() / loss_scale
-    kl_ref = None
-    if cfg.kl_beta > 0:
+    if cfg.kl_beta > 0 and not cfg.kl_in_reward:
         assert ref_lp is not None, "loss.kl_beta > 0: the trainer passes the reference logprobs"
-        # A dropped token gets lp = ref = 0 (estimate and gradient exactly 0): either may be -inf,
-        # and a `where` after the estimate would still backpropagate 0 * inf = NaN.
-        ref_lp = torch.where(keep, ref_lp.detach().to(lp.dtype), zeros)
-        kl_ref = kl_estimate(torch.where(keep, trainer_lp, zeros), ref_lp, cfg.kl_estimator)
+        kl_ref = _kept_kl(trainer_lp, ref_lp, keep, cfg)
         loss = loss + cfg.kl_beta * (kl_ref * weights).sum() / loss_scale
 
     with torch.no_grad():

@@ -16,7 +16,9 @@ def _bound(value: float | None) -> str:
 def _signal(cfg: LossConfig) -> str:
     terms = []
     if cfg.adv_tau > 0:
-        terms.append(f"{cfg.adv_tau:g}*A")
+        terms.append(
+            f"{cfg.adv_tau:g}*(A - {cfg.kl_beta:g}*klg)" if cfg.kl_in_reward else f"{cfg.adv_tau:g}*A"
+        )
     if cfg.kl_tau > 0:
         terms.append(f"- {cfg.kl_tau:g}*(lp - ilp)")
     if cfg.teacher_tau > 0:
@@ -56,10 +58,16 @@ _KL_FORMULA = {"k1": "lp - ref", "k2": "(ref - lp)^2 / 2", "k3": "exp(ref - lp) 
 def describe_loss(cfg: LossConfig) -> str:
     """One YAML comment line (the --dry-run output around it still parses)."""
     total = "-sum(coeff * lp) / L"
-    if cfg.kl_beta > 0:
+    if cfg.kl_beta > 0 and not cfg.kl_in_reward:
         total += f" + {cfg.kl_beta:g} * sum(w * kl) / L"
     parts = [f"coeff = {_weight(cfg)} * ({_signal(cfg)})", _ratio(cfg)]
-    if cfg.kl_beta > 0:
+    if cfg.kl_in_reward:
+        parts.append(
+            f"KL as a reward penalty: klg = the sum of kl = {cfg.kl_estimator} = {_KL_FORMULA[cfg.kl_estimator]} "
+            "over the sample's kept tokens from this one on (first pass's lp, detached; not group-normalised), "
+            "ref = the frozen reference's logprob"
+        )
+    elif cfg.kl_beta > 0:
         parts.append(
             f"kl = {cfg.kl_estimator} = {_KL_FORMULA[cfg.kl_estimator]} per kept token, ref = the frozen "
             "reference's logprob, w = the token's weight in L (gradient through lp)"

@@ -57,3 +57,16 @@ def test_several_updates_per_batch_are_refused_with_streamed_parts() -> None:
     assert any("num_iterations 2" in p for p in check_trainer_orchestrator(train, orch))
     train_once = TrainerConfig(model="m", output_dir="out")
     assert not any("num_iterations" in p for p in check_trainer_orchestrator(train_once, orch))
+
+
+def test_the_kl_as_a_reward_penalty_loads_with_a_reference() -> None:
+    cfg = TrainerConfig(model="m", loss={"kl_beta": 0.05, "kl_in_reward": True, "kl_estimator": "k1"})
+    assert cfg.loss.kl_in_reward and not TrainerConfig(model="m").loss.kl_in_reward
+
+
+def test_the_kl_as_a_reward_penalty_without_a_reference_or_an_advantage_term_is_refused() -> None:
+    assert "set kl_beta" in _refusal(loss={"kl_in_reward": True})
+    assert "set adv_tau > 0" in _refusal(loss={"kl_beta": 0.05, "kl_in_reward": True, "adv_tau": 0.0})
+    assert "backend hf only" in _refusal(
+        backend="megatron", lora=False, loss={"kl_beta": 0.1, "kl_in_reward": True}
+    )

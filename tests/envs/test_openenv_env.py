@@ -34,23 +34,36 @@ def _load(url: str, **args: Any) -> OpenEnvEnv:
 
 
 async def _play(env: Environment, example: dict[str, Any], replies: list[str]) -> tuple[list[Message], Score]:
+    completion, score, _ = await _play_turns(env, example, replies)
+    return completion, score
+
+
+async def _play_turns(
+    env: Environment, example: dict[str, Any], replies: list[str]
+) -> tuple[list[Message], Score, list[float]]:
     """One rollout as the orchestrator runs it: step after every model turn but the last (or until done),
-    then score."""
+    then score. Also each model turn's reward as the rollout loop adds them up: its step's reward, and
+    the score on the last turn."""
     state = await env.reset(example)
     completion: list[Message] = []
+    turn_rewards: list[float] = []
     history = env.prompt_messages(example)
     for turn, text in enumerate(replies):
         reply = {"role": "assistant", "content": text}
         history.append(reply)
         completion.append(reply)
+        turn_rewards.append(0.0)
         if turn == env.max_turns - 1 or turn == len(replies) - 1:
             break
         env_reply = await env.step(history, state)
+        turn_rewards[-1] += env_reply.reward or 0.0
         if env_reply.done:
             break
         history += env_reply.messages
         completion += env_reply.messages
-    return completion, await env.score(example, completion, state)
+    score = await env.score(example, completion, state)
+    turn_rewards[-1] += score.reward
+    return completion, score, turn_rewards
 
 
 def test_examples_are_the_first_observations_of_seeded_resets(url: str) -> None:
@@ -69,24 +82,29 @@ def test_examples_are_the_first_observations_of_seeded_resets(url: str) -> None:
     ]
 
 
-def test_a_multi_step_episode_is_a_multi_turn_rollout_with_summed_rewards(url: str) -> None:
+def test_a_multi_step_episode_is_a_multi_turn_rollout_with_each_steps_reward_on_its_turn(url: str) -> None:
     env = _load(url, num_examples=2, max_turns=5)
     example = env.examples[1]
     right = target(1)
-    completion, score = asyncio.run(_play(env, example, [str(right + 1), f"then {right}"]))
+    completion, score, turn_rewards = asyncio.run(
+        _play_turns(env, example, [str(right + 1), f"then {right}"])
+    )
     assert [m["content"] for m in completion] == [str(right + 1), "lower", f"then {right}"]
     assert [m["role"] for m in completion] == ["assistant", "user", "assistant"]
     assert not score.failed
-    assert score.reward == pytest.approx(WRONG + 1.0)
-    assert score.metrics == {"env_reward": score.reward, "num_steps": 2.0, "episode_done": 1.0}
+    # the wrong guess's step reward on turn 0; the right one, stepped when scored, in the score
+    assert turn_rewards == [WRONG, 1.0] and score.reward == 1.0
+    assert score.metrics == {"env_reward": pytest.approx(WRONG + 1.0), "num_steps": 2.0, "episode_done": 1.0}
 
 
 def test_the_episode_ends_when_the_server_says_done(url: str) -> None:
     env = _load(url, num_examples=1, max_turns=8)
     wrong = str(target(0) + 1)
-    completion, score = asyncio.run(_play(env, env.examples[0], [wrong] * 8))
+    completion, score, turn_rewards = asyncio.run(_play_turns(env, env.examples[0], [wrong] * 8))
     assert [m["content"] for m in completion if m["role"] == "user"] == ["lower"] * (MAX_GUESSES - 1)
-    assert score.reward == pytest.approx(MAX_GUESSES * WRONG)
+    # every step came back through step (the last one ended the episode): the score adds nothing
+    assert turn_rewards == [WRONG] * MAX_GUESSES and score.reward == 0.0
+    assert score.metrics["env_reward"] == pytest.approx(MAX_GUESSES * WRONG)
     assert score.metrics["episode_done"] == 1.0
 
 
@@ -98,10 +116,11 @@ def test_a_single_turn_rollout_steps_its_reply_when_scored(url: str) -> None:
     assert wrong.metrics["episode_done"] == 0.0
 
 
-def test_reward_last_takes_the_final_step_reward(url: str) -> None:
+def test_reward_last_takes_the_final_step_reward_on_the_last_turn_only(url: str) -> None:
     env = _load(url, num_examples=1, max_turns=4, reward="last")
-    _, score = asyncio.run(_play(env, env.examples[0], ["11", str(target(0))]))
-    assert score.reward == 1.0 and score.metrics["num_steps"] == 2.0
+    _, score, turn_rewards = asyncio.run(_play_turns(env, env.examples[0], ["11", "12", str(target(0))]))
+    assert score.reward == 1.0 and score.metrics["num_steps"] == 3.0
+    assert turn_rewards == [0.0, 0.0, 1.0]  # a running total is no turn's own reward
 
 
 def test_a_reset_that_shows_another_first_observation_fails_the_rollout(url: str) -> None:

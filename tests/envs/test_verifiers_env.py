@@ -259,6 +259,15 @@ def test_an_env_run_replies_between_model_turns_and_its_rewards_count() -> None:
     assert score.reward == pytest.approx(2.0 + 0.25)
 
 
+def test_its_rewards_are_the_whole_rollouts_so_no_step_returns_a_turn_reward() -> None:
+    # verifiers' Trace has named rollout rewards only (one recorded by the Env's run between turns
+    # included): all of them are the score, which the rollout loop puts on the last turn.
+    env = _env("vf-echo")
+    replies, score = _run(env, env.examples[0], ["apple", "apple"])
+    assert [r.reward for r in replies] == [None, None]
+    assert score.reward == pytest.approx(2.0 + 0.25)
+
+
 def test_the_turn_limit_ends_the_run_with_a_terminated_turn() -> None:
     env = _env("vf-echo", max_turns=1)
     replies, score = _run(env, env.examples[1], ["river"])

@@ -43,3 +43,10 @@ def test_the_reference_kl_term_shows_its_weight_and_estimator_only_when_on() -> 
     assert "kl = k3 = exp(ref - lp) - (ref - lp) - 1 per kept token" in line
     assert "kl = k1 = lp - ref" in describe_loss(LossConfig(kl_beta=1.0, kl_estimator="k1"))
     assert "ref" not in describe_loss(LossConfig())
+
+
+def test_the_kl_as_a_reward_penalty_shows_in_the_advantage_not_as_a_loss_term() -> None:
+    line = describe_loss(LossConfig(kl_beta=0.05, kl_estimator="k1", kl_in_reward=True))
+    assert "coeff = ratio * (1*(A - 0.05*klg))" in line
+    assert "klg = the sum of kl = k1 = lp - ref over the sample's kept tokens from this one on" in line
+    assert "sum(w * kl)" not in line and "not group-normalised" in line

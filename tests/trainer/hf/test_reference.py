@@ -142,3 +142,58 @@ def test_with_the_policy_still_the_reference_the_kl_term_is_zero_with_no_gradien
     assert metrics["kl_ref"] == 0.0
     assert metrics["grad_norm_before_clip"] == 0.0
     trainer.close()
+
+
+def _descendants_or_self(parent_ids: np.ndarray) -> np.ndarray:
+    """[T, T] bool: entry [t, u] is true where u is t or follows it in u's sequence (t an ancestor)."""
+    num_tokens = len(parent_ids)
+    below = np.eye(num_tokens, dtype=bool)
+    for u in range(num_tokens):
+        t = int(parent_ids[u])
+        while t >= 0:
+            below[t, u] = True
+            t = int(parent_ids[t])
+    return below
+
+
+def test_the_kl_in_reward_gradient_of_a_step_equals_a_direct_return_to_go_on_shared_prefix_rows(
+    make_cfg, tmp_path, float32
+):
+    beta, estimator = 0.5, "k1"
+    loss = LossConfig(kl_beta=beta, kl_estimator=estimator, kl_in_reward=True)
+    trainer = _trainer(make_cfg, tmp_path / "a", lora_b_std=0.05, loss=loss)
+    separate_reference = _trainer(make_cfg, tmp_path / "b")
+    rollouts = random_rollouts(5, multi_turn=True)
+    for i, rollout in enumerate(rollouts):
+        rollout.advantage = float(i % 3) - 1.0
+    rows, _ = pack_rollouts(rollouts, 512, share_prefixes=True)
+    assert any(len(np.unique(r.parent_ids[r.parent_ids >= 0])) < r.num_tokens - 1 for r in rows)  # trees
+    batch = on_policy_batch(trainer, 0, rows)  # inference = policy: ratio 1, nothing masked
+    num_loss_tokens = sum(r.num_loss_tokens for r in rows)
+
+    trainer.begin_step(0, num_loss_tokens)
+    trainer.accumulate(batch)
+    params = trainer.params
+    ours = [p.grad.clone() for p in params]
+
+    # Direct: a loss token's penalty is the KL of the loss tokens that follow it in its own sample
+    # (its descendants in the tree, itself included), found by walking parents.
+    direct = torch.zeros((), dtype=torch.float32)
+    for row, mb, ref_scored in zip(
+        rows, trainer._micro_batches(rows), separate_reference.score(rows), strict=True
+    ):
+        lp = _policy_logprobs(trainer, mb)
+        kl = kl_estimate(lp.detach(), torch.from_numpy(ref_scored[row.loss_mask]), estimator)
+        loss_positions = np.flatnonzero(row.loss_mask)
+        below = _descendants_or_self(row.parent_ids)[np.ix_(loss_positions, loss_positions)]
+        to_go = torch.from_numpy(below.astype(np.float32)) @ kl
+        advantage = torch.from_numpy(row.advantages[row.loss_mask]) - beta * to_go
+        ratio = torch.exp(lp.detach() - torch.from_numpy(row.inference_logprobs[row.loss_mask]))
+        direct = direct - (ratio * advantage * lp).sum() / num_loss_tokens
+    expected = torch.autograd.grad(direct, params)
+    for got, want in zip(ours, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+    assert any(g.abs().max() > 0 for g in ours)
+    trainer.finish_step()
+    for cleanup in (trainer, separate_reference):
+        cleanup.close()
