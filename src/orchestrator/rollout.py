@@ -239,14 +239,25 @@ class RolloutRunner:
             rollouts = [self._rollout(req, prompt_ids, c, start) for c in choices]
             for rollout in rollouts:
                 rollout.prompt_images = None if image_prompt is None else image_prompt.images
-            resets = [await self._env_call(req.env, "reset", req.env.reset, req.example) for _ in rollouts]
             texts = [[{"role": "assistant", "content": c.completion.text}] for c in choices]
-            scores = await self._group_scores(req, rollouts, texts, [failure for _, failure in resets])
-            done = await asyncio.gather(
-                *(
-                    self._finish(req, r, t, state, failure, score)
-                    for r, t, (state, failure), score in zip(rollouts, texts, resets, scores, strict=True)
+            if self._scores_each(req):
+                done = await asyncio.gather(
+                    *(self._reset_and_finish(req, r, t) for r, t in zip(rollouts, texts, strict=True))
                 )
+            else:
+                resets = [
+                    await self._env_call(req.env, "reset", req.env.reset, req.example) for _ in rollouts
+                ]
+                scores = await self._group_scores(req, rollouts, texts, [failure for _, failure in resets])
+                done = await asyncio.gather(
+                    *(
+                        self._finish(req, r, t, state, failure, score)
+                        for r, t, (state, failure), score in zip(rollouts, texts, resets, scores, strict=True)
+                    )
+                )
+        elif self._scores_each(req):
+            done = await asyncio.gather(
+                *(self._play_and_finish(req, messages, prompt_ids, i) for i in range(req.num_rollouts))
             )
         else:
             played = await asyncio.gather(
@@ -262,6 +273,24 @@ class RolloutRunner:
                 )
             )
         return Group(req.env_index, req.example, req.example_index, list(done))
+
+    @staticmethod
+    def _scores_each(req: GroupRequest) -> bool:
+        """Rollouts are scored one by one (not by score_group): each goes from its reset to its score
+        on its own, so an environment holding a server session per rollout (OpenEnv, max_sessions)
+        frees it once that rollout is scored, not once its whole group has played; holding them
+        for the group would wait forever wherever a group needs more sessions than there are."""
+        return not isinstance(req.env, GroupScoring) or req.skip_verification
+
+    async def _reset_and_finish(self, req: GroupRequest, rollout: Rollout, text: list[Message]) -> Rollout:
+        state, failure = await self._env_call(req.env, "reset", req.env.reset, req.example)
+        return await self._finish(req, rollout, text, state, failure)
+
+    async def _play_and_finish(
+        self, req: GroupRequest, messages: list[Message], prompt_ids: list[int], index: int
+    ) -> Rollout:
+        rollout, completion, state, failure = await self._multi_turn(req, messages, prompt_ids, index)
+        return await self._finish(req, rollout, completion, state, failure)
 
     async def _group_scores(
         self,

@@ -64,3 +64,29 @@ def test_openenv_step_rewards_are_the_turn_rewards_of_the_rollout(tmp_path: Path
     # turn 0: returns WRONG + 1 and 1, mean 1 + WRONG / 2; turn 1 only the slow rollout reached
     assert advantages[0].tolist() == pytest.approx([WRONG / 2, 0.0])
     assert advantages[1].tolist() == pytest.approx([-WRONG / 2])
+
+
+@pytest.mark.parametrize("max_turns", [1, 3])
+def test_a_group_larger_than_the_servers_sessions_plays_one_rollout_after_another(
+    tmp_path: Path, max_turns: int
+) -> None:
+    """Each rollout holds its server session from reset to score: with one session and a group of two
+    the second waits for the first to be scored (holding every session until the group had played
+    waited forever)."""
+    right = target(0)
+    with guess_server() as address:
+        env = load_environment(
+            EnvConfig(
+                id=f"openenv:http://{address}",
+                args={"num_examples": 1, "max_turns": max_turns, "max_sessions": 1},
+            )
+        )
+        client = ScriptedClient([str(right + 2), str(right), str(right)])
+        runner = RolloutRunner(client, fake_tokenizer(), PolicyTracker(tmp_path, client, "default", "m"))  # type: ignore[arg-type]
+        request = GroupRequest(0, env, 0, env.examples[0], 2, SamplingParams())
+        group = asyncio.run(asyncio.wait_for(runner.run_group(request), timeout=60))
+    assert [r.failure for r in group.rollouts] == [None, None]
+    if max_turns == 1:  # one generate call for the group: both guessed too high, once
+        assert [r.turn_rewards for r in group.rollouts] == [[WRONG], [WRONG]]
+    else:  # the first rollout played its whole episode before the second reset
+        assert [r.turn_rewards for r in group.rollouts] == [[WRONG, 1.0], [1.0]]
