@@ -197,18 +197,20 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _decoder_layer_forward(
-    self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any
+    self: nn.Module, hidden_states: torch.Tensor, *args: Any, engine_compiled: bool, **kwargs: Any
 ) -> torch.Tensor:
     """hidden_states: the float32 sum from the previous layer (or the embeddings) -> this layer's
-    float32 sum. The residual is the sum rounded to the model dtype, as vLLM carries it."""
+    float32 sum. Eager: the residual carried on is the sum rounded to the model dtype, as vLLM's
+    fused_add_rms_norm kernel stores it; compiled: the unrounded float32 sum, as inductor keeps it
+    (it drops the residual's round trip through the model dtype and passes float32 between layers)."""
     import torch
 
-    dtype = self.input_layernorm.weight.dtype
-    residual = hidden_states.to(dtype)
+    keep = (lambda x: x) if engine_compiled else (lambda x: x.to(self.input_layernorm.weight.dtype))
+    residual = keep(hidden_states)
     normed = self.input_layernorm(hidden_states)
     attn_out, _ = self.self_attn(normed, *args, **kwargs)
     summed = residual.to(torch.float32) + attn_out.to(torch.float32)
-    residual = summed.to(dtype)
+    residual = keep(summed)
     mlp_out = self.mlp(self.post_attention_layernorm(summed))
     return residual.to(torch.float32) + mlp_out.to(torch.float32)
 
@@ -238,6 +240,7 @@ def follow_vllm_rounding(causal_lm: nn.Module, engine_compiled: bool = True) -> 
             module.forward = types.MethodType(attention, module)
         elif name in _MLPS and engine_compiled and silu_mlp:
             module.forward = types.MethodType(_mlp_forward, module)
+    decoder_layer = functools.partial(_decoder_layer_forward, engine_compiled=engine_compiled)
     for layer in layers:
-        layer.forward = types.MethodType(_decoder_layer_forward, layer)
+        layer.forward = types.MethodType(decoder_layer, layer)
     return len(layers)

@@ -1,9 +1,10 @@
 """The trainer's bf16 decoder rounds where vLLM rounds: residual adds fused into the next RMSNorm in
-float32, only the carried residual rounded to the model dtype; attention computed in float32 and
+float32, the unrounded sum normalised; attention computed in float32 and
 rounded once, toward zero where vLLM's CPU kernels truncate (AVX2), to nearest elsewhere. Eager
 engine: RoPE as attention (vLLM's kernel), the norm rounded before its weight multiply, SiLU-and-mul
 as torch's bf16 ops; compiled engine (inductor's fused kernels, benchmarks/inductor_rounding_probe.py):
-RoPE, norm * weight and silu(gate) * up each computed in float32 and rounded once to nearest.
+RoPE, norm * weight and silu(gate) * up each computed in float32 and rounded once to nearest, and
+the residual stream never rounded (float32 from layer to layer).
 Each reference below is vLLM's computation written out, independent of the trainer's."""
 
 from __future__ import annotations
@@ -96,10 +97,12 @@ def _weighted(normed, weight, compiled: bool):
 
 def _fused_add_rms_norm(x, residual, weight, eps, compiled: bool):
     """vLLM's fused_add_rms_norm (native and CPU path), written out: the add in float32, the
-    unrounded sum normalised, the sum rounded once for the residual."""
+    unrounded sum normalised. Eager: the sum rounded once for the residual (the CPU kernel stores
+    it in the model dtype); compiled: inductor drops that round trip and carries the float32 sum
+    to the next layer."""
     summed = x.float() + residual.float()
     normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps)
-    return _weighted(normed, weight, compiled).to(x.dtype), summed.to(x.dtype)
+    return _weighted(normed, weight, compiled).to(x.dtype), summed if compiled else summed.to(x.dtype)
 
 
 def _rms_norm(x, weight, eps, compiled: bool):
