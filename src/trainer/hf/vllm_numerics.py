@@ -6,8 +6,8 @@ float32, the *unrounded* sum is normalised, and only the residual carried on is 
 model dtype. HF adds in the model dtype and normalises the rounded sum, so every one of the
 2 x layers + 1 norms of a bf16 model sees a different input, each differing by up to half a
 bf16 ulp. Here each decoder layer returns the float32 sum (residual stream rounded the way vLLM
-rounds it) and each RMSNorm normalises it in float32 and rounds once after the weight multiply,
-as vLLM's CPU and native paths do. The hidden states a decoder returns keep their [.., H] shape
+rounds it: to the model dtype in the eager engine, not at all in the compiled one) and each
+RMSNorm normalises it in float32 (rounding where each engine mode does, below). The hidden states a decoder returns keep their [.., H] shape
 (float32 rather than bf16 between layers; the final norm's output is in the model dtype).
 
 The attention block follows vLLM's CPU kernels (benchmarks/vllm_layer_probe.py compares the two op
@@ -29,7 +29,10 @@ its default, compiled by torch.compile/inductor with its custom ops off; the two
             one kernel each, which computes in float32 and rounds once, to nearest, at its store
             (inductor drops the casts between fused ops, even the explicit one before the norm's
             weight multiply): RoPE's rotation, silu(gate) * up, and normalised x * weight are each
-            rounded once. Attention stays vLLM's kernel (an opaque op to inductor).
+            rounded once. Inductor also drops the residual's round trip through the model dtype
+            (`residual = x.to(dtype)`, read back as float32 by the next layer's add): the residual
+            stream stays float32, unrounded, from the embeddings to the final norm. Attention stays
+            vLLM's kernel (an opaque op to inductor).
 The projections and residual adds round as vLLM's do in both modes (to nearest).
 
 Applies to decoders whose layers are the plain pre-norm pattern (input_layernorm, self_attn,
