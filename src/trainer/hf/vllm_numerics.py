@@ -31,8 +31,9 @@ its default, compiled by torch.compile/inductor with its custom ops off; the two
             weight multiply): RoPE's rotation, silu(gate) * up, and normalised x * weight are each
             rounded once. Inductor also drops the residual's round trip through the model dtype
             (`residual = x.to(dtype)`, read back as float32 by the next layer's add): the residual
-            stream stays float32, unrounded, from the embeddings to the final norm. Attention stays
-            vLLM's kernel (an opaque op to inductor).
+            stream stays float32, unrounded, from the embeddings to the final norm (measured on
+            CPU, whose compiled graph is one piece; CUDA keeps the rounded residual). Attention
+            stays vLLM's kernel (an opaque op to inductor).
 The projections and residual adds round as vLLM's do in both modes (to nearest).
 
 Applies to decoders whose layers are the plain pre-norm pattern (input_layernorm, self_attn,
@@ -204,11 +205,15 @@ def _decoder_layer_forward(
 ) -> torch.Tensor:
     """hidden_states: the float32 sum from the previous layer (or the embeddings) -> this layer's
     float32 sum. Eager: the residual carried on is the sum rounded to the model dtype, as vLLM's
-    fused_add_rms_norm kernel stores it; compiled: the unrounded float32 sum, as inductor keeps it
-    (it drops the residual's round trip through the model dtype and passes float32 between layers)."""
+    fused_add_rms_norm kernel stores it; compiled on CPU: the unrounded float32 sum, as inductor
+    keeps it (it drops the residual's round trip through the model dtype and passes float32 between
+    layers in its one graph). On CUDA vLLM splits the compiled graph at every attention call, where
+    a residual crossing the split is stored in the model dtype; not measured, so CUDA keeps the
+    eager rounding."""
     import torch
 
-    keep = (lambda x: x) if engine_compiled else (lambda x: x.to(self.input_layernorm.weight.dtype))
+    float32_stream = engine_compiled and hidden_states.device.type == "cpu"
+    keep = (lambda x: x) if float32_stream else (lambda x: x.to(self.input_layernorm.weight.dtype))
     residual = keep(hidden_states)
     normed = self.input_layernorm(hidden_states)
     attn_out, _ = self.self_attn(normed, *args, **kwargs)
