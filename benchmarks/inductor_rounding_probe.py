@@ -89,6 +89,36 @@ def _fused_add_rms_norm(num_tokens: int) -> None:
     )
 
 
+def _residual_stream(num_tokens: int) -> None:
+    """Two layers' fused add + RMSNorm in one graph, as vLLM's compiled decoder chains them: the
+    residual the first returns (rounded to bf16 by vLLM's formula) is the second's input."""
+    from vllm.ir.ops.layernorm import fused_add_rms_norm
+
+    torch.manual_seed(3)
+    embed, attn_out, mlp_out = (torch.randn(num_tokens, 576).bfloat16() for _ in range(3))
+    weight = (torch.rand(576) + 0.5).bfloat16()
+    fn = fused_add_rms_norm.impls["native"].impl_fn
+
+    def two_layers(embed: torch.Tensor, attn_out: torch.Tensor, mlp_out: torch.Tensor, weight: torch.Tensor):
+        _, residual = fn(attn_out, embed, weight, 1e-5)
+        return fn(mlp_out, residual, weight, 1e-5)
+
+    compiled_out, compiled_res = torch.compile(two_layers, backend="inductor")(
+        embed.clone(), attn_out.clone(), mlp_out.clone(), weight
+    )
+    print("residual stream, two fused add + RMSNorm in one graph (vLLM IR native):")
+    first = embed.float() + attn_out.float()
+    for name, carried in (("rounded to bf16", first.bfloat16().float()), ("kept in float32", first)):
+        summed = carried + mlp_out.float()
+        normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-5)
+        _count(
+            f"residual carried {name}: norm output vs compiled",
+            (normed * weight.float()).bfloat16(),
+            compiled_out,
+        )
+        _count(f"residual carried {name}: next residual vs compiled", summed.bfloat16(), compiled_res)
+
+
 def main() -> None:
     import torch._inductor.config as inductor_config
 
@@ -99,6 +129,7 @@ def main() -> None:
     _rope(num_tokens)
     _silu_and_mul(num_tokens)
     _fused_add_rms_norm(num_tokens)
+    _residual_stream(num_tokens)
 
 
 if __name__ == "__main__":

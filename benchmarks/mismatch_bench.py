@@ -77,7 +77,9 @@ def run_engine(args: argparse.Namespace) -> None:
         for q in QUESTIONS
     ]
     prompts = [list(e if isinstance(e, list) else e["input_ids"]) for e in encoded]
-    params = SamplingParams(n=args.completions, temperature=1.0, max_tokens=args.tokens, logprobs=0, seed=1)
+    params = SamplingParams(
+        n=args.completions, temperature=1.0, max_tokens=args.tokens, logprobs=0, seed=args.seed
+    )
     start = time.time()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     seconds = time.time() - start
@@ -90,7 +92,7 @@ def run_engine(args: argparse.Namespace) -> None:
         for prompt, out in zip(prompts, outputs, strict=True)
         for c in out.outputs
     ]
-    engine = {"dtype": args.engine_dtype, "head_dtype": args.engine_head_dtype}
+    engine = {"dtype": args.engine_dtype, "head_dtype": args.engine_head_dtype, "seed": args.seed}
     engine["mode"] = "torch.compile (vLLM's default)" if args.compiled else "enforce_eager"
     num_tokens = sum(len(r["completion"]) for r in rows)
     engine["generate_s"] = round(seconds, 1)  # after the engine's warm-up (and compilation)
@@ -211,6 +213,7 @@ def main() -> None:
         "--compiled", action="store_true", help="vLLM's default torch.compile (grpo-infer's), not eager"
     )
     engine.add_argument("--tokens", type=int, default=48)
+    engine.add_argument("--seed", type=int, default=1, help="sampling seed (another draws other completions)")
     engine.add_argument("--out", required=True)
     trainer = sub.add_parser("trainer")
     trainer.add_argument("samples")

@@ -6,8 +6,8 @@ float32, the *unrounded* sum is normalised, and only the residual carried on is 
 model dtype. HF adds in the model dtype and normalises the rounded sum, so every one of the
 2 x layers + 1 norms of a bf16 model sees a different input, each differing by up to half a
 bf16 ulp. Here each decoder layer returns the float32 sum (residual stream rounded the way vLLM
-rounds it) and each RMSNorm normalises it in float32 and rounds once after the weight multiply,
-as vLLM's CPU and native paths do. The hidden states a decoder returns keep their [.., H] shape
+rounds it: to the model dtype in the eager engine, not at all in the compiled one) and each
+RMSNorm normalises it in float32 (rounding where each engine mode does, below). The hidden states a decoder returns keep their [.., H] shape
 (float32 rather than bf16 between layers; the final norm's output is in the model dtype).
 
 The attention block follows vLLM's CPU kernels (benchmarks/vllm_layer_probe.py compares the two op
@@ -29,7 +29,11 @@ its default, compiled by torch.compile/inductor with its custom ops off; the two
             one kernel each, which computes in float32 and rounds once, to nearest, at its store
             (inductor drops the casts between fused ops, even the explicit one before the norm's
             weight multiply): RoPE's rotation, silu(gate) * up, and normalised x * weight are each
-            rounded once. Attention stays vLLM's kernel (an opaque op to inductor).
+            rounded once. Inductor also drops the residual's round trip through the model dtype
+            (`residual = x.to(dtype)`, read back as float32 by the next layer's add): the residual
+            stream stays float32, unrounded, from the embeddings to the final norm (measured on
+            CPU, whose compiled graph is one piece; CUDA keeps the rounded residual). Attention
+            stays vLLM's kernel (an opaque op to inductor).
 The projections and residual adds round as vLLM's do in both modes (to nearest).
 
 Applies to decoders whose layers are the plain pre-norm pattern (input_layernorm, self_attn,
@@ -197,18 +201,24 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _decoder_layer_forward(
-    self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any
+    self: nn.Module, hidden_states: torch.Tensor, *args: Any, engine_compiled: bool, **kwargs: Any
 ) -> torch.Tensor:
     """hidden_states: the float32 sum from the previous layer (or the embeddings) -> this layer's
-    float32 sum. The residual is the sum rounded to the model dtype, as vLLM carries it."""
+    float32 sum. Eager: the residual carried on is the sum rounded to the model dtype, as vLLM's
+    fused_add_rms_norm kernel stores it; compiled on CPU: the unrounded float32 sum, as inductor
+    keeps it (it drops the residual's round trip through the model dtype and passes float32 between
+    layers in its one graph). On CUDA vLLM splits the compiled graph at every attention call, where
+    a residual crossing the split is stored in the model dtype; not measured, so CUDA keeps the
+    eager rounding."""
     import torch
 
-    dtype = self.input_layernorm.weight.dtype
-    residual = hidden_states.to(dtype)
+    float32_stream = engine_compiled and hidden_states.device.type == "cpu"
+    keep = (lambda x: x) if float32_stream else (lambda x: x.to(self.input_layernorm.weight.dtype))
+    residual = keep(hidden_states)
     normed = self.input_layernorm(hidden_states)
     attn_out, _ = self.self_attn(normed, *args, **kwargs)
     summed = residual.to(torch.float32) + attn_out.to(torch.float32)
-    residual = summed.to(dtype)
+    residual = keep(summed)
     mlp_out = self.mlp(self.post_attention_layernorm(summed))
     return residual.to(torch.float32) + mlp_out.to(torch.float32)
 
@@ -238,6 +248,7 @@ def follow_vllm_rounding(causal_lm: nn.Module, engine_compiled: bool = True) -> 
             module.forward = types.MethodType(attention, module)
         elif name in _MLPS and engine_compiled and silu_mlp:
             module.forward = types.MethodType(_mlp_forward, module)
+    decoder_layer = functools.partial(_decoder_layer_forward, engine_compiled=engine_compiled)
     for layer in layers:
-        layer.forward = types.MethodType(_decoder_layer_forward, layer)
+        layer.forward = types.MethodType(decoder_layer, layer)
     return len(layers)

