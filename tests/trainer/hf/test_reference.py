@@ -57,7 +57,7 @@ def test_the_lora_reference_is_the_base_model_exactly(make_cfg, tmp_path, tiny_m
         with torch.no_grad():
             assert torch.equal(ref, _policy_logprobs(base, base_mb))
             assert not torch.allclose(ref, _policy_logprobs(trained, mb), atol=1e-3)
-        np.testing.assert_allclose(ref.numpy(), plain_lp[row.loss_mask], atol=1e-4)
+        np.testing.assert_allclose(ref.cpu().numpy(), plain_lp[row.loss_mask], atol=1e-4)
     for cleanup in (trained, base):
         cleanup.close()
 
@@ -121,7 +121,7 @@ def test_the_kl_gradient_of_a_step_equals_a_direct_computation_against_a_separat
         rows, trainer._micro_batches(rows), separate_reference.score(rows), strict=True
     ):
         ref = torch.from_numpy(ref_scored[row.loss_mask])
-        per_token = kl_estimate(_policy_logprobs(trainer, mb), ref, estimator)
+        per_token = kl_estimate(_policy_logprobs(trainer, mb).cpu(), ref, estimator)  # CUDA too
         direct = direct + beta * per_token.sum() / num_loss_tokens
         kl_sum += float(per_token.detach().sum())
     expected = torch.autograd.grad(direct, params)
@@ -182,7 +182,7 @@ def test_the_kl_in_reward_gradient_of_a_step_equals_a_direct_return_to_go_on_sha
     for row, mb, ref_scored in zip(
         rows, trainer._micro_batches(rows), separate_reference.score(rows), strict=True
     ):
-        lp = _policy_logprobs(trainer, mb)
+        lp = _policy_logprobs(trainer, mb).cpu()  # the direct side on the CPU, the trainer's anywhere
         kl = kl_estimate(lp.detach(), torch.from_numpy(ref_scored[row.loss_mask]), estimator)
         loss_positions = np.flatnonzero(row.loss_mask)
         below = _descendants_or_self(row.parent_ids)[np.ix_(loss_positions, loss_positions)]
