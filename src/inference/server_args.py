@@ -13,6 +13,7 @@ from typing import Literal
 from grpo.config.engine_dtype import resolve_engine_dtype
 from grpo.config.inference import InferenceConfig
 from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
+from grpo.inference.vllm_compat.routing_capture import RECORD_ROUTING_ENV
 from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS
 from grpo.utils.auth import secret_from_env
 from grpo.utils.errors import UserError
@@ -47,11 +48,14 @@ def resolve_lora_serving(cfg: InferenceConfig, on_cpu: bool | None = None) -> Lo
 
 def engine_runs_compiled(cfg: InferenceConfig, on_cpu: bool | None = None) -> bool:
     """Whether vLLM runs the model compiled (torch.compile; its default) for `cfg`: not with
-    `enforce_eager`, nor on CPU when it serves LoRA adapters (vLLM-CPU then runs eagerly)."""
+    `enforce_eager`, nor on CPU when it serves LoRA adapters (vLLM-CPU then runs eagerly) or
+    records routing (grpo-infer runs it eagerly then)."""
     if cfg.enforce_eager:
         return False
     if on_cpu is None:
         on_cpu = not _cuda_available()
+    if on_cpu and cfg.return_routed_experts:
+        return False
     return not (on_cpu and cfg.enable_lora and resolve_lora_serving(cfg, on_cpu) == "adapter")
 
 
@@ -66,10 +70,11 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         )
     if on_cpu is None:
         on_cpu = not _cuda_available()
-    if cfg.return_routed_experts and on_cpu:
+    if cfg.return_routed_experts and on_cpu and cfg.enable_prefix_caching:
         raise UserError(
-            "return_routed_experts: vLLM returns routing only under its Model Runner V2, which needs Triton, and "
-            "the CPU engine has none; set return_routed_experts: false (and routing_replay: false in train.yaml)"
+            "return_routed_experts on a CPU engine records routing only for the tokens each request forwards "
+            "itself, and a prefix-cache hit forwards none of its prompt; set enable_prefix_caching: false "
+            "(or leave it unset)"
         )
     argv = [
         "--model", model_path,
@@ -88,13 +93,16 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         # vLLM's neutral sampling defaults, not the checkpoint's generation_config.json (Qwen3:
         # top_k 20, top_p 0.95), for any request that leaves a setting out; grpo's state them all.
         "--generation-config", "vllm",
-        *(["--enable-return-routed-experts"] if cfg.return_routed_experts else []),
+        # On CPU grpo records the routing itself (grpo.inference.routing_responses): vLLM's own
+        # option needs its GPU-only Model Runner V2.
+        *(["--enable-return-routed-experts"] if cfg.return_routed_experts and not on_cpu else []),
     ]  # fmt: skip
     if cfg.max_model_len is not None:
         argv += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.quantization is not None:
         argv += ["--quantization", cfg.quantization]
-    if cfg.enforce_eager:
+    cpu_routing = cfg.return_routed_experts and on_cpu
+    if cfg.enforce_eager or cpu_routing:
         argv.append("--enforce-eager")
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
@@ -106,7 +114,9 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
             "--max-loras", str(cfg.max_loras),
             "--max-cpu-loras", str(max(cfg.max_cpu_loras, cfg.max_loras)),
         ]  # fmt: skip
-    if cfg.enable_prefix_caching is not None:
+    if cpu_routing:
+        argv.append("--no-enable-prefix-caching")
+    elif cfg.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching")
     if cfg.reasoning_parser:
         argv += ["--reasoning-parser", cfg.reasoning_parser]
@@ -151,6 +161,8 @@ def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, st
         # same few cores that starves one of them for minutes. A user's own setting wins.
         if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        # Stated either way: a second server started by the same process must not inherit it.
+        env[RECORD_ROUTING_ENV] = "1" if cfg.return_routed_experts else "0"
     return env
 
 

@@ -8,8 +8,14 @@ requests the tokens belong to (the V1 runner lays a step's tokens out request by
 `input_batch.req_ids` order, `query_start_loc` apart) at the tokens' positions.
 
 Positions a request never forwarded itself carry no routing (NO_ROUTING): the prompt tokens a
-prefix-cache hit skipped, and the last sampled token. Eager engines only: under torch.compile the
-callback is not a graph operation and would be traced away.
+prefix-cache hit skipped (grpo-infer turns prefix caching off while it records), and the last
+sampled token. grpo-infer records in eager engines only (`--enforce-eager`): the callback is a
+Python side effect, never checked under vLLM's torch.compile.
+
+grpo-infer records when RECORD_ROUTING_ENV is 1 in the engine's environment (the worker extension
+patches the CPU model runner's load_model then); grpo.inference.routing_responses takes each
+request's routing when its completion response leaves the server. A request never taken (a streamed
+or failed one) is dropped once MAX_KEPT_REQUESTS newer ones are filed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+RECORD_ROUTING_ENV = "GRPO_RECORD_ROUTING"
+"""Set to 1 in the engine's environment to record every request's routing (CPU engines)."""
+
+MAX_KEPT_REQUESTS = 4096
+"""Requests whose routing waits to be taken; the oldest is dropped past this."""
+
+
+def engine_request_ids(response_id: str, n: int) -> list[str]:
+    """The engine request id (before the random suffix vLLM adds) of each choice of the one-prompt
+    completion `response_id` sampled `n` times, in choice order: vLLM 0.32's OpenAI server sends
+    prompt i of completion `cmpl-X` as `cmpl-X-i`, and with n > 1 splits it into `j_cmpl-X-i`."""
+    prompt = f"{response_id}-0"
+    return [prompt] if n == 1 else [f"{i}_{prompt}" for i in range(n)]
 
 
 @dataclass
@@ -58,6 +78,8 @@ class RoutingRecorder:
             filed = self._requests.setdefault(req_id, {})
             for token in range(int(query_start[i]), int(query_start[i + 1])):
                 filed[where[token]] = table[token]
+        while len(self._requests) > MAX_KEPT_REQUESTS:
+            del self._requests[next(iter(self._requests))]
 
     def take(self, req_id: str, num_positions: int) -> np.ndarray | None:
         """[num_positions, num_layers, top_k] routing of `req_id` (NO_ROUTING where none was
@@ -125,3 +147,21 @@ def install_routing_recorder(runner: Any) -> RoutingRecorder:
 
     runner._model_forward = recording_forward
     return recorder
+
+
+def record_routing_on_load() -> None:
+    """Install a RoutingRecorder on every CPU model runner right after its model loads (kept on the
+    runner as `grpo_routing`). Must run in the engine worker before the model loads (the worker
+    extension does it). Idempotent."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    original = CPUModelRunner.load_model
+    if getattr(original, "_grpo_records_routing", False):
+        return
+
+    def load_and_record(runner: Any, *args: Any, **kwargs: Any) -> None:
+        original(runner, *args, **kwargs)
+        runner.grpo_routing = install_routing_recorder(runner)
+
+    load_and_record._grpo_records_routing = True  # type: ignore[attr-defined]
+    CPUModelRunner.load_model = load_and_record
