@@ -72,11 +72,9 @@ def build_tiny_moe(path: Path, init_std: float) -> Path:
     return path
 
 
-def _install_recorder(worker: Any) -> Any:
-    from grpo.inference.vllm_compat.routing_capture import install_routing_recorder
-
+def _recorder(worker: Any) -> Any:
     runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
-    return install_routing_recorder(runner)
+    return runner.grpo_routing
 
 
 def run_server(args: argparse.Namespace) -> None:
@@ -140,7 +138,7 @@ def run_server(args: argparse.Namespace) -> None:
     engine = {
         "model": "tiny Qwen3-MoE, 4 layers, hidden 128, 8 experts top-2, bf16",
         "init_std": args.init_std,
-        "mode": "grpo-infer server, return_routed_experts (eager, prefix caching off)",
+        "mode": "grpo-infer server, return_routed_experts (torch.compile, prefix caching off)",
         "generate_s": round(seconds, 1),
         "generated_tokens_per_s": round(num_tokens / seconds, 1),
         "load_average_after": load_average(),
@@ -157,6 +155,9 @@ def run_engine(args: argparse.Namespace) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
+    from grpo.inference.vllm_compat.routing_capture import record_routing_on_load
+
+    record_routing_on_load()  # as grpo-infer's worker extension does: bound before any compilation
     path = build_tiny_moe(Path(args.model_dir), args.init_std)
     llm = LLM(
         model=str(path),
@@ -164,12 +165,12 @@ def run_engine(args: argparse.Namespace) -> None:
         max_model_len=512,
         seed=0,
         logprobs_mode="processed_logprobs",
-        enforce_eager=True,  # the capture callback is no graph operation
+        enforce_eager=not args.compiled,
         enable_prefix_caching=False,  # a cached prompt token is never routed again
         gpu_memory_utilization=0.3,
         max_num_batched_tokens=16384,
     )
-    (recorder,) = llm.collective_rpc(_install_recorder)
+    (recorder,) = llm.collective_rpc(_recorder)
     tokenizer = llm.get_tokenizer()
     encoded = [
         tokenizer.apply_chat_template(
@@ -202,7 +203,7 @@ def run_engine(args: argparse.Namespace) -> None:
     engine = {
         "model": "tiny Qwen3-MoE, 4 layers, hidden 128, 8 experts top-2, bf16",
         "init_std": args.init_std,
-        "mode": "enforce_eager, prefix caching off",
+        "mode": ("torch.compile" if args.compiled else "enforce_eager") + ", prefix caching off",
         "generate_s": round(seconds, 1),
         "generated_tokens_per_s": round(num_tokens / seconds, 1),
         "load_average_after": load_average(),
@@ -304,6 +305,9 @@ def main() -> None:
     engine.add_argument("--tokens", type=int, default=48)
     engine.add_argument("--out", required=True)
     engine.add_argument("--server", action="store_true", help="through grpo-infer's server and client")
+    engine.add_argument(
+        "--compiled", action="store_true", help="in-process engine under vLLM's torch.compile (not eager)"
+    )
     trainer = sub.add_parser("trainer")
     trainer.add_argument("samples")
     trainer.add_argument("--rows", type=int, default=96, help="completions scored (the first rows)")

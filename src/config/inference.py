@@ -73,7 +73,7 @@ class InferenceConfig(StrictModel):
     return_routed_experts: bool = False
     """Mixture-of-experts models: return the experts each token was routed to with every completion,
     for the trainer's routing_replay. On a GPU vLLM's `--enable-return-routed-experts`; on the CPU
-    engine grpo records it itself, running the engine eagerly without prefix caching (docs/moe.md)."""
+    engine grpo records it itself, running the engine without prefix caching (docs/moe.md)."""
 
     max_lora_rank: int | None = Field(None, gt=0)
     """Largest LoRA rank to serve; rounded up to a rank vLLM accepts. null: the trainer's lora_rank in a

