@@ -116,6 +116,11 @@ def install_routing_recorder(runner: Any) -> RoutingRecorder:
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
     model_config = runner.model_config
+    if model_config.uses_mrope:
+        raise ValueError(
+            f"routing capture: {model_config.model} uses multimodal positions ([3, tokens]), which the "
+            "recorder does not map to tokens; set return_routed_experts: false"
+        )
     recorder = RoutingRecorder(
         num_layers=model_config.get_total_num_hidden_layers(),
         top_k=model_config.get_num_experts_per_tok(),
