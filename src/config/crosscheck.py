@@ -160,7 +160,7 @@ def check_colocated(
     if train.routing_replay:
         problems.append(
             "train routing_replay: co-located mode does not train mixture-of-experts models (it cannot borrow "
-            "their experts); run grpo-infer (return_routed_experts: true, on a GPU), grpo-orch and grpo-train as "
+            "their experts); run grpo-infer (return_routed_experts: true), grpo-orch and grpo-train as "
             "separate processes, or set routing_replay: false"
         )
     problems += fp8_problems(infer.quantization, cuda_available=on_cuda)

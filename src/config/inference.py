@@ -71,9 +71,9 @@ class InferenceConfig(StrictModel):
     """Serve LoRA adapters and hot-load each new policy's adapter."""
 
     return_routed_experts: bool = False
-    """Mixture-of-experts models: return the experts each token was routed to with every completion
-    (vLLM's `--enable-return-routed-experts`), for the trainer's routing_replay. Needs vLLM's Model
-    Runner V2, i.e. Triton on a GPU: refused on the CPU engine (docs/moe.md)."""
+    """Mixture-of-experts models: return the experts each token was routed to with every completion,
+    for the trainer's routing_replay. On a GPU vLLM's `--enable-return-routed-experts`; on the CPU
+    engine grpo records it itself, running the engine without prefix caching (docs/moe.md)."""
 
     max_lora_rank: int | None = Field(None, gt=0)
     """Largest LoRA rank to serve; rounded up to a rank vLLM accepts. null: the trainer's lora_rank in a

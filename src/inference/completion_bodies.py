@@ -54,6 +54,14 @@ def decode_routed_experts(encoded: str) -> np.ndarray:
     return array
 
 
+def encode_routed_experts(routing: np.ndarray) -> str:
+    """[tokens, layers, top_k] expert ids as vLLM sends `routed_experts`: base64 of `.npy` bytes
+    (what grpo-infer adds to a CPU engine's choices; decode_routed_experts reads both)."""
+    with io.BytesIO() as buffer:
+        np.save(buffer, routing, allow_pickle=False)
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 def sampling_fields(params: SamplingParams) -> dict[str, Any]:
     """The sampling part of a /completions body: every field of `params`, none left to the server."""
     fields = asdict(params)

@@ -13,6 +13,7 @@ from typing import Literal
 from grpo.config.engine_dtype import resolve_engine_dtype
 from grpo.config.inference import InferenceConfig
 from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
+from grpo.inference.vllm_compat.routing_capture import RECORD_ROUTING_ENV
 from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS
 from grpo.utils.auth import secret_from_env
 from grpo.utils.errors import UserError
@@ -66,10 +67,11 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         )
     if on_cpu is None:
         on_cpu = not _cuda_available()
-    if cfg.return_routed_experts and on_cpu:
+    if cfg.return_routed_experts and on_cpu and cfg.enable_prefix_caching:
         raise UserError(
-            "return_routed_experts: vLLM returns routing only under its Model Runner V2, which needs Triton, and "
-            "the CPU engine has none; set return_routed_experts: false (and routing_replay: false in train.yaml)"
+            "return_routed_experts on a CPU engine records routing only for the tokens each request forwards "
+            "itself, and a prefix-cache hit forwards none of its prompt; set enable_prefix_caching: false "
+            "(or leave it unset)"
         )
     argv = [
         "--model", model_path,
@@ -90,7 +92,9 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
         "--generation-config", "vllm",
         # the token-in route /inference/v1/generate, the one that takes images with token ids
         "--enable-scale-out",
-        *(["--enable-return-routed-experts"] if cfg.return_routed_experts else []),
+        # On CPU grpo records the routing itself (grpo.inference.routing_responses): vLLM's own
+        # option needs its GPU-only Model Runner V2.
+        *(["--enable-return-routed-experts"] if cfg.return_routed_experts and not on_cpu else []),
     ]  # fmt: skip
     if cfg.max_model_len is not None:
         argv += ["--max-model-len", str(cfg.max_model_len)]
@@ -108,7 +112,9 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
             "--max-loras", str(cfg.max_loras),
             "--max-cpu-loras", str(max(cfg.max_cpu_loras, cfg.max_loras)),
         ]  # fmt: skip
-    if cfg.enable_prefix_caching is not None:
+    if cfg.return_routed_experts and on_cpu:
+        argv.append("--no-enable-prefix-caching")
+    elif cfg.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching")
     if cfg.reasoning_parser:
         argv += ["--reasoning-parser", cfg.reasoning_parser]
@@ -153,6 +159,8 @@ def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, st
         # same few cores that starves one of them for minutes. A user's own setting wins.
         if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        # Stated either way: a second server started by the same process must not inherit it.
+        env[RECORD_ROUTING_ENV] = "1" if cfg.return_routed_experts else "0"
     return env
 
 

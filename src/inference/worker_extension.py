@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.inference.vllm_compat import cpu_weights
+from grpo.inference.vllm_compat import cpu_weights, routing_capture
 from grpo.inference.weight_handles import export_record
 from grpo.transport.weights.collective import DEFAULT_SECRET_ENV
 
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":
     cpu_weights.keep_dense_cpu_weights()
     cpu_weights.keep_row_major_cpu_fp8_weights()
+if os.environ.get(routing_capture.RECORD_ROUTING_ENV) == "1":
+    routing_capture.record_routing_on_load()
 
 
 def hf_checkpoint_shapes(hf_config: Any, trust_remote_code: bool = False) -> dict[str, tuple[int, ...]]:
@@ -176,3 +178,16 @@ class WorkerExtension:
             # An empty parameter is a linear weight the CPU packer dropped (GRPO_KEEP_DENSE_WEIGHTS unset).
             if param.numel() > 0
         ]
+
+    def take_routed_experts(self, request_ids: list[str], num_positions: list[int]) -> list[str | None]:
+        """The recorded routing of each engine request `request_ids[i]` (the id vLLM was given,
+        without the suffix it adds), [num_positions[i], layers, top_k] as base64 `.npy`
+        (grpo.inference.completion_bodies.encode_routed_experts), forgotten here; None for a request
+        this worker did not run or a server that does not record (RECORD_ROUTING_ENV unset)."""
+        from grpo.inference.completion_bodies import encode_routed_experts
+
+        recorder = getattr(self.model_runner, "grpo_routing", None)  # type: ignore[attr-defined]
+        if recorder is None:
+            return [None] * len(request_ids)
+        taken = [recorder.take_matching(r, n) for r, n in zip(request_ids, num_positions, strict=True)]
+        return [None if routing is None else encode_routed_experts(routing) for routing in taken]

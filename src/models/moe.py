@@ -1,6 +1,7 @@
 """Mixture-of-experts shape facts read from an HF config alone (before any weights load): what the FLOP
-counter counts as active, what `--dry-run` reports, and what backend megatron and co-located mode
-refuse.
+counter counts as active, what `--dry-run` reports (parameters total and active per token), what
+the memory plan holds (every expert: grpo.models.shape), and what backend megatron and co-located
+mode refuse.
 
 Every MoE family here (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss) makes each routed expert a gated
 MLP of 3 x hidden x expert_intermediate weights (gpt-oss's biases left out). Qwen2-MoE adds a
@@ -25,6 +26,9 @@ class MlpWeights:
     num_experts: int
     """Routed experts per MoE layer (0: a dense model)."""
     top_k: int
+    router: int = 0
+    """Router weights of every MoE layer (num_experts x hidden each), used by every token; not in
+    total or active."""
 
     @property
     def is_moe(self) -> bool:
@@ -58,7 +62,32 @@ def mlp_weights(config: Any) -> MlpWeights:
         active=dense + num_moe * (top_k * per_expert + shared),
         num_experts=num_experts,
         top_k=top_k,
+        router=num_moe * num_experts * hidden,
     )
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    """Weights of a whole model (embeddings, lm_head, attention, MLPs, routers; norms and biases
+    left out): all it holds, and those one token uses."""
+
+    total: int
+    active: int
+
+
+def parameter_counts(config: Any) -> ParameterCounts:
+    """From an HF config object (or anything with its attributes); a dense model's active equals total."""
+    text = _text(config)
+    hidden, num_layers = int(text.hidden_size), int(text.num_hidden_layers)
+    num_heads = int(text.num_attention_heads)
+    num_kv_heads = int(getattr(text, "num_key_value_heads", None) or num_heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // num_heads)
+    attention = num_layers * hidden * head_dim * (2 * num_heads + 2 * num_kv_heads)  # q, o; k, v
+    tied = bool(getattr(text, "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False))
+    embeddings = (1 if tied else 2) * int(text.vocab_size) * hidden
+    mlp = mlp_weights(config)
+    shared = embeddings + attention + mlp.router
+    return ParameterCounts(total=shared + mlp.total, active=shared + mlp.active)
 
 
 def is_moe_config(config: Any) -> bool:
@@ -68,14 +97,24 @@ def is_moe_config(config: Any) -> bool:
 
 
 def describe_moe(model_path: str | Path) -> str | None:
-    """ "mixture of experts: ..." with the MLP weights held and used per token, from config.json; None
-    for a dense model."""
-    raw = json.loads((Path(model_path) / "config.json").read_text())
-    raw = raw.get("text_config", raw)
-    weights = mlp_weights(SimpleNamespace(**{"intermediate_size": 0, **raw}))
+    """ "mixture of experts: ..." with the parameters (and MLP weights) held and used per token, from
+    config.json; None for a dense model."""
+    config = config_namespace(model_path)
+    weights = mlp_weights(config)
     if not weights.is_moe:
         return None
+    params = parameter_counts(config)
     return (
-        f"mixture of experts: {weights.num_experts} experts, top-{weights.top_k}; MLP weights "
-        f"{weights.total / 1e6:.3g}M total, {weights.active / 1e6:.3g}M active per token"
+        f"mixture of experts: {weights.num_experts} experts, top-{weights.top_k}; parameters "
+        f"{params.total / 1e6:.3g}M total, {params.active / 1e6:.3g}M active per token (MLP weights "
+        f"{weights.total / 1e6:.3g}M total, {weights.active / 1e6:.3g}M active)"
+    )
+
+
+def config_namespace(model_path: str | Path) -> SimpleNamespace:
+    """The (text) config.json of the model in `model_path` as attributes, read without transformers."""
+    raw = json.loads((Path(model_path) / "config.json").read_text())
+    text = raw.get("text_config", raw)
+    return SimpleNamespace(
+        **{"intermediate_size": 0, "tie_word_embeddings": raw.get("tie_word_embeddings"), **text}
     )

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo.models.moe import config_namespace, mlp_weights
+
 # Input and output width of each HF linear module of a Llama/Qwen-style decoder layer.
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -26,12 +28,17 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     tied_embeddings: bool
+    mlp_params: int | None = None
+    """Weights of every layer's MLP, each routed expert, shared expert and router of a
+    mixture-of-experts model counted (grpo.models.moe); None: gate, up and down of
+    intermediate_size in every layer."""
 
     @classmethod
     def from_folder(cls, path: str | Path) -> ModelShape:
         cfg = json.loads((Path(path) / "config.json").read_text())
         cfg = cfg.get("text_config", cfg)
         num_heads = cfg["num_attention_heads"]
+        mlp = mlp_weights(config_namespace(path))
         return cls(
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
@@ -41,6 +48,7 @@ class ModelShape:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
             vocab_size=cfg["vocab_size"],
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            mlp_params=mlp.total + mlp.router if mlp.is_moe else None,
         )
 
     def linear_dims(self, name: str) -> tuple[int, int]:
@@ -58,8 +66,12 @@ class ModelShape:
         }[name]
 
     def num_linear_params(self) -> int:
-        """Parameters in the decoder layers' linear modules (the weights the trainer borrows)."""
-        return self.num_layers * sum(a * b for a, b in map(self.linear_dims, LINEAR_MODULES))
+        """Parameters in the decoder layers' linear modules (the weights the trainer borrows), every
+        expert of a mixture-of-experts model included."""
+        if self.mlp_params is None:
+            return self.num_layers * sum(a * b for a, b in map(self.linear_dims, LINEAR_MODULES))
+        attention = ("q_proj", "k_proj", "v_proj", "o_proj")
+        return self.num_layers * sum(a * b for a, b in map(self.linear_dims, attention)) + self.mlp_params
 
     def max_linear_numel(self) -> int:
         return max(a * b for a, b in map(self.linear_dims, LINEAR_MODULES))

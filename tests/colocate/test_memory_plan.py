@@ -201,3 +201,23 @@ def test_a_steps_tokens_are_bounded_by_its_groups_shared_prompts() -> None:
         {**fields, "shared_prefix": False, "sampling": {"max_tokens": 24}}
     )
     assert max_step_tokens(plain) == 64 * 512
+
+
+def test_the_plan_holds_every_expert_of_a_mixture_of_experts_model(tmp_path: Path) -> None:
+    from transformers import Qwen3MoeConfig
+
+    from grpo.colocate.memory_plan import FULL_BYTES, trainer_rows
+    from grpo.models.moe import parameter_counts
+
+    config = Qwen3MoeConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path)
+    train = TrainerConfig(model=str(tmp_path), device="cpu", lora=False)
+    rows = {
+        name: size for name, size, _ in trainer_rows(train, ModelShape.from_folder(tmp_path), on_gpu=False)
+    }
+    counts = parameter_counts(config)
+    assert rows["full parameters"] == counts.total * FULL_BYTES[train.optimizer]
+    assert counts.total > counts.active  # the 6 experts a token skips in each layer are held too

@@ -210,15 +210,28 @@ def test_installed_vllm_is_in_the_supported_range() -> None:
     check_vllm_version()
 
 
-def test_routed_experts_are_asked_of_a_gpu_engine_and_refused_on_the_cpu_engine_naming_why() -> None:
-    from grpo.utils.errors import UserError
+def test_routed_experts_are_asked_of_a_gpu_engine_and_recorded_by_grpo_on_an_uncached_cpu_engine() -> None:
+    from grpo.inference.server_args import server_env
+    from grpo.inference.vllm_compat.routing_capture import RECORD_ROUTING_ENV
 
     cfg = InferenceConfig(model="m", return_routed_experts=True)
     assert "--enable-return-routed-experts" in build_server_args(cfg, "/models/m", on_cpu=False)
     assert "--enable-return-routed-experts" not in build_server_args(
         InferenceConfig(model="m"), "/m", on_cpu=False
     )
-    with pytest.raises(UserError, match="Model Runner V2, which needs Triton, and the CPU engine has none"):
+    cpu = build_server_args(cfg, "/models/m", on_cpu=True)
+    assert "--enable-return-routed-experts" not in cpu  # vLLM's needs its GPU-only Model Runner V2
+    assert "--no-enable-prefix-caching" in cpu and "--enforce-eager" not in cpu  # compiled, as by default
+    assert server_env(cfg, on_cpu=True)[RECORD_ROUTING_ENV] == "1"
+    assert server_env(InferenceConfig(model="m"), on_cpu=True)[RECORD_ROUTING_ENV] == "0"
+    assert RECORD_ROUTING_ENV not in server_env(cfg, on_cpu=False)
+
+
+def test_routed_experts_on_a_cpu_engine_refuse_prefix_caching_naming_why() -> None:
+    from grpo.utils.errors import UserError
+
+    cfg = InferenceConfig(model="m", return_routed_experts=True, enable_prefix_caching=True)
+    with pytest.raises(UserError, match="a prefix-cache hit forwards none of its prompt"):
         build_server_args(cfg, "/models/m", on_cpu=True)
 
 

@@ -148,7 +148,7 @@ class RoutingReplay:
         if any(row.routed_experts is None for row in batch.rows):
             raise UserError(
                 f"routing_replay is on but batch step {batch.step} carries no routed_experts: start grpo-infer "
-                "with return_routed_experts: true (GPU only), or set routing_replay: false"
+                "with return_routed_experts: true, or set routing_replay: false"
             )
 
     def take_metrics(self) -> dict[str, float]:
