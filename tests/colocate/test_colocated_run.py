@@ -157,6 +157,8 @@ def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
     run_dir = tmp_path / "run"
     args = colocated_args(run_dir, max_async_level=0, num_replicas=2)
     args += ["--orch.max_steps", "2", "--train.max_steps", "2"]
+    # each rank's reference (its LoRA base) with the KL as a reward penalty (loss.kl_in_reward)
+    args += ["--train.loss.kl_beta", "0.05", "--train.loss.kl_in_reward", "true"]
     _run_cleanly(args, tmp_path, timeout=900)
 
     replicas = [json.loads((run_dir / "colocate" / f"replica_{r}.json").read_text()) for r in (0, 1)]
@@ -176,6 +178,8 @@ def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
     # On-policy at every step: the step-1 rollouts, from both engines, used adapter 1 (an engine
     # still on the base model would give logprobs far from the trainer's).
     assert all(r["kl"] < 1e-3 and r["masked"] == 0.0 for r in trainer)
+    # the policy is the reference until its first update (LoRA's B starts at zero), then moves off it
+    assert trainer[0]["kl_ref"] == 0.0 and trainer[1]["kl_ref"] > 0.0, trainer
 
 
 def test_one_shot_dry_run_prints_the_memory_plan(tmp_path: Path, colocated_args: ColocatedArgs) -> None:
