@@ -29,8 +29,18 @@ def load_lora_body(name: str, path: str) -> dict[str, Any]:
 
 
 def completion_from_choice(choice: dict[str, Any]) -> Completion:
-    token_ids = list(choice["token_ids"])
     logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
+    return completion_of(choice, list(choice["token_ids"]), logprobs)
+
+
+def completion_of(
+    choice: dict[str, Any],
+    token_ids: list[int],
+    logprobs: list[float],
+    prompt_token_ids: list[int] | None = None,
+) -> Completion:
+    """A Completion from one response choice (of /v1/completions or the token-in generate route),
+    given its token ids and logprobs as that route lays them out."""
     if len(logprobs) != len(token_ids):
         raise RuntimeError(f"server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
     return Completion(
@@ -42,6 +52,7 @@ def completion_from_choice(choice: dict[str, Any]) -> Completion:
         routed_experts=decode_routed_experts(choice["routed_experts"])
         if choice.get("routed_experts")
         else None,
+        prompt_token_ids=prompt_token_ids,
     )
 
 

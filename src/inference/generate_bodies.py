@@ -21,7 +21,7 @@ import base64
 import io
 from typing import Any
 
-from grpo.inference.completion_bodies import decode_routed_experts, sampling_fields
+from grpo.inference.completion_bodies import completion_of, sampling_fields
 from grpo.inference.types import Completion, GenerateRequest
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -82,19 +82,5 @@ def completions_from_generate(response: dict[str, Any]) -> list[Completion]:
         token_ids = list(choice["token_ids"] or [])
         entries = (choice.get("logprobs") or {}).get("content") or []
         logprobs = [float(entry["logprob"]) for entry in entries]
-        if len(logprobs) != len(token_ids):
-            raise RuntimeError(f"server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
-        completions.append(
-            Completion(
-                token_ids=token_ids,
-                logprobs=logprobs,
-                text=choice["text"],
-                finish_reason=choice["finish_reason"],
-                stop_reason=choice.get("stop_reason"),
-                routed_experts=decode_routed_experts(choice["routed_experts"])
-                if choice.get("routed_experts")
-                else None,
-                prompt_token_ids=list(prompt_ids),
-            )
-        )
+        completions.append(completion_of(choice, token_ids, logprobs, list(prompt_ids)))
     return completions
