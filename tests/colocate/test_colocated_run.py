@@ -222,6 +222,8 @@ def test_a_run_ended_by_a_signal_mid_training_leaves_no_process_behind(
             proc.kill()
     # A terminated process's code (128 + 15) after SIGTERM; SIGKILL cannot be answered.
     assert proc.returncode == (143 if signal_name == "SIGTERM" else -signal.SIGKILL)
-    left = processes.left(wait_s=60)
+    # Helpers that end when their last client does (a resource tracker, torch_shm_manager) took more
+    # than 60 s once under the full suite on the 2-core machine, and were gone in an isolated run.
+    left = processes.left(wait_s=150)
     assert not left, f"{signal_name} left processes behind: {left}"
     assert not _shm_files_left(shm_before), f"{signal_name} left shared-memory files in /dev/shm"
