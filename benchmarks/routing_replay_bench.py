@@ -125,26 +125,9 @@ def run_server(args: argparse.Namespace) -> None:
             routing = c.routed_experts
             assert routing is not None, "a completion came back without routed_experts"
             assert routing.shape[0] == len(prompt) + len(c.token_ids) - 1, routing.shape
-            rows.append(
-                {
-                    "prompt": prompt,
-                    "completion": c.token_ids,
-                    "logprobs": c.logprobs,
-                    "routing": routing.tolist(),
-                    "routing_dtype": str(routing.dtype),
-                }
-            )
-    num_tokens = sum(len(r["completion"]) for r in rows)
-    engine = {
-        "model": "tiny Qwen3-MoE, 4 layers, hidden 128, 8 experts top-2, bf16",
-        "init_std": args.init_std,
-        "mode": "grpo-infer server, return_routed_experts (torch.compile, prefix caching off)",
-        "generate_s": round(seconds, 1),
-        "generated_tokens_per_s": round(num_tokens / seconds, 1),
-        "load_average_after": load_average(),
-    }
-    Path(args.out).write_text(json.dumps({"engine": engine, "model": str(path), "rows": rows}))
-    print(f"{len(rows)} completions, {num_tokens} tokens -> {args.out}")
+            rows.append(_sample_row(prompt, c.token_ids, c.logprobs, routing))
+    mode = "grpo-infer server, return_routed_experts (torch.compile, prefix caching off)"
+    _write_samples(args, path, mode, seconds, rows)
 
 
 def run_engine(args: argparse.Namespace) -> None:
@@ -190,20 +173,34 @@ def run_engine(args: argparse.Namespace) -> None:
         # Forwarded positions: the prompt and every completion token but the last.
         routing = recorder.take_matching(out.request_id, len(prompt) + len(c.token_ids) - 1)
         assert routing is not None, f"request {out.request_id} recorded no routing"
-        rows.append(
-            {
-                "prompt": prompt,
-                "completion": list(c.token_ids),
-                "logprobs": [step[t].logprob for t, step in zip(c.token_ids, c.logprobs, strict=True)],
-                "routing": routing.tolist(),
-                "routing_dtype": str(routing.dtype),
-            }
-        )
+        logprobs = [step[t].logprob for t, step in zip(c.token_ids, c.logprobs, strict=True)]
+        rows.append(_sample_row(prompt, list(c.token_ids), logprobs, routing))
+    mode = ("torch.compile" if args.compiled else "enforce_eager") + ", prefix caching off"
+    _write_samples(args, path, mode, seconds, rows)
+
+
+def _sample_row(
+    prompt: list[int], completion: list[int], logprobs: list[float], routing: Any
+) -> dict[str, Any]:
+    """One sampled completion with the routing the engine recorded for its forwarded positions."""
+    return {
+        "prompt": prompt,
+        "completion": completion,
+        "logprobs": logprobs,
+        "routing": routing.tolist(),
+        "routing_dtype": str(routing.dtype),
+    }
+
+
+def _write_samples(
+    args: argparse.Namespace, path: Path, mode: str, seconds: float, rows: list[dict[str, Any]]
+) -> None:
+    """The engine phase's output: how the samples were made, and the samples."""
     num_tokens = sum(len(r["completion"]) for r in rows)
     engine = {
         "model": "tiny Qwen3-MoE, 4 layers, hidden 128, 8 experts top-2, bf16",
         "init_std": args.init_std,
-        "mode": ("torch.compile" if args.compiled else "enforce_eager") + ", prefix caching off",
+        "mode": mode,
         "generate_s": round(seconds, 1),
         "generated_tokens_per_s": round(num_tokens / seconds, 1),
         "load_average_after": load_average(),
