@@ -26,7 +26,9 @@ same return, and orch advantage.turn_credit per_turn credits each turn with its 
 
 A server that is down, slow (request_timeout_s per message) or answers too much (max_reply_mib)
 fails the rollout it was serving, never the run. Sessions are capped at `max_sessions` at once (the
-server's `max_concurrent_envs`, 1 by default in OpenEnv): more would be refused by the server.
+server's `max_concurrent_envs`, 1 by default in OpenEnv): more would be refused by the server. A
+rollout holds its session from its reset until it is scored (the rollout loop scores each rollout on
+its own), so a group with more rollouts than sessions plays them one after another.
 """
 
 from __future__ import annotations
