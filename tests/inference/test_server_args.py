@@ -119,6 +119,16 @@ def test_cpu_env_sizes_the_kv_cache_in_whole_gib_and_keeps_dense_weights() -> No
     assert gpu_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 
+def test_a_cpu_engine_takes_the_compile_cache_it_can_load_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    assert server_env(InferenceConfig(model="m"), on_cpu=True)["VLLM_USE_AOT_COMPILE"] == "0"
+    assert "VLLM_USE_AOT_COMPILE" not in server_env(InferenceConfig(model="m"), on_cpu=False)
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert "VLLM_USE_AOT_COMPILE" not in server_env(InferenceConfig(model="m"), on_cpu=True)
+
+
 def test_on_cuda_engines_are_spawned_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     assert server_env(InferenceConfig(model="m"), on_cpu=False)["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
