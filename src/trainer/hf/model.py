@@ -96,7 +96,10 @@ class Policy:
                 from grpo.trainer.hf.vision import vision_hidden_states
 
                 layout = attention_layout(self.causal_lm)
-                return vision_hidden_states(self.causal_lm, batch, layout, self.autocast_dtype or self.dtype)
+                assert self.vision is not None
+                return vision_hidden_states(
+                    self.causal_lm, batch, self.vision, layout, self.autocast_dtype or self.dtype
+                )
             if batch.forwards is None:
                 replay = {} if routing is None else {"routed_experts": routing}
                 out = decoder(
