@@ -77,6 +77,9 @@ def build_tiny_idefics3(path: str | Path, image_splitting: bool = True, seed: in
             "bos_token_id": tokenizer.bos_token_id,
             "eos_token_id": tokenizer.eos_token_id,
             "pad_token_id": tokenizer.pad_token_id,
+            # vLLM ties lm_head by the text config's flag, transformers by the top-level one: both set,
+            # else vLLM would sample from an lm_head the checkpoint does not hold.
+            "tie_word_embeddings": True,
         },
         scale_factor=2,
         pad_token_id=tokenizer.pad_token_id,
