@@ -1,7 +1,7 @@
 """A co-located run of a vision-language model on vLLM's CPU engine: the tiny Idefics3 (SmolVLM's
 family) trains 2 steps on the built-in count-shapes task, its images sent to the engine and kept
 for the trainer, the language model's linears borrowed and the vision tower loaded by the trainer.
-About 3 minutes here, most of it the engine's start."""
+140-170 s here (2 runs), most of it the engine's start."""
 
 from __future__ import annotations
 
