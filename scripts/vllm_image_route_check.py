@@ -1,8 +1,8 @@
 """Check grpo's image request against a real vLLM engine, on a CPU: one short run, not a test.
 
 vLLM's CPU engine here cannot load Qwen2-VL (docs/design.md, "Vision-language rows"), so this
-builds a tiny random Idefics3 (SmolVLM's family, which it does load; the trainer does not support
-it), serves it with grpo-infer, sends one prompt with one image through
+builds a tiny random Idefics3 (SmolVLM's family, which it does load; grpo.models.tiny_idefics3),
+serves it with grpo-infer, sends one prompt with one image through
 `InferenceClient.generate` (the token-in route, the image as a PNG data: URL) and checks:
 the prompt vLLM ran equals the HF processor's expansion of the same prompt and image, and each
 completion has as many logprobs as tokens. Run it under the shared engine lock:
@@ -21,75 +21,9 @@ import tempfile
 from pathlib import Path
 
 IMAGE_SIZE = 64
-"""Side of the tiny vision tower's input (4x4 patches of 16, merged 2x2: 4 image tokens)."""
+"""Side of the tiny vision tower's input (4x4 patches of 16, merged 2x2: 4 image tokens); the model
+is built without image splitting, so the picture is one tile."""
 PROMPT = "<|im_start|>User:<image>How many red shapes?<end_of_utterance>\nAssistant:"
-
-
-def build_tiny_idefics3(path: Path) -> Path:
-    """A random Idefics3 (2-layer vision tower and text model, head_dim 64) with the SmolLM2
-    tokenizer plus Idefics3's image tokens, and its processor without image splitting."""
-    if (path / "config.json").exists():
-        return path
-    import torch
-    from transformers import (
-        AutoTokenizer,
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3ImageProcessorPil,
-        Idefics3Processor,
-    )
-
-    from grpo.models import embedded
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded.build())
-    tokenizer.add_special_tokens(
-        {
-            "additional_special_tokens": [
-                "<fake_token_around_image>",
-                "<image>",
-                "<global-img>",
-                "<end_of_utterance>",
-            ]
-        }
-    )
-    config = Idefics3Config(
-        vision_config={
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": IMAGE_SIZE,
-            "patch_size": 16,
-        },
-        text_config={
-            "model_type": "llama",
-            "vocab_size": len(tokenizer),
-            "hidden_size": 128,
-            "intermediate_size": 256,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "max_position_embeddings": 2048,
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-        },
-        scale_factor=2,
-        pad_token_id=tokenizer.pad_token_id,
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16)
-    image_processor = Idefics3ImageProcessorPil(
-        do_image_splitting=False,
-        size={"longest_edge": IMAGE_SIZE},
-        max_image_size={"longest_edge": IMAGE_SIZE},
-    )
-    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4)
-    model.save_pretrained(path, safe_serialization=True)
-    processor.save_pretrained(path)
-    return path
 
 
 def picture() -> object:
@@ -146,7 +80,10 @@ async def check(model_path: Path, port: int) -> dict[str, object]:
 
 
 def main() -> int:
-    model_path = build_tiny_idefics3(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny_idefics3"))
+    from grpo.models.tiny_idefics3 import build_tiny_idefics3
+
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny_idefics3")
+    model_path = build_tiny_idefics3(folder, image_splitting=False)
     port = int(os.environ.get("PORT", "8123"))
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "infer.yaml"

@@ -63,6 +63,15 @@ def tiny_qwen25_vl_model_path(model_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_idefics3_model_path(model_cache_dir: Path) -> Path:
+    """A random Idefics3 (SmolVLM's family): 2-layer vision tower on 64x64 tiles (4 image tokens
+    each), images split into up to 2x2 tiles plus a global view, 2-layer Llama text model."""
+    from grpo.models.tiny_idefics3 import build_tiny_idefics3
+
+    return build_tiny_idefics3(model_cache_dir / "tiny-idefics3")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_tp2_path(model_cache_dir: Path) -> Path:
     """A 2-layer random Llama, 4 heads and 2 KV heads (tensor parallel 2 divides both), untied
     output layer (the tiny fixture's is tied): both embedding layouts are covered."""

@@ -91,11 +91,9 @@ def grpo(
 
         resolved = resolve_model(train_cfg.model)
         if has_vision_tower(resolved.path):
-            raise UserError(
-                f"{train_cfg.model} is a vision-language model, which co-located mode does not run yet "
-                "(the engine's vision tower is neither borrowed nor planned for); run grpo-infer, "
-                "grpo-orch and grpo-train as separate processes"
-            )
+            from grpo.colocate.vision import check_colocated_vision_model
+
+            check_colocated_vision_model(train_cfg, resolved.path)
         log_model(resolved)
         if train_cfg.backend == "megatron":
             from grpo.trainer.megatron.preflight import check_megatron_start

@@ -218,6 +218,14 @@ def trainer_rows(
         )
     num_embed = 1 if shape.tied_embeddings else 2
     rows.append(("embeddings + lm_head", num_embed * vocab * h * 2, "bf16, loaded from disk"))
+    if shape.num_vision_params:
+        rows.append(
+            (
+                "vision tower",
+                shape.num_vision_params * 2,
+                f"{shape.num_vision_params / 1e6:.2f}M params, bf16, loaded from disk (not borrowed)",
+            )
+        )
     rows.append(
         (
             "fixed overhead",
@@ -312,7 +320,9 @@ def plan_memory(
     # CPU: the replicas share this machine's RAM, and vLLM's own weights live in it too.
     usable = (total * (1 - SAFETY_MARGIN) - num_replicas * plan.trainer_bytes) / num_replicas
     weight_bytes = (
-        shape.num_linear_params() + (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.hidden_size
+        shape.num_linear_params()
+        + (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.hidden_size
+        + shape.num_vision_params
     ) * 2
     max_len = infer.max_model_len or orch.seq_len
     num_seqs = -(-int(orch.batch_size * orch.oversampling_factor) // num_replicas)  # per engine

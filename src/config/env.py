@@ -18,7 +18,7 @@ OPENENV_PREFIX = "openenv:"
 class EnvConfig(ToolUseConfig, ExtraRewardsConfig):
     id: str
     """Built-in environment id (reverse-text, short-answer, long-brief, math, count-shapes (image
-    prompts, for a Qwen2-VL or Qwen2.5-VL policy),
+    prompts, for a Qwen2-VL, Qwen2.5-VL or Idefics3 policy),
     reasoning-gym:<dataset>, e.g. reasoning-gym:chain_sum), an import path
     "pkg.module:load_environment" whose function returns an environment, a verifiers environment
     id (an installed or importable taskset package, verifiers >= 0.4), or

@@ -6,8 +6,9 @@ triangles in a few colours, drawn with PIL from a seed (no download), and the qu
 message of an image part (the PIL image itself) and a text part.
 
 The orchestrator sends its prompts to vLLM with their images (grpo.orchestrator.image_prompts) for
-a Qwen2-VL or Qwen2.5-VL policy; no run with it has gone end to end yet (vLLM's CPU engine here
-cannot load those families, and co-located mode refuses vision-language models).
+a Qwen2-VL, Qwen2.5-VL or Idefics3 (SmolVLM) policy; tests/colocate/test_colocated_vision.py
+trains a tiny Idefics3 on it co-located on vLLM's CPU engine (which cannot load the Qwen-VL
+families here).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grpo.models.shape import LINEAR_MODULES, ModelShape
+from grpo.models.shape import LINEAR_MODULES, ModelShape, in_vision_tower
 
 if TYPE_CHECKING:
     import torch
@@ -54,11 +54,15 @@ def borrowable_linear_weights(
 ) -> dict[str, torch.Tensor]:
     """HF name -> view, for the decoder layers' linear weights (what co-location shares).
 
-    Norms, embeddings and lm_head stay out: they are small, and vLLM may pad the vocabulary.
+    Norms, embeddings and lm_head stay out: they are small, and vLLM may pad the vocabulary. So does
+    a vision-language model's vision tower (its layers are laid out differently; the trainer loads
+    its own copy, counted in the memory plan).
     """
     out: dict[str, torch.Tensor] = {}
     for vllm_name, tensor in engine_tensors.items():
         if ".layers." not in vllm_name or not vllm_name.endswith(".weight") or "norm" in vllm_name:
+            continue
+        if in_vision_tower(vllm_name):
             continue
         for name, view in split_to_hf(vllm_name, tensor, shape):
             if name.rsplit(".", 2)[-2] in LINEAR_MODULES:

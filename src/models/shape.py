@@ -12,10 +12,40 @@ from grpo.models.moe import config_namespace, mlp_weights
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+VISION_TOWER_PREFIXES = ("visual.", "vision_model.", "connector.", "vision_tower.", "multi_modal_projector.")
+"""Top-level modules (under `model.`, where the model nests them) of a vision tower and its projector."""
+
+
 def has_vision_tower(path: str | Path) -> bool:
     """Whether the model in folder `path` is a vision-language model (its config.json has a
     vision_config)."""
     return "vision_config" in json.loads((Path(path) / "config.json").read_text())
+
+
+def in_vision_tower(name: str) -> bool:
+    """Whether a parameter name (HF's or vLLM's) belongs to the vision tower or its projector."""
+    return name.removeprefix("model.").startswith(VISION_TOWER_PREFIXES)
+
+
+def num_vision_tower_params(path: str | Path) -> int:
+    """Parameters of the vision tower and its projector in folder `path`'s safetensors (their
+    headers only); 0 for a text model."""
+    import struct
+
+    if not has_vision_tower(path):
+        return 0
+    total = 0
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with file.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        for name, entry in header.items():
+            if name != "__metadata__" and in_vision_tower(name):
+                count = 1
+                for dim in entry["shape"]:
+                    count *= dim
+                total += count
+    return total
 
 
 @dataclass(frozen=True)
@@ -32,6 +62,8 @@ class ModelShape:
     """Weights of every layer's MLP, each routed expert, shared expert and router of a
     mixture-of-experts model counted (grpo.models.moe); None: gate, up and down of
     intermediate_size in every layer."""
+    num_vision_params: int = 0
+    """Vision tower and projector of a vision-language model (not borrowed: the trainer loads its own)."""
 
     @classmethod
     def from_folder(cls, path: str | Path) -> ModelShape:
@@ -49,6 +81,7 @@ class ModelShape:
             vocab_size=cfg["vocab_size"],
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             mlp_params=mlp.total + mlp.router if mlp.is_moe else None,
+            num_vision_params=num_vision_tower_params(path),
         )
 
     def linear_dims(self, name: str) -> tuple[int, int]:

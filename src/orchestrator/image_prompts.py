@@ -13,13 +13,13 @@ An image part is {"type": "image", "image": <PIL image>}.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from grpo.envs.base import Environment, Message, non_text_parts
 from grpo.inference.generate_bodies import image_data_url
+from grpo.orchestrator.image_prompt import ImagePrompt, ImagePrompter, check_placeholders, image_parts
 from grpo.transport.batches.images import RowImages, image_token_count
 from grpo.utils.errors import UserError
 
@@ -27,34 +27,8 @@ IMAGE_TOKEN = "<|image_pad|>"
 """Qwen2-VL's image placeholder."""
 
 
-@dataclass
-class ImagePrompt:
-    """One rendered prompt with its images."""
-
-    request_ids: list[int]
-    """The template's ids: one placeholder token per image (what vLLM is sent)."""
-    ids: list[int]
-    """request_ids with each placeholder repeated to its image's token count (what vLLM runs and
-    the trainer sees)."""
-    images: RowImages | None
-    """The processed images, token_starts counted in `ids`; None for a prompt without images."""
-    image_urls: tuple[str, ...]
-    """Each image as a PNG `data:` URL, in placeholder order (what vLLM is sent)."""
-
-
-def image_parts(messages: list[Message]) -> list[Any]:
-    """The images of `messages`' image parts, in order."""
-    return [
-        part["image"]
-        for message in messages
-        if isinstance(message.get("content"), list)
-        for part in message["content"]
-        if isinstance(part, dict) and part.get("type") == "image"
-    ]
-
-
-class ImagePrompter:
-    """Renders and processes image prompts for one vision-language model."""
+class PatchImagePrompter:
+    """Renders and processes image prompts for a Qwen2-VL-style model (images as patch sequences)."""
 
     def __init__(self, hf_tokenizer: Any, image_processor: Any) -> None:
         self.hf = hf_tokenizer
@@ -63,7 +37,7 @@ class ImagePrompter:
         self.merge_size = int(image_processor.merge_size)
 
     @classmethod
-    def from_path(cls, path: str) -> ImagePrompter:
+    def from_path(cls, path: str) -> PatchImagePrompter:
         """The prompter of the model folder `path`; UserError where it is no Qwen2-VL-style model
         (its tokenizer lacks the image placeholder, or it has no image processor with a merge size)."""
         from transformers import AutoImageProcessor, AutoTokenizer
@@ -72,13 +46,13 @@ class ImagePrompter:
         if IMAGE_TOKEN not in hf_tokenizer.get_vocab():
             raise UserError(
                 f"{path}: its tokenizer has no {IMAGE_TOKEN} token, so the orchestrator cannot render image "
-                "prompts for it; use a Qwen2-VL or Qwen2.5-VL model for environments with images"
+                "prompts for it; use a Qwen2-VL, Qwen2.5-VL or Idefics3 (SmolVLM) model for environments with images"
             )
         image_processor = AutoImageProcessor.from_pretrained(path)
         if not hasattr(image_processor, "merge_size"):
             raise UserError(
                 f"{path}: its image processor ({type(image_processor).__name__}) is not Qwen2-VL's; use a "
-                "Qwen2-VL or Qwen2.5-VL model for environments with images"
+                "Qwen2-VL, Qwen2.5-VL or Idefics3 (SmolVLM) model for environments with images"
             )
         return cls(hf_tokenizer, image_processor)
 
@@ -89,11 +63,7 @@ class ImagePrompter:
         ids = list(
             rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
         )
-        if ids.count(self.image_token_id) != len(images):
-            raise UserError(
-                f"the chat template wrote {ids.count(self.image_token_id)} image placeholders for {len(images)} "
-                "image parts; use the model's own chat template"
-            )
+        check_placeholders(ids, self.image_token_id, len(images))
         if not images:
             return ImagePrompt(ids, list(ids), None, ())
         processed = self.image_processor(images=images, return_tensors="np")
@@ -110,6 +80,19 @@ class ImagePrompter:
         pixels = np.asarray(processed["pixel_values"], np.float32)
         row_images = RowImages(pixels, grid, np.asarray(starts, np.int32))
         return ImagePrompt(ids, expanded, row_images, tuple(image_data_url(image) for image in images))
+
+
+def image_prompter_of(path: str) -> ImagePrompter:
+    """The prompter of the model folder `path`: Idefics3's tiles (grpo.orchestrator.image_tiles) or
+    Qwen2-VL's patch sequences; UserError for a model that is neither."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type == "idefics3":
+        from grpo.orchestrator.image_tiles import TiledImagePrompter
+
+        return TiledImagePrompter.from_folder(path, config)
+    return PatchImagePrompter.from_path(path)
 
 
 def has_image_prompts(env: Environment) -> bool:
@@ -142,4 +125,4 @@ def image_prompter_for(
         raise UserError(
             "teacher_model scores token ids without their images; remove it for environments with image prompts"
         )
-    return ImagePrompter.from_path(model_path)
+    return image_prompter_of(model_path)

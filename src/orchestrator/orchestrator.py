@@ -32,7 +32,7 @@ from grpo.orchestrator import checkpoint
 from grpo.orchestrator.buffer import Buffer
 from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.eval import evaluate, should_evaluate
-from grpo.orchestrator.image_prompts import ImagePrompter
+from grpo.orchestrator.image_prompt import ImagePrompter
 from grpo.orchestrator.partial import UpdateGate
 from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner

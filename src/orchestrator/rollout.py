@@ -13,7 +13,7 @@ from grpo.envs.rewards import FailureLog
 from grpo.envs.tool_env import ToolUse
 from grpo.envs.tools import ToolCall
 from grpo.inference.types import GenerateRequest, RolloutClient, SamplingParams
-from grpo.orchestrator.image_prompts import ImagePrompt, ImagePrompter, image_parts
+from grpo.orchestrator.image_prompt import ImagePrompt, ImagePrompter, image_parts
 from grpo.orchestrator.partial import Resumed, ResumingGenerator, UpdateGate
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.orchestrator.tokenizer import ChatTokenizer

@@ -33,6 +33,11 @@ class VisionTokens:
     image_token_id: int
     spatial_merge_size: int
     """Patches merged per side into one placeholder token (2: a 2x2 block of patches is one token)."""
+    mrope: bool = True
+    """Image tokens take M-RoPE (temporal, height, width) positions; False: the row's 1-D positions."""
+    tile_patch_size: int | None = None
+    """Idefics3: images are square tiles sent as flattened patches of this side
+    (grpo.orchestrator.image_tiles); None for Qwen2-VL's patch sequences."""
 
 
 @dataclass
@@ -45,8 +50,9 @@ class VisionInputs:
     """[num_images, 3] long."""
     placeholders: torch.Tensor
     """[num_image_tokens] micro-batch index of the token each vision-tower output replaces, in order."""
-    rope_position_ids: torch.Tensor
-    """[3, T] long: every token's M-RoPE (temporal, height, width) position ids."""
+    rope_position_ids: torch.Tensor | None
+    """[3, T] long: every token's M-RoPE (temporal, height, width) position ids; None for a model
+    with 1-D positions (the micro-batch's position_ids)."""
 
 
 def row_placeholders(row: PackedRow, vision: VisionTokens) -> np.ndarray:
@@ -127,7 +133,9 @@ def build_vision_inputs(
     placeholders = np.concatenate(
         [row_placeholders(row, vision) + offset for row, offset in zip(rows, offsets, strict=True)]
     )
-    positions = np.concatenate([rope_position_ids(row, vision) for row in rows], axis=1)
+    positions = (
+        np.concatenate([rope_position_ids(row, vision) for row in rows], axis=1) if vision.mrope else None
+    )
     with_images = [row.images for row in rows if row.images is not None]
     return VisionInputs(
         pixel_values=torch.from_numpy(np.concatenate([i.pixel_values for i in with_images])).to(device),
@@ -135,5 +143,5 @@ def build_vision_inputs(
             device
         ),
         placeholders=torch.from_numpy(placeholders).to(device),
-        rope_position_ids=torch.from_numpy(positions).to(device),
+        rope_position_ids=torch.from_numpy(positions).to(device) if positions is not None else None,
     )

@@ -221,3 +221,12 @@ def test_the_plan_holds_every_expert_of_a_mixture_of_experts_model(tmp_path: Pat
     counts = parameter_counts(config)
     assert rows["full parameters"] == counts.total * FULL_BYTES[train.optimizer]
     assert counts.total > counts.active  # the 6 experts a token skips in each layer are held too
+
+
+def test_the_plan_counts_the_trainers_own_copy_of_a_vision_tower(tiny_idefics3_model_path: Path) -> None:
+    from grpo.models.shape import num_vision_tower_params
+
+    num_vision = num_vision_tower_params(tiny_idefics3_model_path)
+    assert ModelShape.from_folder(tiny_idefics3_model_path).num_vision_params == num_vision > 0
+    rows = {name: num_bytes for name, num_bytes, _ in _plan(tiny_idefics3_model_path).rows}
+    assert rows["vision tower"] == 2 * num_vision

@@ -62,3 +62,16 @@ def test_only_decoder_linear_weights_are_borrowed() -> None:
     assert sorted(n.split(".")[-2] for n in borrowed) == sorted(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+
+
+def test_a_vision_towers_layers_are_not_borrowed_only_the_language_models() -> None:
+    fused = torch.randn(16, 8)
+    engine = {
+        "model.text_model.layers.0.self_attn.qkv_proj.weight": fused,
+        # vLLM's Idefics3 vision encoder: its own fused q/k/v (another width) under .layers.
+        "model.vision_model.encoder.layers.0.self_attn.qkv_proj.weight": torch.randn(24, 6),
+        "visual.blocks.0.attn.qkv.weight": torch.randn(24, 6),
+    }
+    assert sorted(borrowable_linear_weights(engine, SHAPE)) == [
+        f"model.text_model.layers.0.self_attn.{p}_proj.weight" for p in "kqv"
+    ]

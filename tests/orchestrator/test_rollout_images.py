@@ -14,7 +14,7 @@ from orchestrator_fakes import FakeClient, fake_tokenizer
 
 from grpo.envs import Message, SingleTurnEnv
 from grpo.inference.types import Completion, GenerateRequest, SamplingParams
-from grpo.orchestrator.image_prompts import ImagePrompt
+from grpo.orchestrator.image_prompt import ImagePrompt
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.transport.batches.images import RowImages

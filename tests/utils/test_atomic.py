@@ -94,6 +94,7 @@ def test_only_the_atomic_module_deletes_folder_trees() -> None:
         "models/embedded.py",
         "models/tiny.py",
         "models/tiny_vl.py",
+        "models/tiny_idefics3.py",
         "models/export.py",
         "transport/batches/zmq_spool.py",
     }

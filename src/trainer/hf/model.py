@@ -96,7 +96,10 @@ class Policy:
                 from grpo.trainer.hf.vision import vision_hidden_states
 
                 layout = attention_layout(self.causal_lm)
-                return vision_hidden_states(self.causal_lm, batch, layout, self.autocast_dtype or self.dtype)
+                assert self.vision is not None
+                return vision_hidden_states(
+                    self.causal_lm, batch, self.vision, layout, self.autocast_dtype or self.dtype
+                )
             if batch.forwards is None:
                 replay = {} if routing is None else {"routed_experts": routing}
                 out = decoder(
@@ -169,7 +172,7 @@ def _lora_targets(cfg: TrainerConfig, causal_lm: nn.Module) -> str | list[str]:
     return list(targets)
 
 
-def _vision_tokens(cfg: TrainerConfig, config: object, borrows: bool) -> VisionTokens | None:
+def _vision_tokens(cfg: TrainerConfig, config: object) -> VisionTokens | None:
     """The vision-language model's image inputs (None for a text model); UserError for what the
     trainer cannot do with one yet."""
     from grpo.trainer.hf.vision import is_vision_language, vision_tokens_for
@@ -179,11 +182,6 @@ def _vision_tokens(cfg: TrainerConfig, config: object, borrows: bool) -> VisionT
             raise UserError("train_vision_tower is set but the model has no vision tower; remove it")
         return None
     vision = vision_tokens_for(config)
-    if borrows:
-        raise UserError(
-            "co-located training does not support vision-language models yet (the engine's vision tower "
-            "weights are not borrowed); run grpo-infer and grpo-train as separate processes"
-        )
     if cfg.qlora_bnb or cfg.qlora_fp8 or cfg.qlora_fp4:
         raise UserError("quantized base weights (qlora_*) are not supported for vision-language models yet")
     if cfg.lora and cfg.train_vision_tower:
@@ -220,7 +218,8 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     load_dtype = dtype if cfg.lora else torch.float32
     kwargs: dict[str, object] = {"dtype": load_dtype}
     config = AutoConfig.from_pretrained(source.model_path)
-    vision = _vision_tokens(cfg, config, bool(borrowed or borrowed_quantized))
+    # Co-located, the language model's linears are borrowed; the vision tower is loaded from disk.
+    vision = _vision_tokens(cfg, config)
     if (attn_implementation := attention_implementation_for(config)) is not None:
         kwargs["attn_implementation"] = attn_implementation
     if cfg.qlora_bnb:

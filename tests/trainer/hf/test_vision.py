@@ -1,10 +1,13 @@
 """Vision-language rows: the trainer's logprobs are those of the model's own unpacked forward.
 
-A tiny random Qwen2-VL (fixture tiny_vl_model_path): prompts with one or two images of different
+A tiny random Qwen2-VL (fixture tiny_vl_model_path), Qwen2.5-VL or Idefics3 (SmolVLM; images split
+into tiles plus a global view): prompts with one or two images of different
 sizes, text before and after them, groups of completions packed one after another (plain) or
 hanging from one copy of their prompt and its images (shared prefix). The reference is
 Qwen2VLForConditionalGeneration's forward of each rollout alone (its own get_rope_index M-RoPE
-positions, its own placeholder scatter), in float32.
+positions, its own placeholder scatter), in float32. For Idefics3 the reference takes the HF
+processor's own ids, tiled pixel_values and pixel_attention_mask, so the prompter's expansion and
+its tiles-as-patches layout are checked as well.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import pytest
 import torch
 
 import grpo.trainer.hf.model as trainer_model
-from grpo.orchestrator.image_prompts import ImagePrompter
+from grpo.orchestrator.image_prompts import image_prompter_of
+from grpo.orchestrator.image_tiles import TiledImagePrompter
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.trainer import Trainer
@@ -33,6 +37,8 @@ TEXT_VOCAB = 49152  # SmolLM2's own tokens; the vision tokens come after
 class Prompt:
     ids: list[int]
     images: RowImages
+    processor_inputs: dict[str, np.ndarray] | None = None
+    """Idefics3: the HF processor's own input_ids, pixel_values and pixel_attention_mask."""
 
 
 @dataclass
@@ -50,10 +56,20 @@ def _prompt(model_path: Path, parts: list[object]) -> Prompt:
         {"type": "image", "image": p} if isinstance(p, Image.Image) else {"type": "text", "text": p}
         for p in parts
     ]
-    prompt = ImagePrompter.from_path(str(model_path)).prompt([{"role": "user", "content": content}])
+    messages = [{"role": "user", "content": content}]
+    prompter = image_prompter_of(str(model_path))
+    prompt = prompter.prompt(messages)
     ids, images = prompt.ids, prompt.images
     assert images is not None
-    return Prompt(ids, images)
+    if not isinstance(prompter, TiledImagePrompter):
+        return Prompt(ids, images)
+    text = prompter.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    images_in = [p for p in parts if isinstance(p, Image.Image)]
+    inputs = prompter.processor(
+        text=[text], images=[images_in], add_special_tokens=False, return_tensors="np"
+    )
+    assert inputs["input_ids"][0].tolist() == ids  # the processor's own expansion
+    return Prompt(ids, images, {k: np.asarray(v) for k, v in inputs.items()})
 
 
 def _samples(model_path: Path) -> list[Sample]:
@@ -137,13 +153,21 @@ def _reference_logprobs(causal_lm: torch.nn.Module, sample: Sample, image_token_
     """The model's own forward of one rollout: logprobs of its completion tokens."""
     device = next(causal_lm.parameters()).device  # the trainer's (CUDA on a GPU machine)
     ids = torch.tensor([sample.prompt.ids + sample.completion], device=device)
+    hf = sample.prompt.processor_inputs
     with torch.no_grad():
-        logits = causal_lm(
-            input_ids=ids,
-            pixel_values=torch.from_numpy(sample.prompt.images.pixel_values).to(device),
-            image_grid_thw=torch.from_numpy(sample.prompt.images.grid_thw.astype(np.int64)).to(device),
-            mm_token_type_ids=(ids == image_token_id).int(),
-        ).logits[0]
+        if hf is not None:
+            logits = causal_lm(
+                input_ids=ids,
+                pixel_values=torch.from_numpy(hf["pixel_values"]).to(device),
+                pixel_attention_mask=torch.from_numpy(hf["pixel_attention_mask"]).to(device),
+            ).logits[0]
+        else:
+            logits = causal_lm(
+                input_ids=ids,
+                pixel_values=torch.from_numpy(sample.prompt.images.pixel_values).to(device),
+                image_grid_thw=torch.from_numpy(sample.prompt.images.grid_thw.astype(np.int64)).to(device),
+                mm_token_type_ids=(ids == image_token_id).int(),
+            ).logits[0]
     n_prompt = len(sample.prompt.ids)
     predicting = logits[n_prompt - 1 : -1].float().cpu() / sample.temperature
     logprobs = torch.log_softmax(predicting, dim=-1)
@@ -162,13 +186,17 @@ def _float32_trainer(make_cfg, model_path, tmp_path, monkeypatch, **overrides) -
 
 @pytest.mark.parametrize(
     ("family", "lora"),
-    [("qwen2_vl", True), ("qwen2_vl", False), ("qwen2_5_vl", True)],
-    ids=["qwen2-vl-lora", "qwen2-vl-full", "qwen2.5-vl-lora"],
+    [("qwen2_vl", True), ("qwen2_vl", False), ("qwen2_5_vl", True), ("idefics3", True), ("idefics3", False)],
+    ids=["qwen2-vl-lora", "qwen2-vl-full", "qwen2.5-vl-lora", "idefics3-lora", "idefics3-full"],
 )
 def test_trainer_logprobs_of_image_rows_equal_the_models_unpacked_forward_plain_and_shared(
     make_cfg, request, tmp_path, monkeypatch, family, lora
 ):
-    fixture = {"qwen2_vl": "tiny_vl_model_path", "qwen2_5_vl": "tiny_qwen25_vl_model_path"}[family]
+    fixture = {
+        "qwen2_vl": "tiny_vl_model_path",
+        "qwen2_5_vl": "tiny_qwen25_vl_model_path",
+        "idefics3": "tiny_idefics3_model_path",
+    }[family]
     model_path = request.getfixturevalue(fixture)
     trainer = _float32_trainer(make_cfg, model_path, tmp_path, monkeypatch, lora=lora)
     assert trainer.policy.vision is not None
@@ -232,14 +260,20 @@ def test_the_packers_image_rows_give_the_models_unpacked_logprobs_plain_and_shar
             np.testing.assert_allclose(trained, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "fixture", ["tiny_vl_model_path", "tiny_idefics3_model_path"], ids=["qwen2-vl", "idefics3"]
+)
 def test_image_rows_train_the_language_model_and_leave_the_vision_tower_frozen(
-    make_cfg, tiny_vl_model_path, tmp_path, monkeypatch
+    make_cfg, request, tmp_path, monkeypatch, fixture
 ):
-    trainer = _float32_trainer(make_cfg, tiny_vl_model_path, tmp_path, monkeypatch, lora=False)
-    samples = _samples(tiny_vl_model_path)
-    tower = trainer.policy.causal_lm.model.visual
+    from grpo.trainer.hf.vision import vision_modules
+
+    model_path = request.getfixturevalue(fixture)
+    trainer = _float32_trainer(make_cfg, model_path, tmp_path, monkeypatch, lora=False)
+    samples = _samples(model_path)
+    tower = torch.nn.ModuleList(vision_modules(trainer.policy.causal_lm))
     before = {n: p.detach().clone() for n, p in tower.named_parameters()}
-    decoder_weight = trainer.policy.causal_lm.model.language_model.layers[0].mlp.down_proj.weight
+    decoder_weight = trainer.policy.causal_lm.get_decoder().layers[0].mlp.down_proj.weight
     decoder_before = decoder_weight.detach().clone()
     batch = TrainingBatch(
         step=0, rows=[_shared_row([samples[:3], samples[3:]])], sampling=SamplingTruncation()
@@ -251,16 +285,22 @@ def test_image_rows_train_the_language_model_and_leave_the_vision_tower_frozen(
     assert not torch.equal(decoder_weight, decoder_before)
 
 
+@pytest.mark.parametrize(
+    ("fixture", "language_model"),
+    [("tiny_vl_model_path", ".language_model."), ("tiny_idefics3_model_path", ".text_model.")],
+    ids=["qwen2-vl", "idefics3"],
+)
 def test_lora_on_a_vision_language_model_adapts_the_language_model_only(
-    make_cfg, tiny_vl_model_path, tmp_path, monkeypatch
+    make_cfg, request, tmp_path, monkeypatch, fixture, language_model
 ):
+    model_path = request.getfixturevalue(fixture)
     trainer = _float32_trainer(
-        make_cfg, tiny_vl_model_path, tmp_path, monkeypatch, lora_target_modules=["all-linear"]
+        make_cfg, model_path, tmp_path, monkeypatch, lora_target_modules=["all-linear"]
     )
     adapted = {
         n.rsplit(".lora_", 1)[0] for n, p in trainer.policy.model.named_parameters() if p.requires_grad
     }
-    assert adapted and all(".language_model." in n for n in adapted)
+    assert adapted and all(language_model in n for n in adapted)
 
 
 def test_image_rows_cross_the_wire_and_decode_to_the_same_images(tiny_vl_model_path):
@@ -292,7 +332,7 @@ def test_vision_language_families_not_verified_are_refused_by_name() -> None:
 
     from grpo.trainer.hf.vision import is_vision_language, vision_tokens_for
 
-    smolvlm = SimpleNamespace(model_type="idefics3", vision_config=SimpleNamespace(), image_token_id=5)
-    assert is_vision_language(smolvlm)
-    with pytest.raises(UserError, match="idefics3 is a vision-language model the trainer does not support"):
-        vision_tokens_for(smolvlm)
+    gemma3 = SimpleNamespace(model_type="gemma3", vision_config=SimpleNamespace(), image_token_id=5)
+    assert is_vision_language(gemma3)
+    with pytest.raises(UserError, match="gemma3 is a vision-language model the trainer does not support"):
+        vision_tokens_for(gemma3)
