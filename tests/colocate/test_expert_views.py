@@ -39,11 +39,11 @@ def _engine_tensors(model_path: Path, family: str, packed_beside_dense: bool) ->
         )  # fmt: skip
         w2 = torch.stack([on_disk[f"{p}.{moe}.experts.{e}.{down}.weight"] for e in experts])
         if packed_beside_dense:
-            out[f"{p}.{moe}.experts.w13_weight"] = w13.flip(1).contiguous()
-            out[f"{p}.{moe}.experts.w2_weight"] = w2.flip(2).contiguous()
-            out[f"{p}.{moe}.experts.w13_weight_dense"], out[f"{p}.{moe}.experts.w2_weight_dense"] = w13, w2
+            out[f"{p}.{moe}.experts.routed_experts.w13_weight"] = w13.flip(1).contiguous()
+            out[f"{p}.{moe}.experts.routed_experts.w2_weight"] = w2.flip(2).contiguous()
+            out[f"{p}.{moe}.experts.routed_experts.w13_weight_dense"], out[f"{p}.{moe}.experts.routed_experts.w2_weight_dense"] = w13, w2
         else:
-            out[f"{p}.{moe}.experts.w13_weight"], out[f"{p}.{moe}.experts.w2_weight"] = w13, w2
+            out[f"{p}.{moe}.experts.routed_experts.w13_weight"], out[f"{p}.{moe}.experts.routed_experts.w2_weight"] = w13, w2
     return out
 
 
@@ -77,7 +77,7 @@ def test_the_trainers_experts_are_the_engines_dense_tensors_and_give_hfs_logprob
     for layer in range(2):
         for hf, vllm in (("gate_up_proj", "w13_weight_dense"), ("down_proj", "w2_weight_dense")):
             param = params[f"model.layers.{layer}.mlp.experts.{hf}"]
-            assert param.data_ptr() == engine[f"model.layers.{layer}.{moe}.experts.{vllm}"].data_ptr()
+            assert param.data_ptr() == engine[f"model.layers.{layer}.{moe}.experts.routed_experts.{vllm}"].data_ptr()
             assert not param.requires_grad
 
     tokens = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -96,7 +96,7 @@ def test_a_gpu_engine_lends_its_loaded_expert_tensors_directly(moe_model) -> Non
     borrowed = borrow_engine_tensors(engine, path)
     moe = "mlp" if family == "qwen3_moe" else "block_sparse_moe"
     view = borrowed.tensors["model.layers.1.mlp.experts.gate_up_proj"]
-    assert view.data_ptr() == engine[f"model.layers.1.{moe}.experts.w13_weight"].data_ptr()
+    assert view.data_ptr() == engine[f"model.layers.1.{moe}.experts.routed_experts.w13_weight"].data_ptr()
 
 
 def test_experts_in_another_layout_stop_the_start_naming_the_expert(moe_model) -> None:
