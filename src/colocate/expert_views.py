@@ -105,7 +105,8 @@ def verify_experts_against_checkpoint(borrowed: dict[str, torch.Tensor], model_p
             got = engine[expert]
             if got.shape != expected.shape:
                 raise _mismatch(
-                    name, f"expert {expert} is {list(got.shape)} in the engine, {list(expected.shape)} on disk"
+                    name,
+                    f"expert {expert} is {list(got.shape)} in the engine, {list(expected.shape)} on disk",
                 )
             if not torch.equal(got, expected.to(got.dtype)):
                 diff = (got.float() - expected.float()).abs().max().item()

@@ -87,10 +87,16 @@ def build_tiny_moe_model(
     }  # fmt: skip
     if family == "qwen3_moe":
         config = Qwen3MoeConfig(
-            **common, intermediate_size=256, moe_intermediate_size=128, num_experts=num_experts, norm_topk_prob=True
+            **common,
+            intermediate_size=256,
+            moe_intermediate_size=128,
+            num_experts=num_experts,
+            norm_topk_prob=True,
         )
     elif family == "mixtral":
-        config = MixtralConfig(**common, intermediate_size=128, num_local_experts=num_experts, sliding_window=None)
+        config = MixtralConfig(
+            **common, intermediate_size=128, num_local_experts=num_experts, sliding_window=None
+        )
     else:
         raise ValueError(f"no tiny MoE model of family {family}")
     torch.manual_seed(seed)

@@ -41,9 +41,15 @@ def _engine_tensors(model_path: Path, family: str, packed_beside_dense: bool) ->
         if packed_beside_dense:
             out[f"{p}.{moe}.experts.routed_experts.w13_weight"] = w13.flip(1).contiguous()
             out[f"{p}.{moe}.experts.routed_experts.w2_weight"] = w2.flip(2).contiguous()
-            out[f"{p}.{moe}.experts.routed_experts.w13_weight_dense"], out[f"{p}.{moe}.experts.routed_experts.w2_weight_dense"] = w13, w2
+            (
+                out[f"{p}.{moe}.experts.routed_experts.w13_weight_dense"],
+                out[f"{p}.{moe}.experts.routed_experts.w2_weight_dense"],
+            ) = w13, w2
         else:
-            out[f"{p}.{moe}.experts.routed_experts.w13_weight"], out[f"{p}.{moe}.experts.routed_experts.w2_weight"] = w13, w2
+            (
+                out[f"{p}.{moe}.experts.routed_experts.w13_weight"],
+                out[f"{p}.{moe}.experts.routed_experts.w2_weight"],
+            ) = w13, w2
     return out
 
 
@@ -67,7 +73,9 @@ def test_the_trainers_experts_are_the_engines_dense_tensors_and_give_hfs_logprob
     engine = _engine_tensors(path, family, packed_beside_dense=True)
     borrowed = borrow_engine_tensors(engine, path)
     experts = {n: t for n, t in borrowed.tensors.items() if ".experts." in n}
-    assert sorted(experts) == [f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in ("down_proj", "gate_up_proj")]
+    assert sorted(experts) == [
+        f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in ("down_proj", "gate_up_proj")
+    ]
     assert any(".experts." in name for name in borrowed.checked)
 
     cfg = TrainerConfig(model=str(path), optimizer="adamw", gradient_checkpointing=False)
@@ -77,7 +85,10 @@ def test_the_trainers_experts_are_the_engines_dense_tensors_and_give_hfs_logprob
     for layer in range(2):
         for hf, vllm in (("gate_up_proj", "w13_weight_dense"), ("down_proj", "w2_weight_dense")):
             param = params[f"model.layers.{layer}.mlp.experts.{hf}"]
-            assert param.data_ptr() == engine[f"model.layers.{layer}.{moe}.experts.routed_experts.{vllm}"].data_ptr()
+            assert (
+                param.data_ptr()
+                == engine[f"model.layers.{layer}.{moe}.experts.routed_experts.{vllm}"].data_ptr()
+            )
             assert not param.requires_grad
 
     tokens = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -105,5 +116,8 @@ def test_experts_in_another_layout_stop_the_start_naming_the_expert(moe_model) -
     family, path = moe_model
     engine = _engine_tensors(path, family, packed_beside_dense=True)
     engine = {n: t for n, t in engine.items() if not n.endswith("_dense")}  # only the packed copies left
-    with pytest.raises(UserError, match=r"borrowed weight model\.layers\.\d\.mlp\.experts\.\w+ is not the checkpoint's \(expert 0"):
+    with pytest.raises(
+        UserError,
+        match=r"borrowed weight model\.layers\.\d\.mlp\.experts\.\w+ is not the checkpoint's \(expert 0",
+    ):
         borrow_engine_tensors(engine, path)

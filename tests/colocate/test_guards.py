@@ -37,6 +37,8 @@ def test_moe_families_whose_experts_are_not_mapped_are_refused_naming_the_multi_
         check_borrowable_model(tmp_path / "q2")
     Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(tmp_path / "q3")
     check_borrowable_model(tmp_path / "q3")  # experts borrowed (grpo.colocate.expert_views)
-    MixtralConfig(num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(tmp_path / "mx")
+    MixtralConfig(num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(
+        tmp_path / "mx"
+    )
     check_borrowable_model(tmp_path / "mx")
     check_borrowable_model(tiny_model_path)  # dense: borrowed as before

@@ -79,7 +79,9 @@ def keep_dense_cpu_experts() -> None:
         original(experts, layer)
         for name, dense_name in DENSE_EXPERT_PARAMS.items():
             if getattr(layer, name) is not loaded[name]:  # replaced by a packed (or padded) copy
-                layer.register_parameter(dense_name, torch.nn.Parameter(loaded[name].data, requires_grad=False))
+                layer.register_parameter(
+                    dense_name, torch.nn.Parameter(loaded[name].data, requires_grad=False)
+                )
 
     process_keeping_dense._grpo_keeps_experts = True  # type: ignore[attr-defined]
     CPUUnquantizedExperts.process_weights_after_loading = process_keeping_dense
