@@ -46,6 +46,14 @@ def tiny_model_path(model_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_moe_model_path(model_cache_dir: Path) -> Path:
+    """A 2-layer random Qwen3-MoE (hidden 128, 8 experts top-2, bf16) with the real SmolLM2 tokenizer."""
+    from grpo.models.tiny import build_tiny_moe_model
+
+    return build_tiny_moe_model(model_cache_dir / "tiny-qwen3-moe")
+
+
+@pytest.fixture(scope="session")
 def tiny_vl_model_path(model_cache_dir: Path) -> Path:
     """A random Qwen2-VL: 2-layer vision tower, 2-layer text model (hidden 128), SmolLM2 tokenizer
     with Qwen2-VL's vision tokens, and its image processor."""

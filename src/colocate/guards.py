@@ -9,17 +9,19 @@ from grpo.utils.errors import UserError
 
 
 def check_borrowable_model(model_path: str | Path) -> None:
-    """Raise UserError for a mixture-of-experts model: the engine holds its experts fused in its own
-    layout, which borrowing does not map onto HF's expert tensors."""
+    """Raise UserError for a mixture-of-experts family whose experts borrowing does not map onto
+    HF's expert tensors (grpo.colocate.expert_views lists those it does)."""
     from transformers import AutoConfig
 
+    from grpo.colocate.expert_views import BORROWABLE_MOE_FAMILIES
     from grpo.models.moe import is_moe_config
 
     config = AutoConfig.from_pretrained(model_path)
-    if is_moe_config(config):
+    if is_moe_config(config) and config.model_type not in BORROWABLE_MOE_FAMILIES:
         raise UserError(
-            f"{config.model_type} is a mixture-of-experts model: co-located mode cannot borrow its experts from "
-            "the engine; run grpo-infer, grpo-orch and grpo-train as separate processes"
+            f"{config.model_type} is a mixture-of-experts model whose experts co-located mode cannot borrow from "
+            f"the engine (it borrows those of {', '.join(BORROWABLE_MOE_FAMILIES)}); run grpo-infer, grpo-orch and "
+            "grpo-train as separate processes"
         )
 
 

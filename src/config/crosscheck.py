@@ -157,11 +157,10 @@ def check_colocated(
             f"FP8 weights only; use one of {sorted(BORROWABLE_QUANTIZATIONS)} or null"
         )
     problems += borrowing_problems(train)
-    if train.routing_replay:
+    if train.routing_replay and not infer.return_routed_experts:
         problems.append(
-            "train routing_replay: co-located mode does not train mixture-of-experts models (it cannot borrow "
-            "their experts); run grpo-infer (return_routed_experts: true), grpo-orch and grpo-train as "
-            "separate processes, or set routing_replay: false"
+            "train routing_replay needs the engine's routing: set return_routed_experts: true in the inference "
+            "config, or routing_replay: false"
         )
     problems += fp8_problems(infer.quantization, cuda_available=on_cuda)
     problems += dtype_problems(infer, on_cuda)

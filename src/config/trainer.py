@@ -158,8 +158,9 @@ class TrainerConfig(StrictModel):
     routing_replay: bool = False
     """Mixture-of-experts models: route each token through the experts the inference engine chose for
     it (rollout routing replay, R3) instead of the trainer's own top-k; the router's scores for those
-    experts are still the trainer's, so the router trains. Needs routing from the engine (GPU vLLM;
-    refused on the CPU engine) and backend hf; metric routing/mismatch_fraction (docs/moe.md)."""
+    experts are still the trainer's, so the router trains. Needs routing from the engine
+    (return_routed_experts: true in the inference config, grpo-infer's or a co-located run's) and
+    backend hf; metric routing_mismatch_fraction (docs/moe.md)."""
 
     router_aux_loss_coef: float = Field(0.0, ge=0.0)
     """Mixture-of-experts models: weight of the router's load-balancing loss (Switch Transformer's,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":
     cpu_weights.keep_dense_cpu_weights()
+    cpu_weights.keep_dense_cpu_experts()
     cpu_weights.keep_row_major_cpu_fp8_weights()
 if os.environ.get(routing_capture.RECORD_ROUTING_ENV) == "1":
     routing_capture.record_routing_on_load()

@@ -53,9 +53,7 @@ def mlp_weights(config: Any) -> MlpWeights:
         return MlpWeights(total=total, active=total, num_experts=0, top_k=0)
     per_expert = 3 * hidden * int(getattr(text, "moe_intermediate_size", None) or text.intermediate_size)
     shared = 3 * hidden * int(getattr(text, "shared_expert_intermediate_size", None) or 0)
-    dense_layers = set(getattr(text, "mlp_only_layers", None) or [])
-    step = int(getattr(text, "decoder_sparse_step", None) or 1)
-    num_moe = sum(1 for i in range(num_layers) if i not in dense_layers and (i + 1) % step == 0)
+    num_moe = len(moe_layer_indices(config))
     dense = (num_layers - num_moe) * dense_per_layer
     return MlpWeights(
         total=dense + num_moe * (num_experts * per_expert + shared),
@@ -64,6 +62,17 @@ def mlp_weights(config: Any) -> MlpWeights:
         top_k=top_k,
         router=num_moe * num_experts * hidden,
     )
+
+
+def moe_layer_indices(config: Any) -> list[int]:
+    """The decoder layers with routed experts (all of them unless the family keeps some dense:
+    Qwen2/3-MoE's `mlp_only_layers` and `decoder_sparse_step`); [] for a dense model."""
+    text = _text(config)
+    if not is_moe_config(config):
+        return []
+    dense_layers = set(getattr(text, "mlp_only_layers", None) or [])
+    step = int(getattr(text, "decoder_sparse_step", None) or 1)
+    return [i for i in range(int(text.num_hidden_layers)) if i not in dense_layers and (i + 1) % step == 0]
 
 
 @dataclass(frozen=True)

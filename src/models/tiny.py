@@ -57,3 +57,53 @@ def build_tiny_model(
     tokenizer.save_pretrained(tmp)
     tmp.rename(path)
     return path
+
+
+def build_tiny_moe_model(
+    path: str | Path,
+    family: str = "qwen3_moe",
+    num_layers: int = 2,
+    num_experts: int = 8,
+    dtype: str = "bfloat16",
+    seed: int = 0,
+) -> Path:
+    """Write a random mixture-of-experts model (Qwen3-MoE or Mixtral: hidden 128, `num_experts`
+    experts of intermediate size 128, top-2) + the embedded tokenizer to `path`. Expert sizes are
+    multiples of 32 and head_dim 64, as vLLM-CPU's MoE and attention kernels need."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, MixtralConfig, Qwen3MoeConfig
+
+    from grpo.models import embedded
+
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    tokenizer = AutoTokenizer.from_pretrained(embedded.build())
+    common = {
+        "vocab_size": len(tokenizer), "hidden_size": 128, "num_hidden_layers": num_layers,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "num_experts_per_tok": 2,
+        "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+    }  # fmt: skip
+    if family == "qwen3_moe":
+        config = Qwen3MoeConfig(
+            **common,
+            intermediate_size=256,
+            moe_intermediate_size=128,
+            num_experts=num_experts,
+            norm_topk_prob=True,
+        )
+    elif family == "mixtral":
+        config = MixtralConfig(
+            **common, intermediate_size=128, num_local_experts=num_experts, sliding_window=None
+        )
+    else:
+        raise ValueError(f"no tiny MoE model of family {family}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(path)
+    return path

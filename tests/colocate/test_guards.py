@@ -25,12 +25,20 @@ def test_plain_settings_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     check_borrowing_safe(["--model", "m"])
 
 
-def test_a_mixture_of_experts_model_is_refused_naming_the_multi_process_mode(tmp_path, tiny_model_path):
-    from transformers import Qwen3MoeConfig
+def test_moe_families_whose_experts_are_not_mapped_are_refused_naming_the_multi_process_mode(
+    tmp_path, tiny_model_path
+):
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     from grpo.colocate.guards import check_borrowable_model
 
-    Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(tmp_path)
-    with pytest.raises(UserError, match=r"qwen3_moe is a mixture-of-experts model.*as separate processes"):
-        check_borrowable_model(tmp_path)
+    Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(tmp_path / "q2")
+    with pytest.raises(UserError, match=r"qwen2_moe is a mixture-of-experts model.*as separate processes"):
+        check_borrowable_model(tmp_path / "q2")
+    Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(tmp_path / "q3")
+    check_borrowable_model(tmp_path / "q3")  # experts borrowed (grpo.colocate.expert_views)
+    MixtralConfig(num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2).save_pretrained(
+        tmp_path / "mx"
+    )
+    check_borrowable_model(tmp_path / "mx")
     check_borrowable_model(tiny_model_path)  # dense: borrowed as before

@@ -99,9 +99,13 @@ def test_a_reference_kl_is_refused_with_truncated_sampling() -> None:
     assert not [p for p in check_trainer_orchestrator(kl, orch) if "kl_beta" in p]
 
 
-def test_routing_replay_is_refused_in_a_co_located_run_naming_why() -> None:
+def test_routing_replay_in_a_co_located_run_needs_the_engine_to_return_routing() -> None:
     train, infer, orch = _demo()
     with pytest.raises(
-        ConfigError, match=r"train routing_replay: co-located mode does not train mixture-of-experts models"
+        ConfigError, match=r"routing_replay needs the engine's routing: set return_routed_experts"
     ):
         check_colocated(_with(train, routing_replay=True), infer, orch)
+    routed = InferenceConfig.model_validate(
+        {**infer.model_dump(exclude_unset=True), "return_routed_experts": True}
+    )
+    check_colocated(_with(train, routing_replay=True), routed, orch)

@@ -1,5 +1,6 @@
-"""The engine worker's model, and the CPU GEMM kernels' weight layout: dense weights kept beside
-their packed copies (updatable, borrowable), repacked after an update."""
+"""The engine worker's model, and the CPU GEMM kernels' weight layout: dense weights (linears, and
+the experts of MoE layers) kept beside their packed copies (updatable, borrowable), linears
+repacked after an update."""
 
 from __future__ import annotations
 
@@ -45,6 +46,45 @@ def keep_dense_cpu_weights() -> None:
     dispatch_keeping_weight._grpo_keeps_weights = True  # type: ignore[attr-defined]
     dispatch_keeping_weight._grpo_original = original  # type: ignore[attr-defined]
     utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+
+
+DENSE_EXPERT_PARAMS = {"w13_weight": "w13_weight_dense", "w2_weight": "w2_weight_dense"}
+"""A fused-MoE layer's expert weights -> the name its dense copy is kept under on CPU."""
+
+
+def keep_dense_cpu_experts() -> None:
+    """On CPU, keep each unquantized MoE layer's expert weights dense next to their packed copies.
+
+    vLLM's CPU experts (CPUUnquantizedExperts and its x86/Arm/Power kinds) zero-pad the expert
+    intermediate size to their kernel's alignment and replace `w13_weight` [E, 2 x I, H] (gate rows
+    then up rows per expert) and `w2_weight` [E, H, I] by a grouped-GEMM prepacked copy of the same
+    shape, a layout only that kernel reads. The tensors as loaded are kept alive as the parameters
+    `w13_weight_dense` / `w2_weight_dense` (no copy: the kernel's packed tensors are the new ones),
+    which the co-located trainer borrows. Must run in the engine worker before the model loads.
+    Idempotent.
+    """
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():  # GPU experts keep the loaded layout (docs/colocate.md)
+        return
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    original = CPUUnquantizedExperts.process_weights_after_loading
+    if getattr(original, "_grpo_keeps_experts", False):
+        return
+
+    def process_keeping_dense(experts: Any, layer: torch.nn.Module) -> None:
+        loaded = {name: getattr(layer, name) for name in DENSE_EXPERT_PARAMS}
+        original(experts, layer)
+        for name, dense_name in DENSE_EXPERT_PARAMS.items():
+            if getattr(layer, name) is not loaded[name]:  # replaced by a packed (or padded) copy
+                layer.register_parameter(
+                    dense_name, torch.nn.Parameter(loaded[name].data, requires_grad=False)
+                )
+
+    process_keeping_dense._grpo_keeps_experts = True  # type: ignore[attr-defined]
+    CPUUnquantizedExperts.process_weights_after_loading = process_keeping_dense
 
 
 def keep_row_major_cpu_fp8_weights() -> None:
