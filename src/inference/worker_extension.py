@@ -56,6 +56,7 @@ class WorkerExtension:
         if not files:
             raise ValueError(f"no *.safetensors files in {path}; publish full weights as safetensors")
         model = self._grpo_model()
+        cpu_weights.refuse_full_updates_of_packed_experts(model)
         num_tensors = 0
         for file in files:
             tensors = load_file(str(file))
@@ -98,13 +99,14 @@ class WorkerExtension:
 
         if version <= getattr(self, "_grpo_collective_version", 0):
             return 0
+        model = self._grpo_model()
+        cpu_weights.refuse_full_updates_of_packed_experts(model)  # before the trainer's session opens
         expected = self._grpo_checkpoint_shapes()
         serving_dtype = str(self.model_config.dtype).removeprefix("torch.")
         receiver = CollectiveWeightReceiver(
             host, port, timeout, rank=rank, world_size=world_size, secret_env=secret_env,
             serving_dtype=serving_dtype,
         )  # fmt: skip
-        model = self._grpo_model()
         num_tensors = 0
         try:
             step, buckets = receiver.receive_buckets(expected=expected)

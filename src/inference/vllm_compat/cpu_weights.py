@@ -87,6 +87,19 @@ def keep_dense_cpu_experts() -> None:
     CPUUnquantizedExperts.process_weights_after_loading = process_keeping_dense
 
 
+def refuse_full_updates_of_packed_experts(model: torch.nn.Module) -> None:
+    """ValueError when `model` has CPU-packed experts: a full-weight update would be loaded past the
+    kernel's packed copy (keep_dense_cpu_experts), which nothing rebuilds, so the engine would keep
+    sampling from the old experts or fail on the packed shape."""
+    for name, _ in model.named_parameters():
+        if name.endswith(tuple(DENSE_EXPERT_PARAMS.values())):
+            raise ValueError(
+                "full-weight updates of a mixture-of-experts model on vLLM's CPU engine are not supported (its "
+                "expert kernel computes with a packed copy grpo does not rebuild); train with LoRA (lora: true) "
+                "or serve the model on a GPU"
+            )
+
+
 def keep_row_major_cpu_fp8_weights() -> None:
     """On CPU, keep FP8 block-quantized linear weights in their [out, in] layout (borrowable).
 
