@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.megatron.convert import (
     LOCAL_SPEC_NORMS,
+    TE_SPEC_MOE_NORMS,
     TE_SPEC_NORMS,
     DecoderShape,
     NormNames,
@@ -70,6 +71,28 @@ def rope_inv_freq(hf_config: Any, head_dim: int) -> torch.Tensor:
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[kind](hf_config, torch.device("cpu"))
     assert attention_scaling == 1.0, f"rope_type {kind} scales attention"
     return inv_freq.float()
+
+
+def moe_fields(hf_config: Any, shape: DecoderShape) -> dict[str, Any]:
+    """TransformerConfig's MoE fields for an HF MoE config (none for a dense one).
+
+    Qwen3-MoE's router takes softmax over all experts, then the top-k, renormalised when
+    norm_topk_prob: the same weights as a softmax over the top-k logits (Megatron's default order),
+    while without renormalisation they are Megatron's pre-softmax. No load-balancing loss (the
+    GRPO loss is the whole objective; the HF backend adds none either) and no token dropping."""
+    if not shape.num_experts:
+        return {}
+    return {
+        "num_moe_experts": shape.num_experts,
+        "moe_router_topk": int(hf_config.num_experts_per_tok),
+        "moe_ffn_hidden_size": int(hf_config.moe_intermediate_size),
+        "moe_router_pre_softmax": not bool(getattr(hf_config, "norm_topk_prob", False)),
+        "moe_router_score_function": "softmax",
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_token_dispatcher_type": "allgather",
+        "moe_grouped_gemm": False,
+    }
 
 
 def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, device: torch.device) -> Any:
@@ -121,11 +144,13 @@ def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, d
         perform_initialization=False,
         # Each rank's loss is divided by the whole step's loss tokens: DDP must sum, not average.
         calculate_per_token_loss=True,
+        qk_layernorm=shape.qk_norm,
         **recompute,
+        **moe_fields(hf_config, shape),
     )
     # Every micro-batch is one padded call of its own [pieces x longest piece] shape: pipeline stages
     # send each activation's shape before it. Set after construction: the constructor refuses it
-    # beside its default MoE token dispatcher, which a dense model never uses.
+    # beside the allgather MoE token dispatcher, whose gathers are shaped per call anyway.
     config.variable_seq_lengths = True
     return config
 
@@ -267,7 +292,11 @@ def build_model(
     shape = DecoderShape.from_hf_config(hf_config)
     config = transformer_config(cfg, hf_config, dtype, device)
     use_te = use_transformer_engine(device)
-    spec = gpt_layer_spec(use_te)
+    spec = gpt_layer_spec(use_te, shape.num_experts, shape.qk_norm)
+    if shape.num_experts:
+        from grpo.trainer.megatron.moe import define_missing_te_gemm
+
+        define_missing_te_gemm()
     with on_cpu():
         module = GPTModel(
             config=config,
@@ -284,7 +313,7 @@ def build_model(
     # otherwise, and a bf16 input with an fp32 weight misses its fused kernel), as Megatron's own
     # Float16Module does; the optimizer keeps the fp32 main weights.
     module.to(device=device, dtype=dtype)
-    norms = TE_SPEC_NORMS if use_te else LOCAL_SPEC_NORMS
+    norms = (TE_SPEC_MOE_NORMS if shape.num_experts else TE_SPEC_NORMS) if use_te else LOCAL_SPEC_NORMS
     inv_freq = rope_inv_freq(hf_config, shape.head_dim)
     model = MegatronModel(module, shape, norms, ranks, device, dtype, inv_freq)
     model.mark_tensor_parallel()
