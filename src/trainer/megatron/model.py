@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.megatron.moe import RoutingReplay
     from grpo.trainer.megatron.parallel import ParallelRanks
     from grpo.trainer.packing import Forward, MicroBatch
 
@@ -168,6 +169,8 @@ class MegatronModel:
     dtype: torch.dtype
     inv_freq: torch.Tensor
     """RoPE's inverse frequencies [head_dim / 2], float32 (rope_inv_freq)."""
+    routing_replay: RoutingReplay | None = None
+    """Set with routing_replay: micro-batches carrying routed_experts route through those experts."""
 
     @property
     def layer_offset(self) -> int:
@@ -214,12 +217,21 @@ class MegatronModel:
         (megatron-core keeps one per stage and sums their gradients over its embedding group)."""
         return self.shape.tied_embeddings and not self.ranks.is_first_stage and param is self.output_weight()
 
-    def stage_output(self, forward: Forward) -> torch.Tensor:
+    def stage_output(self, forward: Forward, routing: torch.Tensor | None = None) -> torch.Tensor:
         """This pipeline stage's output [L, B, H] for one padded call. The first stage embeds the
         tokens; a later stage starts from the hidden states the pipeline schedule handed to the
-        decoder (megatron-core's set_input_tensor); the last stage's are final-normed."""
+        decoder (megatron-core's set_input_tensor); the last stage's are final-normed. `routing`:
+        the micro-batch's routed experts [T, layers, k] to replay (routing_replay)."""
         from grpo.trainer.megatron.cpu_compat import on_cpu
 
+        if self.routing_replay is not None:
+            from grpo.trainer.hf.moe import flat_routing
+
+            num_slots = forward.input_ids.numel()
+            flat = (
+                None if routing is None else flat_routing(routing, forward.slots, forward.tokens, num_slots)
+            )
+            self.routing_replay.set_call(flat, batch_size=forward.input_ids.shape[0])
         gpt = self.module
         with on_cpu():
             embedded = None
@@ -240,7 +252,7 @@ class MegatronModel:
         assert mb.forwards is not None, "the Megatron backend runs padded pieces with masks"
         if outputs is None:
             assert self.ranks.pp_size == 1, "with pipeline stages the schedule runs the forwards"
-            outputs = [self.stage_output(forward) for forward in mb.forwards]
+            outputs = [self.stage_output(forward, mb.routed_experts) for forward in mb.forwards]
         parts, tokens = [], []
         for forward, hidden in zip(mb.forwards, outputs, strict=True):
             flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
@@ -316,6 +328,14 @@ def build_model(
     norms = (TE_SPEC_MOE_NORMS if shape.num_experts else TE_SPEC_NORMS) if use_te else LOCAL_SPEC_NORMS
     inv_freq = rope_inv_freq(hf_config, shape.head_dim)
     model = MegatronModel(module, shape, norms, ranks, device, dtype, inv_freq)
+    if cfg.routing_replay:
+        from grpo.trainer.megatron.moe import RoutingReplay
+
+        if not shape.num_experts:
+            raise UserError(
+                f"routing_replay: {hf_config.model_type} has no mixture-of-experts layers; set routing_replay: false"
+            )
+        model.routing_replay = RoutingReplay.install(module, model.layer_offset, shape.num_layers)
     model.mark_tensor_parallel()
     model.load_whole(hf_to_megatron(read_hf_weights(model_path), shape, norms))
     return model

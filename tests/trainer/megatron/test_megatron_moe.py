@@ -5,6 +5,7 @@ no load-balancing loss) and computes what the HF backend computes: logprobs, and
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -128,6 +129,67 @@ def test_one_megatron_moe_update_equals_the_hf_backends_full_update(
     hf_after = _per_expert(hf.policy.causal_lm.state_dict())
     moved = [name for name, tensor in after.items() if not torch.equal(tensor, before[name])]
     assert "model.layers.0.mlp.gate.weight" in moved and "model.layers.1.self_attn.q_norm.weight" in moved
+    for name, tensor in after.items():
+        torch.testing.assert_close(tensor, hf_after[name], atol=1e-6, rtol=0, msg=name)
+    hf.close()
+    megatron.close()
+
+
+def _with_routing(rows: list[object], seed: int = 0) -> list[object]:
+    """`rows` with random distinct experts per token and layer (most differ from the model's own
+    top-2 of 4), a few tokens left unrecorded (the router then chooses itself)."""
+    from grpo.transport.batches.batch import no_routing
+
+    rng = np.random.default_rng(seed)
+    for row in rows:
+        num_tokens = len(row.input_ids)
+        choice = [rng.permutation(4)[:2] for _ in range(num_tokens * 2)]
+        routing = np.asarray(choice, dtype=np.uint8).reshape(num_tokens, 2, 2)
+        routing[::5] = no_routing(np.dtype(np.uint8))
+        row.routed_experts = routing
+    return rows
+
+
+@pytest.mark.usefixtures("float32_compute")
+def test_replayed_routing_gives_the_hf_backends_logprobs_update_and_mismatch(
+    qwen3_moe_path: Path,
+    make_cfg: Callable[..., TrainerConfig],
+    megatron_cfg: Callable[..., TrainerConfig],
+    tmp_path: Path,
+) -> None:
+    from grpo.trainer.hf.trainer import Trainer
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+    from grpo.transport.batches.batch import TrainingBatch
+
+    common = {
+        "model": str(qwen3_moe_path),
+        "learning_rate": 1e-3,
+        "max_grad_norm": 0.5,
+        "adam_epsilon": 1e-5,
+        "routing_replay": True,
+    }
+    hf = Trainer(make_cfg(lora=False, optimizer="adamw", **common), tmp_path / "hf")
+    megatron = MegatronTrainer(megatron_cfg(**common), tmp_path / "megatron")
+    rows = _with_routing(_rows())
+    replayed = megatron.score(copy.deepcopy(rows))
+    for lp, ref in zip(replayed, hf.score(copy.deepcopy(rows)), strict=True):
+        np.testing.assert_allclose(lp, ref, atol=2e-6, rtol=1e-6)
+    own = megatron.score([dataclasses.replace(row, routed_experts=None) for row in rows])
+    assert max(float(np.abs(a - b).max()) for a, b in zip(own, replayed, strict=True)) > 1e-2
+    assert megatron.model.routing_replay is not None and hf.policy.routing_replay is not None
+    megatron.model.routing_replay.take_metrics()
+    hf.policy.routing_replay.take_metrics()
+
+    batch = on_policy_batch(hf, 0, _rows())
+    batch = TrainingBatch(step=0, rows=_with_routing(batch.rows, seed=1))
+    hf_metrics = hf.train_step(copy.deepcopy(batch))
+    megatron_metrics = megatron.train_step(copy.deepcopy(batch))
+    assert 0.3 < hf_metrics["routing_mismatch_fraction"] < 1.0
+    for key in ("loss", "entropy", "grad_norm_before_clip", "routing_mismatch_fraction"):
+        assert megatron_metrics[key] == pytest.approx(hf_metrics[key], rel=1e-4, abs=1e-6), key
+    after = megatron.hf_state_dict()
+    assert after is not None
+    hf_after = _per_expert(hf.policy.causal_lm.state_dict())
     for name, tensor in after.items():
         torch.testing.assert_close(tensor, hf_after[name], atol=1e-6, rtol=0, msg=name)
     hf.close()
