@@ -12,6 +12,9 @@ Layouts that differ from HF:
   holds whole groups, so the fused tensor splits evenly along dim 0.
 - `linear_fc1` fuses [gate; up]; a tensor-parallel rank holds [its gate rows; its up rows], so
   splitting and merging re-slice gate and up separately.
+- MoE layers (Qwen3-MoE): HF's router `mlp.gate` is `mlp.router`; expert j's gate/up/down are
+  `mlp.experts.local_experts.j.linear_fc1` ([gate; up]) / `linear_fc2` (SequentialMLP); q_norm and
+  k_norm are `self_attention.q_layernorm` / `k_layernorm`.
 - Row-parallel linears (`linear_proj`, `linear_fc2`) split along dim 1; column-parallel ones, the
   embedding and the output layer along dim 0; norms are replicated.
 Norm names depend on the layer spec: the local spec has `input_layernorm` / `pre_mlp_layernorm`,
