@@ -225,7 +225,7 @@ class MegatronModel:
         from grpo.trainer.megatron.cpu_compat import on_cpu
 
         if self.routing_replay is not None:
-            from grpo.trainer.hf.moe import flat_routing
+            from grpo.trainer.routing import flat_routing
 
             num_slots = forward.input_ids.numel()
             flat = (

@@ -71,7 +71,7 @@ class RoutingReplay:
         return replay
 
     def set_call(self, routing: torch.Tensor | None, batch_size: int) -> None:
-        """The routing [B * L, layers, k] (grpo.trainer.hf.moe.flat_routing's, [B, L] order) of the
+        """The routing [B * L, layers, k] (grpo.trainer.routing.flat_routing's, [B, L] order) of the
         next decoder call over `batch_size` pieces; None: the routers choose for themselves."""
         self._flush()
         if routing is None:

@@ -167,9 +167,9 @@ class MegatronTrainer:
 
         batch.validate()
         if self.model.routing_replay is not None:
-            from grpo.trainer.hf.moe import RoutingReplay as HfRoutingReplay
+            from grpo.trainer.routing import check_batch_routing
 
-            HfRoutingReplay.check_batch(batch)
+            check_batch_routing(batch)
         if batch.sampling.is_active:  # grpo-train and grpo refuse the configs before it comes to this
             raise UserError(
                 f"batch {batch.step} was sampled with top_k/top_p/min_p ({batch.sampling}); backend "

@@ -194,3 +194,20 @@ def test_replayed_routing_gives_the_hf_backends_logprobs_update_and_mismatch(
         torch.testing.assert_close(tensor, hf_after[name], atol=1e-6, rtol=0, msg=name)
     hf.close()
     megatron.close()
+
+
+@pytest.mark.usefixtures("float32_compute")
+def test_published_moe_weights_after_a_step_give_the_trainers_logprobs_in_hf(
+    qwen3_moe_path: Path, megatron_cfg: Callable[..., TrainerConfig], tmp_path: Path
+) -> None:
+    from grpo.trainer.megatron.trainer import MegatronTrainer
+
+    trainer = MegatronTrainer(megatron_cfg(model=str(qwen3_moe_path), learning_rate=1e-2), tmp_path)
+    rows = _rows()[:1]
+    trainer.train_step(on_policy_batch(trainer, 0, copy.deepcopy(rows)))
+    folder = trainer.publish(1)
+    assert folder is not None
+    trained = trainer.score(rows)
+    trainer.close()
+    assert np.abs(trained[0] - reference_logprobs(qwen3_moe_path, rows)[0]).max() > 1e-2
+    np.testing.assert_allclose(reference_logprobs(folder, rows)[0], trained[0], atol=2e-5)
