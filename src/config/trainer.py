@@ -159,8 +159,9 @@ class TrainerConfig(StrictModel):
     """Mixture-of-experts models: route each token through the experts the inference engine chose for
     it (rollout routing replay, R3) instead of the trainer's own top-k; the router's scores for those
     experts are still the trainer's, so the router trains. Needs routing from the engine
-    (return_routed_experts: true in the inference config, grpo-infer's or a co-located run's) and
-    backend hf; metric routing_mismatch_fraction (docs/moe.md)."""
+    (return_routed_experts: true in the inference config, grpo-infer's or a co-located run's) and one
+    GPU (or the CPU); under backend megatron also no pipeline stages and no megatron.recompute: full;
+    metric routing_mismatch_fraction (docs/moe.md)."""
 
     router_aux_loss_coef: float = Field(0.0, ge=0.0)
     """Mixture-of-experts models: weight of the router's load-balancing loss (Switch Transformer's,
@@ -341,10 +342,15 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _moe_knobs_implemented(self) -> TrainerConfig:
-        if self.routing_replay and (self.backend != "hf" or self.gpus > 1):
+        if self.routing_replay and self.gpus > 1:
             raise ValueError(
-                "routing_replay is implemented for backend hf on one GPU (or the CPU); "
-                "set routing_replay: false, or backend: hf and gpus: 1"
+                "routing_replay is implemented on one GPU (or the CPU); set routing_replay: false, or gpus: 1"
+            )
+        if self.routing_replay and self.backend == "megatron" and self.megatron.recompute == "full":
+            # The routing of one decoder call is read by the routers during it; recomputation in
+            # backward reruns them after later calls (grpo.trainer.megatron.moe.RoutingReplay).
+            raise ValueError(
+                "routing_replay under backend megatron needs megatron.recompute none or selective, not full"
             )
         if self.router_aux_loss_coef > 0:
             raise ValueError(

@@ -1,7 +1,7 @@
 """Mixture-of-experts shape facts read from an HF config alone (before any weights load): what the FLOP
 counter counts as active, what `--dry-run` reports (parameters total and active per token), what
-the memory plan holds (every expert: grpo.models.shape), and what backend megatron and co-located
-mode refuse.
+the memory plan holds (every expert: grpo.models.shape), and what co-located mode refuses and
+backend megatron tells apart (grpo.trainer.megatron.preflight).
 
 Every MoE family here (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss) makes each routed expert a gated
 MLP of 3 x hidden x expert_intermediate weights (gpt-oss's biases left out). Qwen2-MoE adds a

@@ -59,5 +59,6 @@ def test_a_full_weight_load_from_a_folder_loads_nothing_into_packed_experts(
             load(_Worker(model), str(tmp_path))  # type: ignore[arg-type]
         assert model.loaded == []
     else:
+        pytest.importorskip("vllm")  # the load then repacks vLLM's CPU linears
         assert load(_Worker(model), str(tmp_path)) == 1  # type: ignore[arg-type]
         assert model.loaded == ["model.layers.0.mlp.experts.0.gate_proj.weight"]

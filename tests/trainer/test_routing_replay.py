@@ -236,9 +236,12 @@ def test_lora_on_a_moe_model_defaults_to_attention(family_dir, monkeypatch):
 
 
 def test_moe_settings_the_trainer_does_not_implement_are_refused_at_load(tmp_path):
-    with pytest.raises(ValueError, match="routing_replay is implemented for backend hf on one GPU"):
-        TrainerConfig(model="m", routing_replay=True, backend="megatron", lora=False)
-    with pytest.raises(ValueError, match="routing_replay is implemented for backend hf on one GPU"):
+    with pytest.raises(ValueError, match="routing_replay under backend megatron needs megatron\\.recompute"):
+        TrainerConfig(
+            model="m", routing_replay=True, backend="megatron", lora=False, megatron={"recompute": "full"}
+        )
+    TrainerConfig(model="m", routing_replay=True, backend="megatron", lora=False)
+    with pytest.raises(ValueError, match="routing_replay is implemented on one GPU"):
         TrainerConfig(model="m", routing_replay=True, gpus=2)
     with pytest.raises(ValueError, match="router_aux_loss_coef > 0 is not implemented"):
         TrainerConfig(model="m", router_aux_loss_coef=0.01)

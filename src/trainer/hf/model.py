@@ -120,7 +120,7 @@ class Policy:
             replay = {}
             for forward in batch.forwards:
                 if routing is not None:
-                    from grpo.trainer.hf.moe import flat_routing
+                    from grpo.trainer.routing import flat_routing
 
                     replay = {
                         "routed_experts": flat_routing(

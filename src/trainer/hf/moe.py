@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from grpo.trainer.routing import check_batch_routing
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -145,11 +146,7 @@ class RoutingReplay:
     @staticmethod
     def check_batch(batch: TrainingBatch) -> None:
         """UserError unless every row of `batch` carries routing to replay."""
-        if any(row.routed_experts is None for row in batch.rows):
-            raise UserError(
-                f"routing_replay is on but batch step {batch.step} carries no routed_experts: start grpo-infer "
-                "with return_routed_experts: true, or set routing_replay: false"
-            )
+        check_batch_routing(batch)
 
     def take_metrics(self) -> dict[str, float]:
         """`routing_mismatch_fraction` since the last take: tokens whose own top-k differs from the
@@ -177,13 +174,3 @@ def _scores(scoring: str, router: nn.Module, logits: torch.Tensor, chosen: torch
     if getattr(router, "norm_topk_prob", True):  # Mixtral always renormalises
         weights = weights / weights.sum(-1, keepdim=True)
     return weights if scoring == "softmax_float" else weights.to(logits.dtype)
-
-
-def flat_routing(
-    routing: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor, num_slots: int
-) -> torch.Tensor:
-    """A micro-batch's [T, layers, k] routing laid out for one padded call of `num_slots` = B * L
-    positions (`slots`/`tokens` as in grpo.trainer.packing.Forward); padding gets -1 (its own)."""
-    out = routing.new_full((num_slots, *routing.shape[1:]), -1)
-    out[slots] = routing[tokens]
-    return out

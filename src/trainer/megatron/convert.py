@@ -12,6 +12,9 @@ Layouts that differ from HF:
   holds whole groups, so the fused tensor splits evenly along dim 0.
 - `linear_fc1` fuses [gate; up]; a tensor-parallel rank holds [its gate rows; its up rows], so
   splitting and merging re-slice gate and up separately.
+- MoE layers (Qwen3-MoE): HF's router `mlp.gate` is `mlp.router`; expert j's gate/up/down are
+  `mlp.experts.local_experts.j.linear_fc1` ([gate; up]) / `linear_fc2` (SequentialMLP); q_norm and
+  k_norm are `self_attention.q_layernorm` / `k_layernorm`.
 - Row-parallel linears (`linear_proj`, `linear_fc2`) split along dim 1; column-parallel ones, the
   embedding and the output layer along dim 0; norms are replicated.
 Norm names depend on the layer spec: the local spec has `input_layernorm` / `pre_mlp_layernorm`,
@@ -40,6 +43,10 @@ class DecoderShape:
     num_kv_heads: int
     head_dim: int
     tied_embeddings: bool
+    num_experts: int = 0
+    """Routed experts of each decoder layer's MoE MLP (0: a dense MLP in every layer)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on queries and keys before RoPE (Qwen3's q_norm, k_norm)."""
 
     @classmethod
     def from_hf_config(cls, config: object) -> DecoderShape:
@@ -51,6 +58,8 @@ class DecoderShape:
             num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
             head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
             tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            num_experts=int(getattr(config, "num_experts", None) or 0),
+            qk_norm=type(config).__name__.startswith("Qwen3"),
         )
 
     @property
@@ -68,14 +77,22 @@ class NormNames:
 
 LOCAL_SPEC_NORMS = NormNames("input_layernorm.weight", "pre_mlp_layernorm.weight")
 TE_SPEC_NORMS = NormNames("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.layer_norm_weight")
+TE_SPEC_MOE_NORMS = NormNames("self_attention.linear_qkv.layer_norm_weight", "pre_mlp_layernorm.weight")
+"""TransformerEngine's spec with MoE layers: the MLP's norm stays its own module (no fused fc1)."""
 
 # Megatron layer suffix -> HF layer suffix, for tensors that map one to one.
 _ONE_TO_ONE = {
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
-    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
 }
+_QKV_NORMS = {
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+    "mlp.router.weight": "mlp.gate.weight",
+}
+"""One-to-one tensors of Qwen3(-MoE) layers: q/k norms and the MoE router [experts, hidden]."""
 _QKV = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
 _FC1 = "mlp.linear_fc1.weight"
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -134,8 +151,19 @@ def hf_to_megatron(
             if attn + f"q_proj.{kind}" in hf:
                 q, k, v = (take(attn + f"{p}_proj.{kind}") for p in "qkv")
                 out[prefix + f"self_attention.linear_qkv.{kind}"] = _fuse_qkv(q, k, v, shape)
-        mlp = hf_prefix + "mlp."
-        out[prefix + _FC1] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
+        for megatron_suffix, hf_suffix in _QKV_NORMS.items():
+            if hf_prefix + hf_suffix in hf:
+                out[prefix + megatron_suffix] = take(hf_prefix + hf_suffix)
+        mlps = [(hf_prefix + "mlp.", prefix + "mlp.")]
+        if shape.num_experts:  # SequentialMLP's experts, numbered as HF numbers them (one EP rank)
+            mlps = [
+                (hf_prefix + f"mlp.experts.{j}.", prefix + f"mlp.experts.local_experts.{j}.")
+                for j in range(shape.num_experts)
+            ]
+        for hf_mlp, mlp in mlps:
+            gate_up = [take(hf_mlp + "gate_proj.weight"), take(hf_mlp + "up_proj.weight")]
+            out[mlp + "linear_fc1.weight"] = torch.cat(gate_up)
+            out[mlp + "linear_fc2.weight"] = take(hf_mlp + "down_proj.weight")
     # A tied checkpoint may still store lm_head (the embedding again); old ones store RoPE's inv_freq.
     unmapped = sorted(
         name
@@ -179,6 +207,18 @@ def megatron_to_hf(
             out[hf_prefix + hf_norms[suffix]] = tensor
         elif suffix in _ONE_TO_ONE:
             out[hf_prefix + _ONE_TO_ONE[suffix]] = tensor
+        elif suffix in _QKV_NORMS:
+            out[hf_prefix + _QKV_NORMS[suffix]] = tensor
+        elif suffix == "mlp.linear_fc2.weight":
+            out[hf_prefix + "mlp.down_proj.weight"] = tensor
+        elif (expert := _EXPERT.match(suffix)) is not None:
+            hf_mlp = hf_prefix + f"mlp.experts.{expert[1]}."
+            if expert[2] == "linear_fc2":
+                out[hf_mlp + "down_proj.weight"] = tensor
+            else:
+                gate, up = tensor.chunk(2)
+                out[hf_mlp + "gate_proj.weight"] = gate.contiguous()
+                out[hf_mlp + "up_proj.weight"] = up.contiguous()
         elif suffix in _QKV:
             kind = suffix.rsplit(".", 1)[1]
             for p, part in zip("qkv", _split_qkv(tensor, shape), strict=True):
@@ -216,7 +256,7 @@ def tp_slice(name: str, tensor: torch.Tensor, tp_rank: int, tp_size: int) -> tor
     dim = split_dim(name)
     if dim is None or tp_size == 1:
         return tensor
-    if name.endswith(_FC1):
+    if name.endswith("linear_fc1.weight"):
         gate, up = tensor.chunk(2)
         return torch.cat([gate.chunk(tp_size)[tp_rank], up.chunk(tp_size)[tp_rank]]).contiguous()
     return tensor.chunk(tp_size, dim=dim)[tp_rank].contiguous()
@@ -229,7 +269,7 @@ def tp_merge(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
     dim = split_dim(name)
     if dim is None or len(parts) == 1:
         return parts[0]
-    if name.endswith(_FC1):
+    if name.endswith("linear_fc1.weight"):
         gates, ups = zip(*(part.chunk(2) for part in parts), strict=True)
         return torch.cat([*gates, *ups])
     return torch.cat(parts, dim=dim)

@@ -32,15 +32,24 @@ def use_transformer_engine(device: torch.device) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("transformer_engine") is not None
 
 
-def gpt_layer_spec(use_te: bool) -> Any:
-    """The decoder layer's ModuleSpec (TE's or the local one) with an arbitrary attention mask."""
+def gpt_layer_spec(use_te: bool, num_experts: int = 0, qk_norm: bool = False) -> Any:
+    """The decoder layer's ModuleSpec (TE's or the local one) with an arbitrary attention mask;
+    with `num_experts`, an MoE MLP whose experts are one SequentialMLP of plain MLPs (their weights
+    map one to one onto HF's per-expert projections), and `qk_norm`: per-head q/k RMSNorm."""
     from megatron.core.models.gpt import gpt_layer_specs
     from megatron.core.transformer.enums import AttnMaskType
 
     if use_te:
-        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts or None, moe_grouped_gemm=False, qk_layernorm=qk_norm
+        )
     else:
-        spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(
+            num_experts=num_experts or None,
+            moe_grouped_gemm=False,
+            qk_layernorm=qk_norm,
+            normalization="RMSNorm",
+        )
     attention = spec.submodules.self_attention
     assert "attn_mask_type" in attention.params, "megatron-core's GPT spec names its attention mask type"
     attention.params = {**attention.params, "attn_mask_type": AttnMaskType.arbitrary}

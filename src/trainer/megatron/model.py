@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.trainer.megatron.convert import (
     LOCAL_SPEC_NORMS,
+    TE_SPEC_MOE_NORMS,
     TE_SPEC_NORMS,
     DecoderShape,
     NormNames,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.megatron.moe import RoutingReplay
     from grpo.trainer.megatron.parallel import ParallelRanks
     from grpo.trainer.packing import Forward, MicroBatch
 
@@ -70,6 +72,28 @@ def rope_inv_freq(hf_config: Any, head_dim: int) -> torch.Tensor:
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[kind](hf_config, torch.device("cpu"))
     assert attention_scaling == 1.0, f"rope_type {kind} scales attention"
     return inv_freq.float()
+
+
+def moe_fields(hf_config: Any, shape: DecoderShape) -> dict[str, Any]:
+    """TransformerConfig's MoE fields for an HF MoE config (none for a dense one).
+
+    Qwen3-MoE's router takes softmax over all experts, then the top-k, renormalised when
+    norm_topk_prob: the same weights as a softmax over the top-k logits (Megatron's default order),
+    while without renormalisation they are Megatron's pre-softmax. No load-balancing loss (the
+    GRPO loss is the whole objective; the HF backend adds none either) and no token dropping."""
+    if not shape.num_experts:
+        return {}
+    return {
+        "num_moe_experts": shape.num_experts,
+        "moe_router_topk": int(hf_config.num_experts_per_tok),
+        "moe_ffn_hidden_size": int(hf_config.moe_intermediate_size),
+        "moe_router_pre_softmax": not bool(getattr(hf_config, "norm_topk_prob", False)),
+        "moe_router_score_function": "softmax",
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_token_dispatcher_type": "allgather",
+        "moe_grouped_gemm": False,
+    }
 
 
 def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, device: torch.device) -> Any:
@@ -121,11 +145,13 @@ def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, d
         perform_initialization=False,
         # Each rank's loss is divided by the whole step's loss tokens: DDP must sum, not average.
         calculate_per_token_loss=True,
+        qk_layernorm=shape.qk_norm,
         **recompute,
+        **moe_fields(hf_config, shape),
     )
     # Every micro-batch is one padded call of its own [pieces x longest piece] shape: pipeline stages
     # send each activation's shape before it. Set after construction: the constructor refuses it
-    # beside its default MoE token dispatcher, which a dense model never uses.
+    # beside the allgather MoE token dispatcher, whose gathers are shaped per call anyway.
     config.variable_seq_lengths = True
     return config
 
@@ -143,6 +169,8 @@ class MegatronModel:
     dtype: torch.dtype
     inv_freq: torch.Tensor
     """RoPE's inverse frequencies [head_dim / 2], float32 (rope_inv_freq)."""
+    routing_replay: RoutingReplay | None = None
+    """Set with routing_replay: micro-batches carrying routed_experts route through those experts."""
 
     @property
     def layer_offset(self) -> int:
@@ -189,12 +217,21 @@ class MegatronModel:
         (megatron-core keeps one per stage and sums their gradients over its embedding group)."""
         return self.shape.tied_embeddings and not self.ranks.is_first_stage and param is self.output_weight()
 
-    def stage_output(self, forward: Forward) -> torch.Tensor:
+    def stage_output(self, forward: Forward, routing: torch.Tensor | None = None) -> torch.Tensor:
         """This pipeline stage's output [L, B, H] for one padded call. The first stage embeds the
         tokens; a later stage starts from the hidden states the pipeline schedule handed to the
-        decoder (megatron-core's set_input_tensor); the last stage's are final-normed."""
+        decoder (megatron-core's set_input_tensor); the last stage's are final-normed. `routing`:
+        the micro-batch's routed experts [T, layers, k] to replay (routing_replay)."""
         from grpo.trainer.megatron.cpu_compat import on_cpu
 
+        if self.routing_replay is not None:
+            from grpo.trainer.routing import flat_routing
+
+            num_slots = forward.input_ids.numel()
+            flat = (
+                None if routing is None else flat_routing(routing, forward.slots, forward.tokens, num_slots)
+            )
+            self.routing_replay.set_call(flat, batch_size=forward.input_ids.shape[0])
         gpt = self.module
         with on_cpu():
             embedded = None
@@ -215,7 +252,7 @@ class MegatronModel:
         assert mb.forwards is not None, "the Megatron backend runs padded pieces with masks"
         if outputs is None:
             assert self.ranks.pp_size == 1, "with pipeline stages the schedule runs the forwards"
-            outputs = [self.stage_output(forward) for forward in mb.forwards]
+            outputs = [self.stage_output(forward, mb.routed_experts) for forward in mb.forwards]
         parts, tokens = [], []
         for forward, hidden in zip(mb.forwards, outputs, strict=True):
             flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
@@ -267,7 +304,11 @@ def build_model(
     shape = DecoderShape.from_hf_config(hf_config)
     config = transformer_config(cfg, hf_config, dtype, device)
     use_te = use_transformer_engine(device)
-    spec = gpt_layer_spec(use_te)
+    spec = gpt_layer_spec(use_te, shape.num_experts, shape.qk_norm)
+    if shape.num_experts:
+        from grpo.trainer.megatron.moe import define_missing_te_gemm
+
+        define_missing_te_gemm()
     with on_cpu():
         module = GPTModel(
             config=config,
@@ -284,9 +325,17 @@ def build_model(
     # otherwise, and a bf16 input with an fp32 weight misses its fused kernel), as Megatron's own
     # Float16Module does; the optimizer keeps the fp32 main weights.
     module.to(device=device, dtype=dtype)
-    norms = TE_SPEC_NORMS if use_te else LOCAL_SPEC_NORMS
+    norms = (TE_SPEC_MOE_NORMS if shape.num_experts else TE_SPEC_NORMS) if use_te else LOCAL_SPEC_NORMS
     inv_freq = rope_inv_freq(hf_config, shape.head_dim)
     model = MegatronModel(module, shape, norms, ranks, device, dtype, inv_freq)
+    if cfg.routing_replay:
+        from grpo.trainer.megatron.moe import RoutingReplay
+
+        if not shape.num_experts:
+            raise UserError(
+                f"routing_replay: {hf_config.model_type} has no mixture-of-experts layers; set routing_replay: false"
+            )
+        model.routing_replay = RoutingReplay.install(module, model.layer_offset, shape.num_layers)
     model.mark_tensor_parallel()
     model.load_whole(hf_to_megatron(read_hf_weights(model_path), shape, norms))
     return model

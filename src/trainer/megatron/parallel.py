@@ -21,6 +21,10 @@ biases). Others need their own name and layout mapping (grpo.trainer.megatron.co
 config fields within these that the mapping does not reproduce are refused by
 grpo.trainer.megatron.preflight."""
 
+MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM"}
+"""Mixture-of-experts decoders: a Llama-style decoder with per-head q/k RMSNorm and, in every
+layer, a softmax top-k router over SwiGLU experts (megatron-core's MoELayer, SequentialMLP)."""
+
 
 @dataclass(frozen=True)
 class ParallelRanks:

@@ -16,7 +16,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.trainer.megatron.parallel import SUPPORTED_ARCHITECTURES, check_layout
+from grpo.trainer.megatron.parallel import MOE_ARCHITECTURES, SUPPORTED_ARCHITECTURES, check_layout
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -61,13 +61,10 @@ def check_supported_model(hf_config: Any, sequence_len: int) -> None:
     from grpo.models.moe import is_moe_config
 
     if is_moe_config(hf_config):
+        check_supported_moe(hf_config, architectures)
+    elif not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
         raise UserError(
-            f"the model ({architectures[0] if architectures else 'unknown'}) has mixture-of-experts layers; "
-            "backend megatron has no MoE layers yet: use backend: hf"
-        )
-    if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
-        raise UserError(
-            f"backend megatron supports {sorted(SUPPORTED_ARCHITECTURES)}, the model is "
+            f"backend megatron supports {sorted(SUPPORTED_ARCHITECTURES | MOE_ARCHITECTURES)}, the model is "
             f"{architectures or 'unknown'}; use backend: hf for it"
         )
     unsupported = "backend megatron does not support it; use backend: hf"
@@ -94,6 +91,25 @@ def check_supported_model(hf_config: Any, sequence_len: int) -> None:
             f"the model attends within a sliding window of {window} tokens (config sliding_window) and "
             f"backend megatron over whole sequences: set train sequence_len <= {window} (the window then "
             "never applies) or use backend: hf"
+        )
+
+
+def check_supported_moe(hf_config: Any, architectures: list[str]) -> None:
+    """UserError unless the MoE model is one whose every decoder layer backend megatron builds:
+    Qwen3-MoE with routed experts in every layer (no shared expert, no dense layers between)."""
+    name = architectures[0] if architectures else "unknown"
+    if name not in MOE_ARCHITECTURES:
+        raise UserError(
+            f"the model ({name}) has mixture-of-experts layers; backend megatron converts "
+            f"{', '.join(sorted(MOE_ARCHITECTURES))} only: use backend: hf"
+        )
+    if (
+        list(getattr(hf_config, "mlp_only_layers", None) or [])
+        or int(getattr(hf_config, "decoder_sparse_step", 1)) != 1
+    ):
+        raise UserError(
+            "the model mixes dense and mixture-of-experts layers (config mlp_only_layers / decoder_sparse_step); "
+            "backend megatron builds MoE in every layer: use backend: hf"
         )
 
 

@@ -166,6 +166,10 @@ class MegatronTrainer:
         from grpo.trainer.megatron.optimizer import set_learning_rate
 
         batch.validate()
+        if self.model.routing_replay is not None:
+            from grpo.trainer.routing import check_batch_routing
+
+            check_batch_routing(batch)
         if batch.sampling.is_active:  # grpo-train and grpo refuse the configs before it comes to this
             raise UserError(
                 f"batch {batch.step} was sampled with top_k/top_p/min_p ({batch.sampling}); backend "
@@ -211,6 +215,8 @@ class MegatronTrainer:
         # A rank computes 1/(tp x pp) of its data-parallel share's FLOPs.
         num_shards = self.ranks.tp_size * self.ranks.pp_size
         metrics.update(self._flops.take_rates(step_time, self.model.device, self.model.dtype, num_shards))
+        if self.model.routing_replay is not None:
+            metrics.update(self.model.routing_replay.take_metrics())
         self._report.write(batch.step, metrics, totals.num_loss_tokens)
         return metrics
 

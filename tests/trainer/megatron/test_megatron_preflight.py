@@ -139,11 +139,24 @@ def test_a_launch_with_other_than_gpus_processes_is_refused(llama_folder: Path) 
     check_megatron_start(_cfg(llama_folder, gpus=2), llama_folder, world_size=2)
 
 
-def test_a_mixture_of_experts_model_is_refused_naming_backend_hf():
+def test_qwen3_moe_with_experts_in_every_layer_is_accepted():
     from transformers import Qwen3MoeConfig
 
     moe = _config(Qwen3MoeConfig, "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2)
+    check_supported_model(moe, sequence_len=1024)
+
+
+def test_other_mixture_of_experts_families_are_refused_naming_backend_hf():
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    mixtral = _config(MixtralConfig, "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2)
     with pytest.raises(
-        UserError, match="has mixture-of-experts layers; backend megatron has no MoE layers yet"
+        UserError, match=r"mixture-of-experts layers; backend megatron converts Qwen3MoeForCausalLM only"
     ):
-        check_supported_model(moe, sequence_len=1024)
+        check_supported_model(mixtral, sequence_len=1024)
+    shared = _config(Qwen2MoeConfig, "Qwen2MoeForCausalLM", num_experts=4, num_experts_per_tok=2)
+    with pytest.raises(UserError, match="use backend: hf"):
+        check_supported_model(shared, sequence_len=1024)
+    mixed = _config(Qwen3MoeConfig, "Qwen3MoeForCausalLM", num_experts=4, mlp_only_layers=[0])
+    with pytest.raises(UserError, match="mixes dense and mixture-of-experts layers"):
+        check_supported_model(mixed, sequence_len=1024)
