@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo.utils.device import cuda_present
 from grpo.utils.errors import UserError
 
 
@@ -70,7 +71,11 @@ def test_the_trainers_experts_are_the_engines_dense_tensors_and_give_hfs_logprob
     from grpo.trainer.weights import BorrowedWeights
 
     family, path = moe_model
-    engine = _engine_tensors(path, family, packed_beside_dense=True)
+    # A GPU engine lends CUDA tensors; the trainer computes where they are.
+    device = "cuda" if cuda_present() else "cpu"
+    engine = {
+        name: t.to(device) for name, t in _engine_tensors(path, family, packed_beside_dense=True).items()
+    }
     borrowed = borrow_engine_tensors(engine, path)
     experts = {n: t for n, t in borrowed.tensors.items() if ".experts." in n}
     assert sorted(experts) == [
@@ -95,7 +100,7 @@ def test_the_trainers_experts_are_the_engines_dense_tensors_and_give_hfs_logprob
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         expected = torch.log_softmax(reference(input_ids=tokens).logits.float(), -1)
-        got = torch.log_softmax(policy.model(input_ids=tokens).logits.float(), -1)
+        got = torch.log_softmax(policy.model(input_ids=tokens.to(device)).logits.float(), -1).cpu()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
