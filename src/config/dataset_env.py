@@ -48,6 +48,14 @@ class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
     messages ({role, content}). Every other column reaches each reward function as a keyword argument
     (one value per completion), as in TRL."""
 
+    image_column: str | None = None
+    """(dataset block) Column of each row's image(s) for a vision-language policy: one image or a list
+    of them, each a PIL image (a hub dataset's Image feature), encoded bytes or a file path (relative
+    paths from the working directory, as `dataset`). They go before the text of the prompt's first user
+    message, and reward functions then get chat prompts and completions, as TRL gives them. null takes
+    TRL's column, `images` or else `image`, if the dataset has one (text only otherwise). The column
+    still reaches reward functions as it is in the data."""
+
     reward_funcs: list[str] = Field(min_length=1)
     """(dataset block) Reward functions 'pkg.module:function', called as TRL calls them, once per group:
     fn(prompts, completions, completion_ids, **columns) -> list[float | None] (None: not applicable to
@@ -88,6 +96,15 @@ class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
             raise ValueError(
                 f"{len(self.reward_weights)} reward_weights for {len(self.reward_funcs)} reward_funcs; "
                 "give one weight per function, in the same order"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _images_apart_from_prompts(self) -> DatasetEnvConfig:
+        if self.image_column is not None and self.image_column == self.prompt_column:
+            raise ValueError(
+                f"image_column and prompt_column are both {self.prompt_column!r}; name the column of the "
+                "images in image_column and the column of the text in prompt_column"
             )
         return self
 

@@ -6,7 +6,9 @@ completions are scored together by `grpo.envs.group_rewards.GroupRewardSet` with
 `prompts` (the prompt column's value per completion), `completions` (the reply text for a string
 prompt; `[{"role": "assistant", "content": text}]` for a chat prompt), `completion_ids` (the sampled
 token ids) and the other columns (a value per completion; a `completion` column is left out, as TRL
-does).
+does). A row's images (its `image_column`, or TRL's `images`/`image` column) go into its prompt as image
+parts before the first user message's text (grpo.envs.dataset_images), which makes the prompt chat
+messages.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.envs.base import Example, Message, Score, completion_text, normalise_examples
+from grpo.envs.dataset_images import pick_image_column, row_images, with_images
 from grpo.envs.group_rewards import OWN_ARGUMENTS, GroupRewardSet, check_signature
 from grpo.envs.single_turn import OneReplyEnv
 from grpo.utils.errors import UserError
@@ -158,12 +161,15 @@ def load_examples(cfg: DatasetEnvConfig, where: str) -> list[Example]:
         )
     if len(dataset) == 0:
         raise UserError(f"{where}: split {cfg.split!r} of {cfg.dataset} has no rows")
+    image_column = pick_image_column(cfg.image_column, columns, where, cfg.dataset)
     if cfg.num_examples is not None:
         dataset = dataset.select(range(min(cfg.num_examples, len(dataset))))
     examples = []
     for i, row in enumerate(dataset.to_list()):
         prompt = row.pop(cfg.prompt_column)
         _check_prompt(where, i, prompt, cfg.prompt_column)
+        if image_column is not None:
+            prompt = with_images(prompt, row_images(row[image_column], where, i, image_column), where, i)
         examples.append({"prompt": prompt, **row})
     return examples
 

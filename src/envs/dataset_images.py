@@ -1,0 +1,101 @@
+"""A dataset block's image column: each row's image(s) put into its prompt, as TRL's GRPOTrainer does
+for a vision-language model.
+
+TRL reads a dataset's `images` column (a list of images per row) or else its `image` column (one image
+per row) and puts one image part per image at the start of the first user message, before its text.
+Here a cell holds images as PIL images (a hub dataset's Image feature), raw encoded bytes, a
+`{"bytes": ..., "path": ...}` dict (an Image feature not decoded) or file paths (relative paths from
+the working directory, as the dataset path itself). Every image is opened and decoded at load, so a
+missing file or a value that is no image is refused before anything starts. The prompt becomes chat
+messages whose image parts hold the PIL images, the form grpo.orchestrator.image_prompts renders.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo.envs.base import Message
+from grpo.utils.errors import UserError
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+IMAGE_COLUMNS = ("images", "image")
+"""The columns TRL's GRPOTrainer takes images from, in the order it looks for them."""
+
+
+def pick_image_column(image_column: str | None, columns: list[str], where: str, dataset: str) -> str | None:
+    """The column holding the rows' images: `image_column` if set (it must exist), else TRL's
+    `images` or `image` if the dataset has one, else None (a text-only dataset)."""
+    if image_column is None:
+        return next((c for c in IMAGE_COLUMNS if c in columns), None)
+    if image_column not in columns:
+        raise UserError(
+            f"{where}: dataset {dataset} has no column {image_column!r} (image_column); "
+            f"its columns: {', '.join(columns)}"
+        )
+    return image_column
+
+
+def row_images(value: Any, where: str, row: int, column: str) -> list[Image.Image]:
+    """The images of one cell, decoded: a list of images, or one image; UserError naming the row and
+    the column for an empty cell, a missing file or a value that is no image."""
+    cells = list(value) if isinstance(value, list | tuple) else [value]
+    if not cells or any(cell is None for cell in cells):
+        raise UserError(
+            f"{where}: row {row}: column {column!r} is empty; every row of a dataset with images needs at "
+            "least one image: fix the data, or drop the rows without one"
+        )
+    return [_image(cell, where, row, column) for cell in cells]
+
+
+def _image(cell: Any, where: str, row: int, column: str) -> Image.Image:
+    from PIL import Image, UnidentifiedImageError
+
+    at = f"{where}: row {row}: column {column!r}"
+    if isinstance(cell, Image.Image):
+        return cell
+    if isinstance(cell, dict) and ("bytes" in cell or "path" in cell):  # an Image feature, not decoded
+        cell = cell.get("bytes") or cell.get("path")
+    if isinstance(cell, str):
+        path = Path(cell).expanduser()
+        if not path.is_file():
+            raise UserError(
+                f"{at}: image file {cell} does not exist (relative paths are from the working directory, "
+                f"{Path.cwd()}); fix the path or run from the folder it is relative to"
+            )
+        source: Any = path
+    elif isinstance(cell, bytes | bytearray):
+        source = io.BytesIO(cell)
+    else:
+        raise UserError(
+            f"{at} holds a {type(cell).__name__} ({str(cell)[:60]!r}), not an image; give a file path, "
+            "encoded image bytes or a PIL image"
+        )
+    try:
+        with Image.open(source) as opened:
+            opened.load()
+            return opened.copy()  # decoded, its file closed
+    except (UnidentifiedImageError, OSError) as exc:
+        what = f"file {cell}" if isinstance(cell, str) else f"{len(cell)} bytes"
+        raise UserError(f"{at}: {what} is not an image PIL can read ({exc}); fix the data") from exc
+
+
+def with_images(
+    prompt: str | list[Message], images: list[Image.Image], where: str, row: int
+) -> list[Message]:
+    """The prompt as chat messages with one image part per image at the start of its first user
+    message (a string prompt is that user message), as TRL puts them."""
+    messages: list[Message] = (
+        [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    )
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if first_user is None:
+        raise UserError(
+            f"{where}: row {row}: the prompt has no user message to put its images in; add one to the prompt"
+        )
+    parts: list[dict[str, Any]] = [{"type": "image", "image": image} for image in images]
+    messages[first_user]["content"] = [*parts, {"type": "text", "text": messages[first_user]["content"]}]
+    return messages
