@@ -78,6 +78,47 @@ def test_gsm8k_example_rewards_the_right_boxed_answer(monkeypatch: pytest.Monkey
     assert [s.reward for s in scores] == [1.2, 1.0, 0.2]
 
 
+def test_vision_qa_example_puts_each_picture_before_its_question_and_rewards_the_exact_word(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "vision_qa"))
+    env = load_environment(
+        OrchestratorConfig.model_validate(read_yaml(REPO / "examples/vision_qa/orch.yaml")).env[0]
+    )
+    assert env.name == "vision_qa" and len(env.examples) == 24
+    example = env.examples[0]
+    (user,) = env.prompt_messages(example)
+    image, text = user["content"]
+    assert image["type"] == "image" and image["image"].size == (64, 64)
+    assert image["image"].getpixel((32, 32)) == (220, 30, 30) and example["answer"] == "red"
+    assert text == {"type": "text", "text": "What colour is the shape? Answer with one word."}
+    replies = ["Red.", "red, I think", "blue"]
+    scores = asyncio.run(
+        env.score_group(example, [[{"role": "assistant", "content": r}] for r in replies], [[1], [2], [3]])  # type: ignore[attr-defined]
+    )
+    assert [s.reward for s in scores] == [1.2, 0.0, 0.2]
+
+
+def test_vision_qa_example_data_is_what_its_script_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+    import shutil
+
+    folder = REPO / "examples" / "vision_qa"
+    shutil.copy(folder / "make_data.py", tmp_path / "make_data.py")
+    spec = importlib.util.spec_from_file_location("make_vision_qa", tmp_path / "make_data.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main()
+    assert (tmp_path / "vision_qa.jsonl").read_text() == (folder / "vision_qa.jsonl").read_text()
+    drawn = sorted(p.name for p in (tmp_path / "images").iterdir())
+    assert drawn == sorted(p.name for p in (folder / "images").iterdir()) and len(drawn) == 12
+    assert all((tmp_path / "images" / n).read_bytes() == (folder / "images" / n).read_bytes() for n in drawn)
+
+
 def test_tool_calculator_example_evaluates_arithmetic_only_and_rewards_the_final_number(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
