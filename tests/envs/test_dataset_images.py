@@ -153,3 +153,23 @@ def test_a_text_only_dataset_is_unchanged(tmp_path: Path) -> None:
 def test_image_column_and_prompt_column_must_differ() -> None:
     with pytest.raises(ValueError, match="image_column and prompt_column are both 'q'"):
         DatasetEnvConfig(dataset="d.jsonl", reward_funcs=["m:f"], prompt_column="q", image_column="q")
+
+
+def test_a_rows_images_reach_the_idefics3_prompter_in_order(
+    pictures: Path, tiny_idefics3_model_path: Path
+) -> None:
+    import base64
+
+    from grpo.orchestrator.image_prompts import image_prompter_for
+
+    rows = [{"prompt": "Which first?", "images": ["img/blue.png", "img/red.png"], "answer": "blue"}]
+    env = load_environment(_cfg(_jsonl(pictures, rows)))
+    prompter = image_prompter_for(
+        [env], str(tiny_idefics3_model_path), partial_rollouts=False, has_teacher=False
+    )
+    assert prompter is not None
+    prompt = prompter.prompt(env.prompt_messages(env.examples[0]))
+    assert prompt.request_ids.count(prompter.image_token_id) == 2 and prompt.images is not None
+    # what vLLM is sent: each image as a PNG data URL, in the row's order
+    sent = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) for url in prompt.image_urls]
+    assert [image.getpixel((0, 0)) for image in sent] == [(0, 0, 255), (255, 0, 0)]
