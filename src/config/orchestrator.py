@@ -102,7 +102,7 @@ class BufferConfig(StrictModel):
     """Fraction of hard examples promoted back to the normal pool on start."""
 
     hash_keys: list[str] = Field(default_factory=lambda: ["task", "prompt"])
-    """Example fields hashed to identify (and deduplicate) an example."""
+    """Example fields hashed to identify (and deduplicate) an example (a prompt's images by their pixels)."""
 
     skip_verification: bool = False
     """Skip reward scoring (rewards are 0); for pure distillation. Refused with

@@ -3,10 +3,10 @@
 Sampling is deterministic given the seed and the number of examples sampled so far (each draw seeds
 its own RNG from both), so a checkpoint only needs that counter plus the easy/hard pools.
 
-Examples are identified by a hash of their `hash_keys` fields; duplicates within an environment are
-sampled as one. After a group is scored, an example whose mean reward is above easy_threshold moves
-to the easy pool and one below hard_threshold to the hard pool; neither pool is sampled. On resume,
-easy_fraction / hard_fraction of them return to the normal pool.
+Examples are identified by a hash of their `hash_keys` fields (a prompt's images by their pixels);
+duplicates within an environment are sampled as one. After a group is scored, an example whose mean
+reward is above easy_threshold moves to the easy pool and one below hard_threshold to the hard pool;
+neither pool is sampled. On resume, easy_fraction / hard_fraction of them return to the normal pool.
 """
 
 from __future__ import annotations
@@ -27,8 +27,21 @@ log = get_logger("orchestrator")
 
 
 def example_hash(example: Example, keys: Sequence[str]) -> str:
-    payload = json.dumps({k: example.get(k) for k in keys}, sort_keys=True, default=str)
+    payload = json.dumps({k: example.get(k) for k in keys}, sort_keys=True, default=_by_content)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _by_content(value: Any) -> str:
+    """What json cannot write, as text: an image (a prompt's image part) by its pixels, since its
+    repr holds its address and would give an example another hash in every process (a resumed run's
+    easy and hard pools would match nothing); anything else by str()."""
+    if type(value).__module__.startswith("PIL."):  # Pillow is imported only where images are
+        from PIL import Image
+
+        if isinstance(value, Image.Image):
+            pixels = hashlib.sha256(value.tobytes()).hexdigest()
+            return f"image {value.mode} {value.size[0]}x{value.size[1]} {pixels}"
+    return str(value)
 
 
 class Buffer:

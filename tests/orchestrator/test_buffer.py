@@ -60,3 +60,21 @@ def test_easy_fraction_promotes_back_on_load() -> None:
     promoted = Buffer([env], BufferConfig(easy_threshold=0.5, easy_fraction=0.5), 0)
     promoted.load_state(buffer.state())
     assert len(promoted.easy[0]) == 2
+
+
+def test_an_image_prompt_hashes_by_its_pixels_so_pools_survive_a_resume() -> None:
+    from PIL import Image
+
+    from grpo.orchestrator.buffer import example_hash
+
+    def example(colour: str) -> dict:
+        content = [
+            {"type": "image", "image": Image.new("RGB", (4, 4), colour)},
+            {"type": "text", "text": "Colour?"},
+        ]
+        return {"prompt": [{"role": "user", "content": content}]}
+
+    keys = ["task", "prompt"]
+    # another PIL object with the same pixels (as a resumed process loads it): the same example
+    assert example_hash(example("red"), keys) == example_hash(example("red"), keys)
+    assert example_hash(example("red"), keys) != example_hash(example("blue"), keys)
