@@ -162,7 +162,8 @@ def test_a_steps_gradient_is_the_policy_losss_plus_coef_times_the_aux_whatever_t
 
     policy_grads = _step_gradients(Trainer(cfg(), tmp_path / "policy"), batch)
     model = _hf_model(path)
-    term = sum(_hf_row_aux(model, row) * row.num_loss_tokens for row in rows) / loss_scale
+    row_aux = [_hf_row_aux(model, row) for row in rows]
+    term = sum(aux * row.num_loss_tokens for aux, row in zip(row_aux, rows, strict=True)) / loss_scale
     (COEF * term).backward()
     aux_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert aux_grads.keys() < policy_grads.keys() and any(".gate." in n for n in aux_grads)
@@ -184,6 +185,16 @@ def test_a_steps_gradient_is_the_policy_losss_plus_coef_times_the_aux_whatever_t
             torch.testing.assert_close(grads[param], ref, atol=1e-6, rtol=1e-5, msg=f"{name} {param}")
         metrics = trainer.train_step(batch)
         assert metrics["router_aux_loss"] == pytest.approx(float(term.detach()), abs=1e-6), name
+
+    # Streamed (the normaliser known at the end), and per sample for a sequence ratio_type.
+    trainer = Trainer(cfg(router_aux_loss_coef=COEF), tmp_path / "streamed")
+    trainer.begin_step(0, None)
+    trainer.accumulate(batch)
+    assert trainer.finish_step()["router_aux_loss"] == pytest.approx(float(term.detach()), abs=1e-6)
+    trainer = Trainer(cfg(router_aux_loss_coef=COEF, loss={"ratio_type": "sequence"}), tmp_path / "sequence")
+    per_sample = sum(float(aux.detach()) * row.num_loss_samples for aux, row in zip(row_aux, rows, strict=True))
+    expected_term = per_sample / batch.num_loss_samples
+    assert trainer.train_step(batch)["router_aux_loss"] == pytest.approx(expected_term, abs=1e-6)
 
 
 def test_coef_0_installs_no_hooks_and_reports_no_aux_loss(family_dir, make_cfg, tmp_path):
