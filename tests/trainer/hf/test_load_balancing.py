@@ -192,7 +192,9 @@ def test_a_steps_gradient_is_the_policy_losss_plus_coef_times_the_aux_whatever_t
     trainer.accumulate(batch)
     assert trainer.finish_step()["router_aux_loss"] == pytest.approx(float(term.detach()), abs=1e-6)
     trainer = Trainer(cfg(router_aux_loss_coef=COEF, loss={"ratio_type": "sequence"}), tmp_path / "sequence")
-    per_sample = sum(float(aux.detach()) * row.num_loss_samples for aux, row in zip(row_aux, rows, strict=True))
+    per_sample = sum(
+        float(aux.detach()) * row.num_loss_samples for aux, row in zip(row_aux, rows, strict=True)
+    )
     expected_term = per_sample / batch.num_loss_samples
     assert trainer.train_step(batch)["router_aux_loss"] == pytest.approx(expected_term, abs=1e-6)
 
