@@ -164,9 +164,12 @@ class TrainerConfig(StrictModel):
     metric routing_mismatch_fraction (docs/moe.md)."""
 
     router_aux_loss_coef: float = Field(0.0, ge=0.0)
-    """Mixture-of-experts models: weight of the router's load-balancing loss (Switch Transformer's,
-    as the model's own training used), added to the policy loss. 0 (the default) leaves it out: in RL
-    it pulls the routing away from what the rollouts used for no reward."""
+    """Mixture-of-experts models: weight of the routers' load-balancing loss (Switch Transformer's, as
+    transformers computes it for the family: num_experts * sum_e f_e * P_e over each packed row's
+    tokens, pooled over the MoE layers; with routing_replay f counts the replayed experts), added to
+    the policy loss with its normalisation; metric router_aux_loss (docs/moe.md). 0 (the default)
+    leaves it out: in RL it pulls the routing away from what the rollouts used for no reward.
+    Backend hf only."""
 
     gradient_checkpointing: Literal["auto"] | bool | int = "auto"
     """Recompute activations in backward to save memory (backend hf; backend megatron has
@@ -352,10 +355,10 @@ class TrainerConfig(StrictModel):
             raise ValueError(
                 "routing_replay under backend megatron needs megatron.recompute none or selective, not full"
             )
-        if self.router_aux_loss_coef > 0:
+        if self.router_aux_loss_coef > 0 and self.backend == "megatron":
             raise ValueError(
-                "router_aux_loss_coef > 0 is not implemented: the trainer computes logits only for loss tokens "
-                "and never calls the model's own head, which adds that loss; leave it at 0"
+                "router_aux_loss_coef > 0 is implemented by backend hf only (backend megatron builds its "
+                "routers without megatron-core's load-balancing loss); use backend: hf, or set it to 0"
             )
         return self
 

@@ -87,6 +87,10 @@ class LossSums:
     kl_ref_sum: float = 0.0
     """Sum over kept tokens of loss.kl_estimator(trainer_lp, ref_lp)."""
     has_kl_ref: bool = False
+    router_aux_loss: float = 0.0
+    """The routers' load-balancing loss term (router_aux_loss_coef > 0), already divided by
+    loss_scale like `loss` and not scaled by the coefficient (grpo.trainer.hf.load_balancing)."""
+    has_router_aux_loss: bool = False
 
     def add(self, other: LossSums) -> None:
         self.loss += other.loss
@@ -107,6 +111,8 @@ class LossSums:
         self.has_tis = self.has_tis or other.has_tis
         self.kl_ref_sum += other.kl_ref_sum
         self.has_kl_ref = self.has_kl_ref or other.has_kl_ref
+        self.router_aux_loss += other.router_aux_loss
+        self.has_router_aux_loss = self.has_router_aux_loss or other.has_router_aux_loss
 
     def as_floats(self) -> list[float]:
         """Every field as a float, for summing over ranks; from_floats reads the sum back."""
@@ -145,6 +151,8 @@ class LossSums:
             out["tis_frac_capped"] = self.num_tis_capped / num_kept
         if self.has_kl_ref:
             out["kl_ref"] = self.kl_ref_sum / num_kept
+        if self.has_router_aux_loss:
+            out["router_aux_loss"] = self.router_aux_loss
         return out
 
 

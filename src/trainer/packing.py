@@ -18,7 +18,7 @@ each one's target id and the index of the token whose hidden state predicts it (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -70,6 +70,16 @@ class Forward:
 
 
 @dataclass
+class RowExtent:
+    """One packed row of a micro-batch: the next `num_tokens` tokens after the rows before it."""
+
+    num_tokens: int
+    num_loss_tokens: int
+    num_loss_samples: int
+    """Samples with a loss token (PackedRow.num_loss_samples)."""
+
+
+@dataclass
 class MicroBatch:
     """Model inputs and per-token training data of one micro-batch; token tensors are [T]."""
 
@@ -89,6 +99,8 @@ class MicroBatch:
     routing small on the device), or None (routing replay off)."""
     vision: VisionInputs | None = None
     """Image inputs of a vision-language micro-batch (grpo.trainer.vision_inputs); None without images."""
+    rows: list[RowExtent] = field(default_factory=list)
+    """Its packed rows, in order (the router load-balancing loss is computed per row)."""
 
     @property
     def num_tokens(self) -> int:
@@ -204,6 +216,7 @@ def build_micro_batch(
         num_sequence_tokens=sum(sum(r.sequence_lengths()) for r in rows),
         routed_experts=_routing(rows, device) if all(has_routing) else None,
         vision=build_vision_inputs(rows, vision, device) if vision is not None else None,
+        rows=[RowExtent(r.num_tokens, r.num_loss_tokens, r.num_loss_samples) for r in rows],
     )
 
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.hf.checkpointing import LayerCheckpointing
+    from grpo.trainer.hf.load_balancing import LoadBalancingLoss
     from grpo.trainer.hf.moe import RoutingReplay
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.vision_inputs import VisionTokens
@@ -59,6 +60,8 @@ class Policy:
     is_lora: bool
     routing_replay: RoutingReplay | None = None
     """Set with routing_replay: micro-batches carrying routed_experts route through those experts."""
+    load_balancing: LoadBalancingLoss | None = None
+    """Set with router_aux_loss_coef > 0: captures the routers' outputs for their load-balancing loss."""
     checkpointing: LayerCheckpointing | None = None
     """Which decoder layers recompute in backward (set per accumulation group under auto)."""
     vision: VisionTokens | None = None
@@ -300,6 +303,12 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         from grpo.trainer.hf.moe import RoutingReplay
 
         routing_replay = RoutingReplay.install(causal_lm)
+    load_balancing = None
+    if cfg.router_aux_loss_coef > 0:
+        from grpo.trainer.hf.load_balancing import LoadBalancingLoss
+
+        # After routing replay's hooks, so that it sees the replayed experts.
+        load_balancing = LoadBalancingLoss.install(causal_lm)
     policy = Policy(
         model=model,
         causal_lm=causal_lm,
@@ -308,6 +317,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         autocast_dtype=autocast_dtype,
         is_lora=cfg.lora,
         routing_replay=routing_replay,
+        load_balancing=load_balancing,
         checkpointing=checkpointing,
         vision=vision,
     )

@@ -26,7 +26,8 @@ model_tflops_per_s and mfu (this rank's model FLOPs per second of step_time, and
 device's peak in the matmul dtype; see grpo.trainer.flops and grpo.trainer.peak_flops),
 kl_ref (only with loss.kl_beta > 0: the reference KL estimate, grpo.trainer.loss), recomputed_layers
 (the most decoder layers a group of micro-batches recomputed in backward: gradient checkpointing,
-grpo.trainer.hf.checkpointing).
+grpo.trainer.hf.checkpointing), router_aux_loss (only with router_aux_loss_coef > 0: the routers'
+load-balancing loss the step added, before the coefficient; grpo.trainer.hf.load_balancing).
 
 num_iterations > 1 (train_step only): the batch's micro-batches are kept and trained on again after
 each optimizer update, with the first pass's logprobs as old_lp (and its reference logprobs reused:
@@ -45,8 +46,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grpo.trainer.grad_scale import Float16GradScale
+from grpo.trainer.hf.micro_batch_loss import micro_batch_loss
 from grpo.trainer.hf.step_state import FirstPass, OpenStep, score_on_all_ranks
-from grpo.trainer.loss import LossSums, loss_of_tokens
+from grpo.trainer.loss import LossSums
 from grpo.trainer.packing import split_micro_batches, token_micro_batches
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batches.batch import TrainingBatch
@@ -300,6 +302,7 @@ class Trainer:
             scale = self.cfg.loss.loss_scale(state.num_loss_tokens, state.num_loss_samples)
             grad_divisor = scale
             totals.loss /= scale
+            totals.router_aux_loss /= scale
         grad_norm = self._apply_gradients(batch_step, grad_divisor)
         with warnings.catch_warnings():
             # The schedule advances on a skipped step too; torch warns when no optimizer step came first.
@@ -390,30 +393,8 @@ class Trainer:
         ref_lp: Any = None,
         old_lp: Any = None,
     ) -> tuple[Any, LossSums, Any]:
-        """Forward one micro-batch; logits only at the hidden states that predict its loss tokens,
-        truncated as vLLM truncated them when it sampled (top_k/top_p/min_p). Returns (loss, sums,
-        its logprobs detached)."""
-        from grpo.trainer.logprobs import token_logprobs_and_untempered
-
-        hidden = self.policy.hidden_states(mb)
-        tokens = mb.loss
-        if tokens.targets.numel() == 0:
-            # A zero that still depends on every weight the forward used (FSDP's collectives need it).
-            return hidden.sum() * 0.0, LossSums(), None
-        has_teacher = tokens.teacher_logprobs is not None
-        lp, entropy, untempered_lp = token_logprobs_and_untempered(
-            hidden[tokens.predicted_from],
-            self.policy.lm_head,
-            tokens.targets,
-            tokens.temperatures,
-            self.cfg.logprob_chunk_size,
-            untempered=has_teacher,
-            truncation=truncation,
-        )
-        loss, sums = loss_of_tokens(
-            tokens, lp, entropy, untempered_lp, self.cfg.loss, loss_scale, ref_lp=ref_lp, old_lp=old_lp
-        )
-        return loss, sums, lp.detach()
+        """(loss, sums, logprobs) of one micro-batch: grpo.trainer.hf.micro_batch_loss."""
+        return micro_batch_loss(self.policy, self.cfg, mb, loss_scale, truncation, ref_lp, old_lp)
 
     def _flop_counter(self) -> StepFlopCounter:
         from grpo.trainer.flops import StepFlopCounter, flop_shape
