@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from starlette.requests import Request  # module level: FastAPI resolves route annotations here
 
-from grpo.envs.base import Environment, Example, Message
+from grpo.envs.base import Environment, Example, Message, non_text_parts
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
@@ -222,6 +222,13 @@ def build_app(
     """The HTTP app serving `env`; `env_id` is what clients' env[].id must match."""
     from fastapi import FastAPI, HTTPException
 
+    for example in env.examples:
+        prompt = example.get("prompt")
+        if isinstance(prompt, list) and (kinds := non_text_parts(prompt)):
+            raise UserError(
+                f"env {env_id}: its prompts have {', '.join(kinds)} parts, which do not travel over grpo-env's JSON; "
+                "load the environment in the orchestrator itself (env[].id without an address)"
+            )
     info = info_payload(env, env_id)
     own_examples = {_example_key(example) for example in env.examples}
     # Every request proves the token (RequestGuard), so its holders are one client.

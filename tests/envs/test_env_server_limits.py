@@ -125,3 +125,11 @@ def test_grpo_env_has_the_example_limit_flag(flag: str) -> None:
     from grpo.cli.env import app
 
     assert flag in CliRunner().invoke(app, ["--help"], terminal_width=200).output
+
+
+def test_an_environment_with_image_prompts_is_refused_naming_in_process_loading() -> None:
+    from grpo.envs.count_shapes import load_environment
+    from grpo.utils.errors import UserError
+
+    with pytest.raises(UserError, match=r"image parts.*env\[\]\.id without an address"):
+        build_app(load_environment(num_examples=2, image_size=28), "count-shapes")
