@@ -480,6 +480,9 @@ class _FakeModel:
     def load_weights(self, weights: Any) -> None:
         self.loaded.update(weights)
 
+    def named_parameters(self) -> Any:  # a dense model: no packed CPU experts to refuse
+        return iter(())
+
 
 class _FakeWorker(WorkerExtension):
     """The worker extension on a stand-in for vLLM's worker: serves a model of `config` that
