@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 
 def build_tiny_model(
@@ -51,12 +52,7 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(path)
-    return path
+    return save_model_folder(path, model, tokenizer)
 
 
 def build_tiny_moe_model(
@@ -101,9 +97,17 @@ def build_tiny_moe_model(
         raise ValueError(f"no tiny MoE model of family {family}")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    return save_model_folder(path, model, tokenizer)
+
+
+def save_model_folder(path: Path, model: Any, *parts: Any) -> Path:
+    """Write `model` (safetensors) and each of `parts` (tokenizer, processors: anything with
+    save_pretrained, in that order) to `path` through a temporary sibling renamed last, so that a
+    process killed midway never leaves a folder that looks built."""
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    for part in parts:
+        part.save_pretrained(tmp)
     tmp.rename(path)
     return path

@@ -14,9 +14,9 @@ vLLM) expand each into `<fake_token_around_image><row_1_col_1><image>*4...<globa
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
+
+from grpo.models.tiny import save_model_folder
 
 IMAGE_TOKENS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>")
 """Special tokens the processor and the model's config refer to, added to the SmolLM2 vocabulary."""
@@ -96,10 +96,4 @@ def build_tiny_idefics3(path: str | Path, image_splitting: bool = True, seed: in
     processor = Idefics3Processor(
         image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4, chat_template=CHAT_TEMPLATE
     )
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    processor.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(path)
-    return path
+    return save_model_folder(path, model, processor, tokenizer)

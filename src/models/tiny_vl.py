@@ -11,10 +11,10 @@ expanded to the image's token count by grpo.multimodal.placeholders).
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Literal
+
+from grpo.models.tiny import save_model_folder
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 """Special tokens the processor and the model's config refer to, added to the SmolLM2 vocabulary."""
@@ -128,12 +128,6 @@ def build_tiny_vl_model(
     image_processor = Qwen2VLImageProcessorPil(
         min_pixels=IMAGE_MIN_PIXELS, max_pixels=IMAGE_MAX_PIXELS, patch_size=14, merge_size=2
     )
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
     # No Qwen2VLProcessor: transformers builds one only with torchvision installed (its video
     # processor), which the CPU environment lacks; tokenizer and image processor are saved apart.
-    tokenizer.save_pretrained(tmp)
-    image_processor.save_pretrained(tmp)
-    tmp.rename(path)
-    return path
+    return save_model_folder(path, model, tokenizer, image_processor)

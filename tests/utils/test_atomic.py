@@ -93,8 +93,6 @@ def test_only_the_atomic_module_deletes_folder_trees() -> None:
         "utils/atomic.py",
         "models/embedded.py",
         "models/tiny.py",
-        "models/tiny_vl.py",
-        "models/tiny_idefics3.py",
         "models/export.py",
         "transport/batches/zmq_spool.py",
     }
