@@ -324,13 +324,6 @@ def build_model(
     # Every weight in the compute dtype, norms included (torch's RMSNorm keeps fp32 weights
     # otherwise, and a bf16 input with an fp32 weight misses its fused kernel), as Megatron's own
     # Float16Module does; the optimizer keeps the fp32 main weights.
-    if shape.num_experts and device.type == "cuda":
-        # Verified on the CPU only. On an H100 the MoE tests disagreed with the HF backend: logprobs under
-        # replayed routing by up to 1e-2, one update's loss by 1e-3 relative (cause not located).
-        raise UserError(
-            f"backend megatron trains {hf_config.model_type} (mixture-of-experts) on the CPU only so far; on a GPU "
-            "use backend: hf (verified there, routing_replay included)"
-        )
     module.to(device=device, dtype=dtype)
     norms = (TE_SPEC_MOE_NORMS if shape.num_experts else TE_SPEC_NORMS) if use_te else LOCAL_SPEC_NORMS
     inv_freq = rope_inv_freq(hf_config, shape.head_dim)

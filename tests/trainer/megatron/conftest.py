@@ -13,10 +13,17 @@ from grpo.config.trainer import TrainerConfig
 
 @pytest.fixture
 def float32_compute(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both backends compute in float32 (this CPU would pick bf16), so they can agree to float32 tolerance."""
+    """Both backends compute in float32 (a GPU or a CPU with bf16 kernels would pick bf16), so they agree to
+    float32 tolerance. The HF backend's module holds its own name for choose_dtype, bound at its first
+    import: patching only grpo.trainer.device left the HF backend in bf16 on an H100 whenever an earlier
+    test had imported it (its logprobs then 1e-2 from backend megatron's)."""
     import torch
 
-    monkeypatch.setattr("grpo.trainer.device.choose_dtype", lambda device: torch.float32)
+    def float32(device: torch.device) -> torch.dtype:
+        return torch.float32
+
+    monkeypatch.setattr("grpo.trainer.device.choose_dtype", float32)
+    monkeypatch.setattr("grpo.trainer.hf.model.choose_dtype", float32)
 
 
 @pytest.fixture

@@ -23,8 +23,9 @@ from grpo.trainer.megatron.convert import DecoderShape, hf_to_megatron, megatron
 from grpo.trainer.megatron.model import read_hf_weights
 from grpo.utils.device import cuda_present
 
-# The trainer takes CUDA when there is one, where backend megatron refuses MoE models (the last test).
-cpu_only = pytest.mark.skipif(cuda_present(), reason="backend megatron refuses MoE models on CUDA")
+# The trainer takes CUDA when there is one, where float32 agrees with the HF backend within a few
+# 1e-6 (2.9e-6 measured on an H100) rather than the CPU's 2e-6: the GPU's kernels sum in other orders.
+LOGPROB_ATOL = 1e-5 if cuda_present() else 2e-6
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,6 @@ def test_qwen3_moe_converts_to_megatron_and_back_exactly(qwen3_moe_path: Path) -
         assert torch.equal(back[name], tensor), name
 
 
-@cpu_only
 @pytest.mark.usefixtures("float32_compute")
 def test_megatron_moe_logprobs_equal_the_hf_models(
     qwen3_moe_path: Path, megatron_cfg: Callable[..., TrainerConfig], tmp_path: Path
@@ -100,10 +100,9 @@ def test_megatron_moe_logprobs_equal_the_hf_models(
     got = trainer.score(rows)
     trainer.close()
     for lp, ref in zip(got, reference_logprobs(qwen3_moe_path, rows), strict=True):
-        np.testing.assert_allclose(lp, ref, atol=2e-6)
+        np.testing.assert_allclose(lp, ref, atol=LOGPROB_ATOL)
 
 
-@cpu_only
 @pytest.mark.usefixtures("float32_compute")
 def test_one_megatron_moe_update_equals_the_hf_backends_full_update(
     qwen3_moe_path: Path,
@@ -156,7 +155,6 @@ def _with_routing(rows: list[object], seed: int = 0) -> list[object]:
     return rows
 
 
-@cpu_only
 @pytest.mark.usefixtures("float32_compute")
 def test_replayed_routing_gives_the_hf_backends_logprobs_update_and_mismatch(
     qwen3_moe_path: Path,
@@ -203,7 +201,6 @@ def test_replayed_routing_gives_the_hf_backends_logprobs_update_and_mismatch(
     megatron.close()
 
 
-@cpu_only
 @pytest.mark.usefixtures("float32_compute")
 def test_published_moe_weights_after_a_step_give_the_trainers_logprobs_in_hf(
     qwen3_moe_path: Path, megatron_cfg: Callable[..., TrainerConfig], tmp_path: Path
@@ -219,14 +216,3 @@ def test_published_moe_weights_after_a_step_give_the_trainers_logprobs_in_hf(
     trainer.close()
     assert np.abs(trained[0] - reference_logprobs(qwen3_moe_path, rows)[0]).max() > 1e-2
     np.testing.assert_allclose(reference_logprobs(folder, rows)[0], trained[0], atol=2e-5)
-
-
-@pytest.mark.gpu
-def test_on_cuda_backend_megatron_refuses_a_moe_model_naming_backend_hf(
-    qwen3_moe_path: Path, megatron_cfg: Callable[..., TrainerConfig], tmp_path: Path
-) -> None:
-    from grpo.trainer.megatron.trainer import MegatronTrainer
-    from grpo.utils.errors import UserError
-
-    with pytest.raises(UserError, match=r"CPU only.*backend: hf"):
-        MegatronTrainer(megatron_cfg(model=str(qwen3_moe_path)), tmp_path)
