@@ -43,7 +43,11 @@ test: setup lint typecheck
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not vllm" --timeout=300
 
+# The bench extra (TRL, the peer measured side by side) on top of setup's packages; already-installed
+# packages stay as setup pinned them.
 bench: setup
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[bench]" 2>&1 \
+	  | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 	$(BIN)/python benchmarks/run_all.py
 
 clean:

@@ -3,7 +3,9 @@
 speedup_vs_trl = TRL's seconds per step / grpo's (step 0 excluded on both sides): above 1 grpo
 is faster. tokens_per_s_ratio = grpo's completion tokens trained per second / TRL's. Rewards are
 the batch mean at the first and last step and over all steps (per-step rewards are noisy; the
-mean over the run is the steadier "is the curve as good" number).
+mean over the run is the steadier "is the curve as good" number). grpo_trainer_mfu: the trainer's
+mean `mfu` metric (model FLOPs per second over the machine's peak in its matmul dtype); grpo_shared_frac:
+the mean `packing/shared_frac` (the share of the batch's sequence tokens a shared prefix saved).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 2)
 
 
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def comparison_rows(machine: str, workload_tags: dict[str, str]) -> list[dict[str, Any]]:
     """One row per (workload, grpo run): that run against the workload's TRL run."""
     rows = []
@@ -64,6 +70,8 @@ def comparison_rows(machine: str, workload_tags: dict[str, str]) -> list[dict[st
                     "tokens_per_s_ratio": ratio(grpo["completion_tokens_per_s"], trl_tokens),
                     "grpo_reward": reward_summary(grpo),
                     "trl_reward": reward_summary(trl) if trl else None,
+                    "grpo_trainer_mfu": _rounded(grpo.get("trainer_mfu"), 3),
+                    "grpo_shared_frac": _rounded(grpo.get("shared_frac"), 3),
                     "grpo_dtype": dtype_label(grpo),
                     "trl_dtype": dtype_label(trl) if trl else None,
                 }

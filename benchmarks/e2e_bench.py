@@ -329,6 +329,10 @@ def summarise(orch: ArrivalWatcher, train: ArrivalWatcher, batch_size: int) -> d
         "trainer_step_time_s": [t["step_time"] for t in train.records],
         "trainer_wait_time_s": [t["wait_time"] for t in train.records],
         "mismatch_kl_curve": [t.get("kl") for t in train.records],
+        # how close the trainer ran to the machine's peak, and how much of each batch's tokens the
+        # shared-prefix packing encoded once instead of per sequence (grpo.orchestrator.step_batch)
+        "trainer_mfu_curve": [t.get("mfu") for t in train.records],
+        "shared_frac_curve": [s.get("packing/shared_frac") for s in steps][:num_steps],
         "orchestrator_step_time_s": [s["time/step"] for s in steps][:num_steps],
         "step_end_s": [a - loop_start for a in train.arrivals],
     }
@@ -337,7 +341,15 @@ def summarise(orch: ArrivalWatcher, train: ArrivalWatcher, batch_size: int) -> d
         result["steady_step_s"] = steady_wall / (num_steps - 1)
         result["steady_completion_tokens_per_s"] = sum(completion_tokens[1:]) / steady_wall
         result["trainer_idle_frac"] = sum(t["wait_time"] for t in train.records[1:]) / steady_wall
+        result["trainer_mfu"] = _mean([t.get("mfu") for t in train.records[1:]])
+        result["shared_frac"] = _mean([s.get("packing/shared_frac") for s in steps[1:num_steps]])
     return result
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the values a run logged (None: the metric was not logged)."""
+    logged = [v for v in values if v is not None]
+    return sum(logged) / len(logged) if logged else None
 
 
 def main() -> None:
