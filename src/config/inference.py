@@ -39,7 +39,9 @@ class InferenceConfig(StrictModel):
 
     dtype: Literal["auto", "float16", "bfloat16", "float32", "float32_on_cpu"] = "auto"
     """Weight and activation dtype of the engine (and of a co-located trainer, which computes on the
-    engine's weights). auto: vLLM's choice (the checkpoint's; 16-bit on a GPU). float32 with
+    engine's weights). auto: vLLM's choice (the checkpoint's; 16-bit on a GPU), except float32 on a
+    CPU without native 16-bit matmuls (no AVX512-BF16/AMX; unquantized weights), where 16-bit runs
+    ~80x slower. float32 with
     enable_lora is refused on a GPU (vLLM's CUDA LoRA kernels take 16-bit only). float32_on_cpu:
     float32 on CPU (trainer and engine logprobs agree to ~1e-8), bfloat16 on a GPU."""
 

@@ -50,7 +50,28 @@ def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Name
         )
     rules = WeightRouteRules.for_config(cfg, lora_serving)
     log.info("weight routes load only from %s", ", ".join(str(d) for d in rules.weight_dirs))
-    return parse_server_args(build_server_args(cfg, model_path)), rules
+    argv = build_server_args(cfg, model_path)
+    _log_cpu_dtype(cfg, argv[argv.index("--dtype") + 1])
+    return parse_server_args(argv), rules
+
+
+def _log_cpu_dtype(cfg: InferenceConfig, engine_dtype: str) -> None:
+    """Say why a CPU engine computes in float32 by default, or warn that a 16-bit one is emulated."""
+    from grpo.utils.device import cpu_has_native_bf16, cuda_present
+
+    if cuda_present() or cpu_has_native_bf16():
+        return
+    if cfg.dtype == "auto":
+        log.info(
+            "dtype auto: float32 (this CPU has no native 16-bit matmul, AVX512-BF16 or AMX, so bfloat16 "
+            "would run ~80x slower); set dtype: bfloat16 to force it"
+        )
+    elif engine_dtype in ("bfloat16", "float16"):
+        log.warning(
+            "dtype %s on a CPU without native 16-bit matmul (no AVX512-BF16 or AMX): every matmul is "
+            "emulated, ~80x slower than float32; set dtype: auto (float32 here)",
+            engine_dtype,
+        )
 
 
 async def serve_with_weight_routes(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grpo.utils.device import cpu_has_native_bf16
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -51,4 +52,4 @@ def choose_dtype(device: torch.device) -> torch.dtype:
 
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32

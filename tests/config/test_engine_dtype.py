@@ -20,19 +20,37 @@ SHIPPED_INFER = sorted(p for d in ("configs", "examples") for p in (REPO / d).rg
 
 
 @pytest.mark.parametrize(
-    "dtype, on_cuda, engine",
+    "dtype, on_cuda, cpu_bf16, engine",
     [
-        ("float32_on_cpu", False, "float32"),
-        ("float32_on_cpu", True, "bfloat16"),
-        ("auto", True, "auto"),
-        ("float32", False, "float32"),
-        ("bfloat16", False, "bfloat16"),
+        ("float32_on_cpu", False, True, "float32"),
+        ("float32_on_cpu", True, True, "bfloat16"),
+        ("auto", True, False, "auto"),
+        ("auto", False, True, "auto"),
+        ("float32", False, True, "float32"),
+        ("bfloat16", False, True, "bfloat16"),
+        ("bfloat16", False, False, "bfloat16"),
     ],
 )
-def test_the_engine_dtype_depends_on_the_device_only_for_float32_on_cpu(
-    dtype: str, on_cuda: bool, engine: str
+def test_the_engine_dtype_depends_on_the_device_for_float32_on_cpu_and_auto(
+    dtype: str, on_cuda: bool, cpu_bf16: bool, engine: str
 ) -> None:
-    assert resolve_engine_dtype(InferenceConfig(model="m", dtype=dtype), on_cuda) == engine  # type: ignore[arg-type]
+    cfg = InferenceConfig(model="m", dtype=dtype)  # type: ignore[arg-type]
+    assert resolve_engine_dtype(cfg, on_cuda, cpu_bf16=cpu_bf16) == engine
+
+
+def test_auto_is_float32_on_a_cpu_without_native_16_bit_matmuls() -> None:
+    assert resolve_engine_dtype(InferenceConfig(model="m"), on_cuda=False, cpu_bf16=False) == "float32"
+
+
+def test_auto_stays_vllms_choice_for_quantized_weights_on_a_cpu_without_bf16() -> None:
+    cfg = InferenceConfig(model="m", quantization="fp8_per_block")
+    assert resolve_engine_dtype(cfg, on_cuda=False, cpu_bf16=False) == "auto"
+
+
+def test_auto_asks_this_cpu_when_not_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    for native, engine in ((False, "float32"), (True, "auto")):
+        monkeypatch.setattr("grpo.utils.device.cpu_has_native_bf16", lambda native=native: native)
+        assert resolve_engine_dtype(InferenceConfig(model="m"), on_cuda=False) == engine
 
 
 def test_vllm_gets_the_resolved_dtype() -> None:
