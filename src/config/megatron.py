@@ -26,6 +26,13 @@ class MegatronConfig(StrictModel):
     micro-batches' activations as there are later stages plus one, so gradient_accumulation_steps
     plays no part). Must divide the layers."""
 
+    expert_model_parallel_size: int = Field(1, ge=1)
+    """(mixture-of-experts models) Ranks that split each MoE layer's experts: a rank holds
+    num_experts / this of them, and megatron-core's all-to-all token dispatcher sends each token
+    to the ranks of its experts. The expert-parallel ranks are data-parallel ranks for everything
+    else (each trains its own rows). Must divide the model's experts and the number of GPUs; with
+    more than 1, tensor_model_parallel_size and pipeline_model_parallel_size must be 1."""
+
     use_distributed_optimizer: bool = True
     """Shard the fp32 main weights and Adam moments over the data-parallel ranks (ZeRO-1)."""
 

@@ -59,7 +59,7 @@ class TrainerConfig(StrictModel):
 
     backend: Literal["hf", "megatron"] = "hf"
     """Training engine. hf: the HF model (LoRA/QLoRA or full; FSDP2 data parallel). megatron:
-    full-parameter updates on megatron-core (tensor, pipeline and data parallel; `megatron:`);
+    full-parameter updates on megatron-core (tensor, pipeline, data and expert parallel; `megatron:`);
     needs lora: false and the `megatron` extra (pip install grpo-rl[megatron])."""
 
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
@@ -160,8 +160,8 @@ class TrainerConfig(StrictModel):
     it (rollout routing replay, R3) instead of the trainer's own top-k; the router's scores for those
     experts are still the trainer's, so the router trains. Needs routing from the engine
     (return_routed_experts: true in the inference config, grpo-infer's or a co-located run's) and one
-    GPU (or the CPU); under backend megatron also no pipeline stages and no megatron.recompute: full;
-    metric routing_mismatch_fraction (docs/moe.md)."""
+    GPU (or the CPU), or under backend megatron data- and expert-parallel ranks (no tensor or pipeline
+    split) without megatron.recompute: full; metric routing_mismatch_fraction (docs/moe.md)."""
 
     router_aux_loss_coef: float = Field(0.0, ge=0.0)
     """Mixture-of-experts models: weight of the routers' load-balancing loss (Switch Transformer's, as
@@ -329,7 +329,24 @@ class TrainerConfig(StrictModel):
                 f"pipeline_model_parallel_size ({mp.tensor_model_parallel_size} x "
                 f"{mp.pipeline_model_parallel_size}); set gpus to a multiple of {mp.model_parallel_size}"
             )
+        if self.backend == "megatron" and self.megatron.expert_model_parallel_size > 1:
+            self._check_expert_parallel()
         return self
+
+    def _check_expert_parallel(self) -> None:
+        """What expert parallelism is verified with: experts split over data-parallel ranks only."""
+        mp = self.megatron
+        ep = mp.expert_model_parallel_size
+        if mp.model_parallel_size > 1:
+            raise ValueError(
+                f"megatron expert_model_parallel_size {ep} is implemented with tensor_model_parallel_size 1 and "
+                "pipeline_model_parallel_size 1; set both to 1 (or expert_model_parallel_size: 1)"
+            )
+        if self.gpus % ep:
+            raise ValueError(
+                f"gpus {self.gpus} is not a multiple of megatron expert_model_parallel_size {ep}; set gpus to a "
+                f"multiple of {ep}"
+            )
 
     @model_validator(mode="after")
     def _knobs_the_backend_implements(self) -> TrainerConfig:
@@ -345,9 +362,13 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _moe_knobs_implemented(self) -> TrainerConfig:
-        if self.routing_replay and self.gpus > 1:
+        # Backend megatron replays on data- and expert-parallel ranks (each router sees whole rows).
+        replays_on_ranks = self.backend == "megatron" and self.megatron.model_parallel_size == 1
+        if self.routing_replay and self.gpus > 1 and not replays_on_ranks:
             raise ValueError(
-                "routing_replay is implemented on one GPU (or the CPU); set routing_replay: false, or gpus: 1"
+                "routing_replay on several GPUs is implemented by backend megatron with data or expert "
+                "parallelism only; set routing_replay: false, gpus: 1, or megatron tensor_model_parallel_size "
+                "and pipeline_model_parallel_size 1"
             )
         if self.routing_replay and self.backend == "megatron" and self.megatron.recompute == "full":
             # The routing of one decoder call is read by the routers during it; recomputation in

@@ -22,6 +22,7 @@ import numpy as np
 from grpo.trainer.rank_zero_gate import RankZeroGate
 from grpo.transport.batches.batch import (
     OPTIONAL_ROW_FIELDS,
+    ROUTING_DTYPES,
     ROW_FIELDS,
     PackedRow,
     SamplingTruncation,
@@ -31,9 +32,10 @@ from grpo.transport.batches.batch import (
 if TYPE_CHECKING:
     import torch
 
-# Header layout: [step, num_rows, has_teacher, top_k, top_p bits, min_p bits, row_len_0, ...];
+# Header layout: [step, num_rows, has_teacher, top_k, top_p bits, min_p bits, routing layers,
+# routing top_k, routing dtype (index in ROUTING_DTYPES + 1; 0: no routing), row_len_0, ...];
 # num_rows -1 means stop.
-_HEADER_FIXED = 6
+_HEADER_FIXED = 9
 _STOP = -1
 _INT_FIELDS = [name for name, dtype in ROW_FIELDS.items() if np.dtype(dtype).kind in "iub"]
 _FLOAT_FIELDS = [name for name, dtype in ROW_FIELDS.items() if np.dtype(dtype).kind == "f"]
@@ -148,7 +150,9 @@ def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch 
         torch.tensor(header, dtype=torch.int64) if ctx.is_main else torch.zeros(int(size), dtype=torch.int64)
     )
     header = _send_or_receive(header_t, ctx).tolist()
-    step, num_rows, has_teacher, top_k, *truncation_bits = header[:_HEADER_FIXED]
+    step, num_rows, has_teacher, top_k, *truncation_bits, num_layers, routing_top_k, routing_dtype = header[
+        :_HEADER_FIXED
+    ]
     if num_rows == _STOP:
         return None
     row_lengths = header[_HEADER_FIXED:]
@@ -163,11 +167,22 @@ def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch 
         floats = torch.zeros(len(float_fields), num_tokens, dtype=torch.float32)
     ints = _send_or_receive(ints, ctx)
     floats = _send_or_receive(floats, ctx)
+    routing = None
+    if routing_dtype:  # the rows' routed experts, for routing replay on every rank
+        assert batch is not None or not ctx.is_main
+        routing = _send_or_receive(
+            torch.from_numpy(_cat_routing(batch))
+            if ctx.is_main and batch is not None
+            else torch.zeros(num_tokens, num_layers, routing_top_k, dtype=torch.int64),
+            ctx,
+        )
     if ctx.is_main:
         return batch
     columns = {name: ints[i].numpy().astype(ROW_FIELDS[name]) for i, name in enumerate(_INT_FIELDS)}
     columns.update({name: floats[i].numpy() for i, name in enumerate(float_fields)})
     bounds = np.cumsum([0, *row_lengths])
+    if routing is not None:
+        columns["routed_experts"] = routing.numpy().astype(ROUTING_DTYPES[routing_dtype - 1])
     rows = [
         PackedRow(**{name: column[bounds[i] : bounds[i + 1]].copy() for name, column in columns.items()})
         for i in range(len(row_lengths))
@@ -177,14 +192,33 @@ def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch 
 
 
 def _header(batch: TrainingBatch | None) -> list[int]:
-    """[step, rows, has teacher, top_k, top_p and min_p as float64 bits, each row's tokens...]."""
+    """[step, rows, has teacher, top_k, top_p and min_p as float64 bits, routing layers, top_k and
+    dtype, each row's tokens...]."""
     if batch is None:
-        return [0, _STOP, 0, 0, 0, 0]
+        return [0, _STOP, 0, 0, 0, 0, 0, 0, 0]
     has_teacher = bool(batch.rows) and batch.rows[0].teacher_logprobs is not None
     sampling = batch.sampling
     truncation_bits = np.array([sampling.top_p, sampling.min_p], dtype=np.float64).view(np.int64).tolist()
     fixed = [batch.step, len(batch.rows), int(has_teacher), sampling.top_k, *truncation_bits]
-    return [*fixed, *(r.num_tokens for r in batch.rows)]
+    return [*fixed, *_routing_header(batch), *(r.num_tokens for r in batch.rows)]
+
+
+def _routing_header(batch: TrainingBatch) -> list[int]:
+    """[layers, top_k, dtype index + 1] of the rows' routed experts when every row has them (one
+    shape and dtype, as the engine records them), else [0, 0, 0]."""
+    routings = [r.routed_experts for r in batch.rows]
+    if not routings or any(routing is None for routing in routings):
+        return [0, 0, 0]
+    first = routings[0]
+    assert first is not None
+    assert all(r is not None and r.shape[1:] == first.shape[1:] and r.dtype == first.dtype for r in routings)
+    return [first.shape[1], first.shape[2], ROUTING_DTYPES.index(first.dtype) + 1]
+
+
+def _cat_routing(batch: TrainingBatch) -> np.ndarray:
+    return np.concatenate([r.routed_experts for r in batch.rows if r.routed_experts is not None]).astype(
+        np.int64
+    )
 
 
 def _cat(batch: TrainingBatch, name: str) -> np.ndarray:

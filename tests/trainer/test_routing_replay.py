@@ -241,8 +241,12 @@ def test_moe_settings_the_trainer_does_not_implement_are_refused_at_load(tmp_pat
             model="m", routing_replay=True, backend="megatron", lora=False, megatron={"recompute": "full"}
         )
     TrainerConfig(model="m", routing_replay=True, backend="megatron", lora=False)
-    with pytest.raises(ValueError, match="routing_replay is implemented on one GPU"):
+    with pytest.raises(ValueError, match="routing_replay on several GPUs is implemented by backend megatron"):
         TrainerConfig(model="m", routing_replay=True, gpus=2)
+    megatron = {"model": "m", "routing_replay": True, "backend": "megatron", "lora": False, "gpus": 2}
+    TrainerConfig(**megatron, megatron={"expert_model_parallel_size": 2})
+    with pytest.raises(ValueError, match="routing_replay on several GPUs"):
+        TrainerConfig(**megatron, megatron={"tensor_model_parallel_size": 2})
     assert (
         TrainerConfig(model="m").router_aux_loss_coef == 0.0 and not TrainerConfig(model="m").routing_replay
     )

@@ -2,7 +2,9 @@
 after n optimizer steps, STABLE last, in the HF backend's folders (grpo.trainer.checkpoint: the same
 resume-step choice, RNG files, metrics rewind and pruning). Resuming from step_n continues with batch n.
 
-Files, one set per model-parallel rank (tensor-parallel rank t, pipeline stage p):
+Files, one set per model-parallel rank (tensor-parallel rank t, pipeline stage p; with expert
+parallelism also per expert-parallel rank e, suffix `tp{t}_pp{p}_ep{e}`, each holding that rank's
+experts and their optimizer state):
 - `model_tp{t}_pp{p}.safetensors`: the rank's parameters (its tensor-parallel slice of stage p) by
   their names in the stage's GPTModel (layers numbered from 0 in each stage), in the compute dtype.
   With a tied embedding the last stage's copy (its `output_layer.weight`) is saved and restored
@@ -30,7 +32,10 @@ unpickles (torch.distributed.checkpoint's metadata, Megatron's common.pt), and a
 loadable without trusting whoever wrote the files.
 
 Under torchrun every rank calls save/load. Rank 0 makes the staging folder; the data-parallel rank 0
-of each model-parallel rank writes that rank's files into it; rank 0 then writes the RNG states and
+of each model-parallel rank (with expert parallelism: the expert-data-parallel rank 0 of each
+expert-parallel rank, which also holds a copy of everything else) writes that rank's files into it;
+each distributed optimizer (megatron-core keeps one for the experts, sharded over the
+expert-data-parallel group, and one for the rest) gathers its state to its own group's rank 0; rank 0 then writes the RNG states and
 trainer_state.json and publishes the folder (STABLE last) before any rank returns. On load every
 rank reads its model-parallel rank's files: the run dir must be visible to all of them.
 """
@@ -61,7 +66,17 @@ BACKEND = "megatron"
 
 
 def _rank_suffix(ranks: ParallelRanks) -> str:
-    return f"tp{ranks.tp_rank}_pp{ranks.pp_rank}"
+    suffix = f"tp{ranks.tp_rank}_pp{ranks.pp_rank}"
+    return f"{suffix}_ep{ranks.ep_rank}" if ranks.ep_size > 1 else suffix
+
+
+def _writes_files(ranks: ParallelRanks) -> bool:
+    """Whether this rank writes its model-parallel (and expert-parallel) rank's files."""
+    if ranks.ep_size == 1:
+        return ranks.dp_rank == 0
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_data_parallel_rank() == 0
 
 
 def model_file(ranks: ParallelRanks) -> str:
@@ -74,18 +89,26 @@ def _tree_files(folder: Path, stem: str, ranks: ParallelRanks) -> tuple[Path, Pa
 
 
 def layout_of(ranks: ParallelRanks, use_distributed_optimizer: bool) -> dict[str, Any]:
-    return {
+    layout = {
         "tensor_model_parallel_size": ranks.tp_size,
         "pipeline_model_parallel_size": ranks.pp_size,
         "use_distributed_optimizer": use_distributed_optimizer,
     }
+    if ranks.ep_size > 1:  # absent without expert parallelism, as in checkpoints from before it
+        layout["expert_model_parallel_size"] = ranks.ep_size
+    return layout
 
 
 def _describe(layout: dict[str, Any]) -> str:
     optimizer = "distributed optimizer" if layout["use_distributed_optimizer"] else "plain optimizer"
-    return (
-        f"tp {layout['tensor_model_parallel_size']} pp {layout['pipeline_model_parallel_size']} {optimizer}"
-    )
+    ep = layout.get("expert_model_parallel_size", 1)
+    return f"tp {layout['tensor_model_parallel_size']} pp {layout['pipeline_model_parallel_size']} ep {ep} {optimizer}"
+
+
+def _is_group_rank_zero(optimizer: Any) -> bool:
+    """Whether this rank is rank 0 of the group a distributed optimizer shards its state over
+    (the rank get_parameter_state_dp_zero gathers to and load_parameter_state_from_dp_zero reads on)."""
+    return bool(optimizer.data_parallel_group_gloo.rank() == 0)
 
 
 def _sub_optimizers(optimizer: Any) -> list[Any]:
@@ -128,12 +151,14 @@ def save_checkpoint(
         staged_name = gather_bytes(staged_name.encode(), dist_ctx)[0].decode()
     staged = final.parent / staged_name
     ranks = model.ranks
-    writes = ranks.dp_rank == 0
+    writes = _writes_files(ranks)
     # Before Adam's first step (every step so far skipped) the optimizer has no state to save.
     sub_optimizers = _sub_optimizers(optimizer) if step > num_skipped_steps else []
     # Collective over the data-parallel group: every rank joins, its rank 0 receives the whole state.
     with on_cpu():
         param_states = [o.get_parameter_state_dp_zero() for o in sub_optimizers if _is_distributed(o)]
+    # None where this rank is not its group's rank 0 (the non-expert state of an expert-parallel rank > 0).
+    param_states = [{} if state is None else state for state in param_states]
     if writes:
         save_file(_model_tensors(model), str(staged / model_file(ranks)))
         if sub_optimizers:
@@ -213,12 +238,12 @@ def _load_optimizer(folder: Path, ranks: ParallelRanks, optimizer: Any) -> None:
     sub_optimizers = _sub_optimizers(optimizer)
     assert len(state_dicts) == len(sub_optimizers), "same layout, same optimizers"
     distributed = [o for o in sub_optimizers if _is_distributed(o)]
-    # Only each data-parallel rank 0 reads the gathered state; it scatters the other ranks' shards.
-    param_states = (
-        load_tree(*_tree_files(folder, "param_state", ranks))
-        if distributed and ranks.dp_rank == 0
-        else [{} for _ in distributed]
+    # Only each optimizer group's rank 0 reads the gathered state; it scatters the other ranks' shards.
+    readers = [_is_group_rank_zero(o) for o in distributed]
+    saved = (
+        load_tree(*_tree_files(folder, "param_state", ranks)) if any(readers) else [{} for _ in distributed]
     )
+    param_states = [state if reads else {} for state, reads in zip(saved, readers, strict=True)]
     # no_grad: in float32 the main weights are views of the model's parameters, copied into in place.
     with on_cpu(), torch.no_grad():
         param_state_of = iter(param_states)

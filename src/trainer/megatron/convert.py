@@ -15,6 +15,8 @@ Layouts that differ from HF:
 - MoE layers (Qwen3-MoE): HF's router `mlp.gate` is `mlp.router`; expert j's gate/up/down are
   `mlp.experts.local_experts.j.linear_fc1` ([gate; up]) / `linear_fc2` (SequentialMLP); q_norm and
   k_norm are `self_attention.q_layernorm` / `k_layernorm`.
+- Expert parallelism: a rank holds num_experts / ep_size experts of each MoE layer, numbered from 0
+  (`local_experts.j`); the whole model's expert is ep_rank * num_local + j (global_expert_name).
 - Row-parallel linears (`linear_proj`, `linear_fc2`) split along dim 1; column-parallel ones, the
   embedding and the output layer along dim 0; norms are replicated.
 Norm names depend on the layer spec: the local spec has `input_layernorm` / `pre_mlp_layernorm`,
@@ -281,6 +283,23 @@ def global_layer_name(local_name: str, layer_offset: int) -> str:
     if match is None:
         return local_name
     return f"decoder.layers.{int(match[1]) + layer_offset}.{match[2]}"
+
+
+_LOCAL_EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\..+)$")
+
+
+def global_expert_name(name: str, ep_rank: int, num_local_experts: int) -> str:
+    """An expert-parallel rank's parameter name (its experts numbered from 0) -> the whole model's:
+    local expert j of rank r is expert r * num_local_experts + j, as megatron-core numbers them."""
+    match = _LOCAL_EXPERT.match(name)
+    if match is None or ep_rank == 0:
+        return name
+    return f"{match[1]}{ep_rank * num_local_experts + int(match[2])}{match[3]}"
+
+
+def is_expert_name(name: str) -> bool:
+    """Whether Megatron name `name` is a routed expert's weight (split over expert-parallel ranks)."""
+    return _LOCAL_EXPERT.match(name) is not None
 
 
 def hf_layer_index(hf_name: str) -> int | None:

@@ -11,7 +11,8 @@ GPUs, with gloo as the collective backend (gloo's batched isend/irecv serves the
 Two parts:
 - `patch_cuda_module()`: process-wide, once: `torch.cuda.current_device()` names the CPU, streams
   and synchronisation are no-ops, megatron-core's RNG tracker (CUDA generator states, forked
-  for dropout) is one that forks nothing, and activation recomputation saves no CUDA generator. On a machine without CUDA these functions could only raise, so
+  for dropout) is one that forks nothing, activation recomputation saves no CUDA generator, and
+  the all-to-all MoE dispatcher's split sizes become numpy arrays as on a GPU. On a machine without CUDA these functions could only raise, so
   nothing else that runs in the process loses behaviour.
 - `on_cpu()`: a thread-local TorchFunctionMode for the trainer's Megatron calls: a `device` that
   names CUDA becomes the CPU, `.cuda()` is the identity, and `Tensor.type()` reports the CUDA type
@@ -38,6 +39,19 @@ def needed() -> bool:
     return not torch.cuda.is_available()
 
 
+class _Event:
+    """Stands in for torch.cuda.Event: work on the CPU is already done when it is recorded."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, *args: Any) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
 class _Stream:
     """Stands in for torch.cuda.Stream: work on the CPU is already ordered."""
 
@@ -50,8 +64,8 @@ class _Stream:
     def synchronize(self) -> None:
         pass
 
-    def record_event(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def record_event(self, *args: Any, **kwargs: Any) -> _Event:
+        return _Event()
 
 
 @functools.cache
@@ -69,6 +83,7 @@ def patch_cuda_module() -> None:
     torch.cuda.default_stream = lambda *args, **kwargs: _Stream()
     torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
     _install_rng_tracker()
+    _split_sizes_as_numpy()
     import warnings
 
     # Advice on CUDA's hardware queues for overlapping the tensor-parallel all-reduce: no CUDA here.
@@ -105,6 +120,23 @@ def _install_rng_tracker() -> None:
     # handles itself): without CUDA there is none.
     random._get_cuda_rng_state = lambda *args, **kwargs: None
     random._set_cuda_rng_state = lambda *args, **kwargs: None
+
+
+def _split_sizes_as_numpy() -> None:
+    """megatron-core's all-to-all token dispatcher turns its split sizes into numpy arrays as it
+    copies them off the GPU (maybe_move_tensor_to_cpu, as_numpy) and later uses them as numpy
+    arrays; a CPU tensor is left as it is, so convert those on the CPU too."""
+    import torch
+    from megatron.core.transformer.moe import token_dispatcher
+
+    move = token_dispatcher.maybe_move_tensor_to_cpu
+
+    def to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return move(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_cpu
 
 
 def _is_cuda_device(device: Any) -> bool:

@@ -1,7 +1,9 @@
 """Megatron policy -> HF-named full weights -> the existing weight transports.
 
 Each parameter's tensor-parallel parts are all-gathered over the tensor-parallel group and merged
-(grpo.trainer.megatron.convert.tp_merge); with pipeline stages, each later stage of rank 0's
+(grpo.trainer.megatron.convert.tp_merge); with expert parallelism each routed expert's weights are
+all-gathered over the expert-parallel group (every rank's local expert j, renamed to its global
+number); with pipeline stages, each later stage of rank 0's
 pipeline sends its merged tensors to rank 0 (point to point, a JSON header of names, shapes and
 dtypes first). Rank 0 renames them to HF names (global layer numbers) and writes them. The
 filesystem transport gets an HF model folder: size-bounded safetensors files (at most
@@ -17,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.trainer.megatron.convert import is_hf_norm, megatron_to_hf, tp_merge
+from grpo.trainer.megatron.convert import is_expert_name, is_hf_norm, megatron_to_hf, tp_merge
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +33,9 @@ BUCKET_BYTES = 512 * 1024**2
 def whole_megatron_state_dict(model: MegatronModel) -> dict[str, torch.Tensor]:
     """Every parameter of this pipeline stage under its whole-model name, tensor-parallel parts
     merged (collective over the tensor-parallel group; every rank of the group gets the whole
-    tensors). A later stage's copy of the tied embedding is left out: the first stage holds it."""
+    tensors). A later stage's copy of the tied embedding is left out: the first stage holds it.
+    With expert parallelism also collective over the expert-parallel group: every rank gets every
+    expert."""
     import torch
     from megatron.core import parallel_state
 
@@ -47,8 +51,24 @@ def whole_megatron_state_dict(model: MegatronModel) -> dict[str, torch.Tensor]:
                 parts, tensor.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
             )
             tensor = tp_merge(names[local], parts)
-        out[names[local]] = tensor
+        if model.ranks.ep_size > 1 and is_expert_name(local):
+            out.update(_gather_experts(model, local, tensor))
+        else:
+            out[names[local]] = tensor
     return out
+
+
+def _gather_experts(model: MegatronModel, local: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Local expert `local`'s tensor of every expert-parallel rank, by global name (collective
+    over the expert-parallel group; every rank holds the same number of experts of one shape)."""
+    import torch
+    from megatron.core import parallel_state
+
+    parts = [torch.empty_like(tensor) for _ in range(model.ranks.ep_size)]
+    torch.distributed.all_gather(
+        parts, tensor.contiguous(), group=parallel_state.get_expert_model_parallel_group()
+    )
+    return {model.global_name(local, ep_rank=rank): part for rank, part in enumerate(parts)}
 
 
 def _send_stage(tensors: dict[str, torch.Tensor], main_rank: int, group: Any) -> None:

@@ -30,6 +30,7 @@ from grpo.trainer.megatron.convert import (
     TE_SPEC_NORMS,
     DecoderShape,
     NormNames,
+    global_expert_name,
     global_layer_name,
     hf_to_megatron,
     split_dim,
@@ -74,15 +75,21 @@ def rope_inv_freq(hf_config: Any, head_dim: int) -> torch.Tensor:
     return inv_freq.float()
 
 
-def moe_fields(hf_config: Any, shape: DecoderShape) -> dict[str, Any]:
+def moe_fields(hf_config: Any, shape: DecoderShape, expert_parallel_size: int = 1) -> dict[str, Any]:
     """TransformerConfig's MoE fields for an HF MoE config (none for a dense one).
 
     Qwen3-MoE's router takes softmax over all experts, then the top-k, renormalised when
     norm_topk_prob: the same weights as a softmax over the top-k logits (Megatron's default order),
     while without renormalisation they are Megatron's pre-softmax. No load-balancing loss (the
-    GRPO loss is the whole objective; the HF backend adds none either) and no token dropping."""
+    GRPO loss is the whole objective; the HF backend adds none either) and no token dropping.
+
+    Experts split over expert-parallel ranks need the all-to-all dispatcher (the allgather one
+    gathers tokens within a tensor-parallel group only); it is a collective of the expert-parallel
+    group in every MoE layer, forward and backward, so those ranks must make the same decoder calls
+    (grpo.trainer.megatron.trainer keeps them in lockstep)."""
     if not shape.num_experts:
         return {}
+    dispatcher = "alltoall" if expert_parallel_size > 1 else "allgather"
     return {
         "num_moe_experts": shape.num_experts,
         "moe_router_topk": int(hf_config.num_experts_per_tok),
@@ -91,8 +98,9 @@ def moe_fields(hf_config: Any, shape: DecoderShape) -> dict[str, Any]:
         "moe_router_score_function": "softmax",
         "moe_router_load_balancing_type": "none",
         "moe_aux_loss_coeff": 0.0,
-        "moe_token_dispatcher_type": "allgather",
+        "moe_token_dispatcher_type": dispatcher,
         "moe_grouped_gemm": False,
+        "expert_model_parallel_size": expert_parallel_size,
     }
 
 
@@ -147,7 +155,7 @@ def transformer_config(cfg: TrainerConfig, hf_config: Any, dtype: torch.dtype, d
         calculate_per_token_loss=True,
         qk_layernorm=shape.qk_norm,
         **recompute,
-        **moe_fields(hf_config, shape),
+        **moe_fields(hf_config, shape, mp.expert_model_parallel_size),
     )
     # Every micro-batch is one padded call of its own [pieces x longest piece] shape: pipeline stages
     # send each activation's shape before it. Set after construction: the constructor refuses it
@@ -176,11 +184,20 @@ class MegatronModel:
     def layer_offset(self) -> int:
         return self.ranks.pp_rank * (self.shape.num_layers // self.ranks.pp_size)
 
+    @property
+    def num_local_experts(self) -> int:
+        return self.shape.num_experts // self.ranks.ep_size
+
+    def global_name(self, local: str, ep_rank: int | None = None) -> str:
+        """A local parameter name -> its whole-model Megatron name (global layer and expert numbers;
+        `ep_rank`: the name of the same local expert on that expert-parallel rank)."""
+        name = global_layer_name(local, self.layer_offset)
+        rank = self.ranks.ep_rank if ep_rank is None else ep_rank
+        return global_expert_name(name, rank, self.num_local_experts)
+
     def local_names(self) -> dict[str, str]:
         """Local parameter name -> whole-model Megatron name."""
-        return {
-            name: global_layer_name(name, self.layer_offset) for name, _ in self.module.named_parameters()
-        }
+        return {name: self.global_name(name) for name, _ in self.module.named_parameters()}
 
     def mark_tensor_parallel(self) -> None:
         """Tag each split parameter as megatron-core's initialisers do. With perform_initialization
@@ -197,12 +214,13 @@ class MegatronModel:
                 set_tensor_model_parallel_attributes(param, True, dim, 1)
 
     def load_whole(self, whole: dict[str, torch.Tensor]) -> None:
-        """Copy this rank's slice of a whole Megatron state dict into the parameters."""
+        """Copy this rank's slice of a whole Megatron state dict into the parameters (its
+        tensor-parallel part of its stage's layers, and of the MoE layers its own experts)."""
         import torch
 
         with torch.no_grad():
             for local, param in self.module.named_parameters():
-                name = global_layer_name(local, self.layer_offset)
+                name = self.global_name(local)
                 if name == "output_layer.weight" and self.is_tied_copy(param):
                     name = "embedding.word_embeddings.weight"
                 source = tp_slice(name, whole[name], self.ranks.tp_rank, self.ranks.tp_size)

@@ -43,7 +43,9 @@ class RoutingReplay:
     The routing of one decoder call is set before it (`set_call`) and read by every MoE layer's
     router during it, so activation recomputation that reruns a router after later calls (megatron
     recompute: full) or a pipeline schedule that interleaves micro-batches would replay the wrong
-    call's routing: the config refuses routing_replay with either."""
+    call's routing: the config refuses routing_replay with either. Data- and expert-parallel ranks
+    each replay their own rows' routing (a router sees its rank's tokens before they are dispatched);
+    the metric sums their counts."""
 
     num_layers: int
     """Decoder layers (the batch's routing is indexed by decoder layer, as vLLM records it)."""
@@ -110,13 +112,21 @@ class RoutingReplay:
             self._num_replayed += int(self._replayed.sum())
         self._differs = self._replayed = None
 
-    def take_metrics(self) -> dict[str, float]:
+    def take_metrics(self, summed_over_data_parallel: bool = False) -> dict[str, float]:
         """`routing_mismatch_fraction` since the last take, as the HF backend reports it: tokens
-        whose own top-k differs from the replayed experts in some MoE layer, over the tokens replayed."""
+        whose own top-k differs from the replayed experts in some MoE layer, over the tokens replayed.
+        `summed_over_data_parallel`: over every data-parallel rank's tokens (collective)."""
         self._flush()
-        fraction = self._num_differing / max(self._num_replayed, 1)
+        num_differing, num_replayed = self._num_differing, self._num_replayed
         self._num_differing = self._num_replayed = 0
-        return {"routing_mismatch_fraction": fraction}
+        if summed_over_data_parallel:
+            import torch
+            from megatron.core import parallel_state
+
+            counts = torch.tensor([num_differing, num_replayed], dtype=torch.int64)
+            torch.distributed.all_reduce(counts, group=parallel_state.get_data_parallel_group())
+            num_differing, num_replayed = (int(c) for c in counts)
+        return {"routing_mismatch_fraction": num_differing / max(num_replayed, 1)}
 
 
 @dataclass

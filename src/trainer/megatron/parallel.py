@@ -1,8 +1,14 @@
-"""Megatron's process groups (tensor, pipeline, data parallel) and the layout checks behind them.
+"""Megatron's process groups (tensor, pipeline, data, expert parallel) and the layout checks behind them.
 
 megatron-core needs torch.distributed even for one process, so a single trainer process starts a
 one-rank group of its own over an in-process store. Under torchrun the group is the one
 grpo.trainer.distributed.init_distributed joined. Data parallel = world / (tensor x pipeline).
+Expert parallelism (mixture-of-experts models) splits each MoE layer's experts over
+expert_model_parallel_size of the data-parallel ranks (megatron-core carves its expert groups out
+of the data-parallel dimension): those ranks train different rows, and megatron-core's all-to-all
+dispatcher sends each token to the rank holding its expert; what remains of the data-parallel
+dimension (world / (pipeline x expert x tensor)) holds copies of the same experts (expert data
+parallel: their gradients are reduced over that group only).
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ class ParallelRanks:
     pp_size: int
     dp_rank: int
     dp_size: int
+    ep_rank: int = 0
+    ep_size: int = 1
+    """Expert-parallel rank and size: a rank holds experts ep_rank * n .. (ep_rank + 1) * n - 1 of
+    each MoE layer, n = num_experts / ep_size."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -71,6 +81,30 @@ def check_layout(mp: MegatronConfig, hf_config: Any, world_size: int) -> None:
         raise UserError(
             f"{world_size} trainer ranks cannot hold whole copies of a model split {tp} (tensor) x {pp} "
             f"(pipeline) ways; launch a multiple of {tp * pp} ranks"
+        )
+    check_expert_layout(mp, hf_config, world_size)
+
+
+def check_expert_layout(mp: MegatronConfig, hf_config: Any, world_size: int) -> None:
+    ep = mp.expert_model_parallel_size
+    if ep == 1:
+        return
+    num_experts = int(getattr(hf_config, "num_experts", None) or 0)
+    if not num_experts:
+        raise UserError(
+            f"megatron expert_model_parallel_size {ep}: the model has no mixture-of-experts layers; "
+            "set expert_model_parallel_size: 1"
+        )
+    if num_experts % ep:
+        raise UserError(
+            f"megatron expert_model_parallel_size {ep} must divide the model's {num_experts} experts; "
+            "pick a divisor"
+        )
+    # megatron-core's expert groups: tensor x expert x pipeline ranks must tile the world.
+    if world_size % (ep * mp.model_parallel_size):
+        raise UserError(
+            f"{world_size} trainer ranks cannot split the experts {ep} ways; launch a multiple of "
+            f"{ep * mp.model_parallel_size} ranks"
         )
 
 
@@ -109,17 +143,18 @@ def init_model_parallel(mp: MegatronConfig, device_type: str) -> ParallelRanks:
         dist.init_process_group(
             "nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
         )
-    tp, pp = mp.tensor_model_parallel_size, mp.pipeline_model_parallel_size
+    tp, pp, ep = mp.tensor_model_parallel_size, mp.pipeline_model_parallel_size, mp.expert_model_parallel_size
     if parallel_state.model_parallel_is_initialized():
         same = (
             parallel_state.get_tensor_model_parallel_world_size() == tp
             and parallel_state.get_pipeline_model_parallel_world_size() == pp
+            and parallel_state.get_expert_model_parallel_world_size() == ep
         )
         if not same:
             parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
         )
     if device_type == "cuda":
         from megatron.core import tensor_parallel
@@ -132,4 +167,6 @@ def init_model_parallel(mp: MegatronConfig, device_type: str) -> ParallelRanks:
         pp_size=pp,
         dp_rank=parallel_state.get_data_parallel_rank(),
         dp_size=parallel_state.get_data_parallel_world_size(),
+        ep_rank=parallel_state.get_expert_model_parallel_rank(),
+        ep_size=ep,
     )

@@ -11,6 +11,13 @@ mean), then Megatron's optimizer (DistributedOptimizer by default) clips and ste
 gradient norm is not finite is skipped, as in the HF backend. With pipeline stages, megatron-core's
 1F1B schedule runs the micro-batches (grpo.trainer.megatron.pipeline): the loss and the metrics'
 sums come from the last stage and reach every stage (rank 0 writes the metrics).
+
+With expert parallelism every MoE layer's token dispatch is an all-to-all over the expert-parallel
+ranks, forward and backward, so those ranks must make the same decoder calls in the same order:
+each data-parallel rank gets the same number of rows (grpo.trainer.distributed.balance_rows pads
+with loss-free rows), hence the same number of micro-batches, and each micro-batch's pieces go in
+one padded call; score runs every row on every rank. A step checks the counts agree before the
+first call (a mismatch would hang in the first all-to-all).
 """
 
 from __future__ import annotations
@@ -87,13 +94,14 @@ class MegatronTrainer:
         self._flops = self._flop_counter()
         num_params = sum(p.numel() for p in self.model.module.parameters())
         log.info(
-            "megatron policy %s on %s, %s, tp %d pp %d dp %d, %d parameters on this rank%s",
+            "megatron policy %s on %s, %s, tp %d pp %d dp %d ep %d, %d parameters on this rank%s",
             model_path.name,
             device,
             self.model.dtype,
             self.ranks.tp_size,
             self.ranks.pp_size,
             self.ranks.dp_size,
+            self.ranks.ep_size,
             num_params,
             ", distributed optimizer" if cfg.megatron.use_distributed_optimizer else "",
         )
@@ -112,8 +120,9 @@ class MegatronTrainer:
     def _micro_batches(self, rows: list[PackedRow]) -> list[MicroBatch]:
         from grpo.trainer.packing import build_micro_batch
 
-        # Pipeline stages pass one activation per micro-batch: its pieces go in one padded call.
-        one_forward = self.ranks.pp_size > 1
+        # Pipeline stages pass one activation per micro-batch, and expert-parallel ranks must make
+        # the same calls (whose number would otherwise depend on their rows): one padded call each.
+        one_forward = self.ranks.pp_size > 1 or self.ranks.ep_size > 1
         return [
             build_micro_batch(group, self.model.device, varlen_attention=False, one_forward=one_forward)
             for group in split_micro_batches(rows, self.cfg.per_device_train_batch_size)
@@ -136,8 +145,13 @@ class MegatronTrainer:
         with torch.no_grad():
             micro_batches = [mb for row in rows for mb in self._micro_batches([row])]
             if self.ranks.pp_size > 1:
-                return self._pipelined_score(micro_batches)
-            return [self._score_of_hidden(mb, self.model.hidden_states(mb)) for mb in micro_batches]
+                scored = self._pipelined_score(micro_batches)
+            else:
+                scored = [self._score_of_hidden(mb, self.model.hidden_states(mb)) for mb in micro_batches]
+        if self.model.routing_replay is not None:
+            # routing_mismatch_fraction is the training step's: every rank scores every row.
+            self.model.routing_replay.take_metrics()
+        return scored
 
     def _score_of_hidden(self, mb: MicroBatch, hidden: torch.Tensor) -> np.ndarray:
         from grpo.trainer.megatron.logprobs import every_token_logprobs
@@ -183,7 +197,11 @@ class MegatronTrainer:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         rows = balance_rows(batch.rows, self.ranks.dp_size)[self.ranks.dp_rank]
+        if self.model.routing_replay is not None:
+            rows = _padding_routed_by_the_router(rows, batch.rows)
         micro_batches = self._micro_batches(rows)
+        if self.ranks.ep_size > 1:
+            _check_same_calls(len(micro_batches))
         num_tokens = sum(mb.num_tokens for mb in micro_batches)
         num_sequence_tokens = sum(mb.num_sequence_tokens for mb in micro_batches)
         for mb in micro_batches:
@@ -216,7 +234,9 @@ class MegatronTrainer:
         num_shards = self.ranks.tp_size * self.ranks.pp_size
         metrics.update(self._flops.take_rates(step_time, self.model.device, self.model.dtype, num_shards))
         if self.model.routing_replay is not None:
-            metrics.update(self.model.routing_replay.take_metrics())
+            metrics.update(
+                self.model.routing_replay.take_metrics(summed_over_data_parallel=self.ranks.dp_size > 1)
+            )
         self._report.write(batch.step, metrics, totals.num_loss_tokens)
         return metrics
 
@@ -286,10 +306,9 @@ class MegatronTrainer:
         with on_cpu():
             finalize_model_grads([self.ddp])
             self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())
             if self.cfg.max_grad_norm > 0:
-                grad_norm = float(self.optimizer.clip_grad_norm(self.cfg.max_grad_norm))
-            else:
-                grad_norm = float(self.optimizer.get_grad_norm())
+                _clip_to_total_norm(self.optimizer, self.cfg.max_grad_norm, grad_norm)
             # One non-finite gradient would reach every weight through Adam's moments.
             if math.isfinite(grad_norm):
                 self.optimizer.step_with_ready_grads()
@@ -373,3 +392,54 @@ class MegatronTrainer:
 
     def close(self) -> None:
         self._report.close()
+
+
+def _padding_routed_by_the_router(rows: list[PackedRow], batch_rows: list[PackedRow]) -> list[PackedRow]:
+    """`rows` with routing "not recorded" (the router chooses) on the loss-free rows balance_rows
+    padded a rank's share with: a micro-batch's rows either all carry routing or none do."""
+    import dataclasses
+
+    from grpo.transport.batches.batch import no_routing
+
+    like = next((row.routed_experts for row in batch_rows if row.routed_experts is not None), None)
+    if like is None:
+        return rows
+    return [
+        row
+        if row.routed_experts is not None
+        else dataclasses.replace(
+            row,
+            routed_experts=np.full((row.num_tokens, *like.shape[1:]), no_routing(like.dtype), like.dtype),
+        )
+        for row in rows
+    ]
+
+
+def _check_same_calls(num_micro_batches: int) -> None:
+    """Assert every expert-parallel rank runs `num_micro_batches` decoder calls this step: the
+    all-to-all in each MoE layer would otherwise wait forever for the rank that has none left."""
+    import torch
+    from megatron.core import parallel_state
+
+    counts = torch.tensor([num_micro_batches, -num_micro_batches], dtype=torch.int64)
+    torch.distributed.all_reduce(
+        counts, op=torch.distributed.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group()
+    )
+    assert int(counts[0]) == -int(counts[1]) == num_micro_batches, (
+        f"expert-parallel ranks make {-int(counts[1])} to {int(counts[0])} decoder calls in one step"
+    )
+
+
+def _clip_to_total_norm(optimizer: Any, max_norm: float, grad_norm: float) -> None:
+    """Scale every gradient by max_norm / grad_norm where that is below 1. megatron-core's chained
+    optimizer (one per parameter kind: with expert parallelism the experts have their own, over
+    other groups) computes the whole norm but clips only in its own step(), which this trainer
+    does not call (it skips non-finite steps itself); each sub-optimizer clips by the whole norm,
+    as that step() does."""
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        params = sub.get_parameters()
+        if params:
+            decoupled = sub.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
+            clip_grad_by_total_norm_fp32(params, max_norm, grad_norm, decoupled)

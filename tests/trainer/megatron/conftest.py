@@ -71,3 +71,23 @@ def tiny_qwen2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-qwen2")
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def qwen3_moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HF MoE tests' tiny Qwen3-MoE (4 experts, top-2, in both layers), its norms moved off 1
+    so that a dropped q/k norm shows."""
+    import torch
+    from model_families import build_family_model
+    from transformers import AutoModelForCausalLM
+
+    path = build_family_model("qwen3_moe", tmp_path_factory.mktemp("qwen3-moe-raw"))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    out = tmp_path_factory.mktemp("qwen3-moe")
+    model.save_pretrained(out)
+    return out

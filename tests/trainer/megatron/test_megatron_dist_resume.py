@@ -1,8 +1,9 @@
 """Megatron checkpoints on two gloo ranks under torchrun: a run stopped after step 2 and resumed takes
 the uninterrupted run's step 3, with data parallel 2 (the distributed optimizer's state sharded over
 the ranks), with tensor parallel 2 (a file per tensor-parallel rank) and with pipeline stages 2 (a
-file per stage; the last stage's copy of a tied embedding restored with it). A data-parallel
-checkpoint resumes on one rank."""
+file per stage; the last stage's copy of a tied embedding restored with it), and with 2
+expert-parallel ranks of a mixture-of-experts model (a file per expert-parallel rank). A
+data-parallel checkpoint resumes on one rank."""
 
 from __future__ import annotations
 
@@ -93,6 +94,31 @@ def test_two_ranks_resumed_take_the_uninterrupted_runs_third_step(
             "param_state_tp0_pp0.safetensors"
         ]
     assert sorted(p.name for p in folder.glob("rng_rank*.json")) == ["rng_rank0.json", "rng_rank1.json"]
+
+
+def test_two_expert_parallel_ranks_resumed_take_the_uninterrupted_runs_third_step(
+    qwen3_moe_path: Path, tmp_path: Path
+) -> None:
+    """Each expert-parallel rank saves its own experts (and, with the distributed optimizer, their
+    main weights and moments: megatron-core keeps the experts' optimizer apart, over the
+    expert-data-parallel group) beside a copy of the rest; a resume restores each rank's own."""
+    from safetensors.torch import load_file
+
+    from grpo.trainer.checkpoint import checkpoint_dir
+
+    launch(qwen3_moe_path, tmp_path, num_ranks=2, tp=1, scenario="resume", ep=2)
+    _assert_resumed_equals_whole(tmp_path)
+    folder = checkpoint_dir(tmp_path / "split", 2)
+    names = ["model_tp0_pp0_ep0.safetensors", "model_tp0_pp0_ep1.safetensors"]
+    assert sorted(p.name for p in folder.glob("model_*.safetensors")) == names
+    assert sorted(p.name for p in folder.glob("param_state_*.safetensors")) == [
+        "param_state_tp0_pp0_ep0.safetensors",
+        "param_state_tp0_pp0_ep1.safetensors",
+    ]
+    first, second = (load_file(str(folder / name)) for name in names)
+    expert = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight"
+    assert "decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.weight" not in first
+    assert not torch.equal(first[expert], second[expert]), "each rank holds its own experts"
 
 
 def test_two_pipeline_stages_resumed_take_the_uninterrupted_runs_third_step_with_a_tied_embedding(

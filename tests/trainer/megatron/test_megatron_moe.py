@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
-from model_families import VOCAB, build_family_model
+from model_families import VOCAB
 from trainer_batches import make_row, on_policy_batch, reference_logprobs
 
 from grpo.config.trainer import TrainerConfig
@@ -26,23 +26,6 @@ from grpo.utils.device import cuda_present
 # The trainer takes CUDA when there is one, where float32 agrees with the HF backend within a few
 # 1e-6 (2.9e-6 measured on an H100) rather than the CPU's 2e-6: the GPU's kernels sum in other orders.
 LOGPROB_ATOL = 1e-5 if cuda_present() else 2e-6
-
-
-@pytest.fixture(scope="module")
-def qwen3_moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The HF MoE tests' tiny Qwen3-MoE, its norms moved off 1 so that a dropped q/k norm shows."""
-    from transformers import AutoModelForCausalLM
-
-    path = build_family_model("qwen3_moe", tmp_path_factory.mktemp("qwen3-moe-raw"))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.add_(torch.randn_like(param) * 0.1)
-    out = tmp_path_factory.mktemp("qwen3-moe")
-    model.save_pretrained(out)
-    return out
 
 
 def _rows() -> list[object]:
