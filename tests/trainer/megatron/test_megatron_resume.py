@@ -158,7 +158,7 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_both(
         trainer.close()
     line = str(refused.value)
     assert "\n" not in line
-    assert "tp 1 pp 1 distributed optimizer" in line and "tp 1 pp 1 plain optimizer" in line
+    assert "tp 1 pp 1 ep 1 distributed optimizer" in line and "tp 1 pp 1 ep 1 plain optimizer" in line
 
 
 def test_a_checkpoint_of_the_other_backend_is_refused_in_one_line(tmp_path: Path) -> None:
