@@ -64,13 +64,15 @@ def machine_info() -> dict[str, Any]:
                 break
     import torch
 
+    from grpo.utils.device import cpu_has_native_bf16
+
     return {
         "label": machine_label(),
         "cpu_model": model,
         # AVX2 or AVX512 (+BF16/AMX): 16-bit matmuls are emulated without the latter, which changes
         # the default dtype (grpo.config.engine_dtype) and every figure
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "cpu_native_bf16": cpu_has_native_bf16(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -61,7 +61,7 @@ def _log_cpu_dtype(cfg: InferenceConfig, engine_dtype: str) -> None:
 
     if cuda_present() or cpu_has_native_bf16():
         return
-    if cfg.dtype == "auto":
+    if cfg.dtype == "auto" and engine_dtype == "float32":  # quantized weights keep vLLM's auto
         log.info(
             "dtype auto: float32 (this CPU has no native 16-bit matmul, AVX512-BF16 or AMX, so bfloat16 "
             "would run ~80x slower); set dtype: bfloat16 to force it"

@@ -43,3 +43,12 @@ def test_nothing_is_said_on_a_cpu_with_bf16(
         _log_cpu_dtype(InferenceConfig(model="m", dtype="bfloat16"), "bfloat16")
         _log_cpu_dtype(InferenceConfig(model="m"), "auto")
     assert caplog.records == []
+
+
+@pytest.mark.usefixtures("cpu_without_bf16")
+def test_auto_with_quantized_weights_on_a_cpu_without_bf16_claims_no_float32(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="grpo"):
+        _log_cpu_dtype(InferenceConfig(model="m", quantization="fp8_per_block"), "auto")
+    assert caplog.records == []
