@@ -1,8 +1,11 @@
 """One rank of the Megatron multi-rank tests (run by torchrun from the tests through `launch`; not a test module).
 
-Usage: torchrun --standalone --nproc_per_node N megatron_dist_worker.py MODEL_PATH OUT_DIR TP PP [SCENARIO]
-Every rank builds a MegatronTrainer (float32, tensor parallel TP, pipeline stages PP, data parallel
-N / (TP x PP)), rank 0 shares `batch(step)`.
+Usage: torchrun --standalone --nproc_per_node N megatron_dist_worker.py JOBS
+JOBS is a JSON list of [MODEL_PATH, OUT_DIR, TP, PP, SCENARIO], run one after another on the same
+ranks: one start-up (torchrun, imports, process group) serves several layouts, each job building its
+own MegatronTrainer (float32, tensor parallel TP, pipeline stages PP, data parallel N / (TP x PP);
+Megatron's groups are remade when the sizes change, as in a process that builds a second trainer).
+Rank 0 shares `batch(step)`.
 - `step` (the default): every rank scores its rows, trains one step and scores them again; rank 0
   writes both logprobs, the metrics and the whole HF-named weights after the step to OUT_DIR (the
   logprobs after it also read the last pipeline stage's copy of a tied embedding).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,13 +51,25 @@ def batch(step: int = 0) -> TrainingBatch:
     return TrainingBatch(step=step, rows=rows)
 
 
-def launch(
-    model_path: Path, out_dir: Path, num_ranks: int, tp: int, pp: int = 1, scenario: str = "step"
-) -> None:
-    """Run this worker on `num_ranks` gloo ranks under torchrun (from a test); fails with its stderr."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = [str(model_path), str(out_dir), str(tp), str(pp), scenario]
-    run_under_torchrun(__file__, args, num_ranks, timeout_s=600)
+@dataclass(frozen=True)
+class Job:
+    """One scenario of this worker on one layout: the model, its OUT_DIR, tensor parallel size and
+    pipeline stages."""
+
+    model_path: Path
+    out_dir: Path
+    tp: int
+    pp: int = 1
+    scenario: str = "step"
+
+
+def launch(jobs: list[Job], num_ranks: int) -> None:
+    """Run `jobs` one after another on the same `num_ranks` gloo ranks of one torchrun (from a test);
+    fails with its stderr."""
+    for job in jobs:
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+    spec = [[str(j.model_path), str(j.out_dir), j.tp, j.pp, j.scenario] for j in jobs]
+    run_under_torchrun(__file__, [json.dumps(spec)], num_ranks, timeout_s=300 + 300 * len(jobs))
 
 
 def worker_cfg(model_path: str, tp: int, pp: int, world_size: int, **extra: Any) -> TrainerConfig:
@@ -164,7 +180,7 @@ def step_scenario(model_path: str, out_dir: Path, tp: int, pp: int, world_size: 
     trainer.close()
 
 
-def main(model_path: str, out_dir: Path, tp: int, pp: int, scenario: str) -> None:
+def main(jobs: list[list[Any]]) -> None:
     import os
 
     import torch
@@ -174,15 +190,10 @@ def main(model_path: str, out_dir: Path, tp: int, pp: int, scenario: str) -> Non
     model_module.choose_dtype = lambda device: torch.float32  # type: ignore[assignment]
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     scenarios = {"step": step_scenario, "resume": resume_scenario}
-    assert scenario in scenarios, scenario
-    scenarios[scenario](model_path, out_dir, tp, pp, world_size)
+    for model_path, out_dir, tp, pp, scenario in jobs:
+        assert scenario in scenarios, scenario
+        scenarios[scenario](model_path, Path(out_dir), tp, pp, world_size)
 
 
 if __name__ == "__main__":
-    main(
-        sys.argv[1],
-        Path(sys.argv[2]),
-        int(sys.argv[3]),
-        int(sys.argv[4]),
-        sys.argv[5] if len(sys.argv) > 5 else "step",
-    )
+    main(json.loads(sys.argv[1]))
