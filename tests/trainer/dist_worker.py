@@ -1,7 +1,9 @@
 """One rank of the data-parallel tests (run by torchrun from test_distributed.py and
 test_dist_resume.py; not a test module).
 
-Usage: torchrun --standalone --nproc_per_node N dist_worker.py SCENARIO MODEL_PATH OUT_DIR lora|full
+Usage: torchrun --standalone --nproc_per_node N dist_worker.py SCENARIO MODEL_PATH OUT_DIR lora|full|lora,full
+  (`step`, `train` and `resume` take both modes in one launch, one after the other, each in
+  OUT_DIR/<mode>: one start-up of torchrun and the imports serve both)
   step     rank 0 alone builds a batch and shares it; every rank checks what it received, trains one
            step, and rank 0 writes the trainable parameters and their gradients to OUT_DIR/rank0.safetensors.
   train    two trainer runs through grpo.trainer.entry.run (rank 0 receiving `run_batch(n)`):
@@ -48,7 +50,10 @@ DIST_TIMEOUT_S = 300.0
 
 def launch(scenario: str, model_path: Path, out_dir: Path, mode: str, num_ranks: int = 2) -> None:
     """Run `scenario` on `num_ranks` gloo ranks under torchrun; AssertionError with its stderr if it fails."""
-    run_under_torchrun(__file__, [scenario, str(model_path), str(out_dir), mode], num_ranks, timeout_s=300)
+    num_modes = len(mode.split(","))
+    run_under_torchrun(
+        __file__, [scenario, str(model_path), str(out_dir), mode], num_ranks, timeout_s=300 * num_modes
+    )
 
 
 def start_without_agent(scenario: str, out_dir: Path, master_port: int, num_ranks: int = 2) -> list[Any]:
@@ -222,12 +227,16 @@ def main() -> None:
     # The first init_distributed creates the group: the Trainers built later join it as it is.
     ctx = init_distributed("cpu", LATE_DIST_TIMEOUT_S if scenario == "late" else DIST_TIMEOUT_S)
     assert ctx is not None, "run me under torchrun with more than one process"
-    if scenario == "step":
-        one_step(model_path, out_dir, mode)
-    elif scenario == "train":
-        train(model_path, out_dir, mode, ctx.is_main)
-    elif scenario == "resume":
-        resume(model_path, out_dir, mode, ctx.rank)
+    if scenario in ("step", "train", "resume"):
+        modes = mode.split(",")
+        for one_mode in modes:
+            mode_dir = out_dir / one_mode if len(modes) > 1 else out_dir
+            if scenario == "step":
+                one_step(model_path, mode_dir, one_mode)
+            elif scenario == "train":
+                train(model_path, mode_dir, one_mode, ctx.is_main)
+            else:
+                resume(model_path, mode_dir, one_mode, ctx.rank)
     elif scenario == "late":
         late(model_path, out_dir, mode, ctx.is_main)
     elif scenario == "orphan":

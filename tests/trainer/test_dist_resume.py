@@ -23,15 +23,29 @@ from grpo.utils.jsonl import read_jsonl
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["lora", "full"])
-def two_rank_runs(request, tiny_model_path, tmp_path_factory) -> tuple[Path, str]:
-    """OUT_DIR of dist_worker's `train` then `resume` scenarios (two separate torchrun launches)."""
+MODES = ("lora", "full")
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs_of_both_modes(tiny_model_path, tmp_path_factory) -> Path:
+    """OUT_DIR of dist_worker's `train` then `resume` scenarios (two separate torchrun launches), each
+    launch taking both modes in turn (OUT_DIR/lora, OUT_DIR/full): a torchrun start-up costs more
+    here than the tiny model's steps."""
+    out_dir = tmp_path_factory.mktemp("two_rank")
+    launch("train", tiny_model_path, out_dir, ",".join(MODES))
+    for mode in MODES:
+        assert sorted(complete_checkpoints(out_dir / mode / "split")) == [STOP_AT], (
+            f"the split {mode} run must stop at step 2"
+        )
+    launch("resume", tiny_model_path, out_dir, ",".join(MODES))
+    return out_dir
+
+
+@pytest.fixture(scope="module", params=MODES)
+def two_rank_runs(request, two_rank_runs_of_both_modes) -> tuple[Path, str]:
+    """OUT_DIR of one mode's 2-rank runs, and the mode."""
     mode = request.param
-    out_dir = tmp_path_factory.mktemp(f"two_rank_{mode}")
-    launch("train", tiny_model_path, out_dir, mode)
-    assert sorted(complete_checkpoints(out_dir / "split")) == [STOP_AT], "the split run must stop at step 2"
-    launch("resume", tiny_model_path, out_dir, mode)
-    return out_dir, mode
+    return two_rank_runs_of_both_modes / mode, mode
 
 
 def _single_rank_trainer(model_path: Path, run_dir: Path, mode: str) -> Trainer:

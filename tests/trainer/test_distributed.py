@@ -53,13 +53,20 @@ def test_one_rank_gets_every_row_in_batch_order():
     assert balance_rows(rows, 1) == [rows]
 
 
+@pytest.fixture(scope="module")
+def two_rank_steps(tiny_model_path, tmp_path_factory):
+    """OUT_DIR of dist_worker's `step` scenario, both modes in one torchrun launch (OUT_DIR/<mode>)."""
+    out_dir = tmp_path_factory.mktemp("two_rank_step")
+    launch("step", tiny_model_path, out_dir, "lora,full")
+    return out_dir
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["lora", "full"])  # full: decoder layers sharded with FSDP2
-def test_two_rank_step_equals_one_rank_step(tiny_model_path, tmp_path, mode):
+def test_two_rank_step_equals_one_rank_step(tiny_model_path, tmp_path, mode, two_rank_steps):
     single = Trainer(distributed_test_cfg(str(tiny_model_path), lora=mode == "lora"), tmp_path / "single")
     single_metrics = single.train_step(distributed_test_batch())
-    launch("step", tiny_model_path, tmp_path, mode)
-    distributed = load_file(str(tmp_path / "rank0.safetensors"))
+    distributed = load_file(str(two_rank_steps / mode / "rank0.safetensors"))
     assert distributed["metrics.tokens"].item() == single_metrics["tokens"]
     assert distributed["metrics.loss"].item() == pytest.approx(single_metrics["loss"], rel=1e-4)
     trainable = {n: p for n, p in single.policy.model.named_parameters() if p.requires_grad}
