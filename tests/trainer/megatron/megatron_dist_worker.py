@@ -1,11 +1,14 @@
 """One rank of the Megatron multi-rank tests (run by torchrun from the tests through `launch`; not a test module).
 
-Usage: torchrun --standalone --nproc_per_node N megatron_dist_worker.py MODEL_PATH OUT_DIR TP PP [SCENARIO [EP [OPTIONS]]]
-Every rank builds a MegatronTrainer (float32, tensor parallel TP, pipeline stages PP, data parallel
-N / (TP x PP), expert parallel EP), rank 0 shares `batch(step)` (on a mixture-of-experts model, its
-tokens drawn from the model's vocabulary and its inference logprobs near uniform). OPTIONS, comma
-separated: `replay` (routing_replay on, every row carrying random routing), `uneven` (three rows:
-one of two data-parallel ranks trains a loss-free padding row).
+Usage: torchrun --standalone --nproc_per_node N megatron_dist_worker.py JOBS
+JOBS is a JSON list of [MODEL_PATH, OUT_DIR, TP, PP, SCENARIO, EP, OPTIONS], run one after another
+on the same ranks: one start-up (torchrun, imports, process group) serves several layouts, each job
+building its own MegatronTrainer (float32, tensor parallel TP, pipeline stages PP, data parallel
+N / (TP x PP), expert parallel EP; Megatron's groups are remade when the sizes change, as in a
+process that builds a second trainer). Rank 0 shares `batch(step)` (on a mixture-of-experts model,
+its tokens drawn from the model's vocabulary and its inference logprobs near uniform). OPTIONS:
+`replay` (routing_replay on, every row carrying random routing), `uneven` (three rows: one of two
+data-parallel ranks trains a loss-free padding row).
 - `step` (the default): every rank scores its rows, trains one step and scores them again; rank 0
   writes both logprobs, the metrics and the whole HF-named weights after the step to OUT_DIR (the
   logprobs after it also read the last pipeline stage's copy of a tied embedding); on a
@@ -80,20 +83,27 @@ def with_routing(
         row.routed_experts = routing
 
 
-def launch(
-    model_path: Path,
-    out_dir: Path,
-    num_ranks: int,
-    tp: int,
-    pp: int = 1,
-    scenario: str = "step",
-    ep: int = 1,
-    options: tuple[str, ...] = (),
-) -> None:
-    """Run this worker on `num_ranks` gloo ranks under torchrun (from a test); fails with its stderr."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = [str(model_path), str(out_dir), str(tp), str(pp), scenario, str(ep), ",".join(options)]
-    run_under_torchrun(__file__, args, num_ranks, timeout_s=600)
+@dataclass(frozen=True)
+class Job:
+    """One scenario of this worker on one layout: the model, its OUT_DIR, tensor parallel size,
+    pipeline stages, expert parallel size and OPTIONS."""
+
+    model_path: Path
+    out_dir: Path
+    tp: int
+    pp: int = 1
+    scenario: str = "step"
+    ep: int = 1
+    options: tuple[str, ...] = ()
+
+
+def launch(jobs: list[Job], num_ranks: int) -> None:
+    """Run `jobs` one after another on the same `num_ranks` gloo ranks of one torchrun (from a test);
+    fails with its stderr."""
+    for job in jobs:
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+    spec = [[str(j.model_path), str(j.out_dir), j.tp, j.pp, j.scenario, j.ep, list(j.options)] for j in jobs]
+    run_under_torchrun(__file__, [json.dumps(spec)], num_ranks, timeout_s=300 + 300 * len(jobs))
 
 
 def worker_cfg(
@@ -243,7 +253,7 @@ def step_scenario(layout: Layout, out_dir: Path) -> None:
     trainer.close()
 
 
-def main(argv: list[str]) -> None:
+def main(jobs: list[list[Any]]) -> None:
     import os
 
     import torch
@@ -256,16 +266,13 @@ def main(argv: list[str]) -> None:
 
     model_module.choose_dtype = float32  # type: ignore[assignment]
     device_module.choose_dtype = float32  # type: ignore[assignment]
-    model_path, out_dir, tp, pp = argv[0], Path(argv[1]), int(argv[2]), int(argv[3])
-    scenario = argv[4] if len(argv) > 4 else "step"
-    ep = int(argv[5]) if len(argv) > 5 else 1
-    options = tuple(o for o in (argv[6] if len(argv) > 6 else "").split(",") if o)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    layout = Layout(model_path, tp, pp, world_size, ep, options)
     scenarios = {"step": step_scenario, "resume": resume_scenario}
-    assert scenario in scenarios, scenario
-    scenarios[scenario](layout, out_dir)
+    for model_path, out_dir, tp, pp, scenario, ep, options in jobs:
+        assert scenario in scenarios, scenario
+        layout = Layout(model_path, tp, pp, world_size, ep, tuple(options))
+        scenarios[scenario](layout, Path(out_dir))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(json.loads(sys.argv[1]))

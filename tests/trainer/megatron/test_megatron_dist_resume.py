@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
-from megatron_dist_worker import batch, launch, resume_cfg
+from megatron_dist_worker import Job, batch, launch, resume_cfg
 
 pytestmark = pytest.mark.slow
 
@@ -39,13 +39,6 @@ def _result(out_dir: Path, name: str) -> tuple[dict[str, torch.Tensor], dict[str
     return load_file(str(out_dir / f"{name}.safetensors")), metrics
 
 
-def _two_rank_run(tp: int, model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """OUT_DIR of the worker's resume scenario on 2 ranks, and its tensor-parallel size."""
-    out_dir = tmp_path_factory.mktemp(f"resume_tp{tp}")
-    launch(model_path, out_dir, num_ranks=2, tp=tp, scenario="resume")
-    return out_dir, tp
-
-
 def _assert_resumed_equals_whole(out_dir: Path) -> None:
     from safetensors.torch import load_file
 
@@ -65,26 +58,33 @@ def _assert_resumed_equals_whole(out_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def data_parallel_run(
-    tiny_llama_tp2_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, int]:
-    return _two_rank_run(1, tiny_llama_tp2_path, tmp_path_factory)
+def two_rank_runs(
+    tiny_llama_tp2_path: Path,
+    tiny_model_path: Path,
+    qwen3_moe_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Path]:
+    """OUT_DIR of the worker's resume scenario on 2 ranks for each layout, all in one torchrun (its
+    start-up costs more here than the runs): data parallel and tensor parallel on the tiny Llama,
+    pipeline stages on the tiny model (tied embeddings), expert parallel on the tiny Qwen3-MoE."""
+    root = tmp_path_factory.mktemp("resume")
+    jobs = {
+        "data_parallel_run": Job(tiny_llama_tp2_path, root / "dp", tp=1, scenario="resume"),
+        "tensor_parallel_run": Job(tiny_llama_tp2_path, root / "tp", tp=2, scenario="resume"),
+        "pipeline_tied_run": Job(tiny_model_path, root / "pp", tp=1, pp=2, scenario="resume"),
+        "expert_parallel_run": Job(qwen3_moe_path, root / "ep", tp=1, scenario="resume", ep=2),
+    }
+    launch(list(jobs.values()), num_ranks=2)
+    return {name: job.out_dir for name, job in jobs.items()}
 
 
-@pytest.fixture(scope="module")
-def tensor_parallel_run(
-    tiny_llama_tp2_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, int]:
-    return _two_rank_run(2, tiny_llama_tp2_path, tmp_path_factory)
-
-
-@pytest.mark.parametrize("layout", ["data_parallel_run", "tensor_parallel_run"])
+@pytest.mark.parametrize(("layout", "tp"), [("data_parallel_run", 1), ("tensor_parallel_run", 2)])
 def test_two_ranks_resumed_take_the_uninterrupted_runs_third_step(
-    layout: str, request: pytest.FixtureRequest
+    layout: str, tp: int, two_rank_runs: dict[str, Path]
 ) -> None:
     from grpo.trainer.checkpoint import checkpoint_dir
 
-    out_dir, tp = request.getfixturevalue(layout)
+    out_dir = two_rank_runs[layout]
     _assert_resumed_equals_whole(out_dir)
     folder = checkpoint_dir(out_dir / "split", 2)
     model_files = sorted(p.name for p in folder.glob("model_*.safetensors"))
@@ -97,7 +97,7 @@ def test_two_ranks_resumed_take_the_uninterrupted_runs_third_step(
 
 
 def test_two_expert_parallel_ranks_resumed_take_the_uninterrupted_runs_third_step(
-    qwen3_moe_path: Path, tmp_path: Path
+    two_rank_runs: dict[str, Path],
 ) -> None:
     """Each expert-parallel rank saves its own experts (and, with the distributed optimizer, their
     main weights and moments: megatron-core keeps the experts' optimizer apart, over the
@@ -106,9 +106,9 @@ def test_two_expert_parallel_ranks_resumed_take_the_uninterrupted_runs_third_ste
 
     from grpo.trainer.checkpoint import checkpoint_dir
 
-    launch(qwen3_moe_path, tmp_path, num_ranks=2, tp=1, scenario="resume", ep=2)
-    _assert_resumed_equals_whole(tmp_path)
-    folder = checkpoint_dir(tmp_path / "split", 2)
+    out_dir = two_rank_runs["expert_parallel_run"]
+    _assert_resumed_equals_whole(out_dir)
+    folder = checkpoint_dir(out_dir / "split", 2)
     names = ["model_tp0_pp0_ep0.safetensors", "model_tp0_pp0_ep1.safetensors"]
     assert sorted(p.name for p in folder.glob("model_*.safetensors")) == names
     assert sorted(p.name for p in folder.glob("param_state_*.safetensors")) == [
@@ -122,7 +122,7 @@ def test_two_expert_parallel_ranks_resumed_take_the_uninterrupted_runs_third_ste
 
 
 def test_two_pipeline_stages_resumed_take_the_uninterrupted_runs_third_step_with_a_tied_embedding(
-    tiny_model_path: Path, tmp_path: Path
+    two_rank_runs: dict[str, Path],
 ) -> None:
     """The tiny model ties its embeddings: the first stage holds the embedding, the last stage a copy
     as its output layer (with its own optimizer state), each in its own stage's file. The copy must
@@ -132,12 +132,12 @@ def test_two_pipeline_stages_resumed_take_the_uninterrupted_runs_third_step_with
 
     from grpo.trainer.checkpoint import checkpoint_dir
 
-    launch(tiny_model_path, tmp_path, num_ranks=2, tp=1, pp=2, scenario="resume")
-    _assert_resumed_equals_whole(tmp_path)
-    whole, _ = _result(tmp_path, "whole")
+    out_dir = two_rank_runs["pipeline_tied_run"]
+    _assert_resumed_equals_whole(out_dir)
+    whole, _ = _result(out_dir, "whole")
     assert "lm_head.weight" not in whole, "the tiny model ties its embeddings"
 
-    folder = checkpoint_dir(tmp_path / "split", 2)
+    folder = checkpoint_dir(out_dir / "split", 2)
     assert sorted(p.name for p in folder.glob("model_*.safetensors")) == [
         "model_tp0_pp0.safetensors",
         "model_tp0_pp1.safetensors",
@@ -151,11 +151,11 @@ def test_two_pipeline_stages_resumed_take_the_uninterrupted_runs_third_step_with
 
 @pytest.mark.usefixtures("float32_compute")
 def test_a_data_parallel_checkpoint_resumes_on_one_rank(
-    data_parallel_run: tuple[Path, int], tiny_llama_tp2_path: Path
+    two_rank_runs: dict[str, Path], tiny_llama_tp2_path: Path
 ) -> None:
     from grpo.trainer.megatron.trainer import MegatronTrainer
 
-    out_dir, _ = data_parallel_run
+    out_dir = two_rank_runs["data_parallel_run"]
     split_dir = out_dir / "split"
     trainer = MegatronTrainer(
         resume_cfg(str(tiny_llama_tp2_path), tp=1, pp=1, world_size=1, run_dir=split_dir), split_dir

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
-from megatron_dist_worker import batch, launch
+from megatron_dist_worker import Job, batch, launch
 from trainer_batches import reference_logprobs
 
 pytestmark = pytest.mark.slow
@@ -24,31 +24,31 @@ pytestmark = pytest.mark.slow
 REPLAY_UNEVEN = ("replay", "uneven")
 
 
-def _launch(
-    model_path: Path, out_dir: Path, num_ranks: int, ep: int, options: tuple[str, ...]
-) -> tuple[dict[str, torch.Tensor], dict]:
+def _result(out_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
     from safetensors.torch import load_file
 
-    launch(model_path, out_dir, num_ranks, tp=1, ep=ep, options=options)
     return load_file(str(out_dir / "result.safetensors")), json.loads((out_dir / "metrics.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def one_rank(qwen3_moe_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
-    return _launch(qwen3_moe_path, tmp_path_factory.mktemp("one") / "out", num_ranks=1, ep=1, options=())
+def _launch_both(model_path: Path, root: Path, num_ranks: int, ep: int) -> dict[str, Path]:
+    """OUT_DIR of the worker's step with the routers' own routing (`plain`) and with replayed
+    routing on uneven rows (`replayed`), both in one torchrun of `num_ranks` ranks."""
+    jobs = {
+        "plain": Job(model_path, root / "plain", tp=1, ep=ep),
+        "replayed": Job(model_path, root / "replayed", tp=1, ep=ep, options=REPLAY_UNEVEN),
+    }
+    launch(list(jobs.values()), num_ranks)
+    return {name: job.out_dir for name, job in jobs.items()}
 
 
 @pytest.fixture(scope="module")
-def one_rank_replayed(qwen3_moe_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
-    out = tmp_path_factory.mktemp("one-replayed") / "out"
-    return _launch(qwen3_moe_path, out, num_ranks=1, ep=1, options=REPLAY_UNEVEN)
+def one_rank_runs(qwen3_moe_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _launch_both(qwen3_moe_path, tmp_path_factory.mktemp("one"), num_ranks=1, ep=1)
 
 
 @pytest.fixture(scope="module")
-def two_expert_ranks(qwen3_moe_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ep2") / "out"
-    _launch(qwen3_moe_path, out, num_ranks=2, ep=2, options=())
-    return out
+def two_expert_rank_runs(qwen3_moe_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _launch_both(qwen3_moe_path, tmp_path_factory.mktemp("ep2"), num_ranks=2, ep=2)
 
 
 def _assert_same_run(several: tuple[dict, dict], single: tuple[dict, dict], original: dict) -> None:
@@ -69,40 +69,38 @@ def _assert_same_run(several: tuple[dict, dict], single: tuple[dict, dict], orig
 
 
 def test_two_expert_parallel_ranks_give_the_logprobs_and_first_update_of_one(
-    two_expert_ranks: Path, one_rank: tuple[dict, dict], qwen3_moe_path: Path
+    two_expert_rank_runs: dict[str, Path], one_rank_runs: dict[str, Path], qwen3_moe_path: Path
 ) -> None:
-    from safetensors.torch import load_file
-
     from grpo.trainer.megatron.model import read_hf_weights
 
-    several = load_file(str(two_expert_ranks / "result.safetensors"))
-    metrics = json.loads((two_expert_ranks / "metrics.json").read_text())
-    _assert_same_run((several, metrics), one_rank, read_hf_weights(qwen3_moe_path))
+    several, single = _result(two_expert_rank_runs["plain"]), _result(one_rank_runs["plain"])
+    _assert_same_run(several, single, read_hf_weights(qwen3_moe_path))
 
 
 def test_replayed_routing_on_expert_parallel_ranks_with_uneven_rows_gives_one_ranks_step(
-    one_rank_replayed: tuple[dict, dict], qwen3_moe_path: Path, tmp_path: Path
+    two_expert_rank_runs: dict[str, Path], one_rank_runs: dict[str, Path], qwen3_moe_path: Path
 ) -> None:
     from grpo.trainer.megatron.model import read_hf_weights
 
-    several = _launch(qwen3_moe_path, tmp_path / "out", num_ranks=2, ep=2, options=REPLAY_UNEVEN)
-    _assert_same_run(several, one_rank_replayed, read_hf_weights(qwen3_moe_path))
-    single_fraction = one_rank_replayed[1]["routing_mismatch_fraction"]
+    several, single = _result(two_expert_rank_runs["replayed"]), _result(one_rank_runs["replayed"])
+    _assert_same_run(several, single, read_hf_weights(qwen3_moe_path))
+    single_fraction = single[1]["routing_mismatch_fraction"]
     assert single_fraction > 0.3, "the replayed routing differs from the routers' own"
     assert several[1]["routing_mismatch_fraction"] == pytest.approx(single_fraction, abs=1e-9)
 
 
 def test_the_policy_published_by_expert_parallel_ranks_is_whole_and_gives_their_logprobs_in_hf(
-    two_expert_ranks: Path, qwen3_moe_path: Path
+    two_expert_rank_runs: dict[str, Path], qwen3_moe_path: Path
 ) -> None:
     from safetensors.torch import load_file
 
     from grpo.trainer.megatron.model import read_hf_weights
     from grpo.transport.weights.filesystem import broadcast_dir
 
-    folder = broadcast_dir(two_expert_ranks / "run", 1)
+    out_dir = two_expert_rank_runs["plain"]
+    folder = broadcast_dir(out_dir / "run", 1)
     assert set(read_hf_weights(folder)) == set(read_hf_weights(qwen3_moe_path))
-    trained = load_file(str(two_expert_ranks / "result.safetensors"))
+    trained = load_file(str(out_dir / "result.safetensors"))
     rows = batch(0, moe=True).rows
     for i, lp in enumerate(reference_logprobs(folder, rows)):
         before = trained[f"logprobs.{i}"].numpy()
