@@ -203,6 +203,10 @@ def main() -> None:
 
     load_before = load_average()
     model = str(embedded.build())
+    # TRL's runs first, each its own process: the grpo sweep's largest plain step fills most of
+    # this machine's memory and the allocator keeps it, so a TRL process started after it is the
+    # OOM killer's occasion.
+    trl = trl_sweep(args) if args.trl else None
     grpo, settings = grpo_sweep(args, model)
     summary: dict[str, Any] = {
         "kind": "group_sweep",
@@ -218,7 +222,7 @@ def main() -> None:
             **settings,
         },
         "grpo": grpo,
-        "trl": trl_sweep(args) if args.trl else None,
+        "trl": trl,
         "load_average": {"before": load_before, "after": load_average()},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

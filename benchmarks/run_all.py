@@ -15,9 +15,11 @@ and 0,1,2). --quick shrinks everything to a smoke run (2 steps, small component 
 its files under the label `<machine>-quick` / tags `<workload>-quick`, so the recorded numbers are
 never overwritten; the trainer bench is skipped in quick mode (its output file name has no label).
 The TRL runs are skipped with a note when `trl` is not installed (`pip install -e '.[bench]'`).
-TRL runs in its fastest CPU set-up (--trl-precision measure, the default: two steps of each of fp32
-weights + bf16 autocast, bf16 weights, fp32 on the workload, the fastest kept; the choice and the
-measured seconds are in the summary's notes). Last, the trainer's step time against the group
+TRL runs in its fastest CPU set-up (--trl-precision measure, the default: two steps of each of fp32,
+fp32 weights + bf16 autocast, bf16 weights on the workload, the fastest kept; a probe running 3x
+longer than the fastest so far is stopped; where a matmul probe finds bf16 over 4x slower than
+fp32, as on an AVX2 CPU that emulates bf16, TRL runs in fp32 unprobed; the choice and the measured
+seconds are in the summary's notes). Last, the trainer's step time against the group
 size G for one shared long prompt (group_sweep_bench.py: grpo, and TRL's training part, with its
 plot; --skip group-sweep leaves it out). Prints a summary table with
 the grpo/TRL speedup per workload; writes results/summary_<machine>.json and .md.
@@ -69,11 +71,13 @@ def component_commands(quick: bool, label: str) -> dict[str, list[str]]:
     }
 
 
-def run_script(argv: list[str]) -> float:
-    """Runs one bench script with this interpreter; its output streams through. Returns seconds."""
+def run_script(argv: list[str], timeout_s: float | None = None) -> float:
+    """Runs one bench script with this interpreter; its output streams through. Returns seconds.
+    Raises subprocess.TimeoutExpired (the script killed) past timeout_s."""
     print(f"\n=== python benchmarks/{' '.join(argv)}", flush=True)
     started = time.monotonic()
-    subprocess.run([sys.executable, str(HERE / argv[0]), *argv[1:]], cwd=ROOT, check=True)
+    command = [sys.executable, str(HERE / argv[0]), *argv[1:]]
+    subprocess.run(command, cwd=ROOT, check=True, timeout=timeout_s)
     return time.monotonic() - started
 
 
@@ -204,9 +208,35 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(part for part in parts if part)
 
 
-TRL_PRECISIONS = ("bf16", "default", "fp32")
-"""trl_bench.py --precision candidates: fp32 weights + bf16 autocast, the checkpoint's bf16 weights
-(TRL's own default), fp32 throughout."""
+TRL_PRECISIONS = ("fp32", "bf16", "default")
+"""trl_bench.py --precision candidates, in the order probed: fp32 throughout (safe on every CPU),
+fp32 weights + bf16 autocast, the checkpoint's bf16 weights (TRL's own default)."""
+
+PROBE_CAP = 3.0
+"""A candidate's probe is stopped once it has run PROBE_CAP times as long as the fastest whole probe
+so far: on a CPU without native bf16 (AVX2) a bf16 step is tens of times slower than fp32 and would
+otherwise spend the bench's hour on a set-up that cannot win."""
+
+
+def trl_candidates(notes: list[str]) -> list[str]:
+    """TRL_PRECISIONS less the bf16 ones where a matmul probe finds bf16 more than 4x slower than
+    fp32 (a CPU that emulates bf16, such as AVX2): two probe steps there take longer than the run."""
+    import torch
+
+    from grpo.trainer.peak_flops import peak_flops
+
+    cpu = torch.device("cpu")
+    fp32_flops, _ = peak_flops(cpu, torch.float32)
+    bf16_flops, _ = peak_flops(cpu, torch.bfloat16)
+    if bf16_flops * 4 >= fp32_flops:
+        return list(TRL_PRECISIONS)
+    note = (
+        f"TRL bf16 set-ups not run: this CPU's matmul probe gives bf16 {bf16_flops / 1e9:.1f} GFLOP/s "
+        f"against fp32 {fp32_flops / 1e9:.1f}; TRL runs in fp32"
+    )
+    if note not in notes:
+        notes.append(note)
+    return ["fp32"]
 
 
 def fastest_trl_precision(task: list[str], tag: str, notes: list[str]) -> str:
@@ -218,14 +248,28 @@ def fastest_trl_precision(task: list[str], tag: str, notes: list[str]) -> str:
         "2",
         *task[task.index("--steps") + 2 : task.index("--tag")],
     ]
-    seconds = {}
-    for precision in TRL_PRECISIONS:
+    candidates = trl_candidates(notes)
+    if len(candidates) == 1:
+        return candidates[0]
+    seconds: dict[str, float] = {}
+    fastest_probe_s: float | None = None
+    for precision in candidates:
         probe_tag = f"{tag}-precision-{precision}"
+        cap_s = None if fastest_probe_s is None else PROBE_CAP * fastest_probe_s
+        argv = ["trl_bench.py", *probe, "--precision", precision, "--tag", probe_tag]
         try:
-            run_script(["trl_bench.py", *probe, "--precision", precision, "--tag", probe_tag])
+            probe_s = run_script(argv, timeout_s=cap_s)
         except subprocess.CalledProcessError as exc:
             notes.append(f"TRL precision probe {precision} ({tag}) failed (exit {exc.returncode})")
             continue
+        except subprocess.TimeoutExpired:
+            assert cap_s is not None
+            notes.append(
+                f"TRL precision probe {precision} ({tag}) stopped after {cap_s:.0f} s, "
+                f"{PROBE_CAP:g}x the fastest whole probe: slower than the others"
+            )
+            continue
+        fastest_probe_s = probe_s if fastest_probe_s is None else min(fastest_probe_s, probe_s)
         result = json.loads((RESULTS / f"trl_{machine_label()}_{probe_tag}.json").read_text())
         seconds[precision] = result["step_time_s"][-1]
     if not seconds:
@@ -260,7 +304,7 @@ def main() -> None:
         "--trl-precision",
         default="measure",
         choices=["measure", "auto", *TRL_PRECISIONS],
-        help="trl_bench.py --precision; measure: the fastest of bf16, default, fp32 on each workload",
+        help="trl_bench.py --precision; measure: the fastest of fp32, bf16, default on each workload",
     )
     args = parser.parse_args()
 
