@@ -38,6 +38,8 @@ from trainer_batches import make_row
 from grpo.transport.batches.batch import TrainingBatch
 
 if TYPE_CHECKING:
+    import torch
+
     from grpo.config.trainer import TrainerConfig
     from grpo.trainer.megatron.trainer import MegatronTrainer
 
@@ -251,6 +253,14 @@ def step_scenario(layout: Layout, out_dir: Path) -> None:
         save_file(tensors, str(out_dir / "result.safetensors"))
         (out_dir / "metrics.json").write_text(json.dumps(metrics))
     trainer.close()
+
+
+def read_step_result(out_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What `step_scenario`'s rank 0 wrote to OUT_DIR: the tensors (weights, logprobs before and
+    after the step) and the step's metrics."""
+    from safetensors.torch import load_file
+
+    return load_file(str(out_dir / "result.safetensors")), json.loads((out_dir / "metrics.json").read_text())
 
 
 def main(jobs: list[list[Any]]) -> None:

@@ -7,7 +7,6 @@ still make the same decoder calls). The policy it publishes is the whole model."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -16,18 +15,12 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
-from megatron_dist_worker import Job, batch, launch
+from megatron_dist_worker import Job, batch, launch, read_step_result
 from trainer_batches import reference_logprobs
 
 pytestmark = pytest.mark.slow
 
 REPLAY_UNEVEN = ("replay", "uneven")
-
-
-def _result(out_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    from safetensors.torch import load_file
-
-    return load_file(str(out_dir / "result.safetensors")), json.loads((out_dir / "metrics.json").read_text())
 
 
 def _launch_both(model_path: Path, root: Path, num_ranks: int, ep: int) -> dict[str, Path]:
@@ -73,7 +66,10 @@ def test_two_expert_parallel_ranks_give_the_logprobs_and_first_update_of_one(
 ) -> None:
     from grpo.trainer.megatron.model import read_hf_weights
 
-    several, single = _result(two_expert_rank_runs["plain"]), _result(one_rank_runs["plain"])
+    several, single = (
+        read_step_result(two_expert_rank_runs["plain"]),
+        read_step_result(one_rank_runs["plain"]),
+    )
     _assert_same_run(several, single, read_hf_weights(qwen3_moe_path))
 
 
@@ -82,7 +78,10 @@ def test_replayed_routing_on_expert_parallel_ranks_with_uneven_rows_gives_one_ra
 ) -> None:
     from grpo.trainer.megatron.model import read_hf_weights
 
-    several, single = _result(two_expert_rank_runs["replayed"]), _result(one_rank_runs["replayed"])
+    several, single = (
+        read_step_result(two_expert_rank_runs["replayed"]),
+        read_step_result(one_rank_runs["replayed"]),
+    )
     _assert_same_run(several, single, read_hf_weights(qwen3_moe_path))
     single_fraction = single[1]["routing_mismatch_fraction"]
     assert single_fraction > 0.3, "the replayed routing differs from the routers' own"
@@ -92,15 +91,13 @@ def test_replayed_routing_on_expert_parallel_ranks_with_uneven_rows_gives_one_ra
 def test_the_policy_published_by_expert_parallel_ranks_is_whole_and_gives_their_logprobs_in_hf(
     two_expert_rank_runs: dict[str, Path], qwen3_moe_path: Path
 ) -> None:
-    from safetensors.torch import load_file
-
     from grpo.trainer.megatron.model import read_hf_weights
     from grpo.transport.weights.filesystem import broadcast_dir
 
     out_dir = two_expert_rank_runs["plain"]
     folder = broadcast_dir(out_dir / "run", 1)
     assert set(read_hf_weights(folder)) == set(read_hf_weights(qwen3_moe_path))
-    trained = load_file(str(out_dir / "result.safetensors"))
+    trained, _ = read_step_result(out_dir)
     rows = batch(0, moe=True).rows
     for i, lp in enumerate(reference_logprobs(folder, rows)):
         before = trained[f"logprobs.{i}"].numpy()

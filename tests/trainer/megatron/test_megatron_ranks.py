@@ -6,7 +6,6 @@ and megatron-core costs more here than a tiny model's step): the tests read thei
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 
 pytest.importorskip("megatron.core", reason="needs the megatron extra (pip install grpo-rl[megatron])")
 
-from megatron_dist_worker import Job, launch
+from megatron_dist_worker import Job, launch, read_step_result
 
 # (model, num_ranks, tp, pp) of every run: "llama" the tiny Llama whose heads split two ways, "tied"
 # the tiny model (tied embeddings), "qwen2" the tiny Qwen2 (q/k/v biases).
@@ -47,8 +46,6 @@ def result(
 ) -> Callable[[Layout], Result]:
     """A layout's logprobs, update and metrics; the first request for a world size runs all its
     layouts in one torchrun."""
-    from safetensors.torch import load_file
-
     models = {"llama": tiny_llama_tp2_path, "tied": tiny_model_path, "qwen2": tiny_qwen2_path}
     root = tmp_path_factory.mktemp("ranks")
     out_dirs = {layout: root / "-".join(map(str, layout)) for layout in LAYOUTS}
@@ -62,10 +59,7 @@ def result(
                 Job(models[m], out_dirs[(m, n, tp, pp)], tp, pp) for m, n, tp, pp in LAYOUTS if n == num_ranks
             ]
             launch(jobs, num_ranks)
-        out_dir = out_dirs[layout]
-        return load_file(str(out_dir / "result.safetensors")), json.loads(
-            (out_dir / "metrics.json").read_text()
-        )
+        return read_step_result(out_dirs[layout])
 
     return get
 
