@@ -185,8 +185,8 @@ class TrainerConfig(StrictModel):
     plans; otherwise half the device's memory (a GPU's total, or the RAM available at start)."""
 
     logprob_chunk_size: int = Field(1024, gt=0)
-    """Tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32 logits
-    never exist at once."""
+    """Most tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32
+    logits never exist at once (a micro-batch's loss tokens are split into equal chunks)."""
 
     zero_level: int = Field(1, ge=0, le=3)
     """Only 1 (the reference trainer's default, accepted so its configs load); any other value is

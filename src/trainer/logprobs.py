@@ -8,7 +8,9 @@ The float32 logits of a packed row are [tokens x vocab] (2048 x 49152 x 4 bytes 
 SmolLM2), and autograd would keep them, their log_softmax and their gradient alive at once. Here
 the lm_head runs on `chunk_size` tokens at a time inside `torch.utils.checkpoint`: forward keeps
 only each chunk's inputs, and backward recomputes one chunk's logits at a time, so the peak is one
-chunk's logits instead of all of them.
+chunk's logits instead of all of them. Without sampling truncation and with a plain linear lm_head
+(the defaults) a chunk is one fused autograd step instead (grpo.trainer.fused_logprobs), with or
+without a gradient: the same recompute, with the gradient formed in place in the recomputed logits.
 
 The logits are float32 from 16-bit hidden states and weights (each product exact, the sum
 accumulated and kept in float32) rather than rounded to bf16 by a bf16 matmul: a bf16 logit of
@@ -148,6 +150,7 @@ def token_logprobs_and_untempered(
     import torch
     from torch.utils.checkpoint import checkpoint
 
+    from grpo.trainer.fused_logprobs import fused_applicable, fused_chunk_logprobs
     from grpo.transport.batches.batch import SamplingTruncation
 
     truncation = truncation or SamplingTruncation()
@@ -156,9 +159,17 @@ def token_logprobs_and_untempered(
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
     )
+    # With or without a gradient, so a policy and its reference (or an earlier pass) that hold the
+    # same weights give bitwise the same logprobs: a KL or ratio at exactly 0 and 1, no gradient.
+    fused = fused_applicable(lm_head, truncation.is_active)
     chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    for start in range(0, hidden.shape[0], chunk_size):
-        end = start + chunk_size
+    # Equal chunks of at most chunk_size: a short remainder chunk runs the [C, H] x [H, V] product
+    # at a fraction of the speed (CPU, 2 cores: 23 GFLOP/s for 192 rows against 68 for 1,024).
+    num_tokens = hidden.shape[0]
+    num_chunks = max(1, -(-num_tokens // chunk_size))
+    even_size = max(1, -(-num_tokens // num_chunks))
+    for start in range(0, num_tokens, even_size):
+        end = start + even_size
         args = (
             lm_head,
             hidden[start:end],
@@ -167,7 +178,13 @@ def token_logprobs_and_untempered(
             untempered,
             truncation,
         )
-        if needs_grad:
+        if fused:
+            chunks.append(
+                fused_chunk_logprobs(
+                    lm_head, hidden[start:end], targets[start:end], temperatures[start:end], untempered
+                )
+            )
+        elif needs_grad:
             chunks.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
             chunks.append(_chunk_logprobs(*args))
