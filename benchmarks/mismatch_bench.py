@@ -131,7 +131,7 @@ def numerics_policy(dtype_name: str, parts: set[str]) -> Any:
 def _score(samples: dict[str, Any], variant: str, num_rows: int) -> dict[str, float]:
     import torch
 
-    from grpo.trainer.logprobs import float32_logits
+    from grpo.trainer.float32_logits import float32_logits
 
     parts = set(variant.split("+"))
     policy = numerics_policy(samples["engine"]["dtype"], parts)

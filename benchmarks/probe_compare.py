@@ -183,8 +183,8 @@ def _trainer_layers(data: dict[str, Any], steps: list[dict[str, Any]], path: Pat
     from safetensors.torch import load_file
 
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.float32_logits import float32_logits
     from grpo.trainer.hf.model import build_policy
-    from grpo.trainer.logprobs import float32_logits
     from grpo.trainer.weights import BorrowedWeights
 
     weights = {k: v.to(torch.bfloat16) for k, v in load_file(str(path / "model.safetensors")).items()}

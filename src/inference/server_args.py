@@ -123,7 +123,7 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
     if cfg.tool_call_parser:
         argv += ["--tool-call-parser", cfg.tool_call_parser]
     # float32 logits from the 16-bit lm_head (no rounding to bf16: a bf16 logit of 10-30 is off by up
-    # to 1/16), as the trainer computes them (grpo.trainer.logprobs.float32_logits); a no-op for a
+    # to 1/16), as the trainer computes them (grpo.trainer.float32_logits.float32_logits); a no-op for a
     # float32 model.
     overrides: dict[str, object] = {"head_dtype": "float32"}
     if cfg.rope_scaling:

@@ -64,7 +64,7 @@ def _build() -> Any:
     import torch
     from torch.autograd.function import once_differentiable
 
-    from grpo.trainer.logprobs import float32_linear
+    from grpo.trainer.float32_logits import float32_linear
 
     class FusedTokenLogprobs(torch.autograd.Function):
         @staticmethod
@@ -128,7 +128,7 @@ def _linear_grads(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Gradients of float32_linear's inputs from grad_logits [C, V] float32, in the arithmetic
     float32_linear's own autograd would use: float32 operands, except 16-bit CUDA operands, which
-    take the float32 gradient rounded to their dtype (grpo.trainer.logprobs._float32_out_matmul)."""
+    take the float32 gradient rounded to their dtype (grpo.trainer.float32_logits._float32_out_matmul)."""
     import torch
 
     sixteen_bit_cuda = hidden.is_cuda and hidden.dtype == weight.dtype and weight.dtype != torch.float32

@@ -12,81 +12,18 @@ chunk's logits instead of all of them. Without sampling truncation and with a pl
 (the defaults) a chunk is one fused autograd step instead (grpo.trainer.fused_logprobs), with or
 without a gradient: the same recompute, with the gradient formed in place in the recomputed logits.
 
-The logits are float32 from 16-bit hidden states and weights (each product exact, the sum
-accumulated and kept in float32) rather than rounded to bf16 by a bf16 matmul: a bf16 logit of
-SmolLM2's size (10-30) is off by up to 1/16, which alone gives a mismatch KL near 1e-3. vLLM is
-started with `head_dtype: float32` for the same reason (grpo.inference.server_args), so both sides
-compute the same unrounded logits.
+The logits are float32 and unrounded (grpo.trainer.float32_logits).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from grpo.transport.batches.batch import SamplingTruncation
-
-
-def float32_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """hidden [C, H] -> logits [C, V] float32, unrounded; an lm_head that is not a plain linear
-    layer (LoRA or quantized) computes as it does and its output is cast."""
-    from torch import nn
-
-    if type(lm_head) is not nn.Linear:
-        return lm_head(hidden).float()
-    return float32_linear(hidden, lm_head.weight, lm_head.bias)
-
-
-def float32_linear(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """hidden [C, H] @ weight [V, H]^T (+ bias) -> [C, V] float32: each product of the 16-bit
-    operands exact, the sums accumulated and kept in float32."""
-    import torch
-
-    if weight.dtype == torch.float32:
-        return torch.nn.functional.linear(hidden.float(), weight, bias)
-    if hidden.is_cuda and hidden.dtype == weight.dtype:
-        # cuBLAS multiplies the 16-bit operands, accumulates in float32 and writes float32: the same
-        # unrounded logits as the cast below without its float32 copy of the weight (2.5 GB for a
-        # 151936 x 4096 head, made per chunk and again in backward's recompute).
-        logits = _float32_out_matmul().apply(hidden, weight)
-        return logits if bias is None else logits + bias.float()
-    # No 16-bit GEMM with a float32 output off CUDA: a float32 copy of the weight per chunk
-    # (V x H x 4 bytes, freed after the chunk).
-    return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-
-
-_FLOAT32_OUT_MATMUL: Any = None
-
-
-def _float32_out_matmul() -> Any:
-    """autograd Function: hidden [C, H] x weight [V, H] (both 16-bit, CUDA) -> [C, V] float32.
-
-    torch's mm with out_dtype (as of 2.13) has no derivative. Backward rounds the float32 gradient of
-    the logits to the operands' dtype and multiplies in it (float32 accumulation): the gradients
-    bf16 autocast would give, again without a float32 weight."""
-    global _FLOAT32_OUT_MATMUL
-    if _FLOAT32_OUT_MATMUL is None:
-        import torch
-
-        class Float32OutMatmul(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-                ctx.save_for_backward(hidden, weight)
-                return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-
-            @staticmethod
-            def backward(ctx: Any, grad_logits: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-                hidden, weight = ctx.saved_tensors
-                grad = grad_logits.to(hidden.dtype)  # [C, V]
-                grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
-                grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
-                return grad_hidden, grad_weight
-
-        _FLOAT32_OUT_MATMUL = Float32OutMatmul
-    return _FLOAT32_OUT_MATMUL
 
 
 def _chunk_logprobs(
@@ -101,6 +38,7 @@ def _chunk_logprobs(
     logprob at temperature 1 [C] float32 when `untempered`, else [0])."""
     import torch
 
+    from grpo.trainer.float32_logits import float32_logits
     from grpo.trainer.sampling_truncation import truncated_log_softmax
 
     raw = float32_logits(lm_head, hidden)  # [C, V]

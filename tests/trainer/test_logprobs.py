@@ -163,7 +163,7 @@ def test_bf16_lm_head_gives_float32_logprobs_closer_to_float64_than_bf16_logits(
 def test_on_cuda_bf16_logits_are_float32_without_a_float32_copy_of_the_head():
     """Qwen3-0.6B's head (151936 x 1024, 311 MB in bf16): float32 logits with the values and
     gradients of the float32-cast computation, without its 622 MB float32 weight."""
-    from grpo.trainer.logprobs import float32_logits
+    from grpo.trainer.float32_logits import float32_logits
 
     torch.manual_seed(0)
     lm_head = nn.Linear(1024, 151936, bias=False, dtype=torch.bfloat16, device="cuda")

@@ -6,7 +6,7 @@ tensor-parallel group) into -log p(target). It overwrites float32 logits in plac
 gets a fresh tensor (the division by the temperature makes one). As in grpo.trainer.logprobs, the
 output layer runs on `chunk_size` tokens at a time inside activation checkpointing, so at most one
 chunk's [tokens x vocab / tp] logits is alive, and its logits are float32 from 16-bit weights
-(grpo.trainer.logprobs.float32_linear), as the HF backend's.
+(grpo.trainer.float32_logits.float32_linear), as the HF backend's.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _chunk(
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
     from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
-    from grpo.trainer.logprobs import float32_linear
+    from grpo.trainer.float32_logits import float32_linear
 
     # The output layer's own product, in float32 as vLLM computes the logits (head_dtype float32)
     # rather than rounded to bf16. What ColumnParallelLinear adds around it without sequence
