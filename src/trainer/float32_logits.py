@@ -33,7 +33,7 @@ def float32_linear(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
     if weight.dtype == torch.float32:
         return torch.nn.functional.linear(hidden.float(), weight, bias)
-    if hidden.is_cuda and hidden.dtype == weight.dtype:
+    if multiplies_in_16_bit(hidden, weight):
         # cuBLAS multiplies the 16-bit operands, accumulates in float32 and writes float32: the same
         # unrounded logits as the cast below without its float32 copy of the weight (2.5 GB for a
         # 151936 x 4096 head, made per chunk and again in backward's recompute).
@@ -42,6 +42,14 @@ def float32_linear(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     # No 16-bit GEMM with a float32 output off CUDA: a float32 copy of the weight per chunk
     # (V x H x 4 bytes, freed after the chunk).
     return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+
+
+def multiplies_in_16_bit(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether float32_linear multiplies the operands in their own 16-bit dtype (CUDA, float32
+    output) rather than as float32 copies; its gradients then round to that dtype too."""
+    import torch
+
+    return weight.dtype != torch.float32 and hidden.is_cuda and hidden.dtype == weight.dtype
 
 
 _FLOAT32_OUT_MATMUL: Any = None

@@ -108,21 +108,18 @@ def token_logprobs_and_untempered(
     even_size = max(1, -(-num_tokens // num_chunks))
     for start in range(0, num_tokens, even_size):
         end = start + even_size
-        args = (
-            lm_head,
+        hidden_chunk, target_chunk, temperature_chunk = (
             hidden[start:end],
             targets[start:end],
             temperatures[start:end],
-            untempered,
-            truncation,
         )
         if fused:
             chunks.append(
-                fused_chunk_logprobs(
-                    lm_head, hidden[start:end], targets[start:end], temperatures[start:end], untempered
-                )
+                fused_chunk_logprobs(lm_head, hidden_chunk, target_chunk, temperature_chunk, untempered)
             )
-        elif needs_grad:
+            continue
+        args = (lm_head, hidden_chunk, target_chunk, temperature_chunk, untempered, truncation)
+        if needs_grad:
             chunks.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
             chunks.append(_chunk_logprobs(*args))
