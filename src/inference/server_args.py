@@ -20,6 +20,10 @@ from grpo.utils.errors import UserError
 
 DEFAULT_CPU_KV_CACHE_GB = 2
 
+CPU_BLOCK_SIZE_UNIT = 32
+"""vLLM's CPU attention takes KV-cache blocks of a multiple of 32 tokens (the engine fails at start
+otherwise); grpo's CPU default is one unit."""
+
 
 LoraServing = Literal["adapter", "merged"]
 
@@ -54,6 +58,25 @@ def engine_runs_compiled(cfg: InferenceConfig, on_cpu: bool | None = None) -> bo
     if on_cpu is None:
         on_cpu = not _cuda_available()
     return not (on_cpu and cfg.enable_lora and resolve_lora_serving(cfg, on_cpu) == "adapter")
+
+
+def resolve_block_size(cfg: InferenceConfig, on_cpu: bool) -> int | None:
+    """The KV-cache block size to ask of vLLM; None leaves vLLM's own (GPU).
+
+    On CPU vLLM's default is 128 tokens, and prefix caching shares whole blocks only: the n
+    completions of a shorter prompt, scheduled in the same step, each prefilled all of it (64
+    completions of a 44-token prompt prefilled 2,824 tokens; with 32-token blocks 776, and the
+    generation took 8.4 s instead of 12.3 s on 2 AVX2 cores).
+    """
+    if cfg.block_size is None:
+        return CPU_BLOCK_SIZE_UNIT if on_cpu else None
+    if on_cpu and cfg.block_size % CPU_BLOCK_SIZE_UNIT:
+        raise UserError(
+            f"block_size {cfg.block_size}: vLLM's CPU attention takes KV-cache blocks of a multiple of "
+            f"{CPU_BLOCK_SIZE_UNIT} tokens; set block_size to {CPU_BLOCK_SIZE_UNIT} (or leave it unset) in the "
+            "inference config"
+        )
+    return cfg.block_size
 
 
 def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None = None) -> list[str]:
@@ -133,6 +156,9 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
     argv += ["--hf-overrides", json.dumps(overrides)]
     if cfg.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    block_size = resolve_block_size(cfg, on_cpu)
+    if block_size is not None:
+        argv += ["--block-size", str(block_size)]
     api_key = secret_from_env(cfg.api_key_var)
     if api_key is not None:
         argv += ["--api-key", api_key.decode()]

