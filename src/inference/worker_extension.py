@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.inference.vllm_compat import cpu_weights, routing_capture
+from grpo.inference.vllm_compat import cpu_seeded_sampling, cpu_weights, routing_capture
 from grpo.inference.weight_handles import export_record
 from grpo.transport.weights.collective import DEFAULT_SECRET_ENV
 
@@ -19,10 +19,11 @@ if TYPE_CHECKING:
     import torch
 
 
-if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":
+if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":  # set for every CPU engine
     cpu_weights.keep_dense_cpu_weights()
     cpu_weights.keep_dense_cpu_experts()
     cpu_weights.keep_row_major_cpu_fp8_weights()
+    cpu_seeded_sampling.seeded_requests_survive_chunked_prefill()
 if os.environ.get(routing_capture.RECORD_ROUTING_ENV) == "1":
     routing_capture.record_routing_on_load()
 
