@@ -75,7 +75,8 @@ class SamplingConfig(StrictModel):
     before min_tokens and renormalises its logprobs without it, which the trainer does not."""
 
     seed: int | None = None
-    """Sampling seed; each request derives its own seed from it."""
+    """Sampling seed; each request derives its own seed from it. On vLLM's CPU engine a completion
+    whose prompt was prefilled in chunks (a busy step) draws differently from one prefilled at once."""
 
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling: keep the most likely tokens whose probability adds up to top_p (1.0: off).
