@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     import torch
 
 
-if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":  # set for every CPU engine
+# Set for every CPU engine (and co-located GPU ones, where each of these returns at once or patches
+# only CPU code paths).
+if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":
     cpu_weights.keep_dense_cpu_weights()
     cpu_weights.keep_dense_cpu_experts()
     cpu_weights.keep_row_major_cpu_fp8_weights()

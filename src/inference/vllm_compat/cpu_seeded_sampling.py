@@ -4,9 +4,9 @@ A request whose prompt is prefilled in chunks samples a token after each partial
 engine discards; vLLM then rewinds that request's generator with `set_offset`, an offset only CUDA's
 Philox generator has, so on CPU the engine died ("CPU Generator does not use offset") as soon as a
 seeded request's prompt was split (a step's prompts past the server's 2,048-token budget: 8 seeded
-44-token prompts with n 8 were enough with vLLM-CPU's 128-token blocks). Here a CPU request's generator takes the rewind as a no-op: the
-discarded draw stays consumed, so a seeded completion still depends only on its seed and on how its
-prompt was chunked.
+44-token prompts with n 8 were enough with vLLM-CPU's 128-token blocks). Here a CPU request's
+generator takes the rewind as a no-op: the discarded draw stays consumed, so a seeded completion
+still depends only on its seed and on how its prompt was chunked.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def seeded_requests_survive_chunked_prefill() -> None:
 
     def add_request(batch: Any, request: Any) -> int:
         generator = request.generator
-        if type(generator) is torch.Generator and generator.device.type == "cpu":
+        if type(generator) is torch.Generator:  # a CPU platform's; not yet replaced
             replacement = generator_class(device="cpu")
             replacement.set_state(generator.get_state())
             # the request's own state too: a preempted request is added again from it
