@@ -181,8 +181,10 @@ class TrainerConfig(StrictModel):
 
     activation_memory_gib: float | None = Field(None, gt=0)
     """Memory the activations of one group of micro-batches may take (gradient_checkpointing auto
-    decides against it). null: co-located, what the memory plan reserves for the worst case it
-    plans; otherwise half the device's memory (a GPU's total, or the RAM available at start)."""
+    decides against it; a group that recomputes no layer also keeps its loss tokens' float32
+    probabilities for backward where they fit too, rather than running the lm_head again). null:
+    co-located, what the memory plan reserves for the worst case it plans; otherwise half the
+    device's memory (a GPU's total, or the RAM available at start)."""
 
     logprob_chunk_size: int = Field(1024, gt=0)
     """Most tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32

@@ -139,6 +139,19 @@ def checkpointing_choice(
     )
 
 
+def keeps_probabilities(
+    shape: ModelShape, num_tokens: int, num_loss_tokens: int, num_recomputed: int, budget_bytes: int
+) -> bool:
+    """Whether a group of micro-batches keeps its loss tokens' float32 probabilities [tokens, vocab]
+    from forward to backward (grpo.trainer.fused_logprobs) rather than recomputing the logits: only
+    where no layer recomputes (memory is not short) and its activations and the probabilities
+    together fit `budget_bytes`."""
+    if num_recomputed > 0:
+        return False
+    probabilities = num_loss_tokens * shape.vocab_size * 4
+    return activation_bytes(shape, num_tokens, 0) + probabilities <= budget_bytes
+
+
 def tokens_without_recompute(shape: ModelShape, budget_bytes: int) -> int:
     """Most tokens alive at once whose activations fit `budget_bytes` with every layer's kept."""
     return budget_bytes // activation_bytes(shape, 1, 0)

@@ -80,11 +80,13 @@ def token_logprobs_and_untempered(
     chunk_size: int,
     untempered: bool = True,
     truncation: SamplingTruncation | None = None,
+    keep_probs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """token_logprobs, plus (when `untempered`) the logprobs at temperature 1 from the same logits,
     without a gradient and without truncation: the teacher term compares the student with teacher
     logprobs, which are scored at temperature 1 with no sampling processor, so the student's must be
-    too ([0] when not `untempered`)."""
+    too ([0] when not `untempered`). `keep_probs`: the fused path keeps each chunk's probabilities
+    for backward instead of recomputing its logits (the caller has the memory for all of them)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -115,7 +117,14 @@ def token_logprobs_and_untempered(
         )
         if fused:
             chunks.append(
-                fused_chunk_logprobs(lm_head, hidden_chunk, target_chunk, temperature_chunk, untempered)
+                fused_chunk_logprobs(
+                    lm_head,
+                    hidden_chunk,
+                    target_chunk,
+                    temperature_chunk,
+                    untempered,
+                    keep_probs=keep_probs and needs_grad,
+                )
             )
             continue
         args = (lm_head, hidden_chunk, target_chunk, temperature_chunk, untempered, truncation)

@@ -13,6 +13,7 @@ from grpo.trainer.activation_plan import (
     activation_bytes,
     alive_tokens,
     checkpointing_choice,
+    keeps_probabilities,
     planned_micro_batch_tokens,
     resolved_for_memory,
     tokens_without_recompute,
@@ -127,3 +128,28 @@ def test_auto_decides_for_each_group_of_micro_batches_from_its_tokens(tiny_model
     assert checkpointing.fit(100) == 0 and not any(layer.gradient_checkpointing for layer in layers)
     assert checkpointing.fit(10_000) == len(layers) and all(layer.gradient_checkpointing for layer in layers)
     assert checkpointing.fit(50) == 0 and not any(layer.gradient_checkpointing for layer in layers)
+
+
+def test_probabilities_are_kept_for_backward_only_where_nothing_recomputes_and_they_fit() -> None:
+    activations = activation_bytes(SHAPE, 2048, 0)
+    probabilities = 1536 * SHAPE.vocab_size * 4
+    assert keeps_probabilities(SHAPE, 2048, 1536, 0, activations + probabilities)
+    assert not keeps_probabilities(SHAPE, 2048, 1536, 0, activations + probabilities - 1)
+    assert not keeps_probabilities(SHAPE, 2048, 1536, 1, 1000 * GIB)  # short of memory already
+
+
+def test_the_hf_trainer_keeps_probabilities_within_its_budget_also_with_checkpointing_off(
+    tiny_model_path,
+) -> None:
+    shape = ModelShape.from_folder(tiny_model_path)
+    budget_gib = (activation_bytes(shape, 100, 0) + 80 * shape.vocab_size * 4) / GIB
+    for setting in ("auto", False):
+        checkpointing, _ = _checkpointing(
+            tiny_model_path, gradient_checkpointing=setting, activation_memory_gib=budget_gib
+        )
+        checkpointing.fit(100)
+        assert checkpointing.keeps_probabilities(100, 80)
+        assert not checkpointing.keeps_probabilities(100, 81)
+    checkpointing, _ = _checkpointing(tiny_model_path, gradient_checkpointing=True)
+    checkpointing.fit(100)
+    assert not checkpointing.keeps_probabilities(100, 1)

@@ -26,26 +26,38 @@ def _inputs(dtype: torch.dtype, bias: bool, num_tokens: int = 29, hidden_size: i
     return hidden, lm_head, targets, temps
 
 
-def _run(hidden, lm_head, targets, temps, upstream, fused: bool, monkeypatch: pytest.MonkeyPatch):
+def _run(
+    hidden,
+    lm_head,
+    targets,
+    temps,
+    upstream,
+    fused: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    keep_probs: bool = False,
+):
     monkeypatch.setattr(
         "grpo.trainer.fused_logprobs.fused_applicable", lambda head, active: fused and not active
     )
     hidden.grad = None
     for p in lm_head.parameters():
         p.grad = None
-    lp, entropy, untempered = token_logprobs_and_untempered(hidden, lm_head, targets, temps, chunk_size=8)
+    lp, entropy, untempered = token_logprobs_and_untempered(
+        hidden, lm_head, targets, temps, chunk_size=8, keep_probs=keep_probs
+    )
     (lp * upstream).sum().backward()
     grads = [hidden.grad.clone()] + [p.grad.clone() for p in lm_head.parameters()]
     return lp.detach(), entropy, untempered, grads
 
 
+@pytest.mark.parametrize("keep_probs", [False, True], ids=["recomputed", "kept probabilities"])
 @pytest.mark.parametrize(
     ("dtype", "bias"), [(torch.float32, False), (torch.float32, True), (torch.bfloat16, True)]
 )
-def test_fused_step_equals_the_checkpointed_path(dtype, bias, monkeypatch):
+def test_fused_step_equals_the_checkpointed_path(dtype, bias, keep_probs, monkeypatch):
     hidden, lm_head, targets, temps = _inputs(dtype, bias)
     upstream = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(2))
-    fused = _run(hidden, lm_head, targets, temps, upstream, True, monkeypatch)
+    fused = _run(hidden, lm_head, targets, temps, upstream, True, monkeypatch, keep_probs)
     generic = _run(hidden, lm_head, targets, temps, upstream, False, monkeypatch)
     for got, want in zip(fused[:3], generic[:3], strict=True):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
@@ -53,6 +65,24 @@ def test_fused_step_equals_the_checkpointed_path(dtype, bias, monkeypatch):
     for got, want in zip(fused[3], generic[3], strict=True):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, **tolerance)
+
+
+def test_kept_probabilities_replace_backwards_logit_recompute(monkeypatch):
+    """One lm_head product in forward and none in backward's softmax (the gradients' own products
+    remain); recomputing, backward runs the head again."""
+    import grpo.trainer.float32_logits as logits_module
+    import grpo.trainer.fused_logprobs as fused_module
+
+    hidden, lm_head, targets, temps = _inputs(torch.float32, False)
+    calls: list[int] = []
+    real = logits_module.float32_linear
+    monkeypatch.setattr(logits_module, "float32_linear", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(fused_module, "_FUSED", None)  # rebuilt, binding the counting function
+    for keep_probs, expected in ((True, 1), (False, 2)):
+        calls.clear()
+        lp, _, _ = fused_chunk_logprobs(lm_head, hidden, targets, temps, False, keep_probs=keep_probs)
+        lp.sum().backward()
+        assert len(calls) == expected, keep_probs
 
 
 def test_fused_outputs_other_than_the_logprob_carry_no_gradient():

@@ -10,6 +10,7 @@ from grpo.models.shape import ModelShape
 from grpo.trainer.activation_plan import (
     activation_budget_bytes,
     checkpointing_choice,
+    keeps_probabilities,
     num_recomputed_layers,
     tokens_without_recompute,
 )
@@ -45,7 +46,7 @@ class LayerCheckpointing:
 
         self.cfg, self.shape = cfg, shape
         self.auto = cfg.gradient_checkpointing == "auto"
-        self.budget_bytes = activation_budget_bytes(cfg, device_memory_bytes(device)) if self.auto else 0
+        self.budget_bytes = activation_budget_bytes(cfg, device_memory_bytes(device))
         self._causal_lm = causal_lm
         self._layers = [m for m in causal_lm.modules() if isinstance(m, GradientCheckpointingLayer)]
         self._enabled = False
@@ -68,6 +69,13 @@ class LayerCheckpointing:
                 checkpointing_choice(self.cfg, self.shape, num_tokens, self.budget_bytes).num_layers
             )
         return self.num_layers
+
+    def keeps_probabilities(self, num_tokens: int, num_loss_tokens: int) -> bool:
+        """Whether the group `fit` last sized keeps its loss tokens' probabilities for backward
+        (grpo.trainer.activation_plan.keeps_probabilities), against the same budget."""
+        return keeps_probabilities(
+            self.shape, num_tokens, num_loss_tokens, self.num_layers, self.budget_bytes
+        )
 
     def set_layers(self, num_layers: int) -> None:
         if num_layers > 0 and not self._enabled:

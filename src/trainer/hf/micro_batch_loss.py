@@ -23,10 +23,12 @@ def micro_batch_loss(
     truncation: SamplingTruncation,
     ref_lp: Any = None,
     old_lp: Any = None,
+    keep_probs: bool = False,
 ) -> tuple[Any, LossSums, Any]:
     """Forward one micro-batch; logits only at the hidden states that predict its loss tokens,
     truncated as vLLM truncated them when it sampled (top_k/top_p/min_p). Returns (loss, sums,
-    its logprobs detached); the loss is already divided by `loss_scale`."""
+    its logprobs detached); the loss is already divided by `loss_scale`. `keep_probs`: backward
+    reads the probabilities forward computed (grpo.trainer.fused_logprobs)."""
     import torch
 
     from grpo.trainer.logprobs import token_logprobs_and_untempered
@@ -48,6 +50,7 @@ def micro_batch_loss(
         cfg.logprob_chunk_size,
         untempered=has_teacher,
         truncation=truncation,
+        keep_probs=keep_probs,
     )
     loss, sums = loss_of_tokens(
         tokens, lp, entropy, untempered_lp, cfg.loss, loss_scale, ref_lp=ref_lp, old_lp=old_lp

@@ -291,6 +291,9 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
         )
         torch.manual_seed(cfg.seed)  # LoRA A init
         model = get_peft_model(causal_lm, lora_cfg, autocast_adapter_dtype=True)
+        from grpo.trainer.hf.lora_fused import fuse_lora_linears
+
+        fuse_lora_linears(model)
     model.train()
     if cfg.lora:
         from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding

@@ -262,16 +262,20 @@ class Trainer:
         state = self._open
         assert state is not None
         for group in split_micro_batches(passes, self.cfg.gradient_accumulation_steps):
+            keep_probs = False
             if self.policy.checkpointing is not None:
-                num_layers = self.policy.checkpointing.fit(sum(item.micro_batch.num_tokens for item in group))
+                num_group_tokens = sum(item.micro_batch.num_tokens for item in group)
+                num_layers = self.policy.checkpointing.fit(num_group_tokens)
                 state.num_recomputed_layers = max(state.num_recomputed_layers, num_layers)
+                num_loss_tokens = sum(int(item.micro_batch.loss.targets.numel()) for item in group)
+                keep_probs = self.policy.checkpointing.keeps_probabilities(num_group_tokens, num_loss_tokens)
             group_loss = None
             for item in group:
                 mb = item.micro_batch
                 if first and self.reference is not None and mb.loss.targets.numel() > 0:
                     item.ref_lp = self.reference.token_logprobs(mb, self.cfg.logprob_chunk_size)
                 loss, sums, lp = self._micro_batch_loss(
-                    mb, loss_scale, item.truncation, item.ref_lp, None if first else item.lp
+                    mb, loss_scale, item.truncation, item.ref_lp, None if first else item.lp, keep_probs
                 )
                 if first:
                     item.lp = lp
@@ -392,9 +396,10 @@ class Trainer:
         truncation: SamplingTruncation,
         ref_lp: Any = None,
         old_lp: Any = None,
+        keep_probs: bool = False,
     ) -> tuple[Any, LossSums, Any]:
         """(loss, sums, logprobs) of one micro-batch: grpo.trainer.hf.micro_batch_loss."""
-        return micro_batch_loss(self.policy, self.cfg, mb, loss_scale, truncation, ref_lp, old_lp)
+        return micro_batch_loss(self.policy, self.cfg, mb, loss_scale, truncation, ref_lp, old_lp, keep_probs)
 
     def _flop_counter(self) -> StepFlopCounter:
         from grpo.trainer.flops import StepFlopCounter, flop_shape

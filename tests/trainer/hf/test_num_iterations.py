@@ -11,7 +11,7 @@ from trainer_batches import default_rows, on_policy_batch
 import grpo.trainer.hf.model as trainer_model
 from grpo.config.trainer import LossConfig
 from grpo.trainer.hf.trainer import Trainer
-from grpo.trainer.logprobs import token_logprobs
+from grpo.trainer.logprobs import token_logprobs_and_untempered
 from grpo.trainer.loss import loss_of_tokens
 from grpo.trainer.optim import clip_gradients
 from grpo.transport.batches.batch import TrainingBatch
@@ -64,8 +64,16 @@ def test_two_iterations_equal_two_manual_updates_with_the_first_pass_logprobs_as
         for index, mb in enumerate(micro_batches):
             hidden = by_hand.policy.hidden_states(mb)
             tokens = mb.loss
-            lp, entropy = token_logprobs(
-                hidden[tokens.predicted_from], by_hand.policy.lm_head, tokens.targets, tokens.temperatures, 16
+            # Probabilities kept for backward, as the trainer keeps them where they fit (on the tiny
+            # model always): the tight clip below turns the recompute's rounding into other updates.
+            lp, entropy, _ = token_logprobs_and_untempered(
+                hidden[tokens.predicted_from],
+                by_hand.policy.lm_head,
+                tokens.targets,
+                tokens.temperatures,
+                16,
+                untempered=False,
+                keep_probs=True,
             )
             if update == 0:
                 old.append(lp.detach())

@@ -1,0 +1,146 @@
+"""A float32 LoRA linear layer as one autograd step: no [tokens, out] temporaries beyond the output.
+
+peft's lora.Linear computes `base(x) + lora_B(lora_A(dropout(x))) * scaling`: the adapter's
+[tokens, out] product is scaled and then added to the base output, two more passes over a
+[tokens, out] tensor in forward and two more (the scale's and the add's gradients) in backward,
+for every adapted projection of every layer. Here the scale moves to the [tokens, r] side and the
+adapter's product accumulates into the base output in place (addmm); backward computes the same
+four products peft's autograd does and accumulates the input's two gradients in place too.
+Measured on 2 AVX2 cores, one 576 -> 1536 projection at r 16 over 1,760 tokens, forward and
+backward: 250 ms with peft's forward against 211 ms, with the same values and gradients bit for
+bit. In a whole model the outputs stay equal and the gradients agree to float32 rounding: a
+hidden state feeding several projections (q, k, v) gets its gradient's terms summed in another
+order. A whole short-answer trainer step (embedded model, 8 prompt trees of 1,760 tokens, steps of
+each variant taken in turns in one process, 3 each): 13.9 s median with peft's forward, 13.2 with
+this one; 12.1 and 11.1 with the loss tokens' probabilities kept (grpo.trainer.fused_logprobs).
+
+Only float32 layers take this path (x, base weight and adapter weights all float32, autocast
+off), where a power-of-two scaling (alpha / r = 2 by default) keeps each product exact. A 16-bit
+base keeps peft's forward, whose bf16 roundings are the ones grpo.trainer.hf.vllm_numerics aligns
+with the engine's. So do a disabled or merged adapter, dropout, a variant (DoRA), several active
+adapters and quantized base layers: each call checks, since peft toggles adapters on the module
+at run time (the reference model's `disable_adapter`).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+_FUNCTION: Any = None
+
+
+def fuse_lora_linears(model: nn.Module) -> int:
+    """Give each peft lora.Linear over a plain nn.Linear the fused forward (it falls back to peft's
+    own per call wherever it does not apply); returns how many layers got it."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+    from torch import nn
+
+    count = 0
+    for module in model.modules():
+        if type(module) is LoraLinear and type(module.base_layer) is nn.Linear:
+            module.forward = types.MethodType(_make_forward(module.forward), module)
+            count += 1
+    return count
+
+
+def _make_forward(peft_forward: Any) -> Any:
+    def forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        adapter = _fusable_adapter(self, x, args, kwargs)
+        if adapter is None:
+            return peft_forward(x, *args, **kwargs)
+        base = self.base_layer
+        return _function().apply(
+            x,
+            base.weight,
+            base.bias,
+            self.lora_A[adapter].weight,
+            self.lora_B[adapter].weight,
+            float(self.scaling[adapter]),
+        )
+
+    return forward
+
+
+def _fusable_adapter(
+    layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str | None:
+    """The one active adapter's name when the fused path computes what peft's forward would."""
+    import torch
+    from torch import nn
+
+    if args or kwargs or layer.disable_adapters or layer.merged:
+        return None
+    active = layer.active_adapters
+    if len(active) != 1 or active[0] not in layer.lora_A or active[0] in layer.lora_variant:
+        return None
+    adapter = active[0]
+    if not isinstance(layer.lora_dropout[adapter], nn.Identity) or torch.is_autocast_enabled(x.device.type):
+        return None
+    tensors = (x, layer.base_layer.weight, layer.lora_A[adapter].weight, layer.lora_B[adapter].weight)
+    if any(t.dtype != torch.float32 for t in tensors) or layer.lora_A[adapter].bias is not None:
+        return None
+    if layer.lora_B[adapter].bias is not None:
+        return None
+    return adapter
+
+
+def _function() -> Any:
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _build()
+    return _FUNCTION
+
+
+def _build() -> Any:
+    import torch
+    from torch.autograd.function import once_differentiable
+
+    class LoraLinearFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(
+            ctx: Any,
+            x: torch.Tensor,
+            weight: torch.Tensor,
+            bias: torch.Tensor | None,
+            lora_a: torch.Tensor,
+            lora_b: torch.Tensor,
+            scaling: float,
+        ) -> torch.Tensor:
+            """x [..., in], weight [out, in], bias [out], lora_a [r, in], lora_b [out, r] -> [..., out]"""
+            x2 = x.reshape(-1, x.shape[-1])  # [T, in]
+            after_a = x2 @ lora_a.t()  # [T, r]
+            out = x2 @ weight.t() if bias is None else torch.addmm(bias, x2, weight.t())  # [T, out]
+            out.addmm_(after_a, lora_b.t(), alpha=scaling)
+            ctx.save_for_backward(x2, weight, lora_a, lora_b, after_a)
+            ctx.scaling = scaling
+            ctx.has_bias = bias is not None
+            return out.view(*x.shape[:-1], out.shape[-1])
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            x2, weight, lora_a, lora_b, after_a = ctx.saved_tensors
+            need_x, need_w, need_bias, need_a, need_b = ctx.needs_input_grad[:5]
+            grad = grad_out.reshape(-1, grad_out.shape[-1])  # [T, out]
+            grad_after_a = (grad @ lora_b).mul_(ctx.scaling)  # [T, r]
+            grad_x = grad_w = grad_bias = grad_a = grad_b = None
+            if need_x:
+                grad_x = grad @ weight  # [T, in]
+                grad_x.addmm_(grad_after_a, lora_a)
+                grad_x = grad_x.view(*grad_out.shape[:-1], x2.shape[-1])
+            if need_w:
+                grad_w = grad.t() @ x2
+            if need_bias and ctx.has_bias:
+                grad_bias = grad.sum(0)
+            if need_a:
+                grad_a = grad_after_a.t() @ x2  # [r, in]
+            if need_b:
+                grad_b = (grad.t() @ after_a).mul_(ctx.scaling)  # [out, r]
+            return grad_x, grad_w, grad_bias, grad_a, grad_b, None
+
+    return LoraLinearFunction
