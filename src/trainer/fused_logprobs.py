@@ -15,9 +15,9 @@ backward over a short-answer step's 1,216 loss tokens x 49,152 vocab took 2.71 s
 the even chunks of grpo.trainer.logprobs), and the whole trainer step 12.1 s against 15.7-16.2.
 
 With `keep_probs` forward keeps each chunk's float32 probabilities [C, V] for backward instead of
-recomputing the logits there: one lm_head product in three fewer, for C x V x 4 bytes held from
-forward to backward (the trainer asks for it only where its activation budget has that room,
-grpo.trainer.hf.checkpointing). On 2 AVX2 cores a short-answer step's two 768-token chunks spent
+recomputing the logits there: two lm_head products per chunk instead of three, for C x V x 4 bytes
+held from forward to backward (the trainer asks for it only where its activation budget has that
+room, grpo.trainer.hf.checkpointing). On 2 AVX2 cores a short-answer step's two 768-token chunks spent
 1.1 s of 15 s recomputing their logits.
 
 Used, with or without a gradient, when the lm_head is a plain linear layer and vLLM sampled without
