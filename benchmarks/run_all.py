@@ -130,9 +130,11 @@ def component_rows(label: str) -> list[dict[str, Any]]:
     if not label.endswith("-quick") and (trainer := load(f"trainer_{label}.json")):
         found = trainer["results"]
         memory = trainer["logprob_peak_memory_ratio_naive_over_chunked"]
+        # The trainer's dtype is the default's choice on this machine (float32 without native bf16).
+        dtype = str(found["trainer_no_checkpointing"]["dtype"]).removeprefix("torch.")
         rows.append(
             {
-                "bench": "trainer (LoRA r16 step, embedded model, bf16)",
+                "bench": f"trainer (LoRA r16 step, embedded model, {dtype})",
                 "result": f"{found['trainer_no_checkpointing']['tokens_per_s']:.0f} tok/s = "
                 f"{trainer['speedup_vs_plain_peft']:.2f}x a plain PEFT loop "
                 f"({found['plain_peft']['tokens_per_s']:.0f} tok/s); with gradient checkpointing "
