@@ -242,6 +242,11 @@ class ServerThread:
             else:  # still starting up: HTTP serving (and its handler) not there yet
                 loop.call_soon_threadsafe(_cancel_all_tasks)
             thread.join(timeout)
+        if thread is not None and not thread.is_alive():
+            # vLLM has shut the engine down; an AsyncLLM still referenced here would be collected
+            # only at interpreter exit, where its __del__ calls a module global already torn down
+            # ("Exception ignored in AsyncLLM.__del__ ... TypeError").
+            self.engine_client = None
         leftovers = [p for p in _children() if p.pid not in self._children_before]
         num_left = end_processes(leftovers)
         log.info(

@@ -227,3 +227,34 @@ def test_a_published_policy_with_noisy_norms_is_served_with_exactly_those_norms(
         assert not torch.equal(served[name].float(), clean[name]), name
 
     with_client(vllm_server, lambda client: client.update_weights(str(tiny_model_path)))
+
+
+class _FakeEngineClient:
+    """Stands in for vLLM's AsyncLLM: only its lifetime matters here."""
+
+
+def test_stop_lets_go_of_the_engine_client_so_it_is_not_left_for_interpreter_exit() -> None:
+    # An AsyncLLM still referenced at interpreter exit runs its __del__ after vLLM's module globals are
+    # gone and prints "Exception ignored in AsyncLLM.__del__ ... TypeError" on every clean exit.
+    import threading
+    import weakref
+
+    import psutil
+
+    from grpo.config.inference import InferenceConfig
+
+    server = ServerThread(InferenceConfig(model=MODEL, port=0), "never-loaded")
+    finished = threading.Thread(target=lambda: None)
+    finished.start()
+    finished.join()
+    server._thread = finished  # a server thread whose serve loop has returned
+    server._children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    client = _FakeEngineClient()
+    server.engine_client = client
+    released = weakref.ref(client)
+    del client
+
+    server.stop()
+
+    assert server.engine_client is None
+    assert released() is None
