@@ -94,6 +94,8 @@ def run_variant(
         # recomputes some layers and keeps the others (the plan's partial case, measured).
         activation_memory_gib=12.0 if variant == "trainer_auto_12gib" else None,
     )
+    if torch.cuda.is_available():
+        cfg = _co_located_budget(cfg, model, num_rows * row_tokens)
     if variant == "trainer_fp32":
         import grpo.trainer.hf.model as model_module
 
@@ -121,7 +123,7 @@ def run_variant(
     elapsed = time.perf_counter() - started
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     tokens_per_s = num_steps * num_rows * row_tokens / elapsed
-    cuda = _cuda_figures(cfg, model, tokens_per_s, num_rows * row_tokens) if on_cuda else {}
+    cuda = _cuda_figures(cfg, model, tokens_per_s) if on_cuda else {}
     # The trainer's own metric (LoRA-aware model FLOPs, attention and logits included, over the peak
     # of grpo.trainer.peak_flops), beside the 6 x parameters convention of `mfu`.
     own = [m["mfu"] for m in step_metrics if isinstance(m, dict) and "mfu" in m]
@@ -142,18 +144,33 @@ def run_variant(
     }
 
 
-def _cuda_figures(cfg, model: str, tokens_per_s: float, num_step_tokens: int) -> dict[str, object]:
+def _co_located_budget(cfg, model: str, num_step_tokens: int):
+    """Under gradient_checkpointing auto without activation_memory_gib: `cfg` with what the
+    co-located memory plan reserves for the worst case against this GPU's memory, so the trainer
+    measured is the one the plan predicts (alone, auto would decide against half the GPU, and keep
+    its loss tokens' probabilities there)."""
+    import torch
+
+    from grpo.models.shape import ModelShape
+    from grpo.trainer.activation_plan import resolved_for_memory
+
+    if cfg.gradient_checkpointing != "auto" or cfg.activation_memory_gib is not None:
+        return cfg
+    total = torch.cuda.get_device_properties(0).total_memory
+    reserved, _ = resolved_for_memory(cfg, ModelShape.from_folder(model), total, num_step_tokens)
+    return cfg.model_copy(update={"activation_memory_gib": reserved.activation_memory_gib})
+
+
+def _cuda_figures(cfg, model: str, tokens_per_s: float) -> dict[str, object]:
     """On CUDA: MFU (6 x decoder-linear parameters FLOPs per token, the usual convention, over the
     GPU's bf16 peak) and the peak memory next to the memory plan's prediction for this trainer: its
-    own micro-batch budget, and under gradient_checkpointing auto what the trainer reserves for the
-    worst case against this GPU's memory (as the co-located plan resolves it). The plan counts what
-    a co-located trainer adds to vLLM; this benchmark loads the base weights itself, so they are
-    added to the prediction (bf16)."""
+    own micro-batch budget and, under gradient_checkpointing auto, its activation reserve
+    (_co_located_budget). The plan counts what a co-located trainer adds to vLLM; this benchmark
+    loads the base weights itself, so they are added to the prediction (bf16)."""
     import torch
 
     from grpo.colocate.memory_plan import GIB, trainer_rows
     from grpo.models.shape import ModelShape
-    from grpo.trainer.activation_plan import resolved_for_memory
     from grpo.trainer.peak_flops import table_peak_tflops
 
     shape = ModelShape.from_folder(model)
@@ -161,10 +178,6 @@ def _cuda_figures(cfg, model: str, tokens_per_s: float, num_step_tokens: int) ->
     peak_tflops = table_peak_tflops(name)
     peak = None if peak_tflops is None else peak_tflops * 1e12
     num_params = shape.num_linear_params()
-    if cfg.gradient_checkpointing == "auto" and cfg.activation_memory_gib is None:
-        total = torch.cuda.get_device_properties(0).total_memory
-        reserved, _ = resolved_for_memory(cfg, shape, total, num_step_tokens)
-        cfg = cfg.model_copy(update={"activation_memory_gib": reserved.activation_memory_gib})
     predicted = sum(b for _, b, _ in trainer_rows(cfg, shape, on_gpu=True)) + num_params * 2
     measured = torch.cuda.max_memory_reserved()
     return {

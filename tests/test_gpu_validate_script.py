@@ -25,3 +25,45 @@ def test_without_cuda_the_validation_fails_in_one_line_without_a_traceback(tmp_p
 def test_the_gpu_tests_are_chosen_by_marker_not_by_file() -> None:
     # The whole tests/ folder filtered by the marker: gpu tests added anywhere run without edits here.
     assert re.search(r"pytest -m gpu [^|]*\stests\s", SCRIPT.read_text())
+
+
+def _bench_results(tmp_path: Path, **within_plan: bool) -> Path:
+    import json
+
+    variants = {
+        name: {
+            "tokens_per_s": 1000.0,
+            "peak_cuda_reserved_gib": 3.0,
+            "planned_gib": 4.0,
+            "peak_within_plan": ok,
+        }
+        for name, ok in within_plan.items()
+    }
+    (tmp_path / "trainer_cuda.json").write_text(json.dumps({"results": variants}))
+    (tmp_path / "pytest_gpu.xml").write_text('<testsuite><testcase classname="t" name="a"/></testsuite>')
+    return tmp_path
+
+
+def test_peak_memory_fails_when_any_trainer_variant_is_over_its_plan(tmp_path: Path) -> None:
+    # The default variant within plan hid two others above theirs on an H100.
+    out = _bench_results(tmp_path, trainer=True, trainer_auto=False, trainer_no_checkpointing=False)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/gpu_validate_summary.py"), str(out), "0", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert "| peak_memory | FAIL |" in result.stdout
+    assert "over_plan=trainer_auto trainer_no_checkpointing" in result.stdout
+    assert "| trainer_bench | PASS |" in result.stdout and (out / "summary.json").exists()
+
+
+def test_peak_memory_ignores_the_plain_peft_comparison_loop(tmp_path: Path) -> None:
+    out = _bench_results(tmp_path, trainer=True, trainer_auto=True, plain_peft=False)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/gpu_validate_summary.py"), str(out), "0", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout
+    assert "variants_checked=2, over_plan=none" in result.stdout

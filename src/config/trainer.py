@@ -184,7 +184,8 @@ class TrainerConfig(StrictModel):
     decides against it; a group that recomputes no layer also keeps its loss tokens' float32
     probabilities for backward where they fit too, rather than running the lm_head again). null:
     co-located, what the memory plan reserves for the worst case it plans; otherwise half the
-    device's memory (a GPU's total, or the RAM available at start)."""
+    device's memory (a GPU's total, or the RAM available at start), which under an explicit
+    gradient_checkpointing keeps no probabilities."""
 
     logprob_chunk_size: int = Field(1024, gt=0)
     """Most tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32

@@ -153,3 +153,16 @@ def test_the_hf_trainer_keeps_probabilities_within_its_budget_also_with_checkpoi
     checkpointing, _ = _checkpointing(tiny_model_path, gradient_checkpointing=True)
     checkpointing.fit(100)
     assert not checkpointing.keeps_probabilities(100, 1)
+
+
+def test_checkpointing_off_keeps_no_probabilities_without_a_planned_budget(tiny_model_path) -> None:
+    # Co-located with gradient_checkpointing false the plan sets no activation_memory_gib and the
+    # GPU beyond the planned activations is vLLM's: half the device is no budget to keep them in
+    # (seen on an H100: 3 GiB above the plan).
+    checkpointing, _ = _checkpointing(tiny_model_path, gradient_checkpointing=False)
+    checkpointing.fit(100)
+    assert checkpointing.budget_bytes > 1 * GIB
+    assert not checkpointing.keeps_probabilities(100, 1)
+    auto, _ = _checkpointing(tiny_model_path)
+    auto.fit(100)
+    assert auto.keeps_probabilities(100, 1)

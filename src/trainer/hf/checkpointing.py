@@ -47,6 +47,12 @@ class LayerCheckpointing:
         self.cfg, self.shape = cfg, shape
         self.auto = cfg.gradient_checkpointing == "auto"
         self.budget_bytes = activation_budget_bytes(cfg, device_memory_bytes(device))
+        # Kept probabilities are memory beyond an explicit setting's activations: only against a
+        # budget someone planned (auto's, or activation_memory_gib set by the user or the co-located
+        # memory plan). The default half of the device is not one: co-located with
+        # gradient_checkpointing false, the rest of the GPU is vLLM's.
+        planned = self.auto or cfg.activation_memory_gib is not None
+        self._probability_budget_bytes = self.budget_bytes if planned else 0
         self._causal_lm = causal_lm
         self._layers = [m for m in causal_lm.modules() if isinstance(m, GradientCheckpointingLayer)]
         self._enabled = False
@@ -72,9 +78,10 @@ class LayerCheckpointing:
 
     def keeps_probabilities(self, num_tokens: int, num_loss_tokens: int) -> bool:
         """Whether the group `fit` last sized keeps its loss tokens' probabilities for backward
-        (grpo.trainer.activation_plan.keeps_probabilities), against the same budget."""
+        (grpo.trainer.activation_plan.keeps_probabilities): against auto's budget, or an explicit
+        setting's activation_memory_gib; never against an explicit setting's default."""
         return keeps_probabilities(
-            self.shape, num_tokens, num_loss_tokens, self.num_layers, self.budget_bytes
+            self.shape, num_tokens, num_loss_tokens, self.num_layers, self._probability_budget_bytes
         )
 
     def set_layers(self, num_layers: int) -> None:

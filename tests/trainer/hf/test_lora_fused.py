@@ -1,5 +1,6 @@
 """The fused float32 LoRA linear: peft's values and gradients, and peft's own forward wherever it
-does not apply."""
+does not apply. On whatever device the trainer picks (CUDA where present), in float32 there too:
+a GPU's default bf16 policy takes peft's forward by design."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ import pytest
 import torch
 from peft.tuners.lora.layer import Linear as LoraLinear
 
+import grpo.trainer.hf.model as trainer_model
 from grpo.trainer.hf.lora_fused import _fusable_adapter
 from grpo.trainer.hf.model import build_policy
 from grpo.trainer.weights import DiskWeights
+
+
+@pytest.fixture(autouse=True)
+def float32_policy(monkeypatch):
+    monkeypatch.setattr(trainer_model, "choose_dtype", lambda device: torch.float32)
 
 
 def _lora_layers(model: torch.nn.Module) -> list[LoraLinear]:
@@ -25,7 +32,7 @@ def _policy_with_nonzero_adapters(make_cfg, tiny_model_path, **overrides):
     with torch.no_grad():
         for layer in _lora_layers(policy.model):
             weight = layer.lora_B["default"].weight
-            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.05)
+            weight.copy_(torch.randn(weight.shape, generator=generator).to(weight.device) * 0.05)
     return policy
 
 
@@ -46,6 +53,8 @@ def test_every_plain_lora_linear_gets_the_fused_forward(make_cfg, tiny_model_pat
 def test_fused_layers_give_peft_outputs_and_its_gradients_to_float32_rounding(make_cfg, tiny_model_path):
     policy = _policy_with_nonzero_adapters(make_cfg, tiny_model_path)
     input_ids = torch.randint(0, 100, (1, 24), generator=torch.Generator().manual_seed(1))
+    input_ids = input_ids.to(policy.device)
+    assert policy.dtype == torch.float32
     fused_logits, fused_grads = _forward_backward(policy, input_ids)
     for layer in _lora_layers(policy.model):
         del layer.forward  # back to peft's class forward
@@ -60,7 +69,7 @@ def test_fused_layers_give_peft_outputs_and_its_gradients_to_float32_rounding(ma
 
 def test_a_disabled_adapter_computes_the_base_model(make_cfg, tiny_model_path):
     policy = _policy_with_nonzero_adapters(make_cfg, tiny_model_path)
-    input_ids = torch.arange(12)[None]
+    input_ids = torch.arange(12, device=policy.device)[None]
     with torch.no_grad():
         adapted = policy.model(input_ids=input_ids).logits
         with policy.model.disable_adapter():
@@ -77,10 +86,10 @@ def test_16_bit_autocast_and_dropout_calls_keep_peft_forward(make_cfg, tiny_mode
     dropout = 0.1 if case == "dropout" else 0.0
     policy = build_policy(make_cfg(lora_dropout=dropout), DiskWeights(tiny_model_path))
     layer = _lora_layers(policy.model)[0]
-    x = torch.randn(2, 3, layer.in_features)
+    x = torch.randn(2, 3, layer.in_features, device=policy.device)
     assert _fusable_adapter(layer, x, (), {}) == (None if case == "dropout" else "default")
     if case == "bf16 input":
         assert _fusable_adapter(layer, x.bfloat16(), (), {}) is None
     if case == "autocast":
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
             assert _fusable_adapter(layer, x, (), {}) is None
