@@ -38,7 +38,12 @@ from grpo.orchestrator.report import Reporter
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
 from grpo.orchestrator.rollout_log import RolloutLog
 from grpo.orchestrator.sampling import request_sampling
-from grpo.orchestrator.scheduler import FinishedGroups, PolicyTracker, is_acceptable, required_policy
+from grpo.orchestrator.scheduler import (
+    FinishedGroups,
+    PolicyTracker,
+    oldest_acceptable,
+    required_policy,
+)
 from grpo.orchestrator.step_batch import build_batch, pack_metrics, rollout_metrics
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.tool_calls import ToolCallParser
@@ -249,7 +254,9 @@ class Orchestrator:
         while True:
             while not self._done.empty():
                 self._finished.add(_group_or_raise(self._done.get_nowait()))
-            stale = self._finished.remove_if(lambda group: not self._acceptable(step, group))
+            stale = self._finished.remove_started_before(
+                oldest_acceptable(step, self.cfg.max_off_policy_steps)
+            )
             if stale:
                 stats["off_policy/num_dropped"] += sum(len(group.rollouts) for group in stale)
                 self._resolve_pending(len(stale))
@@ -261,9 +268,6 @@ class Orchestrator:
             if waited is None:
                 return None
             self._finished.add(waited)
-
-    def _acceptable(self, step: int, group: Group) -> bool:
-        return is_acceptable(step, group.start_version, self.cfg.max_off_policy_steps)
 
     # ---- the step (its batch and metrics: grpo.orchestrator.step_batch) ---------------------
 
@@ -401,6 +405,12 @@ class Orchestrator:
         return self.step
 
     async def run(self) -> None:
+        from grpo.utils.gc_heap import startup_heap_frozen
+
+        with startup_heap_frozen():
+            await self._run()
+
+    async def _run(self) -> None:
         resumed_at = await self._resume()
         self.policy.start()
         reporter = Reporter(

@@ -23,7 +23,6 @@ import asyncio
 import heapq
 import itertools
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from grpo.inference.types import RolloutClient
@@ -44,35 +43,44 @@ def required_policy(step: int, max_async_level: int) -> int:
 def is_acceptable(step: int, start_version: int, max_off_policy_steps: int) -> bool:
     """Whether a rollout started from policy `start_version` may train in batch `step`: its oldest
     tokens are step - start_version policy updates behind the policy that trains on them."""
-    return step - start_version <= max_off_policy_steps
+    return start_version >= oldest_acceptable(step, max_off_policy_steps)
+
+
+def oldest_acceptable(step: int, max_off_policy_steps: int) -> int:
+    """Oldest start policy batch `step` may train on (is_acceptable)."""
+    return step - max_off_policy_steps
 
 
 class FinishedGroups:
     """Finished groups no batch has taken yet, freshest (newest start policy) first; among equally
-    fresh ones, the first to finish."""
+    fresh ones, the first to finish. A batch asks for its stale ones to go before each group it
+    takes, so that check is O(1) while none is stale: a scan of every held group per take cost
+    ~1.4 M staleness checks for a 1,000-group step (6.9 of 17 s in benchmarks/orchestrator_bench.py)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, Group]] = []
+        self._heap: list[tuple[int, int, Group]] = []  # (-start_version, arrival, group)
         self._order = itertools.count()
+        self._oldest = 0
+        """The lowest start_version held (meaningless while empty)."""
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def add(self, group: Group) -> None:
-        heapq.heappush(self._heap, (-group.start_version, next(self._order), group))
+        version = group.start_version
+        self._oldest = version if not self._heap else min(self._oldest, version)
+        heapq.heappush(self._heap, (-version, next(self._order), group))
 
-    def remove_if(self, reject: Callable[[Group], bool]) -> list[Group]:
-        """Remove and return the groups `reject` is true for."""
-        kept: list[tuple[int, int, Group]] = []
-        rejected: list[Group] = []
-        for entry in self._heap:
-            if reject(entry[2]):
-                rejected.append(entry[2])
-            else:
-                kept.append(entry)
-        if rejected:
-            heapq.heapify(kept)
-            self._heap = kept
+    def remove_started_before(self, version: int) -> list[Group]:
+        """Remove and return the groups whose start policy is older than `version`."""
+        if not self._heap or self._oldest >= version:
+            return []
+        kept = [entry for entry in self._heap if -entry[0] >= version]
+        rejected = [entry[2] for entry in self._heap if -entry[0] < version]
+        heapq.heapify(kept)
+        self._heap = kept
+        if kept:
+            self._oldest = min(-entry[0] for entry in kept)
         return rejected
 
     def pop_freshest(self) -> Group | None:
