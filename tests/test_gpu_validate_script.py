@@ -44,14 +44,15 @@ def _bench_results(tmp_path: Path, **within_plan: bool) -> Path:
     return tmp_path
 
 
+def _summarize(out: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(REPO / "scripts/gpu_validate_summary.py"), str(out), "0", "0"]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
 def test_peak_memory_fails_when_any_trainer_variant_is_over_its_plan(tmp_path: Path) -> None:
     # The default variant within plan hid two others above theirs on an H100.
     out = _bench_results(tmp_path, trainer=True, trainer_auto=False, trainer_no_checkpointing=False)
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/gpu_validate_summary.py"), str(out), "0", "0"],
-        capture_output=True,
-        text=True,
-    )
+    result = _summarize(out)
     assert result.returncode == 1
     assert "| peak_memory | FAIL |" in result.stdout
     assert "over_plan=trainer_auto trainer_no_checkpointing" in result.stdout
@@ -60,10 +61,6 @@ def test_peak_memory_fails_when_any_trainer_variant_is_over_its_plan(tmp_path: P
 
 def test_peak_memory_ignores_the_plain_peft_comparison_loop(tmp_path: Path) -> None:
     out = _bench_results(tmp_path, trainer=True, trainer_auto=True, plain_peft=False)
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/gpu_validate_summary.py"), str(out), "0", "0"],
-        capture_output=True,
-        text=True,
-    )
+    result = _summarize(out)
     assert result.returncode == 0, result.stdout
     assert "variants_checked=2, over_plan=none" in result.stdout
