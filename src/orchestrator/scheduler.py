@@ -40,14 +40,9 @@ def required_policy(step: int, max_async_level: int) -> int:
     return max(0, step - max_async_level)
 
 
-def is_acceptable(step: int, start_version: int, max_off_policy_steps: int) -> bool:
-    """Whether a rollout started from policy `start_version` may train in batch `step`: its oldest
-    tokens are step - start_version policy updates behind the policy that trains on them."""
-    return start_version >= oldest_acceptable(step, max_off_policy_steps)
-
-
 def oldest_acceptable(step: int, max_off_policy_steps: int) -> int:
-    """Oldest start policy batch `step` may train on (is_acceptable)."""
+    """Oldest start policy whose rollouts batch `step` may train on: a rollout started from policy v
+    has its oldest tokens step - v policy updates behind the policy that trains on them."""
     return step - max_off_policy_steps
 
 

@@ -17,7 +17,7 @@ from grpo.inference.types import ABORTED, Completion, GenerateRequest, SamplingP
 from grpo.orchestrator.orchestrator import Orchestrator
 from grpo.orchestrator.partial import UpdateGate
 from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
-from grpo.orchestrator.scheduler import PolicyTracker, is_acceptable
+from grpo.orchestrator.scheduler import PolicyTracker, oldest_acceptable
 from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Rollout
 from grpo.utils.jsonl import read_jsonl
@@ -189,7 +189,7 @@ def test_a_rollout_resumes_at_every_update_and_its_oldest_token_sets_its_stalene
     assert (rollout.num_resumes, rollout.num_recovered_tokens) == (2, 5)
     assert rollout.start_version == 0 and rollout.end_version == 2
     # batch 2 under max_off_policy_steps 1 drops it: its oldest token is two policies old
-    assert not is_acceptable(2, rollout.start_version, max_off_policy_steps=1)
+    assert rollout.start_version < oldest_acceptable(2, max_off_policy_steps=1)
 
 
 def test_a_generation_started_during_an_update_waits_for_it_and_runs_under_the_new_policy(

@@ -9,7 +9,6 @@ from orchestrator_fakes import FakeClient
 from grpo.orchestrator.scheduler import (
     FinishedGroups,
     PolicyTracker,
-    is_acceptable,
     newest_stable,
     oldest_acceptable,
     required_policy,
@@ -25,10 +24,8 @@ def test_required_policy_lags_by_async_level() -> None:
 
 
 def test_a_batch_takes_rollouts_up_to_max_off_policy_steps_old() -> None:
-    assert is_acceptable(3, 3, max_off_policy_steps=0)
-    assert not is_acceptable(3, 2, max_off_policy_steps=0)
-    assert is_acceptable(9, 1, max_off_policy_steps=8)
-    assert not is_acceptable(9, 0, max_off_policy_steps=8)
+    assert oldest_acceptable(3, max_off_policy_steps=0) == 3
+    assert oldest_acceptable(9, max_off_policy_steps=8) == 1
 
 
 def _group(version: int, example_index: int = 0) -> Group:
