@@ -67,9 +67,10 @@ def table(summary: dict[str, Any]) -> str:
 def main(argv: list[str]) -> int:
     out, tests_rc, bench_rc = Path(argv[0]), int(argv[1]), int(argv[2])
     summary = summarize(out, tests_rc, bench_rc)
+    markdown = table(summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out / "summary.md").write_text(table(summary))
-    print(table(summary), end="")
+    (out / "summary.md").write_text(markdown)
+    print(markdown, end="")
     return 0 if summary["pass"] else 1
 
 

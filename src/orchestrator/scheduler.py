@@ -70,8 +70,13 @@ class FinishedGroups:
         """Remove and return the groups whose start policy is older than `version`."""
         if not self._heap or self._oldest >= version:
             return []
-        kept = [entry for entry in self._heap if -entry[0] >= version]
-        rejected = [entry[2] for entry in self._heap if -entry[0] < version]
+        kept: list[tuple[int, int, Group]] = []
+        rejected: list[Group] = []
+        for entry in self._heap:
+            if -entry[0] >= version:
+                kept.append(entry)
+            else:
+                rejected.append(entry[2])
         heapq.heapify(kept)
         self._heap = kept
         if kept:

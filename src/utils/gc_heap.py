@@ -22,7 +22,9 @@ def startup_heap_frozen() -> Iterator[None]:
     """Freeze every object alive now (after one full collection, so no garbage is kept) for the
     duration of the block. Unfrozen after it: a frozen object that later becomes part of a garbage
     cycle is never freed, which a process that runs several loops in turn (tests, an in-process
-    trainer torn down) would notice as memory that never comes back."""
+    trainer torn down) would notice as memory that never comes back. gc has one frozen generation,
+    so the end also unfreezes what an in-process vLLM engine froze after its start-up: its objects
+    are collectable again, as when that engine shuts down."""
     gc.collect()
     gc.freeze()
     try:

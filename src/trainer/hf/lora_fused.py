@@ -10,10 +10,11 @@ Measured on 2 AVX2 cores while other work loaded them, one 576 -> 1536 projectio
 1,760 tokens, forward and backward, 20 of each in turns: 250 ms with peft's forward against 211 ms,
 with the same values and gradients bit for bit. In a whole model the outputs stay equal and the
 gradients agree to float32 rounding: a hidden state feeding several projections (q, k, v) gets its
-gradient's terms summed in another order. A whole short-answer trainer step (embedded model, 8 prompt trees, 1,760 tokens;
-benchmarks/trainer_paths_bench.py, 5 rounds, medians): 13.64 s with peft's forward, 13.36 with this
-one; 12.73 and 11.63 with the loss tokens' probabilities kept (grpo.trainer.fused_logprobs). The
-machine's spread between steps is about 10%: a 3-round run gave 12.56 / 12.30 / 12.54 / 12.37.
+gradient's terms summed in another order. A whole short-answer trainer step (embedded model, 8
+prompt trees, 1,760 tokens; benchmarks/trainer_paths_bench.py, 5 rounds, medians): 13.64 s with
+peft's forward, 13.36 with this one; 12.73 and 11.63 with the loss tokens' probabilities kept
+(grpo.trainer.fused_logprobs). The machine's spread between steps is about 10%: a 3-round run gave
+12.56 / 12.30 / 12.54 / 12.37.
 
 Only float32 layers take this path (x, base weight and adapter weights all float32, autocast
 off), where a power-of-two scaling (alpha / r = 2 by default) keeps each product exact. A 16-bit
