@@ -216,11 +216,13 @@ def test_lora_targets_a_model_lacks_are_refused_by_name(family_dir):
 
 
 def test_borrowed_weights_under_names_the_model_lacks_are_refused_by_name(family_dir):
+    from grpo.trainer.device import resolve_device
     from grpo.trainer.weights import BorrowedWeights
 
     path = build_family_model("phi3", family_dir / "phi3")
     # What the engine's qkv_proj becomes after the co-located split into HF's Llama names.
-    borrowed = {"model.layers.0.self_attn.q_proj.weight": torch.zeros(64, 64, dtype=torch.float32)}
     cfg = TrainerConfig(model=str(path), optimizer="adamw", lora_target_modules=["o_proj"])
+    zeros = torch.zeros(64, 64, dtype=torch.float32, device=resolve_device(cfg))  # lent where it computes
+    borrowed = {"model.layers.0.self_attn.q_proj.weight": zeros}
     with pytest.raises(UserError, match="phi3: the engine's base weights do not map"):
         build_policy(cfg, BorrowedWeights(path, borrowed))

@@ -86,11 +86,12 @@ def test_packed_logprobs_equal_each_sample_alone(make_cfg, tiny_model_path):
             lp = every_token_logprobs(
                 policy.hidden_states(mb), policy.lm_head, mb.input_ids, mb.parent_ids, mb.temperatures, 8
             )
-        return lp.numpy()
+        return lp.cpu().numpy()
 
     def plain_forward(row):  # the HF model on one sample, no packing code involved
         with torch.no_grad():
-            logits = policy.model(input_ids=torch.from_numpy(row.input_ids).long()[None]).logits[0].float()
+            input_ids = torch.from_numpy(row.input_ids).long()[None].to(policy.device)
+            logits = policy.model(input_ids=input_ids).logits[0].float().cpu()
         picked = torch.log_softmax(logits[:-1], -1).gather(
             -1, torch.from_numpy(row.input_ids[1:]).long()[:, None]
         )

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from grpo.trainer.hf.load_balancing import LoadBalancingLoss
     from grpo.trainer.hf.moe import RoutingReplay
     from grpo.trainer.packing import MicroBatch
+    from grpo.trainer.quantized_weights import FP8BlockWeight, NF4Weight
     from grpo.trainer.vision_inputs import VisionTokens
     from grpo.trainer.weights import BaseWeightSource
 
@@ -160,6 +161,26 @@ def _borrowed_dtype(borrowed: Mapping[str, torch.Tensor]) -> torch.dtype:
     return dtypes.pop()
 
 
+def _check_borrowed_device(
+    borrowed: Mapping[str, torch.Tensor],
+    borrowed_quantized: Mapping[str, FP8BlockWeight | NF4Weight],
+    device: torch.device,
+) -> None:
+    """A borrowed weight on another device would be copied by `.to(device)`: the base model twice in
+    memory, and the trainer no longer reading the engine's tensors."""
+    from grpo.trainer.quantized_weights import FP8BlockWeight
+
+    tensors = [*borrowed.values()]
+    tensors += [q.weight if isinstance(q, FP8BlockWeight) else q.packed for q in borrowed_quantized.values()]
+    elsewhere = sorted({str(t.device) for t in tensors if t.device.type != device.type})
+    if elsewhere:
+        raise UserError(
+            f"the engine lends its base weights on {', '.join(elsewhere)} but the trainer computes on "
+            f"{device.type}; co-located, run both on one device (trainer device: auto picks CUDA whenever "
+            "it is visible, so run vLLM on the GPU too, or set the trainer's device: cpu)"
+        )
+
+
 def _lora_targets(cfg: TrainerConfig, causal_lm: nn.Module) -> str | list[str]:
     from grpo.config.trainer import DEFAULT_LORA_TARGETS, MOE_DEFAULT_LORA_TARGETS
     from grpo.trainer.hf.moe import is_moe
@@ -216,6 +237,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             "qlora_bnb / qlora_fp8 quantize the base from disk, but this run borrows the engine's base weights; "
             "turn the trainer's quantization off (the borrowed weights are used as the engine holds them)"
         )
+    _check_borrowed_device(borrowed, borrowed_quantized, device)
 
     # Full training keeps fp32 weights (bf16 Adam updates would round away); compute is autocast.
     load_dtype = dtype if cfg.lora else torch.float32

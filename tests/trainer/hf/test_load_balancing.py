@@ -132,7 +132,7 @@ def test_each_rows_aux_loss_equals_transformers_load_balancing_loss_on_its_unpac
         aux = balancing.row_losses(mb)
         with torch.no_grad():
             expected = torch.stack([_hf_row_aux(model, row) for row in rows])
-        torch.testing.assert_close(aux, expected, atol=1e-6, rtol=0, msg=layout)
+        torch.testing.assert_close(aux.cpu(), expected, atol=1e-6, rtol=0, msg=layout)
 
 
 def _step_gradients(trainer: object, batch: TrainingBatch) -> dict[str, torch.Tensor]:
@@ -141,7 +141,9 @@ def _step_gradients(trainer: object, batch: TrainingBatch) -> dict[str, torch.Te
     assert isinstance(trainer, Trainer)
     trainer.begin_step(batch.step, trainer.cfg.loss.loss_scale(batch.num_loss_tokens, batch.num_loss_samples))
     trainer.accumulate(batch)
-    grads = {n: p.grad.clone() for n, p in trainer.policy.causal_lm.named_parameters() if p.grad is not None}
+    grads = {
+        n: p.grad.clone().cpu() for n, p in trainer.policy.causal_lm.named_parameters() if p.grad is not None
+    }
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer._open = None
     return grads
@@ -255,7 +257,7 @@ def test_under_routing_replay_the_expert_counts_follow_the_replayed_experts(fami
         expected = _hf_row_aux(model, row)
     with torch.no_grad():
         own = _hf_row_aux(model, row)
-    torch.testing.assert_close(aux, expected[None], atol=1e-6, rtol=0)
+    torch.testing.assert_close(aux.cpu(), expected[None], atol=1e-6, rtol=0)
     assert abs(float(aux) - float(own)) > 0.1 and num_experts == 4  # the replayed counts made the difference
 
 

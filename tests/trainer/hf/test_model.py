@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo.trainer.device import resolve_device
 from grpo.trainer.hf.model import build_policy
 from grpo.trainer.weights import BorrowedWeights, DiskWeights
 
@@ -14,7 +15,8 @@ def test_borrowed_tensor_is_the_models_frozen_base_weight(make_cfg, tiny_model_p
     probe = build_policy(cfg, DiskWeights(tiny_model_path))
     name = "model.layers.0.self_attn.q_proj.weight"
     shape, dtype = probe.causal_lm.get_parameter(name).shape, probe.dtype
-    borrowed = torch.full(shape, 0.01, dtype=dtype)
+    # lent where the trainer computes, as a co-located engine does
+    borrowed = torch.full(shape, 0.01, dtype=dtype, device=probe.device)
     policy = build_policy(cfg, BorrowedWeights(tiny_model_path, {name: borrowed}))
     q_proj = policy.causal_lm.get_submodule("model.layers.0.self_attn.q_proj")
     base_weight = q_proj.base_layer.weight  # LoRA wraps the HF linear
@@ -27,11 +29,21 @@ def test_bf16_borrowed_base_rounds_as_the_engine_it_borrows_from(make_cfg, tiny_
     """Only the compiled engine fuses SiLU-and-mul into one rounding (grpo.trainer.hf.vllm_numerics)."""
     from safetensors.torch import load_file
 
-    weights = {k: v.bfloat16() for k, v in load_file(str(tiny_model_path / "model.safetensors")).items()}
+    device = str(resolve_device(make_cfg()))  # lent where the trainer computes
+    weights = {
+        k: v.bfloat16() for k, v in load_file(str(tiny_model_path / "model.safetensors"), device).items()
+    }
     source = BorrowedWeights(tiny_model_path, weights, engine_compiled=engine_compiled)
     policy = build_policy(make_cfg(), source)
     assert "forward" in vars(policy.causal_lm.model.layers[0].self_attn)
     assert ("forward" in vars(policy.causal_lm.model.layers[0].mlp)) == engine_compiled
+
+
+def test_borrowed_tensor_on_another_device_is_refused_rather_than_copied(make_cfg, tiny_model_path):
+    name = "model.layers.0.self_attn.q_proj.weight"
+    elsewhere = torch.zeros(128, 128, dtype=torch.float32, device="meta")
+    with pytest.raises(ValueError, match="lends its base weights on meta but the trainer computes on"):
+        build_policy(make_cfg(), BorrowedWeights(tiny_model_path, {name: elsewhere}))
 
 
 def test_borrowed_tensor_of_wrong_dtype_is_rejected(make_cfg, tiny_model_path):
@@ -56,7 +68,7 @@ def test_full_training_trains_every_parameter_in_fp32(make_cfg, tiny_model_path)
 
 
 def test_qlora_bnb_builds_nf4_base_with_lora_on_cpu(make_cfg, tiny_model_path):
-    import bitsandbytes as bnb
+    bnb = pytest.importorskip("bitsandbytes")
 
     policy = build_policy(make_cfg(qlora_bnb=True), DiskWeights(tiny_model_path))
     q_proj = policy.causal_lm.get_submodule("model.layers.0.self_attn.q_proj")

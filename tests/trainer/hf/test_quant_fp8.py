@@ -28,7 +28,7 @@ LOGITS_REL_ERROR_BOUND = 0.08
 
 def _logits(policy: Policy, input_ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return policy.model(input_ids=input_ids).logits.float()
+        return policy.model(input_ids=input_ids.to(policy.device)).logits.float().cpu()
 
 
 def _input_ids() -> torch.Tensor:
@@ -116,7 +116,7 @@ def test_lora_on_fp8_base_learns_and_base_stays_frozen(fp8_policy: Policy) -> No
     base_before = {n: fp8_policy.causal_lm.get_submodule(n).weight.clone() for n in names}
     lora_before = {n: p.detach().clone() for n, p in fp8_policy.model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(fp8_policy.trainable_parameters(), lr=1e-2)
-    input_ids = _input_ids()
+    input_ids = _input_ids().to(fp8_policy.device)
     losses = []
     for _ in range(8):
         loss = fp8_policy.model(input_ids=input_ids, labels=input_ids).loss
@@ -154,7 +154,7 @@ def test_adapter_trained_on_fp8_base_loads_on_the_unquantized_base(
     got = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
     assert saved.keys() == got.keys()
     for name, param in saved.items():
-        torch.testing.assert_close(got[name].float(), param.float())
+        torch.testing.assert_close(got[name].float(), param.float().cpu())
     input_ids = _input_ids()
     with torch.no_grad():
         reference = loaded(input_ids=input_ids).logits.float()

@@ -150,7 +150,7 @@ def test_published_adapter_loads_with_peft_and_matches_the_trainer(make_cfg, tmp
     saved = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
     live = {n: p for n, p in trainer.policy.model.named_parameters() if "lora_" in n}
     assert set(saved) == set(live)
-    assert all(torch.allclose(saved[n].float(), live[n].float()) for n in saved)
+    assert all(torch.allclose(saved[n].float(), live[n].float().cpu()) for n in saved)
     trainer.close()
 
 
@@ -162,20 +162,20 @@ def test_full_training_publishes_hf_safetensors(make_cfg, tmp_path):
     assert not torch.equal(before[name], trainer.policy.causal_lm.get_parameter(name))
     folder = trainer.publish(1)
     weights = load_file(str(folder / "model.safetensors"))
-    assert torch.equal(weights[name], trainer.policy.causal_lm.get_parameter(name).detach())
+    assert torch.equal(weights[name], trainer.policy.causal_lm.get_parameter(name).detach().cpu())
     trainer.close()
 
 
 def test_qerl_publishes_noisy_norms_and_trains_on_clean_ones(make_cfg, tmp_path):
     noise = {"enabled": True, "num_stages": 2, "sigma_start": 0.1, "sigma_end": 0.01}
     trainer = Trainer(make_cfg(max_steps=4, noise_scheduler=noise), tmp_path)
-    clean = trainer.policy.causal_lm.get_parameter("model.norm.weight").detach().clone()
+    clean = trainer.policy.causal_lm.get_parameter("model.norm.weight").detach().clone().cpu()
     first = load_file(str(trainer.publish(1) / "noisy_norms.safetensors"))
     late = load_file(str(trainer.publish(3) / "noisy_norms.safetensors"))
     assert "model.layers.0.input_layernorm.weight" in late
     assert torch.equal(first["model.norm.weight"], clean.float())  # first stage: no noise
     assert (late["model.norm.weight"] - clean.float()).std().item() == pytest.approx(0.1, rel=0.3)
-    assert torch.equal(trainer.policy.causal_lm.get_parameter("model.norm.weight"), clean)
+    assert torch.equal(trainer.policy.causal_lm.get_parameter("model.norm.weight").cpu(), clean)
     trainer.close()
 
 
