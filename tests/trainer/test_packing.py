@@ -108,3 +108,56 @@ def test_packed_logprobs_equal_each_sample_alone(make_cfg, tiny_model_path):
     # Two rows in one micro-batch behave the same as the packed row.
     two_rows = score([rows_alone[0], make_row([(3, 6), (5, 3)], [1.0, 1.0])])
     np.testing.assert_allclose(two_rows[:9][mask[:9]], alone[:9][mask[:9]], atol=tolerance)
+
+
+def _calls(lengths: list[int], on_cpu: bool) -> list[list[int]]:
+    """The lengths of the pieces in each padded call, for pieces of these lengths (longest first)."""
+    from grpo.trainer.packing import pieces_per_call
+
+    pieces = [np.zeros(n, np.int64) for n in lengths]
+    return [[len(p) for p in call] for call in pieces_per_call(pieces, sum(lengths), on_cpu)]
+
+
+def test_on_cpu_a_piece_much_shorter_than_its_calls_longest_starts_a_new_call():
+    assert _calls([300, 298, 290, 200, 196, 120], on_cpu=True) == [[300, 298, 290], [200, 196], [120]]
+
+
+def test_a_call_under_256_tokens_takes_the_next_piece_whatever_its_padding():
+    lengths = [100, 95, 94, 60, 58, 57, 56, 55]
+    assert _calls(lengths, on_cpu=True) == [[100, 95, 94], [60, 58, 57, 56, 55]]
+
+
+def test_no_call_holds_more_padded_tokens_than_the_budget():
+    assert _calls([100, 60, 20, 10], on_cpu=True) == [[100], [60, 20, 10]]
+
+
+def test_off_the_cpu_pieces_share_calls_up_to_the_token_budget_alone():
+    assert _calls([300, 298, 290, 200, 196, 120], on_cpu=False) == [[300, 298, 290, 200], [196, 120]]
+
+
+def test_a_micro_batch_of_trees_of_spread_sizes_is_scored_as_each_tree_alone(make_cfg, tiny_model_path):
+    """Several padded calls on CPU: the logprobs are those of one call per sample."""
+    policy = build_policy(make_cfg(), DiskWeights(tiny_model_path))
+    rows = [
+        make_row([(30, 270)], [1.0], seed=1),
+        make_row([(20, 150)], [1.0], seed=2),
+        make_row([(20, 60)], [1.0], seed=3),
+    ]
+    mb = build_micro_batch(rows, torch.device("cpu"), varlen_attention=False)
+    assert mb.forwards is not None and len(mb.forwards) == 2
+
+    def score(micro_batch):
+        with torch.no_grad():
+            return every_token_logprobs(
+                policy.hidden_states(micro_batch),
+                policy.lm_head,
+                micro_batch.input_ids,
+                micro_batch.parent_ids,
+                micro_batch.temperatures,
+                8,
+            )
+
+    alone = torch.cat(
+        [score(build_micro_batch([r], torch.device("cpu"), varlen_attention=False)) for r in rows]
+    )
+    torch.testing.assert_close(score(mb), alone, atol=1e-5, rtol=0)
