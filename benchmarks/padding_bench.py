@@ -28,6 +28,7 @@ from typing import Any
 
 from e2e_bench import RESULTS, load_average, machine_info, machine_label
 from group_sweep_bench import planned_config
+from prefix_bench import random_rollouts
 
 VARIANTS = {"budget": (1.0, 0), "default": (0.05, 256), "no_floor": (0.05, 0)}
 
@@ -50,7 +51,6 @@ def main() -> None:
     import grpo.trainer.packing as packing
     from grpo.models.embedded import build
     from grpo.orchestrator.packer import pack_rollouts
-    from grpo.orchestrator.types import Rollout
     from grpo.trainer.hf.trainer import Trainer
     from grpo.transport.batches.batch import TrainingBatch
 
@@ -71,39 +71,20 @@ def main() -> None:
         count["calls"] += len(forwards)
         return forwards
 
-    packing.padded_forwards = counted  # build_micro_batch looks it up in the module
-
     def use(name: str) -> None:
         current[0] = name
         packing.CPU_PADDING_TOLERANCE, packing.CPU_MIN_CALL_TOKENS = VARIANTS[name]
 
     def batch(step: int) -> TrainingBatch:
         rng = np.random.default_rng(step)
-        rollouts = []
-        for index in range(args.prompts):
-            prompt = rng.integers(0, vocab, int(rng.integers(args.prompt_min, args.prompt_max + 1))).tolist()
-            for _ in range(args.group):
-                n = int(rng.integers(3, args.max_tokens + 1))
-                rollouts.append(
-                    Rollout(
-                        env_name="bench",
-                        example_index=index,
-                        prompt_ids=prompt,
-                        completion_ids=rng.integers(0, vocab, n).tolist(),
-                        completion_mask=[True] * n,
-                        completion_logprobs=[-3.0] * n,
-                        temperature=1.0,
-                        start_version=0,
-                        end_version=0,
-                        advantage=float(rng.normal()),
-                    )
-                )
+        prompt_lengths = rng.integers(args.prompt_min, args.prompt_max + 1, args.prompts).tolist()
+        rollouts = random_rollouts(rng, prompt_lengths, args.group, (3, args.max_tokens), vocab, -3.0)
         rows, _ = pack_rollouts(rollouts, 2048, True, cfg.micro_batch_tokens)
         return TrainingBatch(step=step, rows=rows)
 
     use("default")
-    trainer.train_step(batch(0))  # warm-up
-    counts = {name: {"padded": 0, "tokens": 0, "calls": 0} for name in VARIANTS}
+    trainer.train_step(batch(0))  # warm-up, not counted
+    packing.padded_forwards = counted  # build_micro_batch looks it up in the module
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     names = list(VARIANTS)
     for round_index in range(args.rounds):

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
 LAYOUTS = ("all_logits_plain", "loss_logits_plain", "loss_logits_shared")
@@ -35,14 +36,27 @@ NUM_GROUPS, GROUP_SIZE = 8, 8
 def make_rollouts(seed: int, prompt_tokens: int, vocab: int) -> list:
     import numpy as np
 
+    rng = np.random.default_rng(seed)
+    return random_rollouts(rng, [prompt_tokens] * NUM_GROUPS, GROUP_SIZE, (8, 24), vocab, -10.0)
+
+
+def random_rollouts(
+    rng: Any,
+    prompt_lengths: list[int],
+    group_size: int,
+    completion_lengths: tuple[int, int],
+    vocab: int,
+    logprob: float,
+) -> list:
+    """A group of `group_size` rollouts per prompt (random tokens; completions of a length drawn
+    from `completion_lengths`, both ends included), each with the same inference `logprob` per token."""
     from grpo.orchestrator.types import Rollout
 
-    rng = np.random.default_rng(seed)
     rollouts = []
-    for group in range(NUM_GROUPS):
-        prompt = rng.integers(0, vocab, prompt_tokens).tolist()
-        for _ in range(GROUP_SIZE):
-            length = int(rng.integers(8, 25))
+    for group, prompt_length in enumerate(prompt_lengths):
+        prompt = rng.integers(0, vocab, prompt_length).tolist()
+        for _ in range(group_size):
+            length = int(rng.integers(completion_lengths[0], completion_lengths[1] + 1))
             rollouts.append(
                 Rollout(
                     env_name="bench",
@@ -50,7 +64,7 @@ def make_rollouts(seed: int, prompt_tokens: int, vocab: int) -> list:
                     prompt_ids=prompt,
                     completion_ids=rng.integers(0, vocab, length).tolist(),
                     completion_mask=[True] * length,
-                    completion_logprobs=[-10.0] * length,
+                    completion_logprobs=[logprob] * length,
                     temperature=1.0,
                     start_version=0,
                     end_version=0,

@@ -311,16 +311,14 @@ def pieces_per_call(
     piece more than CPU_PADDING_TOLERANCE shorter than its call's longest starts a new call, unless
     the call holds under CPU_MIN_CALL_TOKENS (too small to be worth its fixed cost)."""
     tolerance = CPU_PADDING_TOLERANCE if on_cpu else 1.0
-    calls: list[list[np.ndarray]] = []
-    for piece in pieces:
-        if calls and one_forward:
-            calls[-1].append(piece)
-            continue
-        longest = len(calls[-1][0]) if calls else 0
-        fits = bool(calls) and (len(calls[-1]) + 1) * longest <= budget
-        small = bool(calls) and len(calls[-1]) * longest < CPU_MIN_CALL_TOKENS
-        if fits and (small or len(piece) >= (1 - tolerance) * longest):
-            calls[-1].append(piece)
+    calls: list[list[np.ndarray]] = [pieces[:1]]
+    for piece in pieces[1:]:
+        call = calls[-1]
+        longest = len(call[0])
+        fits = (len(call) + 1) * longest <= budget
+        small = len(call) * longest < CPU_MIN_CALL_TOKENS
+        if one_forward or (fits and (small or len(piece) >= (1 - tolerance) * longest)):
+            call.append(piece)
         else:
             calls.append([piece])
     return calls

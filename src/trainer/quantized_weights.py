@@ -36,6 +36,10 @@ class NF4Weight:
     nested_blocksize: int = 256
     offset: float = 0.0
 
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
 
 @dataclass
 class FP8BlockWeight:
@@ -53,3 +57,7 @@ class FP8BlockWeight:
         """[out, in] of the dequantized weight (like NF4Weight.shape)."""
         rows, cols = self.weight.shape
         return (rows, cols)
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device

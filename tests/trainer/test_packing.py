@@ -137,7 +137,7 @@ def test_off_the_cpu_pieces_share_calls_up_to_the_token_budget_alone():
 
 def test_a_micro_batch_of_trees_of_spread_sizes_is_scored_as_each_tree_alone(make_cfg, tiny_model_path):
     """Several padded calls on CPU: the logprobs are those of one call per sample."""
-    policy = build_policy(make_cfg(), DiskWeights(tiny_model_path))
+    policy = build_policy(make_cfg(device="cpu"), DiskWeights(tiny_model_path))  # the CPU rule
     rows = [
         make_row([(30, 270)], [1.0], seed=1),
         make_row([(20, 150)], [1.0], seed=2),

@@ -168,11 +168,8 @@ def _check_borrowed_device(
 ) -> None:
     """A borrowed weight on another device would be copied by `.to(device)`: the base model twice in
     memory, and the trainer no longer reading the engine's tensors."""
-    from grpo.trainer.quantized_weights import FP8BlockWeight
-
-    tensors = [*borrowed.values()]
-    tensors += [q.weight if isinstance(q, FP8BlockWeight) else q.packed for q in borrowed_quantized.values()]
-    elsewhere = sorted({str(t.device) for t in tensors if t.device.type != device.type})
+    lent = [*borrowed.values(), *borrowed_quantized.values()]
+    elsewhere = sorted({str(w.device) for w in lent if w.device.type != device.type})
     if elsewhere:
         raise UserError(
             f"the engine lends its base weights on {', '.join(elsewhere)} but the trainer computes on "

@@ -46,6 +46,16 @@ def test_borrowed_tensor_on_another_device_is_refused_rather_than_copied(make_cf
         build_policy(make_cfg(), BorrowedWeights(tiny_model_path, {name: elsewhere}))
 
 
+def test_a_quantized_borrowed_weight_on_another_device_is_refused_too(make_cfg, tiny_model_path):
+    from grpo.trainer.quantized_weights import FP8BlockWeight
+
+    weight = torch.zeros(128, 128, dtype=torch.float8_e4m3fn, device="meta")
+    elsewhere = FP8BlockWeight(weight, torch.ones(1, 1, device="meta"))
+    source = BorrowedWeights(tiny_model_path, {}, {"model.layers.0.self_attn.q_proj": elsewhere})
+    with pytest.raises(ValueError, match="lends its base weights on meta but the trainer computes on"):
+        build_policy(make_cfg(), source)
+
+
 def test_borrowed_tensor_of_wrong_dtype_is_rejected(make_cfg, tiny_model_path):
     name = "model.layers.0.self_attn.q_proj.weight"
     wrong = torch.zeros(128, 128, dtype=torch.float64)
