@@ -5,12 +5,17 @@ the storage handle), so it travels through vLLM's collective_rpc or any JSON cha
 never unpickled. The rebuilt tensor is a view of the exporter's memory: reads see its values
 and writes change them. Keep rebuilt tensors referenced while in use, and the exporter alive.
 
-kind "cpu_shm": the storage is in a torch shared-memory file (filename + manager socket).
+kind "cpu_shm": the storage is a file of grpo's in /dev/shm (its name), mapped by both processes.
+Not torch's file_system sharing: that registers every storage with a torch_shm_manager process and
+gives up when one answer takes over a second (libshm's poll), which killed co-located runs at start
+on a busy machine; grpo removes the names itself (release_shared_names), the manager's only other job.
 kind "cuda_ipc": the storage's CUDA IPC handle, the fields torch.multiprocessing's reductions send.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +30,8 @@ def release_shared_names(records: list[dict[str, Any]]) -> int:
     """Remove the /dev/shm names of exported CPU storages; returns how many were removed.
 
     Mappings already made (the engine's own, the trainer's rebuilt views) stay valid, and the memory
-    is freed with the last of them. Left in place, the files outlive both processes: torch's
-    shared-memory manager does not remove them when the processes end by a signal or a killed
-    process group, and /dev/shm is RAM. Call once every process that needs them has rebuilt its
+    is freed with the last of them. Left in place, the files outlive both processes (nothing else
+    removes them), and /dev/shm is RAM. Call once every process that needs them has rebuilt its
     tensors; records exported afterwards name files that no longer exist.
     """
     removed = 0
@@ -59,9 +63,8 @@ def rebuild_tensor(record: dict[str, Any]) -> torch.Tensor:
 
     dtype = getattr(torch, record["dtype"])
     if record["kind"] == "cpu_shm":
-        storage = torch.UntypedStorage._new_shared_filename_cpu(
-            record["manager"].encode(), record["filename"].encode(), record["storage_bytes"]
-        )
+        path = SHM_DIR / record["filename"].lstrip("/")
+        storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=record["storage_bytes"])
         tensor = torch.empty(0, dtype=dtype)
         tensor.set_(storage, record["storage_offset"], record["shape"], record["stride"])
         return tensor
@@ -94,15 +97,32 @@ def rebuild_tensor(record: dict[str, Any]) -> torch.Tensor:
     raise ValueError(f"unknown weight handle kind {record['kind']!r}; expected 'cpu_shm' or 'cuda_ipc'")
 
 
+SHM_PREFIX = "grpo_"
+"""The start of the name of every /dev/shm file grpo shares weights through."""
+
+
 def _cpu_handle(param: torch.Tensor) -> dict[str, Any]:
-    param.share_memory_()
-    manager, filename, num_bytes = param.untyped_storage()._share_filename_cpu_()
-    return {
-        "kind": "cpu_shm",
-        "manager": manager.decode(),
-        "filename": filename.decode(),
-        "storage_bytes": int(num_bytes),
-    }
+    import torch
+
+    storage = param.untyped_storage()
+    if not _in_grpo_file(storage.filename):  # tied weights share one storage: moved once
+        path = SHM_DIR / f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex}"
+        shared = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=storage.nbytes())
+        shared.copy_(storage)
+        # In place, as share_memory_ does: every tensor on this storage (views, the engine's own
+        # references) now reads and writes the file's pages.
+        storage._swap_data_ptr_(shared)
+    filename = storage.filename
+    assert filename is not None and _in_grpo_file(filename), filename
+    return {"kind": "cpu_shm", "filename": "/" + Path(filename).name, "storage_bytes": int(storage.nbytes())}
+
+
+def _in_grpo_file(filename: str | None) -> bool:
+    return (
+        filename is not None
+        and Path(filename).parent == SHM_DIR
+        and Path(filename).name.startswith(SHM_PREFIX)
+    )
 
 
 def _cuda_handle(param: torch.Tensor) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import psutil
 import pytest
 from wandb_records import history
 
+from grpo.inference.weight_handles import SHM_PREFIX
 from grpo.utils.jsonl import read_jsonl
 
 ColocatedArgs = Callable[..., list[str]]  # the colocated_args fixture (tests/conftest.py)
@@ -65,8 +66,10 @@ class RunProcesses:
 
 
 def _shm_files() -> set[str]:
-    """Shared-memory files (RAM) of torch and vLLM; a run must remove the ones it creates."""
-    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(("torch_", "psm_"))}
+    """Shared-memory files (RAM) of grpo's shared weights, torch and vLLM; a run must remove the
+    ones it creates."""
+    prefixes = (SHM_PREFIX, "torch_", "psm_")
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefixes)}
 
 
 def _shm_files_left(before: set[str], wait_s: float = 30.0) -> set[str]:
@@ -225,7 +228,7 @@ def test_a_run_ended_by_a_signal_mid_training_leaves_no_process_behind(
             proc.kill()
     # A terminated process's code (128 + 15) after SIGTERM; SIGKILL cannot be answered.
     assert proc.returncode == (143 if signal_name == "SIGTERM" else -signal.SIGKILL)
-    # Helpers that end when their last client does (a resource tracker, torch_shm_manager) took more
+    # Helpers that end when their last client does (a resource tracker) took more
     # than 60 s once under the full suite on the 2-core machine, and were gone in an isolated run.
     left = processes.left(wait_s=150)
     assert not left, f"{signal_name} left processes behind: {left}"

@@ -47,8 +47,7 @@ def fp8_engine(tiny_model_path: Path) -> Iterator[Any]:
     try:
         yield llm
     finally:
-        # Borrowed views caught in reference cycles (PEFT modules) must go while the engine, whose
-        # shared-memory manager they report to on release, is still alive.
+        # Borrowed views caught in reference cycles (PEFT modules) go before the engine they map.
         gc.collect()
         llm.llm_engine.engine_core.shutdown()
         del llm

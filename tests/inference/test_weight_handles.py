@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from grpo.inference.weight_handles import export_record, release_shared_names
+from grpo.inference.weight_handles import SHM_PREFIX, export_record, release_shared_names
 
 # The receiver runs in a fresh interpreter: it reads the record as JSON, checks the values it
 # sees, then writes into the tensor so the exporter can check the write landed in its memory.
@@ -46,6 +46,25 @@ def test_cpu_record_gives_another_process_a_view_of_the_same_memory() -> None:
     seen = exchange(view)
     assert seen == {"shape": [3, 3], "sum": float(view.float().sum()), "device": "cpu"}
     assert torch.all(view == 7.0) and torch.all(weight[0] == torch.tensor([0.0, 1.0, 2.0]))
+
+
+def test_a_cpu_export_moves_the_storage_into_one_grpo_file_in_place_without_torchs_shm_manager() -> None:
+    import psutil
+
+    weight = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    tied = weight.view(3, 4)  # another tensor on the same storage, as a tied output layer is
+    records = [export_record("embed.weight", weight), export_record("lm_head.weight", tied)]
+
+    filename = records[0]["filename"]
+    assert isinstance(filename, str) and filename.startswith(f"/{SHM_PREFIX}")
+    assert records[1]["filename"] == filename  # one storage, one file
+    # Moved in place: both tensors read and write the file's pages, with their values kept.
+    assert weight.untyped_storage().filename == f"/dev/shm{filename}"
+    assert tied.data_ptr() == weight.data_ptr() and weight.sum().item() == 66.0
+    # torch's own CPU sharing would have started a torch_shm_manager child, whose one-second
+    # answers ended co-located runs on a busy machine.
+    assert "torch_shm_manager" not in {child.name() for child in psutil.Process().children()}
+    assert release_shared_names(records) == 1
 
 
 # Maps the record, says so, waits until the exporter has released the name, then reads the view.
