@@ -36,7 +36,7 @@ def release_shared_names(records: list[dict[str, Any]]) -> int:
     """
     removed = 0
     for filename in {r["filename"] for r in records if r["kind"] == "cpu_shm"}:
-        path = SHM_DIR / filename.lstrip("/")
+        path = _shm_path(filename)
         if path.exists():
             path.unlink()
             removed += 1
@@ -63,7 +63,7 @@ def rebuild_tensor(record: dict[str, Any]) -> torch.Tensor:
 
     dtype = getattr(torch, record["dtype"])
     if record["kind"] == "cpu_shm":
-        path = SHM_DIR / record["filename"].lstrip("/")
+        path = _shm_path(record["filename"])
         storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=record["storage_bytes"])
         tensor = torch.empty(0, dtype=dtype)
         tensor.set_(storage, record["storage_offset"], record["shape"], record["stride"])
@@ -115,6 +115,11 @@ def _cpu_handle(param: torch.Tensor) -> dict[str, Any]:
     filename = storage.filename
     assert filename is not None and _in_grpo_file(filename), filename
     return {"kind": "cpu_shm", "filename": "/" + Path(filename).name, "storage_bytes": int(storage.nbytes())}
+
+
+def _shm_path(record_filename: str) -> Path:
+    """The file a record's "filename" (a /dev/shm name, "/" first) names."""
+    return SHM_DIR / record_filename.lstrip("/")
 
 
 def _in_grpo_file(filename: str | None) -> bool:
