@@ -37,8 +37,15 @@ typecheck: setup
 	@mkdir -p .mypy_pkg && ln -sfn ../src .mypy_pkg/grpo
 	MYPYPATH=.mypy_pkg $(BIN)/mypy -p grpo
 
+# Two pytest-xdist workers, each taking a whole module at a time (all of tests/inference/ as one unit:
+# its modules share one vLLM server; tests/suite_scheduling.py): most of the suite waits on process
+# starts and imports, so two workers keep both cores busy. Modules marked serial run after, alone.
+# PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
 test: setup lint typecheck
-	$(BIN)/pytest -q --timeout=900 --durations=30
+	$(BIN)/pytest -q --timeout=900 --durations=30 -m "not serial" \
+	  $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
+	$(BIN)/pytest -q --timeout=900 --durations=10 -m serial
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not vllm" --timeout=300

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from suite_scheduling import pytest_xdist_make_scheduler  # noqa: F401  (make test's worker split)
 
 # Tests never reach a model hub, and a hub lookup that times out would cost minutes.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

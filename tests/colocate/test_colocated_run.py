@@ -18,7 +18,9 @@ from grpo.utils.jsonl import read_jsonl
 
 ColocatedArgs = Callable[..., list[str]]  # the colocated_args fixture (tests/conftest.py)
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# serial: the leftover checks read every process and /dev/shm file of the machine, so make test runs
+# this module after the parallel part, alone.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial]
 
 BIN = Path(sys.executable).parent
 
