@@ -28,39 +28,39 @@ def float32_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 def float32_linear(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """hidden [C, H] @ weight [V, H]^T (+ bias) -> [C, V] float32: each product of the 16-bit
-    operands exact, the sums accumulated and kept in float32."""
+    operands exact, the sums accumulated and kept in float32. Backward of 16-bit operands multiplies
+    in their dtype (grads_in_16_bit)."""
     import torch
 
     if weight.dtype == torch.float32:
         return torch.nn.functional.linear(hidden.float(), weight, bias)
-    if multiplies_in_16_bit(hidden, weight):
-        # cuBLAS multiplies the 16-bit operands, accumulates in float32 and writes float32: the same
-        # unrounded logits as the cast below without its float32 copy of the weight (2.5 GB for a
-        # 151936 x 4096 head, made per chunk and again in backward's recompute).
+    if grads_in_16_bit(hidden, weight):
         logits = _float32_out_matmul().apply(hidden, weight)
         return logits if bias is None else logits + bias.float()
-    # No 16-bit GEMM with a float32 output off CUDA: a float32 copy of the weight per chunk
-    # (V x H x 4 bytes, freed after the chunk).
     return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
 
-def multiplies_in_16_bit(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether float32_linear multiplies the operands in their own 16-bit dtype (CUDA, float32
-    output) rather than as float32 copies; its gradients then round to that dtype too."""
+def grads_in_16_bit(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the gradients of float32_linear's 16-bit operands are computed in that dtype: the
+    float32 gradient of the logits rounded to it, then multiplied with float32 accumulation, as bf16
+    autocast and every 16-bit layer below the head do. Its float32 alternative costs, per product, a
+    float32 copy of the weight and a float32 GEMM (on a CPU with native bf16, ~2.5x slower)."""
     import torch
 
-    return weight.dtype != torch.float32 and hidden.is_cuda and hidden.dtype == weight.dtype
+    return weight.dtype != torch.float32 and hidden.dtype == weight.dtype
 
 
 _FLOAT32_OUT_MATMUL: Any = None
 
 
 def _float32_out_matmul() -> Any:
-    """autograd Function: hidden [C, H] x weight [V, H] (both 16-bit, CUDA) -> [C, V] float32.
+    """autograd Function: hidden [C, H] x weight [V, H] (both 16-bit) -> [C, V] float32.
 
-    torch's mm with out_dtype (as of 2.13) has no derivative. Backward rounds the float32 gradient of
-    the logits to the operands' dtype and multiplies in it (float32 accumulation): the gradients
-    bf16 autocast would give, again without a float32 weight."""
+    Forward: cuBLAS multiplies the 16-bit operands, accumulates in float32 and writes float32 (torch's
+    mm with out_dtype), with no float32 copy of the weight (2.5 GB for a 151936 x 4096 head). Off
+    CUDA there is no such GEMM (torch 2.13's CPU mm has no out_dtype), so the operands are copied to
+    float32: the same unrounded logits. torch's mm with out_dtype has no derivative, and backward
+    multiplies in 16 bit either way (grads_in_16_bit)."""
     global _FLOAT32_OUT_MATMUL
     if _FLOAT32_OUT_MATMUL is None:
         import torch
@@ -69,7 +69,9 @@ def _float32_out_matmul() -> Any:
             @staticmethod
             def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
                 ctx.save_for_backward(hidden, weight)
-                return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+                if hidden.is_cuda:
+                    return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+                return hidden.float() @ weight.float().t()
 
             @staticmethod
             def backward(ctx: Any, grad_logits: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

@@ -151,11 +151,11 @@ def _linear_grads(
     needs: tuple[bool, ...],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Gradients of float32_linear's inputs from grad_logits [C, V] float32, in the arithmetic
-    float32_linear's own autograd would use: float32 operands, except where it multiplies in 16 bit
-    (CUDA), where the float32 gradient is rounded to the operands' dtype first."""
-    from grpo.trainer.float32_logits import multiplies_in_16_bit
+    float32_linear's own autograd would use: 16-bit operands multiply in their dtype with the float32
+    gradient rounded to it (grads_in_16_bit), float32 ones in float32."""
+    from grpo.trainer.float32_logits import grads_in_16_bit
 
-    in_16_bit = multiplies_in_16_bit(hidden, weight)
+    in_16_bit = grads_in_16_bit(hidden, weight)
     grad = grad_logits.to(hidden.dtype) if in_16_bit else grad_logits
     w = weight if in_16_bit else weight.float()
     grad_hidden = (grad @ w).to(hidden.dtype) if needs[0] else None
