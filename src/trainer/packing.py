@@ -18,11 +18,13 @@ each one's target id and the index of the token whose hidden state predicts it (
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from grpo.trainer.tree_split import Piece, cut_at_trunks
 from grpo.transport.batches.batch import PackedRow, concat_parent_ids
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from grpo.trainer.vision_inputs import VisionInputs, VisionTokens
 
 T = TypeVar("T")
+P = TypeVar("P", bound=Sized)
 
 
 @dataclass
@@ -156,11 +159,14 @@ def build_micro_batch(
     varlen_attention: bool,
     one_forward: bool = False,
     vision: VisionTokens | None = None,
+    pair_weight: float = 0.0,
 ) -> MicroBatch:
     """Concatenate `rows` into one packed sequence on `device`. `one_forward` puts all its pieces in
     a single padded decoder call: under FSDP every rank must make the same number of calls (each
     gathers the layers' shards collectively), and the ranks' pieces differ. `vision`: the model's
-    image token and merge size, for rows that carry images."""
+    image token and merge size, for rows that carry images. `pair_weight` > 0 cuts wide prefix trees
+    at their trunks (grpo.trainer.tree_split); rows with images or routing are never cut (a trunk
+    copy would lack its image embeddings or replayed experts)."""
     import torch
 
     from grpo.trainer.vision_inputs import build_vision_inputs
@@ -192,7 +198,10 @@ def build_micro_batch(
     if has_images or not (varlen_attention and all(_is_plain(r) for r in rows)):
         input_ids = np.concatenate([r.input_ids for r in rows])
         position_ids = np.concatenate([r.position_ids for r in rows])
-        forwards = padded_forwards(input_ids, position_ids, parents, device, one_forward)
+        cuttable = not has_images and not any(has_routing)
+        forwards = padded_forwards(
+            input_ids, position_ids, parents, device, one_forward, pair_weight if cuttable else 0.0
+        )
     loss_mask = cat("loss_mask", torch.bool)
     where = loss_mask.nonzero().squeeze(-1)
     temperatures = cat("temperatures", torch.float32)
@@ -239,14 +248,16 @@ def _routing(rows: list[PackedRow], device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(parts)).to(device)
 
 
-def _pieces(parent_ids: np.ndarray) -> list[np.ndarray]:
-    """Micro-batch indices of each independent piece (the tokens under one root), in order."""
+def _pieces(parent_ids: np.ndarray, pair_weight: float) -> list[Piece]:
+    """Each independent piece (the tokens under one root, in order), wide prefix trees cut at their
+    trunks where `pair_weight` says that costs less (grpo.trainer.tree_split)."""
     root = np.empty_like(parent_ids)
     for token, parent in enumerate(parent_ids.tolist()):
         root[token] = token if parent < 0 else root[parent]
     order = np.argsort(root, kind="stable")
     boundaries = np.flatnonzero(np.diff(root[order])) + 1
-    return np.split(order, boundaries)
+    whole = [Piece(indices, np.ones(len(indices), bool)) for indices in np.split(order, boundaries)]
+    return [cut for piece in whole for cut in cut_at_trunks(piece, parent_ids, pair_weight)]
 
 
 # Whole prefix trees of a short-answer batch (8 groups of 8, 3-24 completion tokens) padded to the
@@ -265,15 +276,17 @@ def padded_forwards(
     parent_ids: np.ndarray,
     device: torch.device,
     one_forward: bool = False,
+    pair_weight: float = 0.0,
 ) -> list[Forward]:
     """A micro-batch's pieces ([T] arrays, micro-batch parent indices), longest first, batched into
     padded calls of at most as many (padded) tokens as the micro-batch itself holds, so activation
-    memory stays that of the micro-batch (or all in one call with `one_forward`). On CPU a piece
+    memory stays that of the micro-batch (or all in one call with `one_forward`); cut trees' trunk
+    copies add to it (at most grpo.trainer.tree_split.MAX_ADDED_FRACTION of a tree). On CPU a piece
     much shorter than its call's longest starts a new call: every padded token costs a whole token
     in every linear layer."""
     import torch
 
-    pieces = sorted(_pieces(parent_ids), key=len, reverse=True)
+    pieces = sorted(_pieces(parent_ids, pair_weight), key=len, reverse=True)
     budget = max(int(input_ids.shape[0]), len(pieces[0]))
     batches = pieces_per_call(pieces, budget, device.type == "cpu", one_forward)
     forwards = []
@@ -283,35 +296,33 @@ def padded_forwards(
         positions: np.ndarray = np.zeros((num_pieces, length), np.int64)
         mask = torch.eye(length, dtype=torch.bool).repeat(num_pieces, 1, 1, 1)  # [B, 1, L, L]
         slots: list[np.ndarray] = []
-        for b, piece in enumerate(batch):
-            n = len(piece)
+        for b, cut in enumerate(batch):
+            piece, n = cut.indices, len(cut)
             ids[b, :n] = input_ids[piece]
             positions[b, :n] = position_ids[piece]
             local = np.full(parent_ids.shape[0], -1, np.int64)
             local[piece] = np.arange(n)
             piece_parents = torch.from_numpy(np.where(parent_ids[piece] < 0, -1, local[parent_ids[piece]]))
             mask[b, 0, :n, :n] = tree_attention_mask(piece_parents)[0, 0]
-            slots.append(b * length + np.arange(n))
+            slots.append(b * length + np.flatnonzero(cut.owned))
         forwards.append(
             Forward(
                 input_ids=torch.from_numpy(ids).to(device),
                 position_ids=torch.from_numpy(positions).to(device),
                 attention_mask=mask.to(device),
                 slots=torch.from_numpy(np.concatenate(slots)).to(device),
-                tokens=torch.from_numpy(np.concatenate(batch)).to(device),
+                tokens=torch.from_numpy(np.concatenate([cut.indices[cut.owned] for cut in batch])).to(device),
             )
         )
     return forwards
 
 
-def pieces_per_call(
-    pieces: list[np.ndarray], budget: int, on_cpu: bool, one_forward: bool = False
-) -> list[list[np.ndarray]]:
+def pieces_per_call(pieces: list[P], budget: int, on_cpu: bool, one_forward: bool = False) -> list[list[P]]:
     """Pieces (longest first) grouped into padded calls of at most `budget` padded tokens. On CPU a
     piece more than CPU_PADDING_TOLERANCE shorter than its call's longest starts a new call, unless
     the call holds under CPU_MIN_CALL_TOKENS (too small to be worth its fixed cost)."""
     tolerance = CPU_PADDING_TOLERANCE if on_cpu else 1.0
-    calls: list[list[np.ndarray]] = [pieces[:1]]
+    calls: list[list[P]] = [pieces[:1]]
     for piece in pieces[1:]:
         call = calls[-1]
         longest = len(call[0])

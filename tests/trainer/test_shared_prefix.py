@@ -197,3 +197,41 @@ def test_a_row_counts_the_samples_that_the_loss_tells_apart(multi_turn, share_pr
         tokens = build_micro_batch([row], torch.device("cpu"), varlen_attention=False).loss
         assert row.num_loss_samples == len(torch.unique(tokens.sequence_ids))
     assert sum(r.num_loss_samples for r in rows) == sum(not r.masked for r in rollouts)
+
+
+def test_a_wide_tree_cut_at_its_trunk_gives_the_logprobs_gradient_and_loss_of_the_whole_tree(
+    make_cfg, tmp_path, monkeypatch
+):
+    """Three groups behind one system turn form one tree; cut into a piece per group (the trunk
+    copied into each, grpo.trainer.tree_split), the step is the same."""
+    rollouts = random_rollouts(4)
+    system_turn = [7, 8, 9, 10]
+    for rollout in rollouts:
+        rollout.prompt_ids = system_turn + rollout.prompt_ids
+    rows, _ = pack_rollouts(rollouts, 512, share_prefixes=True)
+    trainer = _float32_trainer(make_cfg, tmp_path, monkeypatch, True, LossConfig(), 1)
+
+    def pieces(pair_weight: float) -> list[int]:
+        trainer._pair_weight = pair_weight
+        return [int(f.input_ids.shape[0]) for mb in trainer._micro_batches(rows) for f in mb.forwards or []]
+
+    assert sum(pieces(0.0)) == 1 and sum(pieces(1.0)) == 2  # the third group shares the first's prompt
+
+    results = []
+    for pair_weight in (0.0, 1.0):
+        trainer._pair_weight = pair_weight
+        results.append((_loss_token_logprobs(trainer, rows), *_gradients(trainer, rows)))
+    (whole_lp, whole_grads, whole_sums), (cut_lp, cut_grads, cut_sums) = results
+    assert whole_lp.keys() == cut_lp.keys() and len(whole_lp) == sum(r.num_loss_tokens for r in rows)
+    np.testing.assert_allclose([cut_lp[k] for k in whole_lp], list(whole_lp.values()), atol=2e-5, rtol=0)
+    assert whole_grads.keys() == cut_grads.keys() and whole_grads
+    for name, grad in whole_grads.items():
+        scale = float(grad.abs().max())
+        assert scale > 0, name
+        torch.testing.assert_close(
+            cut_grads[name], grad, atol=1e-5 * scale, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
+        )
+    assert cut_sums.num_loss_tokens == whole_sums.num_loss_tokens
+    assert cut_sums.loss == pytest.approx(whole_sums.loss, abs=1e-5)
+    assert cut_sums.entropy_sum == pytest.approx(whole_sums.entropy_sum, rel=1e-5)
+    trainer.close()

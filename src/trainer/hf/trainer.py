@@ -106,6 +106,7 @@ class Trainer:
             from grpo.trainer.hf.fsdp import shard_full_model
 
             shard_full_model(self.policy.causal_lm)
+        self._pair_weight = self._attention_pair_weight()
         self.reference = None
         """The frozen reference of loss.kl_beta (grpo.trainer.hf.reference); None when it is 0."""
         if cfg.loss.kl_beta > 0:
@@ -162,7 +163,12 @@ class Trainer:
         )
         return [
             build_micro_batch(
-                group, self.policy.device, varlen, one_forward=self._sharded, vision=self.policy.vision
+                group,
+                self.policy.device,
+                varlen,
+                one_forward=self._sharded,
+                vision=self.policy.vision,
+                pair_weight=self._pair_weight,
             )
             for group in groups
         ]
@@ -400,6 +406,19 @@ class Trainer:
     ) -> tuple[Any, LossSums, Any]:
         """(loss, sums, logprobs) of one micro-batch: grpo.trainer.hf.micro_batch_loss."""
         return micro_batch_loss(self.policy, self.cfg, mb, loss_scale, truncation, ref_lp, old_lp, keep_probs)
+
+    def _attention_pair_weight(self) -> float:
+        """What one attended pair costs in tokens, for cutting wide prefix trees at their trunks
+        (grpo.trainer.tree_split). Measured on CPU only: 0 (never cut) on other devices."""
+        if self.policy.device.type != "cpu":
+            return 0.0
+        from grpo.trainer.flops import flop_shape
+        from grpo.trainer.tree_split import pair_weight_for
+
+        shape = flop_shape(self.policy.causal_lm.config)
+        return pair_weight_for(
+            shape.num_decoder_linear_params, shape.num_layers, shape.attention_width, not self.policy.is_lora
+        )
 
     def _flop_counter(self) -> StepFlopCounter:
         from grpo.trainer.flops import StepFlopCounter, flop_shape
