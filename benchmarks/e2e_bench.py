@@ -51,7 +51,11 @@ SERVER_START_TIMEOUT_S = 600.0
 
 
 def machine_label() -> str:
-    return f"cpu-{os.cpu_count()}core"
+    """Result files' machine name: cores, and `-bf16` where the CPU multiplies bf16 natively (the
+    default dtype, and so every figure, differs between the two kinds)."""
+    from grpo.utils.device import cpu_has_native_bf16
+
+    return f"cpu-{os.cpu_count()}core" + ("-bf16" if cpu_has_native_bf16() else "")
 
 
 def machine_info() -> dict[str, Any]:
