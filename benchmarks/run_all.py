@@ -16,7 +16,7 @@ its files under the label `<machine>-quick` / tags `<workload>-quick`, so the re
 never overwritten; the trainer bench is skipped in quick mode (its output file name has no label).
 The TRL runs are skipped with a note when `trl` is not installed (`pip install -e '.[bench]'`).
 TRL runs in its fastest CPU set-up (--trl-precision measure, the default: two steps of each of fp32,
-fp32 weights + bf16 autocast, bf16 weights on the workload, the fastest kept; a probe running 3x
+fp32 weights + bf16 autocast, TRL's own defaults on the workload, the fastest kept; a probe running 3x
 longer than the fastest so far is stopped; where a matmul probe finds bf16 over 4x slower than
 fp32, as on an AVX2 CPU that emulates bf16, TRL runs in fp32 unprobed; the choice and the measured
 seconds are in the summary's notes). Last, the trainer's step time against the group
@@ -212,7 +212,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
 
 TRL_PRECISIONS = ("fp32", "bf16", "default")
 """trl_bench.py --precision candidates, in the order probed: fp32 throughout (safe on every CPU),
-fp32 weights + bf16 autocast, the checkpoint's bf16 weights (TRL's own default)."""
+fp32 weights + bf16 autocast, TRL's own defaults (trl 1.16 loads float32 weights when no dtype is
+given and sets bf16=True: the arithmetic of `bf16`; a TRL that loads the checkpoint's dtype would
+differ)."""
 
 PROBE_CAP = 3.0
 """A candidate's probe is stopped once it has run PROBE_CAP times as long as the fastest whole probe

@@ -16,7 +16,8 @@ KL term, token-level loss over the step (TRL's `dapo`), advantages = reward - gr
 configs; TRL's default is on). Precision: `auto` (the default here) is the transformers
 CPU-training guide's set-up: fp32 master weights, bf16 autocast where the CPU has AMX /
 AVX512-BF16 (matmuls in bf16, like grpo's bf16 default), else fp32; `default` leaves it to TRL
-(the checkpoint's bf16 weights with `bf16=True`), much slower on a 2-core CPU in a first try. `use_cpu=True`; generation is HF `generate` (`use_vllm=False`: TRL's vLLM paths need CUDA).
+(trl 1.16: float32 weights, as it loads a model without a dtype in float32, and `bf16=True`; the
+result file records the weights' dtype). `use_cpu=True`; generation is HF `generate` (`use_vllm=False`: TRL's vLLM paths need CUDA).
 
 Wall clock per optimizer step (generation + scoring + forward/backward + update) comes from a
 callback, and the generation and scoring part of each step from a timer around TRL's
