@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from grpo.trainer.tree_split import Piece, cut_at_trunks
+from grpo.trainer.tree_split import Piece, cut_at_trunks, piece_parents
 from grpo.transport.batches.batch import PackedRow, concat_parent_ids
 
 if TYPE_CHECKING:
@@ -300,10 +300,8 @@ def padded_forwards(
             piece, n = cut.indices, len(cut)
             ids[b, :n] = input_ids[piece]
             positions[b, :n] = position_ids[piece]
-            local = np.full(parent_ids.shape[0], -1, np.int64)
-            local[piece] = np.arange(n)
-            piece_parents = torch.from_numpy(np.where(parent_ids[piece] < 0, -1, local[parent_ids[piece]]))
-            mask[b, 0, :n, :n] = tree_attention_mask(piece_parents)[0, 0]
+            parents = torch.from_numpy(piece_parents(piece, parent_ids))
+            mask[b, 0, :n, :n] = tree_attention_mask(parents)[0, 0]
             slots.append(b * length + np.flatnonzero(cut.owned))
         forwards.append(
             Forward(

@@ -76,6 +76,15 @@ def cut_at_trunks(piece: Piece, parent_ids: np.ndarray, pair_weight: float) -> l
     return [cut for branch in branch_pieces for cut in cut_at_trunks(branch, parent_ids, pair_weight)]
 
 
+def piece_parents(indices: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
+    """[n] each token's parent as a position in `indices` (-1 for the root); `indices` [n] holds
+    micro-batch tokens whose parents, but the root's, are among them."""
+    local = np.full(parent_ids.shape[0], -1, np.int64)
+    local[indices] = np.arange(len(indices))
+    parents = parent_ids[indices]
+    return np.where(parents < 0, -1, local[parents])
+
+
 def _cost(num_tokens: int, pair_weight: float) -> float:
     return num_tokens + pair_weight * num_tokens * num_tokens
 
@@ -84,8 +93,7 @@ def _branches(piece: Piece, parent_ids: np.ndarray) -> tuple[int, list[Piece]] |
     """(trunk length, trunk + branch pieces) at the first token with two or more children, or None
     for a chain. The trunk is the chain of tokens from the root down to that token."""
     indices = piece.indices
-    local = {int(token): k for k, token in enumerate(indices.tolist())}
-    local_parents = np.array([local.get(int(parent_ids[t]), -1) for t in indices.tolist()], np.int64)
+    local_parents = piece_parents(indices, parent_ids)
     num_children = np.bincount(local_parents[local_parents >= 0], minlength=len(indices))
     # Tokens are parents first, so the trunk is the prefix before the first branching token.
     branching = np.flatnonzero(num_children >= 2)
