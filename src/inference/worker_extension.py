@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.inference.vllm_compat import cpu_seeded_sampling, cpu_weights, routing_capture
+from grpo.inference.vllm_compat import cpu_float32_head, cpu_seeded_sampling, cpu_weights, routing_capture
 from grpo.inference.weight_handles import export_record
 from grpo.transport.weights.collective import DEFAULT_SECRET_ENV
 
@@ -26,6 +26,7 @@ if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":
     cpu_weights.keep_dense_cpu_experts()
     cpu_weights.keep_row_major_cpu_fp8_weights()
     cpu_seeded_sampling.seeded_requests_survive_chunked_prefill()
+    cpu_float32_head.keep_float32_cpu_head()
 if os.environ.get(routing_capture.RECORD_ROUTING_ENV) == "1":
     routing_capture.record_routing_on_load()
 
@@ -40,6 +41,13 @@ def hf_checkpoint_shapes(hf_config: Any, trust_remote_code: bool = False) -> dic
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
     return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+
+def _rebuild_derived_weights(model: torch.nn.Module) -> None:
+    """After `model.load_weights`: the CPU kernels' copies of the weights (packed linears, the float32
+    head) are made again from the updated parameters."""
+    cpu_weights.repack_cpu_linear_weights(model)
+    cpu_float32_head.forget_float32_heads(model)
 
 
 class WorkerExtension:
@@ -65,7 +73,7 @@ class WorkerExtension:
             tensors = load_file(str(file))
             num_tensors += len(tensors)
             model.load_weights(weights=iter(tensors.items()))
-        cpu_weights.repack_cpu_linear_weights(model)
+        _rebuild_derived_weights(model)
         return num_tensors
 
     def _grpo_hf_config(self) -> tuple[Any, bool]:
@@ -124,7 +132,7 @@ class WorkerExtension:
                 num_tensors += len(bucket)
         finally:
             receiver.close()
-        cpu_weights.repack_cpu_linear_weights(model)
+        _rebuild_derived_weights(model)
         self._grpo_collective_version = version
         return num_tensors
 

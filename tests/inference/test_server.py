@@ -152,6 +152,52 @@ def test_full_weight_update_from_a_folder_changes_outputs_and_restores(
     assert max_abs_diff(score(vllm_server, MODEL), original) < 1e-3
 
 
+def _reference_logprobs(model_path: Path, state: dict[str, Any], token_ids: list[int]) -> list[float]:
+    """Prompt logprobs of `model_path` with the weights `state`, in float32 (transformers)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.load_state_dict({name: tensor.float() for name, tensor in state.items()}, strict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0, :-1]
+    picked = logits.log_softmax(-1).gather(-1, torch.tensor(token_ids[1:])[:, None])[:, 0]
+    return [0.0, *picked.tolist()]
+
+
+def test_a_full_weight_update_of_the_tied_output_layer_is_what_the_engine_scores_with(
+    vllm_server: ServerThread, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    # The CPU engine keeps a float32 copy of the bf16 lm_head (grpo.inference.vllm_compat.
+    # cpu_float32_head); a stale copy after an update would score with the old output layer.
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    original = score(vllm_server, MODEL)
+    state: dict[str, Any] = {}
+    for file in sorted(tiny_model_path.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    embedding = state["model.embed_tokens.weight"]  # tied: also the output layer
+    generator = torch.Generator().manual_seed(0)
+    state["model.embed_tokens.weight"] = (
+        torch.randn(embedding.shape, generator=generator) * embedding.float().std() * 3
+    ).to(embedding.dtype)
+    new_dir = tmp_path / "new-output-layer"
+    new_dir.mkdir()
+    save_file(state, str(new_dir / "model.safetensors"))
+
+    try:
+        with_client(vllm_server, lambda client: client.update_weights(str(new_dir)))
+        served = score(vllm_server, MODEL)
+    finally:
+        with_client(vllm_server, lambda client: client.update_weights(str(tiny_model_path)))
+
+    expected = _reference_logprobs(tiny_model_path, state, PROMPT)
+    assert max_abs_diff(served, original) > 0.5  # ~1.1 here
+    assert max_abs_diff(served, expected) < 0.1  # ~0.004 here; 1.6 with the old output layer's copy
+    assert max_abs_diff(score(vllm_server, MODEL), original) < 1e-3
+
+
 def test_worker_exports_shared_memory_handles_another_process_can_read(
     vllm_server: ServerThread, shm_records_to_release: list[dict[str, Any]]
 ) -> None:
