@@ -483,6 +483,9 @@ class _FakeModel:
     def named_parameters(self) -> Any:  # a dense model: no packed CPU experts to refuse
         return iter(())
 
+    def modules(self) -> Any:  # no layers: no float32 head copy to drop after the load
+        return iter(())
+
 
 class _FakeWorker(WorkerExtension):
     """The worker extension on a stand-in for vLLM's worker: serves a model of `config` that
