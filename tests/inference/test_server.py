@@ -129,15 +129,23 @@ def test_hot_loaded_adapter_changes_outputs_and_same_name_reload_takes_effect(
     assert score(vllm_server, MODEL) == base
 
 
+def _checkpoint_state(model_path: Path) -> dict[str, Any]:
+    """HF name -> tensor of every safetensors file of the checkpoint at `model_path`."""
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for file in sorted(model_path.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    return state
+
+
 def test_full_weight_update_from_a_folder_changes_outputs_and_restores(
     vllm_server: ServerThread, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     original = score(vllm_server, MODEL)
-    state = {}
-    for file in sorted(tiny_model_path.glob("*.safetensors")):
-        state.update(load_file(str(file)))
+    state = _checkpoint_state(tiny_model_path)
     zeroed_dir = tmp_path / "zeroed"
     zeroed_dir.mkdir()
     save_file({name: t.clone().zero_() for name, t in state.items()}, str(zeroed_dir / "model.safetensors"))
@@ -171,12 +179,10 @@ def test_a_full_weight_update_of_the_tied_output_layer_is_what_the_engine_scores
     # The CPU engine keeps a float32 copy of the bf16 lm_head (grpo.inference.vllm_compat.
     # cpu_float32_head); a stale copy after an update would score with the old output layer.
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     original = score(vllm_server, MODEL)
-    state: dict[str, Any] = {}
-    for file in sorted(tiny_model_path.glob("*.safetensors")):
-        state.update(load_file(str(file)))
+    state = _checkpoint_state(tiny_model_path)
     embedding = state["model.embed_tokens.weight"]  # tied: also the output layer
     generator = torch.Generator().manual_seed(0)
     state["model.embed_tokens.weight"] = (
@@ -218,12 +224,10 @@ def test_worker_exports_shared_memory_handles_another_process_can_read(
 def test_noisy_norms_change_outputs_until_clean_weights_return(
     vllm_server: ServerThread, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     original = score(vllm_server, MODEL)
-    state = {}
-    for file in sorted(tiny_model_path.glob("*.safetensors")):
-        state.update(load_file(str(file)))
+    state = _checkpoint_state(tiny_model_path)
     noisy = {name: t * 3.0 for name, t in state.items() if "layernorm" in name}
     assert noisy
     save_file(noisy, str(tmp_path / "noisy_norms.safetensors"))
