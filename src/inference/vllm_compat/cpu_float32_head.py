@@ -8,7 +8,9 @@ two cores (torch profiler, 0.88 s of a 6.9 s generation round of 8 prompts x 8 c
 the copy is kept beside the weight and rebuilt when the weights change: every update path of
 the worker extension ends in `forget_float32_heads`, and a weight replaced by another tensor
 (another storage) is noticed at the next forward. The kept copy costs vocab x hidden x 4 bytes
-of host memory for as long as the engine runs, the size of the transient copy it replaces.
+of host memory for as long as the engine runs, the size of the transient copy it replaces. The
+product itself goes to oneDNN (grpo.utils.cpu_float32_gemm): half the time of torch's default
+float32 GEMM at 64 rows on the machines measured.
 """
 
 from __future__ import annotations
@@ -54,11 +56,12 @@ def keep_float32_cpu_head() -> None:
     the engine worker before it serves; idempotent; a no-op off CPU.
     """
     import torch
-    import torch.nn.functional as F
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
     from vllm.platforms import current_platform
+
+    from grpo.utils.cpu_float32_gemm import cpu_float32_linear
 
     if not current_platform.is_cpu():
         return
@@ -80,7 +83,7 @@ def keep_float32_cpu_head() -> None:
             logits: torch.Tensor = original(processor, lm_head, hidden_states, embedding_bias)
             return logits
         bias = embedding_bias.to(torch.float32) if embedding_bias is not None else None
-        return F.linear(hidden_states.to(torch.float32), float32_weight(lm_head), bias)
+        return cpu_float32_linear(hidden_states.to(torch.float32), float32_weight(lm_head), bias)
 
     apply_head._grpo_keeps_float32_head = True  # type: ignore[attr-defined]
     LogitsProcessor._apply_head = apply_head
