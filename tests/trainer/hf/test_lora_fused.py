@@ -1,8 +1,10 @@
-"""The fused float32 LoRA linear: peft's values and gradients, and peft's own forward wherever it
-does not apply. On whatever device the trainer picks (CUDA where present), in float32 there too:
-a GPU's default bf16 policy takes peft's forward by design."""
+"""The fused LoRA linear: peft's values and gradients, in float32 and in a bf16 policy under autocast,
+and peft's own forward wherever it does not apply. On whatever device the trainer picks (CUDA where
+present)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -37,8 +39,17 @@ def _policy_with_nonzero_adapters(make_cfg, tiny_model_path, **overrides):
 
 
 def _forward_backward(policy, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Logits and the trainable parameters' gradients, in the policy's precision as its
+    hidden_states computes: a 16-bit policy under autocast, peft's input casting off."""
+    from peft.helpers import disable_input_dtype_casting
+
     policy.model.zero_grad(set_to_none=True)
-    logits = policy.model(input_ids=input_ids).logits  # [1, S, V]
+    precision = contextlib.ExitStack()
+    if policy.autocast_dtype is not None:
+        precision.enter_context(torch.autocast(input_ids.device.type, dtype=policy.autocast_dtype))
+        precision.enter_context(disable_input_dtype_casting(policy.model))
+    with precision:
+        logits = policy.model(input_ids=input_ids).logits  # [1, S, V]
     (logits.float().square().mean()).backward()
     grads = [p.grad.clone() for p in policy.trainable_parameters()]
     return logits.detach(), grads
@@ -64,6 +75,33 @@ def test_fused_layers_give_peft_outputs_and_its_gradients_to_float32_rounding(ma
     # A hidden state feeding q, k and v gets its gradient's terms summed in another order.
     for fused, peft in zip(fused_grads, peft_grads, strict=True):
         torch.testing.assert_close(fused, peft, rtol=1e-5, atol=1e-6 * float(peft.abs().max()))
+    assert any(g.abs().sum() > 0 for g in fused_grads)
+
+
+def test_a_bf16_policy_under_autocast_fuses_with_peft_outputs_bit_for_bit(
+    make_cfg, tiny_model_path, monkeypatch
+):
+    monkeypatch.setattr(trainer_model, "choose_dtype", lambda device: torch.bfloat16)
+    policy = _policy_with_nonzero_adapters(make_cfg, tiny_model_path)
+    assert (policy.dtype, policy.autocast_dtype) == (torch.bfloat16, torch.bfloat16)
+    layers = _lora_layers(policy.model)
+    x = torch.randn(3, layers[0].in_features, device=policy.device, dtype=torch.bfloat16)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        assert _fusable_adapter(layers[0], x, (), {}) == "default"
+    input_ids = torch.randint(0, 100, (1, 24), generator=torch.Generator().manual_seed(1))
+    input_ids = input_ids.to(policy.device)
+
+    fused_logits, fused_grads = _forward_backward(policy, input_ids)
+    for layer in layers:
+        del layer.forward
+    peft_logits, peft_grads = _forward_backward(policy, input_ids)
+
+    # every rounding where autocast rounds peft's forward: the same logits, not merely close ones
+    assert torch.equal(fused_logits, peft_logits)
+    assert all(g.dtype == torch.float32 for g in fused_grads) and len(fused_grads) == len(peft_grads) > 0
+    # a hidden state feeding q, k and v gets its bf16 gradient's terms summed in another order
+    for fused, peft in zip(fused_grads, peft_grads, strict=True):
+        torch.testing.assert_close(fused, peft, rtol=0.05, atol=0.02 * float(peft.abs().max()))
     assert any(g.abs().sum() > 0 for g in fused_grads)
 
 
