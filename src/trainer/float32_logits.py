@@ -59,8 +59,9 @@ def _float32_out_matmul() -> Any:
     Forward: cuBLAS multiplies the 16-bit operands, accumulates in float32 and writes float32 (torch's
     mm with out_dtype), with no float32 copy of the weight (2.5 GB for a 151936 x 4096 head). Off
     CUDA there is no such GEMM (torch 2.13's CPU mm has no out_dtype), so the operands are copied to
-    float32 and multiplied by oneDNN (grpo.utils.cpu_float32_gemm): the same unrounded logits. torch's mm with out_dtype has no derivative, and backward
-    multiplies in 16 bit either way (grads_in_16_bit)."""
+    float32 (and on CPU multiplied by oneDNN, grpo.utils.cpu_float32_gemm): the same unrounded
+    logits. torch's mm with out_dtype has no derivative, and backward multiplies in 16 bit either
+    way (grads_in_16_bit)."""
     global _FLOAT32_OUT_MATMUL
     if _FLOAT32_OUT_MATMUL is None:
         import torch
@@ -73,7 +74,9 @@ def _float32_out_matmul() -> Any:
                 ctx.save_for_backward(hidden, weight)
                 if hidden.is_cuda:
                     return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-                return cpu_float32_linear(hidden.float(), weight.float())
+                if hidden.device.type == "cpu":
+                    return cpu_float32_linear(hidden.float(), weight.float())
+                return hidden.float() @ weight.float().t()
 
             @staticmethod
             def backward(ctx: Any, grad_logits: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
