@@ -101,9 +101,9 @@ class InferenceConfig(StrictModel):
     block_size: int | None = Field(None, gt=0)
     """Tokens per KV-cache block (vLLM's --block-size). Prefix caching shares whole blocks only, so a
     group's completions, scheduled together, share the prompt up to its last whole block and each
-    prefill the rest. null: 32 on CPU (the smallest vLLM's CPU attention takes; its own default, 128,
-    left prompts under 128 tokens prefilled once per completion), vLLM's default on GPU. On CPU a
-    multiple of 32."""
+    prefill the rest. null: 16 on CPU (the smallest vLLM's CPU attention kernels take; its own
+    default, 128, left prompts under 128 tokens prefilled once per completion), 32 on a CPU with AMX
+    (its attention kernel takes multiples of 32), vLLM's default on GPU. On CPU a multiple of 16."""
 
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     """Fraction of GPU memory vLLM may use. In co-located mode this is an upper bound: the

@@ -20,6 +20,7 @@ from typing import Any
 from grpo.config.inference import InferenceConfig
 from grpo.inference.server_args import build_server_args, resolve_lora_serving, server_env
 from grpo.inference.vllm_compat import app as vllm_app
+from grpo.inference.vllm_compat.cpu_block_size import allow_16_token_cpu_blocks
 from grpo.inference.vllm_compat.version import check_vllm_version, parse_server_args
 from grpo.inference.vllm_compat.vision_models import refuse_unservable_vision_model
 from grpo.inference.weight_routes import WeightRouteRules, add_weight_routes
@@ -35,6 +36,7 @@ def prepare_server(cfg: InferenceConfig, model_path: str) -> tuple[argparse.Name
     """Check vLLM, set the engine's environment, and parse the server argv for `cfg`; also what
     its weight routes accept (the LoRA serving mode with auto decided, the weight folders)."""
     version = check_vllm_version()
+    allow_16_token_cpu_blocks()  # the engine config checks the block size in this process
     refuse_unservable_vision_model(model_path)
     lora_serving = resolve_lora_serving(cfg)
     os.environ.update(server_env(cfg))

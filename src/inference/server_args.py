@@ -12,6 +12,7 @@ from typing import Literal
 
 from grpo.config.engine_dtype import resolve_engine_dtype
 from grpo.config.inference import InferenceConfig
+from grpo.inference.vllm_compat.cpu_block_size import CPU_BLOCK_SIZE_UNIT
 from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
 from grpo.inference.vllm_compat.routing_capture import RECORD_ROUTING_ENV
 from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS
@@ -19,10 +20,6 @@ from grpo.utils.auth import secret_from_env
 from grpo.utils.errors import UserError
 
 DEFAULT_CPU_KV_CACHE_GB = 2
-
-CPU_BLOCK_SIZE_UNIT = 32
-"""vLLM's CPU attention takes KV-cache blocks of a multiple of 32 tokens (the engine fails at start
-otherwise); grpo's CPU default is one unit."""
 
 
 LoraServing = Literal["adapter", "merged"]
@@ -66,10 +63,11 @@ def resolve_block_size(cfg: InferenceConfig, on_cpu: bool) -> int | None:
     On CPU vLLM's default is 128 tokens, and prefix caching shares whole blocks only: the n
     completions of a shorter prompt, scheduled in the same step, each prefilled all of it (64
     completions of a 44-token prompt prefilled 2,824 tokens; with 32-token blocks 776, and the
-    generation took 8.4 s instead of 12.3 s on 2 AVX2 cores).
+    generation took 8.4 s instead of 12.3 s on 2 AVX2 cores). grpo's CPU default is the smallest
+    block vLLM's CPU kernels take (default_cpu_block_size).
     """
     if cfg.block_size is None:
-        return CPU_BLOCK_SIZE_UNIT if on_cpu else None
+        return default_cpu_block_size() if on_cpu else None
     if on_cpu and cfg.block_size % CPU_BLOCK_SIZE_UNIT:
         raise UserError(
             f"block_size {cfg.block_size}: vLLM's CPU attention takes KV-cache blocks of a multiple of "
@@ -77,6 +75,14 @@ def resolve_block_size(cfg: InferenceConfig, on_cpu: bool) -> int | None:
             "inference config"
         )
     return cfg.block_size
+
+
+def default_cpu_block_size() -> int:
+    """16 tokens (grpo.inference.vllm_compat.cpu_block_size), or 32 on a CPU with AMX, whose
+    attention kernel vLLM picks only for a multiple of 32 (and 16-token blocks would give up)."""
+    import torch
+
+    return 32 if torch.cpu._is_amx_tile_supported() else CPU_BLOCK_SIZE_UNIT
 
 
 def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None = None) -> list[str]:

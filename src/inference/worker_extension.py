@@ -11,7 +11,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo.inference.vllm_compat import cpu_float32_head, cpu_seeded_sampling, cpu_weights, routing_capture
+from grpo.inference.vllm_compat import (
+    cpu_block_size,
+    cpu_float32_head,
+    cpu_seeded_sampling,
+    cpu_weights,
+    routing_capture,
+)
 from grpo.inference.weight_handles import export_record
 from grpo.transport.weights.collective import DEFAULT_SECRET_ENV
 
@@ -27,6 +33,7 @@ if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":
     cpu_weights.keep_row_major_cpu_fp8_weights()
     cpu_seeded_sampling.seeded_requests_survive_chunked_prefill()
     cpu_float32_head.keep_float32_cpu_head()
+    cpu_block_size.allow_16_token_cpu_blocks()
 if os.environ.get(routing_capture.RECORD_ROUTING_ENV) == "1":
     routing_capture.record_routing_on_load()
 

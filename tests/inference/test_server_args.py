@@ -99,18 +99,28 @@ def test_the_server_takes_no_sampling_defaults_from_the_checkpoint(
     assert option(argv, "--generation-config") == "vllm"
 
 
-def test_a_cpu_engine_gets_blocks_small_enough_for_a_group_to_share_a_short_prompt() -> None:
-    # vLLM-CPU's own 128-token blocks left a 44-token prompt without a whole block to share.
+@pytest.mark.parametrize(("amx", "expected"), [(False, "16"), (True, "32")])
+def test_a_cpu_engine_gets_blocks_small_enough_for_a_group_to_share_a_short_prompt(
+    amx: bool, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM-CPU's own 128-token blocks left a 44-token prompt without a whole block to share; AMX's
+    # attention kernel takes multiples of 32 only.
+    import torch
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     argv = build_server_args(InferenceConfig(model="m"), "/models/m", on_cpu=True)
-    assert option(argv, "--block-size") == "32"
+    assert option(argv, "--block-size") == expected
     argv = build_server_args(InferenceConfig(model="m", block_size=128), "/models/m", on_cpu=True)
     assert option(argv, "--block-size") == "128"
+    assert "--block-size" not in build_server_args(InferenceConfig(model="m"), "/models/m", on_cpu=False)
 
 
 def test_a_cpu_block_size_vllm_cannot_run_is_refused_before_start_with_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"block_size 48: .*multiple of 32 tokens; set block_size to 32"):
-        build_server_args(InferenceConfig(model="m", block_size=48), "/models/m", on_cpu=True)
-    argv = build_server_args(InferenceConfig(model="m", block_size=48), "/models/m", on_cpu=False)
+    with pytest.raises(ValueError, match=r"block_size 40: .*multiple of 16 tokens; set block_size to 16"):
+        build_server_args(InferenceConfig(model="m", block_size=40), "/models/m", on_cpu=True)
+    argv = build_server_args(InferenceConfig(model="m", block_size=40), "/models/m", on_cpu=False)
+    assert option(argv, "--block-size") == "40"
+    argv = build_server_args(InferenceConfig(model="m", block_size=48), "/models/m", on_cpu=True)
     assert option(argv, "--block-size") == "48"
 
 
