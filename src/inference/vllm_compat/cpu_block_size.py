@@ -47,6 +47,4 @@ def allow_16_token_cpu_blocks() -> None:
     def get_supported_kernel_block_sizes(kv_cache_spec: object = None) -> list[int | MultipleOf]:
         return [MultipleOf(CPU_BLOCK_SIZE_UNIT)]
 
-    CPUAttentionBackend.get_supported_kernel_block_sizes = staticmethod(  # type: ignore[method-assign]
-        get_supported_kernel_block_sizes
-    )
+    CPUAttentionBackend.get_supported_kernel_block_sizes = staticmethod(get_supported_kernel_block_sizes)

@@ -41,4 +41,4 @@ def block_cpu_queue_readers() -> None:
         original(self, timeout_ms)
 
     wait._grpo_blocks = True  # type: ignore[attr-defined]
-    SpinCondition.wait = wait  # type: ignore[method-assign]
+    SpinCondition.wait = wait
