@@ -19,10 +19,12 @@ pytest.importorskip("vllm")
 
 @pytest.fixture
 def spin_condition(monkeypatch: pytest.MonkeyPatch) -> type:
-    """vLLM's SpinCondition, its `wait` restored after the test."""
+    """vLLM's SpinCondition with vLLM's own `wait`, whatever ran before in this process (a grpo
+    server started here has run the plugin), and the `wait` found restored after the test."""
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
-    monkeypatch.setattr(SpinCondition, "wait", SpinCondition.wait)
+    vllm_wait = getattr(SpinCondition.wait, "_grpo_original", SpinCondition.wait)
+    monkeypatch.setattr(SpinCondition, "wait", vllm_wait)
     return SpinCondition
 
 

@@ -41,4 +41,5 @@ def block_cpu_queue_readers() -> None:
         original(self, timeout_ms)
 
     wait._grpo_blocks = True  # type: ignore[attr-defined]
+    wait._grpo_original = original  # type: ignore[attr-defined]
     SpinCondition.wait = wait
