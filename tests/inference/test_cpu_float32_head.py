@@ -47,7 +47,7 @@ def _assert_float32_product(logits: torch.Tensor, head: torch.nn.Module, hidden:
     torch.testing.assert_close(logits.double(), reference, rtol=0, atol=1e-5)
 
 
-def test_float32_logits_equal_the_cast_path_and_the_weight_is_copied_once() -> None:
+def test_float32_logits_are_the_float32_product_and_the_weight_is_copied_once() -> None:
     torch.manual_seed(0)
     processor, head = _float32_processor(), _lm_head()
     hidden = torch.randn(5, 16).bfloat16()

@@ -317,7 +317,10 @@ def test_the_cpu_engine_serves_16_token_kv_blocks(vllm_server: ServerThread) -> 
     # hits +48 (three completions found the first block), 0 with 32-token blocks.
     # (This process's Prometheus registry holds the last-started server's metrics, so the shared
     # server's hit counter is not read here.)
-    assert vllm_server.engine_client.vllm_config.cache_config.block_size == 16
+    from grpo.inference.server_args import default_cpu_block_size
+
+    # 16, or 32 on a CPU with AMX (its attention kernel takes no less): test_server_args.py pins which
+    assert vllm_server.engine_client.vllm_config.cache_config.block_size == default_cpu_block_size()
     request = GenerateRequest(
         prompt_token_ids=PROMPT * 2, params=SamplingParams(temperature=1.0, max_tokens=4, seed=5), n=4,
         model=MODEL, cache_salt="sixteen-token-blocks",
