@@ -1,12 +1,12 @@
 """`grpo --train train.yaml --infer infer.yaml --orch orch.yaml`: everything in one process.
 
-vLLM serves from a background thread (engine in its subprocess), the trainer trains in another
-thread on base weights borrowed from the engine, and the orchestrator runs on the main event loop.
+vLLM serves from a background thread (engine in its subprocesses), the trainer trains on the main
+thread on base weights borrowed from the engine, and the orchestrator runs on an event loop in a
+thread of its own.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import cast
@@ -154,7 +154,4 @@ def main() -> None:
         from grpo.cli.config_show import main as config_main
 
         config_main(sys.argv[2:])
-    # Trainer and engine share the cores in this mode: OpenMP threads that spin while waiting for a
-    # descheduled peer slow both several-fold. Must be set before torch loads; a user's value wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     run_app(app, "grpo")

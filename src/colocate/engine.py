@@ -20,6 +20,24 @@ if TYPE_CHECKING:
 SERVER_READY_TIMEOUT_S = 600.0
 
 
+def engine_waits_passively() -> None:
+    """Make the OpenMP threads of the engine's processes (started after this) sleep as soon as they
+    are idle, while this process's (the trainer's) keep libgomp's default: spin briefly, then sleep.
+
+    Trainer and engine share the cores: an idle thread that spins takes a core the other side needs.
+    Passive waits cost the other way, though: every op then wakes its workers through the kernel, so a
+    trainer of many small ops slows down. Co-located short-answer on 2 CPUs, seconds a step: both
+    sides spinning 21.8; both passive 10.25, with the trainer's last step (nothing generating) 8.1;
+    the engine passive only 10.1, that step 5.6, as fast as a trainer alone. libgomp reads the
+    setting once, when it loads, so torch is loaded here first. A user's OMP_WAIT_POLICY applies to
+    both sides."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return
+    import torch  # noqa: F401  (loads libgomp, which reads its settings now: this process keeps the default)
+
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
 def start_engine(infer: InferenceConfig, model_path: str) -> ServerThread:
     """Start vLLM's server thread (engine in its subprocess) and wait until it answers. The caller
     stops the returned server on every exit path; a failed or interrupted start stops it here."""
@@ -30,6 +48,7 @@ def start_engine(infer: InferenceConfig, model_path: str) -> ServerThread:
     check_borrowing_safe(build_server_args(infer, model_path))
     # The engine subprocess inherits this: on CPU it keeps the dense linear weights the trainer borrows.
     os.environ["GRPO_KEEP_DENSE_WEIGHTS"] = "1"
+    engine_waits_passively()
     from grpo.colocate.console import engine_logs_to_file
 
     server = ServerThread(infer, model_path, quiet=engine_logs_to_file())

@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from grpo.utils.logging import get_logger
@@ -31,10 +32,29 @@ def _watch_parent(parent_pid: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+class TrainerThread(threading.Thread):
+    """Runs the trainer loop; records its error for the main thread instead of dying silently.
+
+    Here, unlike in the main process, the trainer does not get the main thread: a replica's trainer
+    spends its time in collectives with rank 0, and a SIGTERM only reaches Python code on the main
+    thread once the call it waits in returns, which a collective whose peer has left may never do.
+    The main thread only waits, so a SIGTERM stops the engine at once."""
+
+    def __init__(self, body: Callable[[], None]) -> None:
+        super().__init__(name="grpo-trainer", daemon=True)
+        self.body = body
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.body()
+        except BaseException as error:  # handed to the main thread
+            self.error = error
+
+
 def run_replica(run_dir: Path, model_path: str, rank: int, world_size: int, master_port: int) -> int:
     from grpo.colocate.engine import borrow_base_weights, start_engine
     from grpo.colocate.replicas import announce_replica, join_trainer_group, replica_infer_config
-    from grpo.colocate.runner import TrainerThread
     from grpo.config.inference import InferenceConfig
     from grpo.config.loading import read_yaml, validate
     from grpo.config.trainer import TrainerConfig

@@ -1,11 +1,11 @@
 """`grpo`: the vLLM server, the trainer and the orchestrator in one process.
 
-Threads: vLLM's API server runs on a background thread with its own event loop (its engine in a
-subprocess); the trainer runs on another thread; the orchestrator runs on the main thread's event
-loop. Batches pass in memory; each new LoRA adapter is published to `broadcasts/step_{v}/` and
-hot-loaded by vLLM, exactly as in the multi-process mode. A watchdog stops everything when any
-part fails, and every exit path stops the engine subprocess. With infer dp N, replicas 1..N-1 (an
-engine and a trainer rank each) run as child processes (grpo.colocate.replicas).
+Threads: the trainer runs on the main thread (grpo.colocate.orchestrator_thread says why); the
+orchestrator runs on a thread of its own with its own event loop, and vLLM's API server on another
+(its engine in subprocesses). Batches pass in memory; each new LoRA adapter is published to
+`broadcasts/step_{v}/` and hot-loaded by vLLM, exactly as in the multi-process mode. A watchdog stops
+everything when any part fails, and every exit path stops the engine subprocesses. With infer dp N,
+replicas 1..N-1 (an engine and a trainer rank each) run as child processes (grpo.colocate.replicas).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo.colocate.orchestrator_thread import OrchestratorThread
 from grpo.transport.weights.filesystem import broadcasts_dir
 from grpo.utils.logging import get_logger
 from grpo.utils.signals import interrupt_on_sigterm
@@ -29,34 +29,16 @@ if TYPE_CHECKING:
     from grpo.config.inference import InferenceConfig
     from grpo.config.orchestrator import OrchestratorConfig
     from grpo.config.trainer import TrainerConfig
-    from grpo.inference.client import InferenceClient
     from grpo.inference.server import ServerThread
     from grpo.models.resolve import ResolvedModel
-    from grpo.transport.batches.interfaces import BatchSender
     from grpo.utils.wandb_run import WandbRun
 
 log = get_logger("colocate")
 
-WATCHDOG_INTERVAL_S = 1.0
 DEAD_ENGINE_STOP_S = 10.0
 """How long the server thread of a dead engine gets to stop before its processes are ended."""
 REPLICA_FINISH_TIMEOUT_S = 120.0
 """After the last step, how long replicas may take to stop their engines and exit."""
-
-
-class TrainerThread(threading.Thread):
-    """Runs the trainer loop; records its error for the watchdog instead of dying silently."""
-
-    def __init__(self, body: Callable[[], None]) -> None:
-        super().__init__(name="grpo-trainer", daemon=True)
-        self.body = body
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.body()
-        except BaseException as error:  # handed to the main thread by the watchdog
-            self.error = error
 
 
 def run_colocated(
@@ -173,50 +155,52 @@ def _train_with_server(
         if borrowed is None
         else BorrowedWeights(model_path, borrowed.tensors, borrowed.quantized, engine_compiled=compiled)
     )
-    trainer = TrainerThread(
-        lambda: run_trainer(train, run_dir, receiver, stop_trainer, base_weights, num_parts=num_parts)
-    )
     # No engine here comes back after a crash (nothing restarts it in this process): the watchdog ends
     # the run instead of the client waiting for a recovery.
     recovery = orch.client.recovery.model_copy(update={"enabled": False})
     client = InferenceClient(orch.client.model_copy(update={"base_url": base_urls, "recovery": recovery}))
+
+    async def orchestrate(stop: asyncio.Event) -> None:
+        from grpo.orchestrator.entry import run as run_orchestrator
+
+        try:
+            await run_orchestrator(orch, client, sender, run_dir, model_path, stop=stop)
+        finally:
+            await client.close()
+
+    orchestrator = OrchestratorThread(orchestrate, failure_of_peers, stop_trainer)
     display = StepDisplay(orch.max_steps, orch.ckpt.resume_step or 0, with_trainer=True)  # both parts' steps
     install(display)
     # One W&B run for both parts, open before either starts: the trainer attaches to it, and it is
     # finished after the trainer's last step (grpo.utils.wandb_run).
     wandb_run = _open_wandb_run(orch, train, run_dir)
-    trainer.start()
-    failure: str | None = "interrupted"
+    orchestrator.start()
+    finished = False
     try:
-        failure = asyncio.run(
-            _orchestrate(orch, client, sender, run_dir, model_path, trainer, failure_of_peers)
-        )
-        if failure is None:
-            log.info("orchestrator done; waiting for the trainer to finish its last step")
-            while trainer.is_alive():
-                trainer.join(WATCHDOG_INTERVAL_S)
-                failure = failure_of_peers()
-                if failure is not None:
-                    break
-            if trainer.error is not None:
-                raise trainer.error
-        if failure is None and replicas is not None:
-            failure = replicas.wait_exit(REPLICA_FINISH_TIMEOUT_S)
+        # The trainer keeps the main thread (grpo.colocate.orchestrator_thread says why).
+        run_trainer(train, run_dir, receiver, stop_trainer, base_weights, num_parts=num_parts)
+        orchestrator.trainer_finished()
+        orchestrator.join()
+        if orchestrator.error is not None:
+            raise orchestrator.error
+        if orchestrator.failure is not None:
+            raise RuntimeError(orchestrator.failure)
+        if replicas is not None and (failure := replicas.wait_exit(REPLICA_FINISH_TIMEOUT_S)) is not None:
+            raise RuntimeError(failure)
+        finished = True
     finally:
+        if not finished:
+            orchestrator.stop()
         stop_trainer.set()
         sender.close()
         receiver.close()
-        # After a failure or an interrupt nobody waits for a trainer mid-step: the thread is a
-        # daemon and the process is leaving.
-        trainer.join(timeout=60 if failure is None else 5)
+        # After a failure or an interrupt nobody waits for an orchestrator mid-request: the thread is
+        # a daemon and the process is leaving.
+        orchestrator.join(timeout=60 if finished else 5)
         if wandb_run is not None:
             wandb_run.release()
         install(None)
         display.close()
-    if failure is not None:
-        if trainer.error is not None:
-            raise trainer.error
-        raise RuntimeError(failure)
     del borrowed  # views over the engine's memory must go before the engine does
     return 0
 
@@ -234,40 +218,3 @@ def engine_dead(server: ServerThread) -> bool:
     """Whether the engine behind a running server thread died: vLLM's API server keeps serving
     (/health answers 503) until a request fails on the dead engine, which may never come."""
     return server.engine_client is not None and bool(server.engine_client.errored)
-
-
-async def _orchestrate(
-    orch: OrchestratorConfig,
-    client: InferenceClient,
-    sender: BatchSender,
-    run_dir: Path,
-    model_path: str,
-    trainer: TrainerThread,
-    failure_of_peers: Callable[[], str | None],
-) -> str | None:
-    """Run the orchestrator with a watchdog; returns why it was stopped early, or None."""
-    from grpo.orchestrator.entry import run as run_orchestrator
-
-    stop = asyncio.Event()
-    failure: list[str] = []
-
-    async def watchdog() -> None:
-        while not stop.is_set():
-            # A trainer that ends without error has trained every batch: not a failure.
-            if trainer.error is not None:
-                failure.append(f"the trainer failed: {trainer.error!r}")
-            elif (peer_failure := failure_of_peers()) is not None:
-                failure.append(peer_failure)
-            if failure:
-                stop.set()
-                return
-            await asyncio.sleep(WATCHDOG_INTERVAL_S)
-
-    watch = asyncio.create_task(watchdog())
-    try:
-        await run_orchestrator(orch, client, sender, run_dir, model_path, stop=stop)
-    finally:
-        stop.set()
-        watch.cancel()
-        await client.close()
-    return failure[0] if failure else None

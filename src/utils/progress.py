@@ -42,7 +42,7 @@ def installed() -> StepDisplay | None:
 class StepDisplay:
     """Collects a step's orchestrator and trainer metrics and shows the step once both are in
     (`with_trainer`) or once the batch is sent (the orchestrator alone). Thread-safe: in a
-    co-located run the trainer reports from its own thread."""
+    co-located run the trainer and the orchestrator report from different threads."""
 
     def __init__(self, max_steps: int | None, first_step: int = 0, with_trainer: bool = False) -> None:
         from rich.progress import (
