@@ -28,7 +28,7 @@ def engine_waits_passively() -> None:
     Passive waits cost the other way, though: every op then wakes its workers through the kernel, so a
     trainer of many small ops slows down. Co-located short-answer on 2 CPUs, seconds a step: both
     sides spinning 21.8; both passive 10.25, with the trainer's last step (nothing generating) 8.1;
-    the engine passive only 10.1, that step 5.6, as fast as a trainer alone. libgomp reads the
+    the engine passive only 10.1-11.3 (two runs), that step 5.6-6.0, as fast as a trainer alone. libgomp reads the
     setting once, when it loads, so torch is loaded here first. A user's OMP_WAIT_POLICY applies to
     both sides."""
     if "OMP_WAIT_POLICY" in os.environ:

@@ -52,10 +52,12 @@ class OrchestratorThread:
         self._stop_trainer = stop_trainer
         self.failure: str | None = None
         self.error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._trainer_done: asyncio.Event | None = None
-        self._pending: list[Callable[[], None]] = []
+        # The loop is made here and run on the thread: what other threads schedule on it before the
+        # thread starts runs once it does.
+        self._runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
+        self._runner.get_loop()
+        self._stop = asyncio.Event()
+        self._trainer_done = asyncio.Event()
         self._ended = False
         self._lock = threading.Lock()
 
@@ -70,7 +72,8 @@ class OrchestratorThread:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._main())
+            with self._runner:
+                self._runner.run(self._main())
         except BaseException as error:  # handed to the main thread, which re-raises it
             self.error = error
         if self.error is not None or self.failure is not None:
@@ -82,10 +85,9 @@ class OrchestratorThread:
 
     def trainer_finished(self) -> None:
         """The trainer trained its last step (from any thread): the watchdog may end."""
-        self._call_in_loop(lambda: self._trainer_done.set() if self._trainer_done else None)
+        self._call_in_loop(self._trainer_done.set)
 
     def _request_stop(self, why: str) -> None:
-        assert self._stop is not None
         if not self._stop.is_set() and self.failure is None:
             self.failure = why
         self._stop.set()
@@ -94,20 +96,10 @@ class OrchestratorThread:
         # Under the lock the loop cannot end between the check and the call (_main marks the end
         # under it before its loop closes).
         with self._lock:
-            if self._ended:
-                return
-            if self._loop is None:  # not started yet: run once the loop is up
-                self._pending.append(action)
-            else:
-                self._loop.call_soon_threadsafe(action)
+            if not self._ended:
+                self._runner.get_loop().call_soon_threadsafe(action)
 
     async def _main(self) -> None:
-        self._stop, self._trainer_done = asyncio.Event(), asyncio.Event()
-        with self._lock:
-            self._loop = asyncio.get_running_loop()
-            pending, self._pending = self._pending, []
-        for action in pending:
-            action()
         watch = asyncio.create_task(self._watch())
         try:
             await self._orchestrate(self._stop)
@@ -124,7 +116,6 @@ class OrchestratorThread:
                 self._ended = True
 
     async def _watch(self) -> None:
-        assert self._stop is not None
         while not self._stop.is_set():
             if (failure := self._failure_of_peers()) is not None:
                 self._request_stop(failure)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -37,9 +38,9 @@ def _until_stopped(seen: list[str]) -> orchestrator_thread.Orchestrate:
     return orchestrate
 
 
-def _wait(condition: object, timeout: float = 5.0) -> None:
+def _wait(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
+    while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
 
