@@ -60,12 +60,20 @@ def machine_label() -> str:
 
 def machine_info() -> dict[str, Any]:
     model = platform.processor() or platform.machine()
+    # A virtual machine's model name can hide its generation ("AMD EPYC"); the family and model
+    # numbers still tell two of them apart (their figures differ by a third or more).
+    family = ""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        fields = dict(
+            (key.strip(), value.strip())
+            for key, _, value in (
+                line.partition(":") for line in cpuinfo.read_text().split("\n\n")[0].splitlines()
+            )
+        )
+        model = fields.get("model name", model)
+        if "cpu family" in fields:
+            family = f"{fields['cpu family']}/{fields.get('model', '?')}"
     import torch
 
     from grpo.utils.device import cpu_has_native_bf16
@@ -73,6 +81,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "label": machine_label(),
         "cpu_model": model,
+        "cpu_family_model": family,
         # AVX2 or AVX512 (+BF16/AMX): 16-bit matmuls are emulated without the latter, which changes
         # the default dtype (grpo.config.engine_dtype) and every figure
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

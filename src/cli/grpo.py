@@ -68,6 +68,9 @@ def grpo(
     """
 
     def body() -> int:
+        from grpo.colocate.openmp_waits import trainer_spins_briefly
+
+        trainer_spins_briefly()  # before anything loads torch (libgomp reads it once)
         overrides = split_overrides(ctx.args, ("train", "infer", "orch"), OPTIONS)
         paths = _config_paths(train, infer, orch, config)
         configs, sources = load_run(paths, config, overrides)

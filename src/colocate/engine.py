@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from grpo.colocate.guards import check_borrowable_model, check_borrowing_safe
+from grpo.colocate.openmp_waits import engine_waits_passively
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -18,24 +19,6 @@ if TYPE_CHECKING:
     from grpo.inference.server import ServerThread
 
 SERVER_READY_TIMEOUT_S = 600.0
-
-
-def engine_waits_passively() -> None:
-    """Make the OpenMP threads of the engine's processes (started after this) sleep as soon as they
-    are idle, while this process's (the trainer's) keep libgomp's default: spin briefly, then sleep.
-
-    Trainer and engine share the cores: an idle thread that spins takes a core the other side needs.
-    Passive waits cost the other way, though: every op then wakes its workers through the kernel, so a
-    trainer of many small ops slows down. Co-located short-answer on 2 CPUs, seconds a step: both
-    sides spinning 21.8; both passive 10.25, with the trainer's last step (nothing generating) 8.1;
-    the engine passive only 10.1-11.3 (two runs), that step 5.6-6.0, as fast as a trainer alone. libgomp reads the
-    setting once, when it loads, so torch is loaded here first. A user's OMP_WAIT_POLICY applies to
-    both sides."""
-    if "OMP_WAIT_POLICY" in os.environ:
-        return
-    import torch  # noqa: F401  (loads libgomp, which reads its settings now: this process keeps the default)
-
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 def start_engine(infer: InferenceConfig, model_path: str) -> ServerThread:

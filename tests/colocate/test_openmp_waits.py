@@ -1,63 +1,134 @@
 """OpenMP waits in a co-located process: the engine's processes sleep when idle, the trainer's
-process keeps libgomp's default (a brief spin), and a user's own OMP_WAIT_POLICY is kept."""
+process spins briefly (long enough to carry its workers from op to op, not across a pause), and a
+user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept for both sides."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-# Each small op starts an OpenMP team: a worker that spins picks the next op up without sleeping, a
-# passive one sleeps after each op and is woken through the kernel (a voluntary context switch).
+# Each small op starts an OpenMP team: a worker still spinning picks the next op up without
+# sleeping; one that stopped spinning sleeps and is woken through the kernel (a voluntary context
+# switch). `pause_s` between ops: a Python busy-wait, as the trainer's own bookkeeping between ops.
 _COUNT_SWITCHES = """
-import os, torch
+import os, time, torch
 torch.set_num_threads(2)
 x = torch.randn(200_000)
-def switches():  # times this process's threads slept (the worker's count most)
-    total = 0
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/status") as f:
-            total += sum(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt"))
-    return total
-before = switches()
-for _ in range(2000):
-    x.add_(1.0)
-print(switches() - before)
+def switches(pause_s):  # times this process's threads slept over 2,000 ops (the worker's count most)
+    def total():
+        count = 0
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/status") as f:
+                count += sum(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt"))
+        return count
+    before = total()
+    for _ in range(2000):
+        x.add_(1.0)
+        until = time.perf_counter() + pause_s
+        while time.perf_counter() < until:
+            pass
+    return total() - before
 """
 
 _SCENARIO = f"""
-import os, subprocess, sys
-from grpo.colocate.engine import engine_waits_passively
+import json, os, subprocess, sys
+from grpo.colocate.openmp_waits import engine_waits_passively, trainer_spins_briefly
+if sys.argv[1] == "cli":  # as the grpo CLI: before torch loads
+    trainer_spins_briefly()
 engine_waits_passively()
-own = subprocess.run([sys.executable, "-c", {_COUNT_SWITCHES!r}], capture_output=True, text=True)
+child_code = {_COUNT_SWITCHES!r} + "print(switches(0.0))"
+child = subprocess.run([sys.executable, "-c", child_code], capture_output=True, text=True, check=True)
 exec({_COUNT_SWITCHES!r})
-print(os.environ.get("OMP_WAIT_POLICY"))
-print(int(own.stdout))
+print(json.dumps({{
+    "back_to_back": switches(0.0),
+    "paused": switches(0.0005),
+    "child": int(child.stdout),
+    "child_env": {{k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GRPO_TRAINER_SPIN_COUNT_SET")}},
+}}))
 """
 
 
-def _run(env: dict[str, str]) -> tuple[int, str, int]:
-    """(this process's switches, the policy its children get, a child's switches)."""
+def _run(env: dict[str, str], how: str = "cli") -> dict:
+    """This process's switches (ops back to back, ops 0.5 ms apart), a child's, and its environment."""
     out = subprocess.run(
-        [sys.executable, "-c", _SCENARIO], env=env, capture_output=True, text=True, timeout=120, check=True
-    ).stdout.split()
-    return int(out[0]), out[1], int(out[2])
+        [sys.executable, "-c", _SCENARIO, how],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    ).stdout
+    return json.loads(out)
 
 
-def test_the_engines_processes_wait_passively_while_the_trainers_keeps_spinning() -> None:
+def _clean_env() -> dict[str, str]:
+    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GRPO_TRAINER_SPIN_COUNT_SET")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+@pytest.fixture
+def two_cpus() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: torch starts no OpenMP team to wake")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    trainer_switches, child_policy, child_switches = _run(env)
-    assert child_policy == "PASSIVE"
-    # ~1 switch per op for a passive worker; the spinning one sleeps a handful of times at most.
-    assert child_switches > 1000, child_switches
-    assert trainer_switches < 200, trainer_switches
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_the_trainer_spins_briefly_and_the_engines_processes_wait_passively() -> None:
+    result = _run(_clean_env())
+    assert result["child_env"] == {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "GOMP_SPINCOUNT": None,
+        "GRPO_TRAINER_SPIN_COUNT_SET": None,
+    }
+    # ~1 switch per op for a passive worker.
+    assert result["child"] > 1000, result
+    # Back to back, the trainer's worker catches each op while it spins; across a 0.5 ms pause
+    # (libgomp's default spin lasts ~3 ms) it has gone to sleep.
+    assert result["back_to_back"] < 200, result
+    assert result["paused"] > 1000, result
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_without_the_cli_step_the_trainer_keeps_libgomps_default_spin() -> None:
+    result = _run(_clean_env(), how="engine-only")
+    assert result["child_env"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert result["paused"] < 200, result
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_users_own_spin_count_is_kept_for_both_sides() -> None:
+    result = _run({**_clean_env(), "GOMP_SPINCOUNT": "0"})
+    assert result["child_env"] == {
+        "OMP_WAIT_POLICY": None,
+        "GOMP_SPINCOUNT": "0",
+        "GRPO_TRAINER_SPIN_COUNT_SET": None,
+    }
+    assert result["back_to_back"] > 1000, result  # the user's 0 spins: passive on this side too
+    assert result["child"] > 1000, result
 
 
 def test_a_users_own_wait_policy_is_kept_for_both_sides() -> None:
-    env = {**os.environ, "OMP_WAIT_POLICY": "ACTIVE"}
-    _, child_policy, _ = _run(env)
-    assert child_policy == "ACTIVE"
+    result = _run({**_clean_env(), "OMP_WAIT_POLICY": "ACTIVE"})
+    assert result["child_env"] == {
+        "OMP_WAIT_POLICY": "ACTIVE",
+        "GOMP_SPINCOUNT": None,
+        "GRPO_TRAINER_SPIN_COUNT_SET": None,
+    }
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_replica_process_inherits_the_trainers_spin_and_still_makes_its_engine_passive() -> None:
+    # Replica processes (dp > 1) start with the CLI's environment, before any engine does.
+    inherited = {**_clean_env(), "GOMP_SPINCOUNT": "2000", "GRPO_TRAINER_SPIN_COUNT_SET": "1"}
+    result = _run(inherited, how="engine-only")
+    assert result["child_env"] == {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "GOMP_SPINCOUNT": None,
+        "GRPO_TRAINER_SPIN_COUNT_SET": None,
+    }
+    assert result["paused"] > 1000, result
+    assert result["child"] > 1000, result
