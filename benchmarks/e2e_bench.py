@@ -110,7 +110,9 @@ def git_sha() -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     sha = git("rev-parse", "--short", "HEAD") or "unknown"
-    return sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # The bench's own result files, written earlier in the same run, do not make the code dirty.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return sha + ("-dirty" if changed else "")
 
 
 def load_average() -> list[float]:

@@ -86,10 +86,18 @@ def test_the_trainer_spins_briefly_and_the_engines_processes_wait_passively() ->
     }
     # ~1 switch per op for a passive worker.
     assert result["child"] > 1000, result
-    # Back to back, the trainer's worker catches each op while it spins; across a 0.5 ms pause
-    # (libgomp's default spin lasts ~3 ms) it has gone to sleep.
-    assert result["back_to_back"] < 200, result
+    # Across a 0.5 ms pause between ops the trainer's worker has gone to sleep (libgomp's default
+    # spin, ~3 ms, would carry it over: the next test).
     assert result["paused"] > 1000, result
+
+
+# serial: the spin is a few tens of microseconds, so on a machine whose other core is busy (make
+# test's parallel part) the worker's partner is often descheduled and it sleeps after each op.
+@pytest.mark.serial
+@pytest.mark.usefixtures("two_cpus")
+def test_the_trainers_brief_spin_carries_its_workers_from_one_op_to_the_next() -> None:
+    result = _run(_clean_env())
+    assert result["back_to_back"] < 200, result
 
 
 @pytest.mark.usefixtures("two_cpus")
