@@ -70,6 +70,11 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
+def _children_env(wait_policy: str | None, spin_count: str | None) -> dict[str, str | None]:
+    """The OpenMP settings the engine's processes start with (grpo's marker never reaches them)."""
+    return {"OMP_WAIT_POLICY": wait_policy, "GOMP_SPINCOUNT": spin_count, "GRPO_TRAINER_SPIN_COUNT_SET": None}
+
+
 @pytest.fixture
 def two_cpus() -> None:
     if len(os.sched_getaffinity(0)) < 2:
@@ -79,11 +84,7 @@ def two_cpus() -> None:
 @pytest.mark.usefixtures("two_cpus")
 def test_the_trainer_spins_briefly_and_the_engines_processes_wait_passively() -> None:
     result = _run(_clean_env())
-    assert result["child_env"] == {
-        "OMP_WAIT_POLICY": "PASSIVE",
-        "GOMP_SPINCOUNT": None,
-        "GRPO_TRAINER_SPIN_COUNT_SET": None,
-    }
+    assert result["child_env"] == _children_env("PASSIVE", None)
     # ~1 switch per op for a passive worker.
     assert result["child"] > 1000, result
     # Across a 0.5 ms pause between ops the trainer's worker has gone to sleep (libgomp's default
@@ -110,22 +111,14 @@ def test_without_the_cli_step_the_trainer_keeps_libgomps_default_spin() -> None:
 @pytest.mark.usefixtures("two_cpus")
 def test_a_users_own_spin_count_is_kept_for_both_sides() -> None:
     result = _run({**_clean_env(), "GOMP_SPINCOUNT": "0"})
-    assert result["child_env"] == {
-        "OMP_WAIT_POLICY": None,
-        "GOMP_SPINCOUNT": "0",
-        "GRPO_TRAINER_SPIN_COUNT_SET": None,
-    }
+    assert result["child_env"] == _children_env(None, "0")
     assert result["back_to_back"] > 1000, result  # the user's 0 spins: passive on this side too
     assert result["child"] > 1000, result
 
 
 def test_a_users_own_wait_policy_is_kept_for_both_sides() -> None:
     result = _run({**_clean_env(), "OMP_WAIT_POLICY": "ACTIVE"})
-    assert result["child_env"] == {
-        "OMP_WAIT_POLICY": "ACTIVE",
-        "GOMP_SPINCOUNT": None,
-        "GRPO_TRAINER_SPIN_COUNT_SET": None,
-    }
+    assert result["child_env"] == _children_env("ACTIVE", None)
 
 
 @pytest.mark.usefixtures("two_cpus")
@@ -133,10 +126,6 @@ def test_a_replica_process_inherits_the_trainers_spin_and_still_makes_its_engine
     # Replica processes (dp > 1) start with the CLI's environment, before any engine does.
     inherited = {**_clean_env(), "GOMP_SPINCOUNT": "2000", "GRPO_TRAINER_SPIN_COUNT_SET": "1"}
     result = _run(inherited, how="engine-only")
-    assert result["child_env"] == {
-        "OMP_WAIT_POLICY": "PASSIVE",
-        "GOMP_SPINCOUNT": None,
-        "GRPO_TRAINER_SPIN_COUNT_SET": None,
-    }
+    assert result["child_env"] == _children_env("PASSIVE", None)
     assert result["paused"] > 1000, result
     assert result["child"] > 1000, result
