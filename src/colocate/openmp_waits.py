@@ -23,13 +23,15 @@ steps a run, default and 2,000 rounds in turns, four pairs: 2,000 rounds 5.60, 7
 (3.2, 6.3, 3.4, 3.6) against 6.29, 7.81, 7.08, 7.91 (3.4, 4.6, 4.8, 4.1).
 
 libgomp reads both settings once, when it loads, so `trainer_spins_briefly` must run before this
-process loads torch. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT applies to both sides.
+process loads torch, and does nothing where an OpenMP runtime is preloaded. A user's own
+OMP_WAIT_POLICY or GOMP_SPINCOUNT applies to both sides.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 TRAINER_SPIN_COUNT = 2000
 """GOMP_SPINCOUNT of the co-located `grpo` process (trainer, orchestrator, server thread)."""
@@ -44,10 +46,20 @@ def users_openmp_settings() -> bool:
     return "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
 
 
+def openmp_runtime_loaded() -> bool:
+    """Whether this process has an OpenMP runtime already, which has read its settings: torch is
+    imported, or one was preloaded (LD_PRELOAD, as vLLM's CPU guide advises; vLLM itself sets it
+    for the processes it starts)."""
+    if "torch" in sys.modules:
+        return True
+    maps = Path("/proc/self/maps")
+    return maps.exists() and any(name in maps.read_text() for name in ("libgomp", "libiomp", "libomp"))
+
+
 def trainer_spins_briefly() -> None:
-    """Give this process's OpenMP workers TRAINER_SPIN_COUNT rounds of spin, where torch is not
-    loaded yet and the user set no wait of their own (otherwise a no-op)."""
-    if "torch" in sys.modules or users_openmp_settings():
+    """Give this process's OpenMP workers TRAINER_SPIN_COUNT rounds of spin, where no OpenMP runtime
+    is loaded yet and the user set no wait of their own (otherwise a no-op)."""
+    if openmp_runtime_loaded() or users_openmp_settings():
         return
     os.environ["GOMP_SPINCOUNT"] = str(TRAINER_SPIN_COUNT)
     os.environ[SET_BY_GRPO_ENV] = "1"

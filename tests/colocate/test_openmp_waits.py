@@ -4,10 +4,12 @@ user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept for both sides."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +41,7 @@ import json, os, subprocess, sys
 from grpo.colocate.openmp_waits import engine_waits_passively, trainer_spins_briefly
 if sys.argv[1] == "cli":  # as the grpo CLI: before torch loads
     trainer_spins_briefly()
+spin_count_set = os.environ.get("GOMP_SPINCOUNT")  # what this process's libgomp would read at load
 engine_waits_passively()
 child_code = {_COUNT_SWITCHES!r} + "print(switches(0.0))"
 child = subprocess.run([sys.executable, "-c", child_code], capture_output=True, text=True, check=True)
@@ -47,6 +50,7 @@ print(json.dumps({{
     "back_to_back": switches(0.0),
     "paused": switches(0.0005),
     "child": int(child.stdout),
+    "spin_count_set": spin_count_set,
     "child_env": {{k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GRPO_TRAINER_SPIN_COUNT_SET")}},
 }}))
 """
@@ -66,7 +70,8 @@ def _run(env: dict[str, str], how: str = "cli") -> dict:
 
 
 def _clean_env() -> dict[str, str]:
-    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GRPO_TRAINER_SPIN_COUNT_SET")
+    # LD_PRELOAD: vLLM sets it (torch's libgomp, tcmalloc) in a process that started an engine.
+    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GRPO_TRAINER_SPIN_COUNT_SET", "LD_PRELOAD")
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
@@ -84,6 +89,7 @@ def two_cpus() -> None:
 @pytest.mark.usefixtures("two_cpus")
 def test_the_trainer_spins_briefly_and_the_engines_processes_wait_passively() -> None:
     result = _run(_clean_env())
+    assert result["spin_count_set"] == "2000"
     assert result["child_env"] == _children_env("PASSIVE", None)
     # ~1 switch per op for a passive worker.
     assert result["child"] > 1000, result
@@ -128,4 +134,19 @@ def test_a_replica_process_inherits_the_trainers_spin_and_still_makes_its_engine
     result = _run(inherited, how="engine-only")
     assert result["child_env"] == _children_env("PASSIVE", None)
     assert result["paused"] > 1000, result
+    assert result["child"] > 1000, result
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_preloaded_openmp_runtime_keeps_its_spin_and_nothing_claims_otherwise() -> None:
+    # A preloaded libgomp read its settings before any Python ran: setting GOMP_SPINCOUNT then would
+    # only leak into the engine's processes.
+    torch_dir = Path(importlib.util.find_spec("torch").origin).parent  # type: ignore[arg-type, union-attr]
+    libgomp = sorted([*torch_dir.glob("lib/libgomp*.so*"), *torch_dir.parent.glob("torch.libs/libgomp*.so*")])
+    if not libgomp:
+        pytest.skip("this torch build ships no libgomp")
+    result = _run({**_clean_env(), "LD_PRELOAD": str(libgomp[0])})
+    assert result["spin_count_set"] is None
+    assert result["child_env"] == _children_env("PASSIVE", None)
+    assert result["paused"] < 200, result  # libgomp's default spin carries it across the pause
     assert result["child"] > 1000, result
