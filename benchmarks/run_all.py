@@ -196,7 +196,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     versions_line = ", ".join(f"{k} {v}" for k, v in summary["versions"].items())
     load = summary["load_average"]
     parts = [
-        f"`{summary['command']}` on {machine['cpu_model']} (family/model {machine.get('cpu_family_model') or '?'}, {machine['cpu_count']} cores); {versions_line}; "
+        f"`{summary['command']}` on {machine['cpu_model']} "
+        f"(family/model {machine.get('cpu_family_model') or '?'}, {machine['cpu_count']} cores); {versions_line}; "
         f"1-minute load {load['before'][0]:.1f} before, {load['after'][0]:.1f} after.\n",
         markdown_table(summary["comparison"]),
         "speedup_vs_trl = TRL s/step / grpo s/step (step 0 excluded); tokens_per_s_ratio = grpo / TRL "
