@@ -22,7 +22,8 @@ and a 16-bit base under autocast in its dtype (grpo's bf16 policy: float32 adapt
 and base weights bf16), where the fused step rounds exactly where autocast rounds peft's forward:
 the adapter weights cast to the 16-bit dtype, each product rounded, the scaled adapter output
 rounded, then the sum; backward likewise, the adapters' gradients handed back in float32 as
-autocast's casts do. There the saving is the work around small products: peft's layer costs two
+autocast's casts do; a power-of-two scale (the default) is applied on the [tokens, r] side, which
+rounds the same. There the saving is the work around small products: peft's layer costs two
 weight casts, a scale and an add over [tokens, out], and eight autograd nodes per call. A bf16
 trainer step on a real short-answer batch (embedded model, 64 rollouts, ~1,100 loss tokens, all
 linears adapted at r 16) on 2 AVX512-BF16 cores, 6 steps each way in turns in one process: 5.13 s
@@ -38,6 +39,7 @@ reference model's `disable_adapter`).
 
 from __future__ import annotations
 
+import math
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +107,12 @@ def _fusable_adapter(
     return adapter if adapters_float32 and x.dtype == base.weight.dtype == torch.float32 else None
 
 
+def _power_of_two(scaling: float) -> bool:
+    """Whether multiplying by `scaling` only shifts exponents, exact short of overflow (alpha / r = 2
+    by default)."""
+    return scaling > 0 and math.frexp(scaling)[0] == 0.5
+
+
 def _function() -> Any:
     global _FUNCTION
     if _FUNCTION is None:
@@ -139,7 +147,13 @@ def _build() -> Any:
                 else:  # autocast's roundings: each product, then the scaled adapter output, then the sum
                     lora_a, lora_b = lora_a.to(x.dtype), lora_b.to(x.dtype)
                     after_a = x2 @ lora_a.t()  # [T, r]
-                    out.add_((after_a @ lora_b.t()).mul_(scaling))
+                    if _power_of_two(scaling):
+                        # scaling a rounded value by 2^k is exact, so scaling the [T, r] side gives
+                        # the same bits as scaling the rounded [T, out] product: one pass fewer
+                        after_a = after_a.mul_(scaling)
+                        out.add_(after_a @ lora_b.t())
+                    else:
+                        out.add_((after_a @ lora_b.t()).mul_(scaling))
             ctx.save_for_backward(x2, weight, lora_a, lora_b, after_a)
             ctx.scaling = scaling
             return out.view(*x.shape[:-1], out.shape[-1])
@@ -168,6 +182,12 @@ def _build() -> Any:
             grad_after_a = (grad @ lora_b).mul_(ctx.scaling)  # [T, r]
             if need_b:
                 grad_b = (grad.t() @ after_a).mul_(ctx.scaling)  # [out, r]
+        elif _power_of_two(ctx.scaling):
+            # autograd's order under autocast (below) with the exact 2^k scale moved to the [T, r]
+            # side; forward saved after_a already scaled
+            grad_after_a = (grad @ lora_b).mul_(ctx.scaling)  # [T, r]
+            if need_b:
+                grad_b = (grad.t() @ after_a).float()  # [out, r]
         else:  # autograd's order under autocast: the scale's gradient rounded first
             grad_scaled = grad * ctx.scaling  # [T, out]
             grad_after_a = grad_scaled @ lora_b  # [T, r]

