@@ -41,7 +41,8 @@ def compare(probe: Path) -> None:
     from transformers import AutoConfig
 
     from grpo.models.embedded import build
-    from grpo.trainer.hf.vllm_numerics import rotary_float32, round_as_vllm_kernel
+    from grpo.trainer.hf.cpu_fused_ops import rotary_float32
+    from grpo.trainer.hf.vllm_numerics import round_as_vllm_kernel
 
     data = torch.load(probe, weights_only=False)
     path = build()

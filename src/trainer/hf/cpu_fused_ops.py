@@ -26,8 +26,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from grpo.trainer.hf.vllm_numerics import rotary_float32
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -44,9 +42,16 @@ def cpu_compiler_available() -> bool:
     return True
 
 
+# Dynamo compiles a function again for each new combination of what its guards check (grad mode,
+# an input's dtype, a dimension of size 1, the tensors' rank): a trainer meets a few (a norm sees
+# bf16 embeddings and the float32 stream, with and without gradients, batches of one piece), a
+# process that builds several models more. Past torch's default of 8 a function runs eagerly.
+RECOMPILE_LIMIT = 64
+
+
 def compiled_on_cpu(fn: F) -> F:
-    """`fn` (tensors in, one tensor out, pure torch) compiled into one kernel where its first
-    argument is a CPU tensor, as it is elsewhere."""
+    """`fn` (tensors in, one tensor out, pure torch, every step's dtype explicit) compiled into one
+    kernel where its first argument is a CPU tensor, as it is elsewhere."""
     compiled: Any = None
 
     @functools.wraps(fn)
@@ -55,8 +60,12 @@ def compiled_on_cpu(fn: F) -> F:
         if first.device.type != "cpu" or not cpu_compiler_available():
             return fn(first, *rest)
         if compiled is None:
-            compiled = torch.compile(fn, dynamic=True, fullgraph=True)
-        return compiled(first, *rest)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            compiled = torch.compile(fn, dynamic=True)
+        # Autocast's state is one of the guards; these formulas cast every step themselves, so
+        # one state serves calls from inside and outside a 16-bit policy's autocast.
+        with torch.autocast("cpu", enabled=False):
+            return compiled(first, *rest)
 
     return run  # type: ignore[return-value]
 
@@ -77,6 +86,15 @@ def rms_norm_float32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (normed * weight.float()).to(weight.dtype)
+
+
+def rotary_float32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, T, D] 16-bit, cos/sin [B, T, D] (transformers' half-duplicated tables) ->
+    float32 [B, heads, T, D]: the rotation in float32 from the 16-bit operands, unrounded."""
+    xf = x.float()
+    cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return xf * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 @compiled_on_cpu

@@ -102,17 +102,6 @@ def round_as_vllm_kernel(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-def rotary_float32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, T, D] 16-bit, cos/sin [B, T, D] (transformers' half-duplicated tables) ->
-    float32 [B, heads, T, D]: the rotation in float32 from the 16-bit operands, unrounded."""
-    import torch
-
-    xf = x.float()
-    cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    return xf * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
 def _attention_forward(
     self: nn.Module,
     hidden_states: torch.Tensor,
@@ -129,7 +118,7 @@ def _attention_forward(
     import torch
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from grpo.trainer.hf.cpu_fused_ops import rotary_rounded
+    from grpo.trainer.hf.cpu_fused_ops import rotary_float32, rotary_rounded
 
     if hidden_states.device.type != "cpu":
         # vLLM's GPU attention backends round as their own kernels do; these CPU-kernel roundings

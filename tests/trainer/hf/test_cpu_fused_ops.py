@@ -9,8 +9,12 @@ import torch
 from torch._dynamo.utils import counters
 
 from grpo.trainer.hf import cpu_fused_ops
-from grpo.trainer.hf.cpu_fused_ops import rms_norm_float32, rotary_rounded, silu_and_mul_float32
-from grpo.trainer.hf.vllm_numerics import rotary_float32
+from grpo.trainer.hf.cpu_fused_ops import (
+    rms_norm_float32,
+    rotary_float32,
+    rotary_rounded,
+    silu_and_mul_float32,
+)
 
 
 def _eager_silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from grpo.trainer.hf import vllm_numerics
-from grpo.trainer.hf.cpu_fused_ops import silu_and_mul_float32
-from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding, rotary_float32, round_as_vllm_kernel
+from grpo.trainer.hf.cpu_fused_ops import rotary_float32, silu_and_mul_float32
+from grpo.trainer.hf.vllm_numerics import follow_vllm_rounding, round_as_vllm_kernel
 
 ROUNDINGS = ["toward_zero", "nearest"]
 ENGINES = ["eager", "compiled"]
