@@ -75,13 +75,13 @@ def test_without_a_cpp_compiler_the_formulas_run_eagerly(monkeypatch):
 
 
 @pytest.mark.skipif(not cpu_fused_ops.cpu_compiler_available(), reason="inductor finds no C++ compiler")
-def test_past_dynamos_recompile_limit_a_formula_runs_eagerly_instead_of_failing(monkeypatch):
+def test_past_dynamos_recompile_limit_a_formula_runs_eagerly_instead_of_failing():
     torch._dynamo.reset()
     gate, up = _bf16(2, 5, 16, seed=0), _bf16(2, 5, 16, seed=1)
     silu_and_mul_float32(gate, up)  # compiled: the first variant
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     counters.clear()
-    with torch.no_grad():  # grad mode is guarded: a second variant, past the limit of one
-        out = silu_and_mul_float32(gate, up)
+    # torch's own patch: pytest's monkeypatch deletes a config key on undo instead of restoring it
+    with torch._dynamo.config.patch(recompile_limit=1), torch.no_grad():
+        out = silu_and_mul_float32(gate, up)  # grad mode is guarded: a second variant, past the limit
     assert torch.equal(out, _eager_silu_and_mul(gate, up))
     assert counters["stats"]["unique_graphs"] == 0
