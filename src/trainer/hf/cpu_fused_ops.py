@@ -57,14 +57,17 @@ def compiled_on_cpu(fn: F) -> F:
     @functools.wraps(fn)
     def run(first: torch.Tensor, *rest: Any) -> Any:
         nonlocal compiled
-        if first.device.type != "cpu" or not cpu_compiler_available():
-            return fn(first, *rest)
-        if compiled is None:
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            compiled = torch.compile(fn, dynamic=True)
-        # Autocast's state is one of the guards; these formulas cast every step themselves, so
-        # one state serves calls from inside and outside a 16-bit policy's autocast.
-        with torch.autocast("cpu", enabled=False):
+        # The formulas cast every step themselves, so autocast is off for them on every device; on
+        # CPU that also keeps one guard state (autocast's is one) for calls from inside and
+        # outside a 16-bit policy's autocast.
+        with torch.autocast(first.device.type, enabled=False):
+            if first.device.type != "cpu" or not cpu_compiler_available():
+                return fn(first, *rest)
+            if compiled is None:
+                torch._dynamo.config.recompile_limit = max(
+                    torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
+                )
+                compiled = torch.compile(fn, dynamic=True)
             return compiled(first, *rest)
 
     return run  # type: ignore[return-value]
@@ -74,8 +77,7 @@ def compiled_on_cpu(fn: F) -> F:
 def silu_and_mul_float32(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gate, up [..., I] 16-bit -> silu(gate) * up [..., I] in their dtype, computed in float32 and
     rounded once, as inductor's fused kernel of vLLM's SiLU-and-mul (torch's bf16 ops round twice)."""
-    with torch.autocast(gate.device.type, enabled=False):
-        return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate.dtype)
+    return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate.dtype)
 
 
 @compiled_on_cpu
