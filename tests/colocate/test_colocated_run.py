@@ -220,8 +220,9 @@ def test_a_run_ended_by_a_signal_mid_training_leaves_no_process_behind(
         deadline = time.monotonic() + 480
         metrics = run_dir / "trainer_metrics.jsonl"
         while not (metrics.exists() and metrics.read_text().strip()):
-            assert proc.poll() is None, "grpo exited before training started"
-            assert time.monotonic() < deadline, "no training step within the time limit"
+            log_tail = "\n".join((tmp_path / "grpo.log").read_text().splitlines()[-40:])
+            assert proc.poll() is None, f"grpo exited before training started; its log ends:\n{log_tail}"
+            assert time.monotonic() < deadline, f"no training step within the time limit; log:\n{log_tail}"
             time.sleep(1)
         proc.send_signal(getattr(signal, signal_name))
         proc.wait(timeout=120)
