@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 import threading
 import time
@@ -53,7 +54,7 @@ def run_colocated(
     `engine_logs_to_console` (grpo.colocate.console)."""
     from grpo.colocate.console import run_summary, send_engine_logs_to_file
     from grpo.colocate.engine import start_engine
-    from grpo.colocate.replicas import ReplicaProcesses, free_port, replica_devices, replica_infer_config
+    from grpo.colocate.replicas import ReplicaProcesses, replica_devices, replica_infer_config, reserve_port
     from grpo.config.resolved import write_resolved_configs
     from grpo.orchestrator.checkpoint import resolve_colocated_resume
 
@@ -79,11 +80,13 @@ def run_colocated(
     # The `finally` below must run on SIGTERM too, or the engine and the replicas would be orphaned.
     interrupt_on_sigterm()
     replicas: ReplicaProcesses | None = None
+    master_port_held: socket.socket | None = None
     server: ServerThread | None = None
     engine_death: str | None = None
     try:
         if num_replicas > 1:
-            master_port = free_port()
+            master_port_held = reserve_port()
+            master_port = int(master_port_held.getsockname()[1])
             replicas = ReplicaProcesses(run_dir, model_path, num_replicas, master_port, devices)
             if devices[0] is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = devices[0]  # this process's engine: its own GPU
@@ -104,6 +107,8 @@ def run_colocated(
     finally:
         if replicas is not None:
             replicas.stop()
+        if master_port_held is not None:
+            master_port_held.close()
         if server is not None:
             # vLLM's server may wait out its shutdown timeouts on a dead engine: nothing to save there.
             server.stop(**({} if engine_death is None else {"timeout": DEAD_ENGINE_STOP_S}))
