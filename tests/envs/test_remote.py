@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from free_ports import free_port
 from one_line_refusal import assert_refused_in_one_line
 from remote_env_fixtures import SECRET, load_broken_env, load_echo_env, load_guess_env
 
@@ -24,12 +24,6 @@ from grpo.envs.remote import RemoteEnv
 from grpo.envs.server import BackgroundServer, SessionStore, build_app, info_payload
 
 HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +166,7 @@ def test_evicted_session_fails_its_rollout_not_the_run() -> None:
 
 def test_server_down_at_load_names_the_address_and_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(remote_module, "CONNECT_RETRY_S", 0.3)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     with pytest.raises(ValueError, match=rf"{address}.*grpo-env echo-id --port"):
         load_environment(EnvConfig(id="echo-id", address=address))
 
@@ -198,7 +192,7 @@ def test_examples_without_json_form_are_refused_at_server_start() -> None:
 
 @pytest.fixture
 def guess_server_process() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "grpo.cli.env", "remote_env_fixtures:load_guess_env", "--port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

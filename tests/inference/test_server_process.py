@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from free_ports import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -53,14 +54,6 @@ def descendants(pid: int) -> list[psutil.Process]:
 def assert_all_gone(processes: list[psutil.Process], within_s: float = 15.0) -> None:
     _gone, alive = psutil.wait_procs(processes, timeout=within_s)
     assert not alive, f"processes survived the server: {[(p.pid, p.name()) for p in alive]}"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_engine_death_makes_the_server_exit_nonzero_leaving_no_process(

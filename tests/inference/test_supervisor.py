@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from free_ports import free_port
 
 from grpo.config.supervisor import SupervisorConfig
 from grpo.inference.supervisor import RESTART_ENV, Supervisor
@@ -44,12 +44,6 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 http.server.ThreadingHTTPServer(("127.0.0.1", port), Health).serve_forever()
 """.replace("RESTART_ENV", RESTART_ENV)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

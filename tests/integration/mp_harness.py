@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +21,13 @@ from typing import Any
 import httpx
 import psutil
 import yaml
+from free_ports import free_port
 
 from grpo.utils.jsonl import read_jsonl
 
 BIN = Path(sys.executable).parent
 TAG_VAR = "GRPO_TEST_TAG"
 SERVER_START_TIMEOUT_S = 300.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:

@@ -4,7 +4,6 @@ ranks > 0 waiting for rank 0's batches outside collectives."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ from dist_worker import (
     launch,
     start_without_agent,
 )
+from free_ports import free_port
 from safetensors.torch import load_file
 from trainer_batches import distributed_test_batch, distributed_test_cfg, make_row
 
@@ -99,14 +99,8 @@ def test_a_batch_later_than_the_process_group_timeout_still_trains(tiny_model_pa
     assert (tmp_path / "late" / "checkpoints" / "trainer" / f"step_{LATE_STEPS}" / "STABLE").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_ranks_waiting_for_a_rank_0_that_died_fail_naming_it(tmp_path):
-    ranks = start_without_agent("orphan", tmp_path, _free_port())
+    ranks = start_without_agent("orphan", tmp_path, free_port())
     try:
         start = time.monotonic()
         codes = [rank.wait(timeout=120) for rank in ranks]

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -11,18 +10,13 @@ from pathlib import Path
 
 import pytest
 import zmq
+from free_ports import free_port
 
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.transport.batches.errors import TransportClosed
 from grpo.transport.batches.synthetic import assert_batches_equal, synthetic_batch
 from grpo.transport.batches.wire import encode_batch
 from grpo.transport.batches.zmq_transport import ZmqBatchReceiver, ZmqBatchSender
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -43,7 +37,7 @@ def test_batches_arrive_in_order_and_intact(receiver: ZmqBatchReceiver) -> None:
 
 
 def test_receiver_started_after_sender_still_gets_step_zero() -> None:
-    port = _free_port()
+    port = free_port()
     sender = ZmqBatchSender("localhost", port, hwm=4, send_timeout=5, close_linger=1)
     sender.send(synthetic_batch(0))
     sender.send(synthetic_batch(1))
@@ -57,7 +51,7 @@ def test_receiver_started_after_sender_still_gets_step_zero() -> None:
 
 
 def test_sender_blocks_once_hwm_batches_are_queued() -> None:
-    port = _free_port()
+    port = free_port()
     sender = ZmqBatchSender("localhost", port, hwm=3, send_timeout=0.2, close_linger=1)
     for step in range(3):
         sender.send(synthetic_batch(step))
@@ -406,7 +400,7 @@ def test_a_forged_batch_with_bad_values_is_refused(receiver: ZmqBatchReceiver) -
 
 
 def test_close_returns_when_the_trainer_is_gone() -> None:
-    sender = ZmqBatchSender("localhost", _free_port(), hwm=2, close_linger=0.2)
+    sender = ZmqBatchSender("localhost", free_port(), hwm=2, close_linger=0.2)
     for step in range(2):  # the socket's queue to the missing trainer is full: a blocking send waits forever
         sender.send(synthetic_batch(step))
     closing = threading.Thread(target=sender.close, daemon=True)

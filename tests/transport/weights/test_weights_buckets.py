@@ -3,13 +3,13 @@ the trainer's own GPU is refused (gloo stands in for NCCL; the GPU identity is f
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from free_ports import free_port
 
 from grpo.config.transport import NcclWeightBroadcast
 from grpo.transport.weights.buckets import ALIGN_BYTES, DEFAULT_BUCKET_MIB, bucket_layout
@@ -21,12 +21,6 @@ from grpo.utils.errors import UserError
 @pytest.fixture(autouse=True)
 def _no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GRPO_WEIGHTS_SECRET", raising=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
@@ -82,7 +76,7 @@ def test_weights_arrive_equal_in_the_serving_dtype_in_buckets_no_larger_than_the
         broadcast(self, tensor)
 
     monkeypatch.setattr(CollectiveEndpoint, "_broadcast", recording)
-    port, bound = _free_port(), 2048
+    port, bound = free_port(), 2048
     receiver = CollectiveWeightReceiver("localhost", port, 30, backend="gloo", serving_dtype="bfloat16")
     receiving = _in_thread(lambda: receiver.receive_buckets(expected=None))
     sender = CollectiveWeightSender("localhost", port, 30, num_servers=1, backend="gloo", bucket_bytes=bound)
@@ -109,7 +103,7 @@ def test_weights_arrive_equal_in_the_serving_dtype_in_buckets_no_larger_than_the
 
 def test_a_server_on_the_trainers_own_gpu_is_refused_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CollectiveEndpoint, "_device_identity", lambda self: "GPU-0c5f-same")
-    port = _free_port()
+    port = free_port()
     receiver = CollectiveWeightReceiver("localhost", port, 10, backend="gloo")
     receiving = _in_thread(lambda: receiver.receive(expected=None))
     sender = CollectiveWeightSender("localhost", port, 10, num_servers=1, backend="gloo")
@@ -124,7 +118,7 @@ def test_a_server_on_the_trainers_own_gpu_is_refused_naming_the_fix(monkeypatch:
 
 
 def test_servers_that_serve_in_different_dtypes_are_refused() -> None:
-    port = _free_port()
+    port = free_port()
     receivers = [
         CollectiveWeightReceiver(
             "localhost", port, 10, backend="gloo", rank=rank, world_size=3, serving_dtype=dtype
@@ -142,7 +136,7 @@ def test_servers_that_serve_in_different_dtypes_are_refused() -> None:
 
 @pytest.mark.gpu
 def test_on_a_gpu_nccl_ranks_on_one_device_are_refused_before_nccl_starts() -> None:
-    port = _free_port()
+    port = free_port()
     receiver = CollectiveWeightReceiver("localhost", port, 30, backend="nccl")
     receiving = _in_thread(lambda: receiver.receive(expected=None))
     sender = CollectiveWeightSender("localhost", port, 30, num_servers=1, backend="nccl")

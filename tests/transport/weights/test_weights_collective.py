@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from free_ports import free_port
 from safetensors.torch import load_file
 
 import grpo.inference.retry as retry
@@ -51,12 +51,6 @@ def _secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ROGUE_SECRET_ENV, "a-guessed-secret-" + "r" * 32)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _start_receiver_process(port: int, out_dir: Path, num_updates: int) -> subprocess.Popen:
     """An inference-worker stand-in that saves every update it receives as safetensors."""
     script = textwrap.dedent(
@@ -85,7 +79,7 @@ def _weights(step: int) -> list[tuple[str, torch.Tensor]]:
 
 
 def test_full_weights_arrive_exact_in_another_process_over_gloo(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     receiver_process = _start_receiver_process(port, tmp_path, num_updates=2)
     sender = CollectiveWeightSender("localhost", port, timeout=60, num_servers=1, backend="gloo")
     try:
@@ -106,7 +100,7 @@ def test_full_weights_arrive_exact_in_another_process_over_gloo(tmp_path: Path) 
 
 
 def test_sender_without_receiver_times_out_naming_address_and_peer() -> None:
-    port = _free_port()
+    port = free_port()
     sender = CollectiveWeightSender("localhost", port, timeout=0.5, num_servers=1, backend="gloo")
     with pytest.raises(TimeoutError, match=rf"localhost:{port}.*no receiver \(inference server\) joined"):
         sender.send(1, _weights(1))
@@ -114,7 +108,7 @@ def test_sender_without_receiver_times_out_naming_address_and_peer() -> None:
 
 
 def test_receiver_without_sender_times_out_naming_address_and_peer() -> None:
-    port = _free_port()
+    port = free_port()
     receiver = CollectiveWeightReceiver("localhost", port, timeout=0.5, backend="gloo")
     with pytest.raises(TimeoutError, match=rf"localhost:{port}.*sender \(trainer\)"):
         receiver.receive(expected=None)
@@ -167,7 +161,7 @@ def _receive_updates(
 
 
 def test_three_receivers_get_identical_weights_for_two_versions() -> None:
-    port = _free_port()
+    port = free_port()
     receivers = [_in_thread(lambda r=rank: _receive_updates(port, r, 4, num_updates=2)) for rank in (1, 2, 3)]
     sender = CollectiveWeightSender("localhost", port, timeout=60, num_servers=3, backend="gloo")
     try:
@@ -188,7 +182,7 @@ def test_three_receivers_get_identical_weights_for_two_versions() -> None:
 
 
 def test_a_missing_receiver_is_named_by_the_sender_and_the_other_receivers() -> None:
-    port = _free_port()
+    port = free_port()
     # Ranks 1 and 2 of a group of 4 join; rank 3 never comes.
     receivers = [_in_thread(lambda r=rank: _receive_updates(port, r, 4, 1, timeout=3)) for rank in (1, 2)]
     sender = CollectiveWeightSender("localhost", port, timeout=1.5, num_servers=3, backend="gloo")
@@ -202,7 +196,7 @@ def test_a_missing_receiver_is_named_by_the_sender_and_the_other_receivers() -> 
 
 
 def test_two_workers_claiming_one_rank_are_refused() -> None:
-    port = _free_port()
+    port = free_port()
     first = _in_thread(lambda: _receive_updates(port, 1, 2, num_updates=1, timeout=30))
     sender = CollectiveWeightSender("localhost", port, timeout=30, num_servers=1, backend="gloo")
     sender.connect()  # the group of 2 is complete: the trainer and the first claimer of rank 1
@@ -223,7 +217,7 @@ def test_receiver_rank_outside_the_group_is_refused() -> None:
 
 
 def test_peers_holding_the_same_secret_exchange_weights() -> None:
-    port = _free_port()
+    port = free_port()
     receivers = [
         _in_thread(lambda r=rank: _receive_updates(port, r, 3, num_updates=1, secret_env=SECRET_ENV))
         for rank in (1, 2)
@@ -248,7 +242,7 @@ def test_peers_holding_the_same_secret_exchange_weights() -> None:
 def test_a_receiver_that_cannot_prove_the_secret_gets_no_weights_and_is_named_at_the_deadline(
     rogue_secret_env: str,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     rogue = _in_thread(
         lambda: _receive_updates(port, 1, 2, num_updates=1, timeout=5, secret_env=rogue_secret_env)
     )
@@ -275,7 +269,7 @@ class _StoreThatChecksNoOne(CollectiveWeightSender):
 
 @pytest.mark.parametrize("rogue_secret_env", [UNSET_ENV, ROGUE_SECRET_ENV], ids=["no_secret", "wrong_secret"])
 def test_a_receiver_takes_no_challenge_from_a_store_without_the_secret(rogue_secret_env: str) -> None:
-    port = _free_port()
+    port = free_port()
     rogue = _StoreThatChecksNoOne(
         "localhost", port, timeout=3, num_servers=1, backend="gloo", secret_env=rogue_secret_env
     )
@@ -299,7 +293,7 @@ def test_a_receiver_needs_a_secret_to_join_a_store_on_another_machine() -> None:
 
 
 def test_a_receiver_told_another_world_size_is_refused_by_both_sides() -> None:
-    port = _free_port()
+    port = free_port()
     receiver = _in_thread(lambda: _receive_updates(port, 1, 3, num_updates=1, timeout=30))
     sender = CollectiveWeightSender("localhost", port, timeout=30, num_servers=1, backend="gloo")
     with pytest.raises(ValueError, match=r"rank 1 was told world size 3 .*num_servers 1 makes it 2"):
@@ -346,7 +340,7 @@ def _receive_from_liar(liar: _SenderThatLies, port: int, expected: dict[str, tup
 
 
 def test_a_manifest_not_signed_with_the_secret_is_refused() -> None:
-    port = _free_port()
+    port = free_port()
     manifest = {"step": 1, "bucket_bytes": 2**20, "tensors": [["model.norm.weight", "float32", [8]]]}
     liar = _SenderThatLies(
         "localhost",
@@ -363,7 +357,7 @@ def test_a_manifest_not_signed_with_the_secret_is_refused() -> None:
 
 
 def test_a_huge_shape_is_refused_before_anything_is_allocated() -> None:
-    port = _free_port()
+    port = free_port()
     huge = [2**31, 2**31]  # 16 EiB of float32: torch.empty would fail with a RuntimeError, not this
     manifest = {"step": 1, "bucket_bytes": 2**20, "tensors": [["model.norm.weight", "float32", huge]]}
     liar = _SenderThatLies(
@@ -507,7 +501,7 @@ def test_workers_load_the_sent_version_and_a_repeated_request_is_a_no_op(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(cpu_weights, "repack_cpu_linear_weights", lambda model: 0)
-    port = _free_port()
+    port = free_port()
     config = _tiny_config()
     workers = [_FakeWorker(config), _FakeWorker(config)]
     threads = [
@@ -533,7 +527,7 @@ def test_workers_load_the_sent_version_and_a_repeated_request_is_a_no_op(
 
 
 def test_a_worker_refuses_the_weights_of_another_model_and_loads_nothing() -> None:
-    port = _free_port()
+    port = free_port()
     worker = _FakeWorker(_tiny_config(hidden_size=16))
     receiving = _in_thread(lambda: worker.receive_weights_collective("localhost", port, 30.0, 1, 1, 2))
     sender = CollectiveWeightSender("localhost", port, timeout=5, num_servers=1, backend="gloo")
@@ -620,7 +614,7 @@ def test_publish_sends_the_full_weights_the_served_model_expects_to_every_receiv
         for param in causal_lm.parameters():
             param.add_(1.0)
     gathered = causal_lm.state_dict()
-    port = _free_port()
+    port = free_port()
     collective = {"type": "nccl", "port": port, "timeout": 60, "num_servers": 2, "secret_env": SECRET_ENV}
     cfg = TrainerConfig.model_validate({"model": "tiny", "lora": False, "weight_broadcast": collective})
     expected = hf_checkpoint_shapes(causal_lm.config)  # what a server of this model accepts

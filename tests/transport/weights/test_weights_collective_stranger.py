@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from free_ports import free_port
 
 from grpo.transport.weights.collective import (
     DEFAULT_SECRET_ENV,
@@ -33,12 +34,6 @@ def _secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _weights() -> list[tuple[str, torch.Tensor]]:
     return [("model.norm.weight", torch.arange(8, dtype=torch.float32))]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _publish_in_thread(port: int, timeout: float) -> tuple[threading.Thread, dict[str, Any]]:
