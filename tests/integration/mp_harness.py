@@ -129,6 +129,7 @@ class Launcher:
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"{name} still running after {timeout}s; log tail:\n{self.log(name)[-3000:]}"
+                f"{self.others_report(name)}"
             ) from None
 
     def wait_all(self, names: list[str], timeout: float) -> None:
@@ -136,7 +137,21 @@ class Launcher:
         deadline = time.monotonic() + timeout
         for name in names:
             code = self.wait(name, max(1.0, deadline - time.monotonic()))
-            assert code == 0, f"{name} exited {code}; log tail:\n{self.log(name)[-4000:]}"
+            assert code == 0, (
+                f"{name} exited {code}; log tail:\n{self.log(name)[-4000:]}{self.others_report(name)}"
+            )
+
+    def others_report(self, failed: str) -> str:
+        """Each other process's state and log tail: a run often fails in one process for what
+        another did (a server that never came up leaves its client waiting)."""
+        parts = []
+        for name, process in self.processes.items():
+            if name == failed:
+                continue
+            code = process.poll()
+            state = "still running" if code is None else f"exited {code}"
+            parts.append(f"\n--- {name} ({state}); log tail:\n{self.log(name)[-1500:]}")
+        return "".join(parts)
 
     def stop(self, name: str, timeout: float = 60.0) -> int:
         process = self.processes[name]
