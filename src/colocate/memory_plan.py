@@ -29,6 +29,7 @@ from grpo.trainer.activation_plan import (
     resolved_for_memory,
     tokens_without_recompute,
 )
+from grpo.trainer.logprobs import logprob_chunk_tokens
 from grpo.utils.errors import UserError
 
 GIB = 1024**3
@@ -193,7 +194,7 @@ def trainer_rows(
             f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} bf16 tensors per kept layer, one layer's "
             f"{ACTIVATION_TENSORS_ONE_LAYER} and each recomputed layer's input ({num_recomputed} recomputed)"
         )
-    logits = min(tokens, train.logprob_chunk_size) * vocab * 4 * 3
+    logits = min(tokens, logprob_chunk_tokens(train.logprob_chunk_size, on_gpu)) * vocab * 4 * 3
     rows.append(("activations", kept + logits, f"{tokens} tokens: {how}, logits chunk"))
     if train.backend == "megatron":
         rows.append(megatron_attention_scores_row(train, shape))
@@ -218,6 +219,10 @@ def trainer_rows(
         )
     num_embed = 1 if shape.tied_embeddings else 2
     rows.append(("embeddings + lm_head", num_embed * vocab * h * 2, "bf16, loaded from disk"))
+    if not on_gpu:
+        # The CPU float32 head multiplies a float32 copy of the 16-bit weight; a frozen one's is kept
+        # (grpo.trainer.float32_logits.float32_copy).
+        rows.append(("lm_head float32 copy", vocab * h * 4, "the CPU float32 head's operand"))
     if shape.num_vision_params:
         rows.append(
             (

@@ -187,9 +187,10 @@ class TrainerConfig(StrictModel):
     device's memory (a GPU's total, or the RAM available at start), which under an explicit
     gradient_checkpointing keeps no probabilities."""
 
-    logprob_chunk_size: int = Field(1024, gt=0)
+    logprob_chunk_size: int | None = Field(None, gt=0)
     """Most tokens per chunk when computing log-probabilities, so the [tokens x vocab] float32
-    logits never exist at once (a micro-batch's loss tokens are split into equal chunks)."""
+    logits never exist at once (a micro-batch's loss tokens are split into equal chunks). null:
+    1024 on a GPU, 128 on CPU, where smaller chunks were faster (grpo.trainer.logprobs)."""
 
     zero_level: int = Field(1, ge=0, le=3)
     """Only 1 (the reference trainer's default, accepted so its configs load); any other value is

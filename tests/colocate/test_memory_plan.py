@@ -230,3 +230,22 @@ def test_the_plan_counts_the_trainers_own_copy_of_a_vision_tower(tiny_idefics3_m
     assert ModelShape.from_folder(tiny_idefics3_model_path).num_vision_params == num_vision > 0
     rows = {name: num_bytes for name, num_bytes, _ in _plan(tiny_idefics3_model_path).rows}
     assert rows["vision tower"] == 2 * num_vision
+
+
+def test_a_cpu_trainer_is_planned_its_float32_head_copy_and_a_128_token_logits_chunk(
+    tiny_model_path: Path,
+) -> None:
+    from grpo.colocate.memory_plan import trainer_rows
+
+    shape = ModelShape.from_folder(tiny_model_path)
+    cfg = TrainerConfig(model=str(tiny_model_path), device="cpu")
+    cpu = {name: size for name, size, _ in trainer_rows(cfg, shape, on_gpu=False)}
+    gpu = {name: size for name, size, _ in trainer_rows(cfg, shape, on_gpu=True)}
+    assert cpu["lm_head float32 copy"] == shape.vocab_size * shape.hidden_size * 4
+    assert "lm_head float32 copy" not in gpu  # CUDA multiplies the 16-bit weight into float32 output
+    # Three float32 [chunk, vocab] buffers: 128 tokens a chunk on CPU, 1024 on a GPU.
+    three_chunks = {
+        on_gpu: min(cfg.micro_batch_token_budget, chunk) * shape.vocab_size * 12
+        for on_gpu, chunk in ((False, 128), (True, 1024))
+    }
+    assert gpu["activations"] - cpu["activations"] == three_chunks[True] - three_chunks[False]

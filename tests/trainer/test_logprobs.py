@@ -196,3 +196,20 @@ def test_on_cuda_bf16_logits_are_float32_without_a_float32_copy_of_the_head():
         scale = float(ref.float().abs().max())
         torch.testing.assert_close(got.float(), ref.float(), atol=2e-2 * scale, rtol=2e-2)
         assert float((got.float() - ref.float()).abs().mean()) < 4e-3 * scale
+
+
+def test_an_unset_chunk_size_runs_the_cpu_head_on_equal_chunks_of_at_most_128_tokens(monkeypatch):
+    import grpo.trainer.fused_logprobs as fused_module
+
+    sizes: list[int] = []
+    original = fused_module.fused_chunk_logprobs
+
+    def counting(lm_head, hidden, *args, **kwargs):
+        sizes.append(hidden.shape[0])
+        return original(lm_head, hidden, *args, **kwargs)
+
+    monkeypatch.setattr(fused_module, "fused_chunk_logprobs", counting)
+    hidden, lm_head, targets, temps = _inputs(num_tokens=300)
+    lp, _ = token_logprobs(hidden, lm_head, targets, temps, chunk_size=None)
+    assert sizes == [100, 100, 100]
+    torch.testing.assert_close(lp, _naive(hidden, lm_head, targets, temps)[0], atol=1e-5, rtol=1e-5)

@@ -43,7 +43,7 @@ class ReferencePolicy:
         with self._policy.model.disable_adapter():
             yield self._policy
 
-    def token_logprobs(self, mb: MicroBatch, chunk_size: int) -> torch.Tensor:
+    def token_logprobs(self, mb: MicroBatch, chunk_size: int | None) -> torch.Tensor:
         """The reference's logprobs [N] of the micro-batch's loss tokens (mb.loss), float32."""
         import torch
 

@@ -80,7 +80,7 @@ def token_logprobs(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     temperatures: torch.Tensor,
-    chunk_size: int,
+    chunk_size: int | None,
     untempered: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hidden [N, H] predicts targets [N] at temperatures [N] -> (logprobs [N], entropy [N] without
@@ -88,8 +88,10 @@ def token_logprobs(
     import torch
     from torch.utils.checkpoint import checkpoint
 
+    from grpo.trainer.logprobs import logprob_chunk_tokens
     from grpo.trainer.megatron.cpu_compat import on_cpu
 
+    chunk_size = logprob_chunk_tokens(chunk_size, on_gpu=hidden.device.type != "cpu")
     needs_grad = torch.is_grad_enabled()
     chunks = []
     with on_cpu():
@@ -110,7 +112,7 @@ def every_token_logprobs(
     input_ids: torch.Tensor,
     parent_ids: torch.Tensor,
     temperatures: torch.Tensor,
-    chunk_size: int,
+    chunk_size: int | None,
 ) -> torch.Tensor:
     """[T] logprobs aligned with input_ids (0 where a sequence starts), as
     grpo.trainer.logprobs.every_token_logprobs."""
