@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -79,19 +78,6 @@ def join_trainer_group(rank: int, world_size: int, master_port: int) -> None:
             "MASTER_PORT": str(master_port),
         }
     )
-
-
-def reserve_port() -> socket.socket:
-    """A local TCP port held for the trainer group's store until the caller closes the socket.
-
-    A port only probed and released stays free for whoever asks next, and rank 0 binds its store
-    tens of seconds later, after two engines and their HTTP clients have opened many connections.
-    Held bound with SO_REUSEADDR and never listening, the port is given to no other bind(0) or
-    outgoing connection, while torch's TCPStore (SO_REUSEADDR too) can still bind and listen on it."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
 
 
 def replica_file(run_dir: Path, rank: int) -> Path:

@@ -54,9 +54,10 @@ def run_colocated(
     `engine_logs_to_console` (grpo.colocate.console)."""
     from grpo.colocate.console import run_summary, send_engine_logs_to_file
     from grpo.colocate.engine import start_engine
-    from grpo.colocate.replicas import ReplicaProcesses, replica_devices, replica_infer_config, reserve_port
+    from grpo.colocate.replicas import ReplicaProcesses, replica_devices, replica_infer_config
     from grpo.config.resolved import write_resolved_configs
     from grpo.orchestrator.checkpoint import resolve_colocated_resume
+    from grpo.utils.ports import reserve_port
 
     infer, train, orch = plan.apply(infer), plan.apply_train(train), plan.apply_orch(orch)
     run_dir = Path(orch.output_dir)

@@ -20,7 +20,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from grpo.utils.logging import get_logger
+from grpo.utils.ports import reserve_port
 
 if TYPE_CHECKING:
     from grpo.config.inference import InferenceConfig
@@ -203,12 +203,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def supervise(cfg: InferenceConfig) -> int:
     """`grpo-infer` with supervisor.enabled: serve `cfg` from a supervised child until SIGTERM/SIGINT
     (returns 0) or until it failed more than max_restarts times (returns 1). Blocking."""
@@ -217,8 +211,10 @@ def supervise(cfg: InferenceConfig) -> int:
     if sys.platform.startswith("linux"):
         # An engine process whose server was killed is re-parented here, where it is ended.
         ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    # Port 0 picks one port for the supervisor's whole life: clients find every restart on it.
-    port = cfg.port or _free_port(cfg.bind_host)
+    # Port 0 picks one port for the supervisor's whole life: clients find every restart on it. It
+    # stays held here, so nothing else takes it while a server starts or between restarts.
+    held = None if cfg.port else reserve_port(cfg.bind_host)
+    port = int(held.getsockname()[1]) if held is not None else cfg.port
     child_cfg = cfg.model_copy(
         update={"port": port, "supervisor": cfg.supervisor.model_copy(update={"enabled": False})}
     )
@@ -249,6 +245,8 @@ def supervise(cfg: InferenceConfig) -> int:
             return supervisor.run()
         finally:
             end_processes(_children())
+            if held is not None:
+                held.close()
 
 
 def _child_main(config_path: str) -> int:

@@ -30,23 +30,3 @@ def test_more_replicas_than_visible_gpus_is_refused(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     with pytest.raises(ValueError, match=r"infer dp 2 .* only 1 GPU"):
         replica_devices(2, on_gpu=True)
-
-
-def test_the_reserved_master_port_is_refused_to_others_and_taken_by_the_trainer_groups_store() -> None:
-    import datetime
-    import socket
-
-    from torch.distributed import TCPStore
-
-    from grpo.colocate.replicas import reserve_port
-
-    held = reserve_port()
-    port = int(held.getsockname()[1])
-    try:
-        with socket.socket() as other, pytest.raises(OSError, match="in use"):
-            other.bind(("127.0.0.1", port))
-        store = TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=10))
-        store.set("rank0", "here")
-        assert store.get("rank0") == b"here"
-    finally:
-        held.close()
