@@ -44,26 +44,35 @@ def table_peak_tflops(device_name: str) -> float | None:
     return None
 
 
+# Long enough that one slow moment (another process's burst, a thread waking late) is outvoted by
+# many good ones: with 3 products of ~2 ms each the probe sometimes read half the machine's rate.
+PROBE_SECONDS = 0.25
+MIN_TIMED_PRODUCTS = 3
+
+
 @functools.cache
 def _probe_flops(device_type: str, dtype_name: str, num_threads: int) -> float:
     import torch
 
     dtype = getattr(torch, dtype_name)
     device = torch.device(device_type)
-    # Big enough that the kernel, not the call, is timed; small enough to take ~0.1 s on 2 cores.
+    # Big enough that the kernel, not the call, is timed; the fastest of many is the peak.
     size = 4096 if device.type == "cuda" else 1024
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
+    torch.mm(a, b)  # the first call pays for kernel selection and page faults
     best = float("inf")
-    for attempt in range(4):
+    num_timed = 0
+    deadline = time.perf_counter() + PROBE_SECONDS
+    while num_timed < MIN_TIMED_PRODUCTS or time.perf_counter() < deadline:
         if device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
         torch.mm(a, b)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        if attempt > 0:  # the first call pays for kernel selection and page faults
-            best = min(best, time.perf_counter() - started)
+        best = min(best, time.perf_counter() - started)
+        num_timed += 1
     return 2.0 * size**3 / best
 
 
@@ -77,3 +86,12 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
             return tflops * 1e12, "spec"
     dtype_name = str(dtype).removeprefix("torch.")
     return _probe_flops(device.type, dtype_name, torch.get_num_threads()), "probe"
+
+
+def describe_peak(device: torch.device, dtype: torch.dtype) -> str:
+    """The peak `mfu` divides by, measured now if it is a probe, for the trainer's start-up log: the
+    probe then runs before any step, not after the first one, when a co-located engine may be
+    generating on the same cores and the probe would read a fraction of the machine."""
+    peak, source = peak_flops(device, dtype)
+    where = "data sheet" if source == "spec" else f"matmul probe on {device.type}"
+    return f"{str(dtype).removeprefix('torch.')} peak {peak / 1e9:,.0f} GFLOP/s ({where})"

@@ -50,6 +50,7 @@ from grpo.trainer.hf.micro_batch_loss import micro_batch_loss
 from grpo.trainer.hf.step_state import FirstPass, OpenStep, score_on_all_ranks
 from grpo.trainer.loss import LossSums
 from grpo.trainer.packing import split_micro_batches, token_micro_batches
+from grpo.trainer.peak_flops import describe_peak
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
@@ -128,6 +129,10 @@ class Trainer:
         """The step between begin_step and finish_step."""
         self._report = StepReport(cfg, self.run_dir, self.is_main)
         self._flops = self._flop_counter()
+        log.info(
+            "mfu against the %s",
+            describe_peak(self.policy.device, self.policy.autocast_dtype or self.policy.dtype),
+        )
 
     @property
     def is_main(self) -> bool:

@@ -31,6 +31,7 @@ import numpy as np
 
 from grpo.trainer.loss import LossSums, loss_of_tokens
 from grpo.trainer.packing import split_micro_batches
+from grpo.trainer.peak_flops import describe_peak
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
@@ -92,6 +93,7 @@ class MegatronTrainer:
         self.num_skipped_steps = 0
         self._report = StepReport(cfg, self.run_dir, self.is_main)
         self._flops = self._flop_counter()
+        log.info("mfu against the %s", describe_peak(self.model.device, self.model.dtype))
         num_params = sum(p.numel() for p in self.model.module.parameters())
         log.info(
             "megatron policy %s on %s, %s, tp %d pp %d dp %d ep %d, %d parameters on this rank%s",
