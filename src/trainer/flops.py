@@ -111,12 +111,26 @@ class StepFlopCounter:
     """Adds up one step's micro-batches on this rank; `model_flops` turns them into FLOPs."""
 
     def __init__(
-        self, shape: ModelFlopShape, *, trains_base: bool, trains_output_layer: bool, num_lora_params: int
+        self,
+        shape: ModelFlopShape,
+        *,
+        trains_base: bool,
+        trains_output_layer: bool,
+        num_lora_params: int,
+        device: Any,
+        dtype: Any,
     ) -> None:
+        from grpo.trainer.peak_flops import describe_peak, peak_flops
+
         self.shape = shape
         self.trains_base = trains_base
         self.trains_output_layer = trains_output_layer
         self.num_lora_params = num_lora_params
+        # Measured here, as the trainer starts: after a step a co-located engine may be generating
+        # on the same cores, and a probe then reads a fraction of the machine.
+        self.peak_flops = peak_flops(device, dtype)[0]
+        self.peak_description = describe_peak(device, dtype)
+        """For the trainer's start-up log: what `mfu` divides by."""
         self.reset()
 
     def reset(self) -> None:
@@ -142,16 +156,13 @@ class StepFlopCounter:
             num_lora_params=self.num_lora_params,
         )
 
-    def take_rates(
-        self, step_time: float, device: Any, dtype: Any, num_model_shards: int = 1
-    ) -> dict[str, float]:
-        """The step's flop_rate_metrics on `device` computing in `dtype` (this rank computing
-        1/num_model_shards of the model: tensor x pipeline parallel), then start the next step."""
-        from grpo.trainer.peak_flops import peak_flops
-
+    def take_rates(self, step_time: float, num_model_shards: int = 1) -> dict[str, float]:
+        """The step's flop_rate_metrics against the peak measured at construction (this rank
+        computing 1/num_model_shards of the model: tensor x pipeline parallel), then start the next
+        step."""
         model_flops = self.model_flops() / num_model_shards
         self.reset()
-        return flop_rate_metrics(model_flops, step_time, peak_flops(device, dtype)[0])
+        return flop_rate_metrics(model_flops, step_time, self.peak_flops)
 
 
 def flop_rate_metrics(model_flops: float, step_time: float, peak_flops: float) -> dict[str, float]:

@@ -89,9 +89,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
 
 
 def describe_peak(device: torch.device, dtype: torch.dtype) -> str:
-    """The peak `mfu` divides by, measured now if it is a probe, for the trainer's start-up log: the
-    probe then runs before any step, not after the first one, when a co-located engine may be
-    generating on the same cores and the probe would read a fraction of the machine."""
+    """The peak `mfu` divides by and where it comes from, in words."""
     peak, source = peak_flops(device, dtype)
     where = "data sheet" if source == "spec" else f"matmul probe on {device.type}"
     return f"{str(dtype).removeprefix('torch.')} peak {peak / 1e9:,.0f} GFLOP/s ({where})"

@@ -50,7 +50,6 @@ from grpo.trainer.hf.micro_batch_loss import micro_batch_loss
 from grpo.trainer.hf.step_state import FirstPass, OpenStep, score_on_all_ranks
 from grpo.trainer.loss import LossSums
 from grpo.trainer.packing import split_micro_batches, token_micro_batches
-from grpo.trainer.peak_flops import describe_peak
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
@@ -129,10 +128,7 @@ class Trainer:
         """The step between begin_step and finish_step."""
         self._report = StepReport(cfg, self.run_dir, self.is_main)
         self._flops = self._flop_counter()
-        log.info(
-            "mfu against the %s",
-            describe_peak(self.policy.device, self.policy.autocast_dtype or self.policy.dtype),
-        )
+        log.info("mfu against the %s", self._flops.peak_description)
 
     @property
     def is_main(self) -> bool:
@@ -347,11 +343,7 @@ class Trainer:
         if self.policy.routing_replay is not None:
             metrics.update(self.policy.routing_replay.take_metrics())
         metrics["recomputed_layers"] = state.num_recomputed_layers
-        metrics.update(
-            self._flops.take_rates(
-                step_time, self.policy.device, self.policy.autocast_dtype or self.policy.dtype
-            )
-        )
+        metrics.update(self._flops.take_rates(step_time))
         self._report.write(batch_step, metrics, totals.num_loss_tokens)
         return metrics
 
@@ -433,6 +425,8 @@ class Trainer:
             trains_base=not self.policy.is_lora,
             trains_output_layer=not self.policy.is_lora,
             num_lora_params=sum(p.numel() for p in self.params) if self.policy.is_lora else 0,
+            device=self.policy.device,
+            dtype=self.policy.autocast_dtype or self.policy.dtype,
         )
 
     def _sum_over_ranks(

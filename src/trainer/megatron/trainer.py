@@ -31,7 +31,6 @@ import numpy as np
 
 from grpo.trainer.loss import LossSums, loss_of_tokens
 from grpo.trainer.packing import split_micro_batches
-from grpo.trainer.peak_flops import describe_peak
 from grpo.trainer.step_report import StepReport, step_metrics
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.errors import UserError
@@ -93,7 +92,7 @@ class MegatronTrainer:
         self.num_skipped_steps = 0
         self._report = StepReport(cfg, self.run_dir, self.is_main)
         self._flops = self._flop_counter()
-        log.info("mfu against the %s", describe_peak(self.model.device, self.model.dtype))
+        log.info("mfu against the %s", self._flops.peak_description)
         num_params = sum(p.numel() for p in self.model.module.parameters())
         log.info(
             "megatron policy %s on %s, %s, tp %d pp %d dp %d ep %d, %d parameters on this rank%s",
@@ -234,7 +233,7 @@ class MegatronTrainer:
         )
         # A rank computes 1/(tp x pp) of its data-parallel share's FLOPs.
         num_shards = self.ranks.tp_size * self.ranks.pp_size
-        metrics.update(self._flops.take_rates(step_time, self.model.device, self.model.dtype, num_shards))
+        metrics.update(self._flops.take_rates(step_time, num_shards))
         if self.model.routing_replay is not None:
             metrics.update(
                 self.model.routing_replay.take_metrics(summed_over_data_parallel=self.ranks.dp_size > 1)
@@ -248,7 +247,14 @@ class MegatronTrainer:
         from grpo.trainer.flops import StepFlopCounter, flop_shape
 
         shape = flop_shape(AutoConfig.from_pretrained(self.model_path))
-        return StepFlopCounter(shape, trains_base=True, trains_output_layer=True, num_lora_params=0)
+        return StepFlopCounter(
+            shape,
+            trains_base=True,
+            trains_output_layer=True,
+            num_lora_params=0,
+            device=self.model.device,
+            dtype=self.model.dtype,
+        )
 
     def _backward(self, micro_batches: list[MicroBatch], loss_scale: int) -> LossSums:
         """Forward and backward every micro-batch (one pipeline stage): the summed loss of each
