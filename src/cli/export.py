@@ -47,7 +47,10 @@ def export(
         None,
         "--push-to-hub",
         metavar="REPO",
-        help="Then upload OUT to this hub model repo (skipped when HF_HUB_OFFLINE=1).",
+        help="Then upload OUT to this hub model repo, created private (skipped when HF_HUB_OFFLINE=1).",
+    ),
+    public: bool = typer.Option(
+        False, "--public", help="With --push-to-hub: create the hub repo public instead of private."
     ),
     verbose: bool = typer.Option(False, "--verbose", help="Show tracebacks for errors."),
 ) -> None:
@@ -76,9 +79,11 @@ def export(
                 f"step {version} of {run_dir} holds full weights (the run trained without LoRA), "
                 "so there is no adapter: leave out --adapter-only"
             )
+        if public and hub_repo is None:
+            raise UserError("--public applies to the repo --push-to-hub creates: add --push-to-hub REPO")
         prepare_output(out, force, source=run_dir)
         if adapter_only:
-            write_adapter(folder, out)
+            write_adapter(folder, out, base_name=_base_name(run_dir, base))
             print(f"wrote the LoRA adapter of step {version} to {out}")
         else:
             from grpo.models.export import stored_dtype, write_merged
@@ -89,10 +94,21 @@ def export(
             what = f"step {version} merged into {base_path}" if kind == "adapter" else f"step {version}"
             print(f"wrote {what} ({out_dtype}) to {out}")
         if hub_repo is not None:
-            print(push_to_hub(out, hub_repo))
+            print(push_to_hub(out, hub_repo, public=public))
         return 0
 
     guard(PROG, verbose, body)
+
+
+def _base_name(run_dir: Path, base: str | None) -> str | None:
+    """The base model as the user named it (--base, else the run's train.yaml `model`), if known."""
+    from grpo.config.loading import read_yaml
+
+    if base is not None:
+        return base
+    train_yaml = run_dir / "configs" / "train.yaml"
+    model = read_yaml(train_yaml).get("model") if train_yaml.exists() else None
+    return model if isinstance(model, str) else None
 
 
 def _base_model(run_dir: Path, policy_dir: Path, base: str | None) -> Path:

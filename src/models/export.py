@@ -89,12 +89,30 @@ def prepare_output(out: Path, force: bool, source: Path) -> None:
         raise UserError(f"output folder {out} is not empty; choose another or pass --force to replace it")
 
 
-def write_adapter(policy_dir: Path, out: Path) -> None:
-    """The PEFT adapter folder alone (adapter_config.json + adapter_model.safetensors) as `out`."""
+def portable_model_name(name: str) -> str:
+    """How an export names its base model: a hub id as written, a local folder by its folder name.
+
+    The trainer records the base as the absolute folder it loaded, which says nothing to whoever
+    downloads the export and tells them about the machine it came from."""
+    local = Path(name).expanduser()
+    if local.exists() or name.startswith(("/", "./", "../", "~")):
+        return local.resolve().name
+    return name
+
+
+def write_adapter(policy_dir: Path, out: Path, base_name: str | None = None) -> None:
+    """The PEFT adapter folder alone (adapter_config.json + adapter_model.safetensors) as `out`,
+    its recorded base model named by `base_name` (default: the recorded one's portable name)."""
 
     def build(staged: Path) -> None:
         for name in ADAPTER_FILES:
             shutil.copy2(policy_dir / name, staged / name)
+        config_path = staged / "adapter_config.json"
+        config = json.loads(config_path.read_text())
+        recorded = config.get("base_model_name_or_path")
+        if base_name is not None or recorded:
+            config["base_model_name_or_path"] = portable_model_name(base_name or recorded)
+            config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     _write_atomically(out, build)
 
@@ -150,10 +168,10 @@ def _write_atomically(out: Path, build: Callable[[Path], None]) -> None:
         raise
 
 
-def push_to_hub(folder: Path, repo: str) -> str:
-    """Upload `folder` to the hub model repo `repo` (created if missing); returns one line to print.
-    Offline (HF_HUB_OFFLINE=1) it is skipped; a hub that cannot be reached or refuses is a
-    UserError naming what to check."""
+def push_to_hub(folder: Path, repo: str, public: bool = False) -> str:
+    """Upload `folder` to the hub model repo `repo` (created private unless `public`; an existing
+    repo keeps its visibility); returns one line to print. Offline (HF_HUB_OFFLINE=1) it is skipped;
+    a hub that cannot be reached or refuses is a UserError naming what to check."""
     from huggingface_hub import HfApi, constants
 
     if constants.HF_HUB_OFFLINE:
@@ -163,7 +181,7 @@ def push_to_hub(folder: Path, repo: str) -> str:
 
     api = HfApi()
     try:
-        api.create_repo(repo, repo_type="model", exist_ok=True)
+        api.create_repo(repo, repo_type="model", exist_ok=True, private=not public)
         commit = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="model")
     except (HfHubHTTPError, LocalTokenNotFoundError, httpx2.HTTPError, OSError) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -171,4 +189,5 @@ def push_to_hub(folder: Path, repo: str) -> str:
             f"push to {repo} failed ({reason}); the export is in {folder}: check the network and your "
             f"token (HF_TOKEN or `hf auth login`), then upload it with `hf upload {repo} {folder}`"
         ) from exc
-    return f"pushed {folder} to {commit.repo_url}"
+    visibility = "public" if public else "private unless it existed before"
+    return f"pushed {folder} to {commit.repo_url} ({visibility})"

@@ -102,6 +102,7 @@ def test_export_without_a_recorded_base_asks_for_base(lora_run: Path, tmp_path: 
         ("the run dir as output", ["{full}", "{full}", "--force"], "holds the run directory"),
         ("unknown dtype", ["{full}", "{tmp}/out", "--dtype", "int4"], "choose one of bfloat16"),
         ("no output given", ["{full}"], "Missing argument"),
+        ("public without a push", ["{full}", "{tmp}/out", "--public"], "add --push-to-hub REPO"),
     ],
 )
 def test_export_refuses_bad_inputs_in_one_line(

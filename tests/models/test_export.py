@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -192,6 +193,57 @@ def test_push_to_hub_is_skipped_offline_with_one_line(
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     message = push_to_hub(tmp_path, "me/model")
     assert message.startswith("skipped --push-to-hub me/model") and "\n" not in message
+
+
+class _RecordingHub:
+    """Stands in for huggingface_hub.HfApi: records what would be created and uploaded."""
+
+    created: ClassVar[list[dict[str, object]]] = []
+
+    def create_repo(self, repo_id: str, **kwargs: object) -> None:
+        self.created.append({"repo_id": repo_id, **kwargs})
+
+    def upload_folder(self, folder_path: str, repo_id: str, repo_type: str) -> object:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(repo_url=f"https://hub.example/{repo_id}")
+
+
+@pytest.mark.parametrize(("public", "private"), [(False, True), (True, False)])
+def test_push_to_hub_creates_a_private_repo_unless_asked_for_a_public_one(
+    public: bool, private: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "HfApi", _RecordingHub)
+    monkeypatch.setattr(_RecordingHub, "created", [])
+    message = push_to_hub(tmp_path, "me/model", public=public)
+    assert _RecordingHub.created == [
+        {"repo_id": "me/model", "repo_type": "model", "exist_ok": True, "private": private}
+    ]
+    assert message.startswith("pushed ") and ("public" in message) == public
+
+
+def test_an_exported_adapter_names_its_base_by_hub_id_or_folder_name_never_a_local_path(
+    lora_policy: Path, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    recorded = json.loads((lora_policy / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert Path(recorded).is_absolute()  # what the trainer publishes: the folder it loaded
+
+    write_adapter(lora_policy, tmp_path / "by_id", base_name="HuggingFaceTB/SmolLM2-135M-Instruct")
+    write_adapter(lora_policy, tmp_path / "by_path", base_name=str(tiny_model_path))
+    write_adapter(lora_policy, tmp_path / "as_recorded")
+
+    def base_of(out: str) -> str:
+        return json.loads((tmp_path / out / "adapter_config.json").read_text())["base_model_name_or_path"]
+
+    assert base_of("by_id") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert base_of("by_path") == tiny_model_path.name
+    assert base_of("as_recorded") == Path(recorded).name
+    for out in ("by_id", "by_path", "as_recorded"):
+        assert str(tiny_model_path.parent) not in (tmp_path / out / "adapter_config.json").read_text()
 
 
 def test_megatron_weights_in_several_files_export_as_one_model(tiny_model_path: Path, tmp_path: Path) -> None:
