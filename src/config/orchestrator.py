@@ -66,8 +66,8 @@ class ClientConfig(StrictModel):
     timeout: float = Field(1200, gt=0)
     """Request timeout in seconds."""
 
-    api_key_var: str = "VLLM_API_KEY"
-    """Env var holding the API key sent to the servers."""
+    api_key_var: str | None = "VLLM_API_KEY"
+    """Env var holding the API key sent to the servers (null: none is sent)."""
 
     skip_model_check: bool = False
     """Skip checking that the servers' /models lists the model."""
@@ -243,11 +243,18 @@ class RolloutLogConfig(StrictModel):
     """Stop writing once the rollouts folder holds this many MiB (one line in the log says so)."""
 
 
+class TeacherClientConfig(ClientConfig):
+    api_key_var: str | None = None
+    """Env var holding the API key sent to the teacher server; null sends none. The teacher runs
+    elsewhere, so the run's own inference key ($VLLM_API_KEY, which may load adapters into the
+    run's servers) is never sent to it unless named here."""
+
+
 class TeacherModelConfig(StrictModel):
     model: ModelConfig
     """The teacher model (name); its logprobs of each rollout go to the trainer."""
 
-    client: ClientConfig | None = None
+    client: TeacherClientConfig | None = None
     """An already running teacher server; null = the policy's servers serve the teacher model."""
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokenizer, sequence_indices
 
 from grpo.config.orchestrator import OrchestratorConfig
@@ -98,3 +99,30 @@ def test_no_teacher_means_no_teacher_logprobs(tmp_path: Path) -> None:
     batches = _run(tmp_path, _cfg(None), policy, None)
     assert all(row.teacher_logprobs is None for b in batches for row in b.rows)
     assert policy.scored == []
+
+
+def test_a_teacher_server_gets_no_api_key_unless_its_own_variable_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from grpo.inference.client import InferenceClient
+
+    monkeypatch.setenv("VLLM_API_KEY", "the-runs-own-inference-key-0123456789")
+    monkeypatch.setenv("TEACHER_KEY", "the-teachers-key-0123456789abcdef")
+    elsewhere = {"base_url": ["http://teacher.example:8000/v1"]}
+
+    async def headers(client_cfg: dict[str, object]) -> dict[str, str]:
+        cfg = _cfg({"model": {"name": "teacher"}, "client": client_cfg})
+        assert cfg.teacher_model is not None and cfg.teacher_model.client is not None
+        client = InferenceClient(cfg.teacher_model.client)
+        try:
+            return dict(client._http.headers)
+        finally:
+            await client.close()
+
+    assert "authorization" not in asyncio.run(headers(elsewhere))
+    named = asyncio.run(headers({**elsewhere, "api_key_var": "TEACHER_KEY"}))
+    assert named["authorization"] == "Bearer the-teachers-key-0123456789abcdef"
+    # the policy's own servers still get the run's key
+    policy = InferenceClient(_cfg(None).client)
+    assert policy._http.headers["authorization"] == "Bearer the-runs-own-inference-key-0123456789"
+    asyncio.run(policy.close())
