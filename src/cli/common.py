@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 from pydantic import BaseModel
 
 from grpo.config.errors import ConfigError
-from grpo.config.loading import apply_overrides, parse_overrides, read_yaml, validate
+from grpo.config.loading import apply_overrides, parse_overrides, read_config, validate
 from grpo.config.resolved import dump_yaml
 from grpo.utils.errors import UserError
 
@@ -120,7 +120,7 @@ def check_option_typos(
 def load_with_overrides(
     model_cls: type[ModelT], path: Path, overrides: list[tuple[str, Any]], label: str | None = None
 ) -> ModelT:
-    data = apply_overrides(read_yaml(path), overrides, model_cls)
+    data = apply_overrides(read_config(model_cls, path), overrides, model_cls)
     return validate(model_cls, data, label or str(path))
 
 

@@ -3,7 +3,9 @@
 rl.yaml holds `train:`, `infer:` and `orch:` sections (each what the file of that name would hold)
 and, at the top, the settings several files share (grpo.config.shared_facts) under their train.yaml
 names: `model`, `output_dir`, `seed`, `max_steps`, `lora_rank`, ... A top-level value reaches every
-section that has the key and leaves it unset. The separate files and the one file load the same way
+section that has the key and leaves it unset. A dataset block's keys at the top (`dataset`,
+`reward_funcs`, `prompt_column`, ...) are the run's task: orch's one env block. Paths in a file are
+relative to its folder (grpo.config.relative_paths). The separate files and the one file load the same way
 after that: overrides, then `spread` (a value one file sets reaches the others, before validation,
 so that `model` need be written once), then validation; `reconcile` (grpo.config.crosscheck) then
 refuses disagreements and derives what no file sets.
@@ -18,11 +20,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.derived import derive
 from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.loading import apply_overrides, has_key, read_yaml, validate
 from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.relative_paths import resolve_one_file_paths, resolve_orch_paths
 from grpo.config.shared_facts import (
     FILE_NAMES,
     MISSING,
@@ -43,6 +47,9 @@ MODELS: dict[File, type[BaseModel]] = {
 SECTIONS: tuple[File, ...] = ("train", "infer", "orch")
 TOP_LEVEL_KEYS: dict[str, str] = {fact.places[0].key: fact.name for fact in SHARED_FACTS}
 """rl.yaml's top-level keys: each shared fact under its first (train.yaml) name."""
+TASK_KEYS = tuple(DatasetEnvConfig.model_fields)
+"""rl.yaml's top-level keys of its task: a dataset block's (`dataset`, `reward_funcs`, ...), which
+become orch's one env block."""
 
 
 class RunData:
@@ -54,24 +61,36 @@ class RunData:
 
     @classmethod
     def from_files(cls, paths: Mapping[File, Path]) -> RunData:
-        return cls(
-            {f: read_yaml(paths[f], allow_empty=True) for f in SECTIONS}, {f: str(paths[f]) for f in SECTIONS}
-        )
+        data = {f: read_yaml(paths[f], allow_empty=True) for f in SECTIONS}
+        data["orch"] = resolve_orch_paths(data["orch"], paths["orch"].absolute().parent, str(paths["orch"]))
+        return cls(data, {f: str(paths[f]) for f in SECTIONS})
 
     @classmethod
     def from_one_file(cls, path: Path) -> RunData:
         """rl.yaml: its sections, with the shared values at its top placed in each."""
-        raw = read_yaml(path)
+        return cls.from_mapping(
+            resolve_one_file_paths(read_yaml(path), path.absolute().parent, str(path)), str(path)
+        )
+
+    @classmethod
+    def from_mapping(cls, raw: dict[str, Any], source: str) -> RunData:
+        """What rl.yaml holds (its paths absolute already), from `source`: the sections, the shared
+        values at the top placed in each, and the task keys at the top (`dataset`, `reward_funcs`, ...)
+        as orch's one env block."""
         sections: dict[File, dict[str, Any]] = {}
         for name in SECTIONS:
             section = raw.get(name) or {}
             if not isinstance(section, dict):
-                raise ConfigError(f"{path}: '{name}' must be a mapping of {FILE_NAMES[name]}'s keys")
+                raise ConfigError(f"{source}: '{name}' must be a mapping of {FILE_NAMES[name]}'s keys")
             sections[name] = section
-        shared = _top_level(path, {k: v for k, v in raw.items() if k not in SECTIONS})
+        task = {k: v for k, v in raw.items() if k in TASK_KEYS}
+        if task:
+            sections["orch"] = _with_task(source, sections["orch"], task)
+        top = {k: v for k, v in raw.items() if k not in SECTIONS and k not in TASK_KEYS}
+        shared = _top_level(source, top)
         for file in SECTIONS:
             sections[file] = _place_shared(file, sections[file], shared)
-        return cls(sections, {f: f"{path} [{f}]" for f in SECTIONS})
+        return cls(sections, {f: f"{source} [{f}]" for f in SECTIONS})
 
     def with_overrides(self, overrides: Mapping[str, list[tuple[str, Any]]]) -> RunData:
         """Overrides applied (a shared key given for one file set for all), then `spread`."""
@@ -88,7 +107,21 @@ class RunData:
         return derive(reconcile(configs, self.sources), self.sources)
 
 
-def _top_level(path: Path, top: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+def _with_task(source: str, orch: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+    """orch with rl.yaml's top-level task keys as its one env block."""
+    if "dataset" not in task:
+        raise ConfigError(
+            f"{source}: '{next(iter(task))}' at the top belongs to a task: add `dataset:` (and "
+            "`reward_funcs:`) beside it, or move it into an orch.env block"
+        )
+    if "env" in orch:
+        raise ConfigError(
+            f"{source}: the task is given twice, at the top (dataset: ...) and as orch.env; keep one of them"
+        )
+    return {**orch, "env": [task]}
+
+
+def _top_level(path: str, top: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     """rl.yaml's top-level shared settings as (dotted train.yaml key, value)."""
     pairs: list[tuple[str, Any]] = []
     for name, value in top.items():
@@ -102,8 +135,9 @@ def _top_level(path: Path, top: dict[str, Any], prefix: str = "") -> list[tuple[
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
             hint = f"did you mean '{close[0]}'?" if close else f"put it in a section ({', '.join(SECTIONS)})"
             raise ConfigError(
-                f"{path}: '{key}' is not a section or a shared key (the top level holds train, infer, orch "
-                f"and {', '.join(TOP_LEVEL_KEYS)}); {hint}"
+                f"{path}: '{key}' is not a section, a shared key or a task key (the top level holds train, "
+                f"infer, orch, {', '.join(TOP_LEVEL_KEYS)}, and a dataset block's keys: dataset, "
+                f"reward_funcs, ...); {hint}"
             )
     return pairs
 

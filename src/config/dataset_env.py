@@ -2,28 +2,27 @@
 
 ```yaml
 env:
-  - dataset: examples/gsm8k/gsm8k_sample.jsonl   # or a hub id: openai/gsm8k (with subset: main)
+  - dataset: gsm8k_sample.jsonl   # next to this file; or a hub id: openai/gsm8k (with subset: main)
     prompt_column: question
-    reward_funcs: ["gsm8k_rewards:correctness", "gsm8k_rewards:format"]
+    reward_funcs: [gsm8k_rewards.py:correctness, gsm8k_rewards.py:format]
     reward_weights: [1.0, 0.2]
 ```
+
+In rl.yaml the same keys may stand at the top (the run's one task, grpo.config.config_set).
 
 A block is this kind when it has a `dataset` key, the `id` kind otherwise (`ENV_BLOCK_TAGS`).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import PurePath
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from grpo.config.function_path import IN_PROCESS_PREFIX, as_list, check_function_paths, function_name
 from grpo.config.judges import ExtraRewardsConfig
 from grpo.config.tool_use import ToolUseConfig
-
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-"""'pkg.module:function'."""
 
 ENV_BLOCK_TAGS = ("env[id]", "env[dataset]")
 """Pydantic's tags of the two kinds of env block; their brackets keep them out of error paths
@@ -32,9 +31,10 @@ ENV_BLOCK_TAGS = ("env[id]", "env[dataset]")
 
 class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
     dataset: str
-    """(dataset block) A local .jsonl, .json or .parquet file (relative paths from the working
-    directory), or a Hugging Face hub dataset id loaded with datasets.load_dataset (cached after the first
-    download; offline, only a cached one loads)."""
+    """(dataset block) A local .jsonl, .json or .parquet file (a relative path is from the folder of the
+    YAML file that names it), or a Hugging Face hub dataset id loaded with datasets.load_dataset (cached
+    after the first download; offline, only a cached one loads). grpo.train also takes a list of dicts
+    or a datasets.Dataset."""
 
     subset: str | None = None
     """(dataset block) The hub dataset's configuration (datasets' `name`, e.g. 'main' for openai/gsm8k);
@@ -50,16 +50,19 @@ class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
 
     image_column: str | None = None
     """(dataset block) Column of each row's image(s) for a vision-language policy: one image or a list
-    of them, each a PIL image (a hub dataset's Image feature), encoded bytes or a file path (relative
-    paths from the working directory, as `dataset`). They go before the text of the prompt's first user
+    of them, each a PIL image (a hub dataset's Image feature), encoded bytes or a file path (a relative
+    one is from the dataset file's folder). They go before the text of the prompt's first user
     message, and reward functions then get chat prompts and completions, as TRL gives them. null takes
     TRL's column, `images` or else `image`, if the dataset has one (text only otherwise). The column
     still reaches reward functions as it is in the data."""
 
     reward_funcs: list[str] = Field(min_length=1)
-    """(dataset block) Reward functions 'pkg.module:function', called as TRL calls them, once per group:
-    fn(prompts, completions, completion_ids, **columns) -> list[float | None] (None: not applicable to
-    that completion). Sync or async; async ones, and sync ones on worker threads, run concurrently."""
+    """(dataset block) Reward functions, each 'rewards.py:function' (a file; a relative path is from the
+    folder of the YAML file that names it) or 'pkg.module:function' (an importable module, or module.py
+    next to the YAML file); one string is a list of one; grpo.train takes the functions themselves.
+    Called as TRL calls them, once per group: fn(prompts, completions, completion_ids, **columns) ->
+    list[float | None] (None: not applicable to that completion). Sync or async; async ones, and sync
+    ones on worker threads, run concurrently. Metrics name each by its function name."""
 
     reward_weights: list[float] | None = None
     """(dataset block) Weight of each reward function (null = 1.0 each); a completion's reward is the
@@ -79,16 +82,15 @@ class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
     """(dataset block) Name used in metrics (defaults to the dataset's file or hub name without its
     extension)."""
 
+    @field_validator("reward_funcs", mode="before")
+    @classmethod
+    def _one_is_a_list(cls, funcs: object) -> object:
+        return as_list(funcs)
+
     @field_validator("reward_funcs")
     @classmethod
-    def _import_paths(cls, funcs: list[str]) -> list[str]:
-        for fn in funcs:
-            if not IMPORT_PATH.match(fn):
-                raise ValueError(
-                    f"reward function {fn!r} is not an import path; write it 'pkg.module:function' "
-                    "(its module on PYTHONPATH)"
-                )
-        return funcs
+    def _function_paths(cls, funcs: list[str]) -> list[str]:
+        return check_function_paths("reward function", funcs)
 
     @model_validator(mode="after")
     def _one_weight_per_function(self) -> DatasetEnvConfig:
@@ -112,6 +114,8 @@ class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
     def display_name(self) -> str:
         if self.name:
             return self.name
+        if self.dataset.startswith(IN_PROCESS_PREFIX):
+            return function_name(self.dataset)
         last = PurePath(self.dataset.rstrip("/")).name
         for suffix in (".jsonl", ".json", ".parquet"):
             last = last.removesuffix(suffix)

@@ -189,11 +189,23 @@ def validate(model_cls: type[ModelT], data: dict[str, Any], source: str) -> Mode
         raise ConfigError("\n".join(unique)) from exc
 
 
+def read_config(model_cls: type[BaseModel], path: str | Path) -> dict[str, Any]:
+    """read_yaml, and for an orch config the files it names as absolute paths from the file's folder
+    (grpo.config.relative_paths), so that overrides, other files and other processes see them so."""
+    from grpo.config.orchestrator import OrchestratorConfig
+    from grpo.config.relative_paths import resolve_orch_paths
+
+    data = read_yaml(path)
+    if issubclass(model_cls, OrchestratorConfig):
+        data = resolve_orch_paths(data, Path(path).absolute().parent, str(path))
+    return data
+
+
 def load_config(
     model_cls: type[ModelT], path: str | Path, overrides: list[tuple[str, Any]] | None = None
 ) -> ModelT:
     """Read, override and validate one config file."""
-    data = apply_overrides(read_yaml(path), overrides or [], model_cls)
+    data = apply_overrides(read_config(model_cls, path), overrides or [], model_cls)
     return validate(model_cls, data, str(path))
 
 

@@ -3,30 +3,27 @@
 ```yaml
 env:
   - dataset: examples/tool_calculator/questions.jsonl
-    reward_funcs: ["calculator_task:correct"]
-    tools: ["calculator_task:calculate"]
+    reward_funcs: [calculator_task.py:correct]
+    tools: [calculator_task.py:calculate]
     max_turns: 4
 ```
 """
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field, field_validator, model_validator
 
 from grpo.config.base import StrictModel
+from grpo.config.function_path import as_list, check_function_paths
 
 DEFAULT_MAX_TURNS = 4
 DEFAULT_TOOL_TIMEOUT_S = 30.0
 
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-"""'pkg.module:function'."""
-
 
 class ToolUseConfig(StrictModel):
     tools: list[str] = Field(default_factory=list)
-    """Python functions the model may call, 'pkg.module:function' (sync or async, typed, with a
+    """Python functions the model may call, each 'tools.py:function' (a relative path is from the YAML
+    file's folder) or 'pkg.module:function' (as reward_funcs) (sync or async, typed, with a
     Google-style docstring: transformers' get_json_schema turns them into the JSON schemas the chat
     template gets as `tools=`). The model's tool calls are parsed (orch `tool_call_parser`), run, and
     their results appended as `tool` messages (which never train) until a reply calls no tool or
@@ -39,16 +36,15 @@ class ToolUseConfig(StrictModel):
     """(with tools) Seconds one tool call may take (null: 30); a call that takes longer, or raises, gets
     an error text back as its tool message (the rollout goes on)."""
 
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _one_is_a_list(cls, tools: object) -> object:
+        return as_list(tools)
+
     @field_validator("tools")
     @classmethod
-    def _import_paths(cls, tools: list[str]) -> list[str]:
-        for tool in tools:
-            if not IMPORT_PATH.match(tool):
-                raise ValueError(
-                    f"tool {tool!r} is not an import path; write it 'pkg.module:function' (its module on "
-                    "PYTHONPATH)"
-                )
-        return tools
+    def _function_paths(cls, tools: list[str]) -> list[str]:
+        return check_function_paths("tool", tools)
 
     @model_validator(mode="after")
     def _turns_need_tools(self) -> ToolUseConfig:

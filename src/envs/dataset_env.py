@@ -13,18 +13,18 @@ messages.
 
 from __future__ import annotations
 
-import difflib
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from grpo.config.dataset_env import DatasetEnvConfig
+from grpo.config.function_path import IN_PROCESS_PREFIX, function_name
 from grpo.envs.base import Example, Message, Score, completion_text, normalise_examples
 from grpo.envs.dataset_images import pick_image_column, row_images, with_images
 from grpo.envs.group_rewards import OWN_ARGUMENTS, GroupRewardSet, check_signature
 from grpo.envs.single_turn import OneReplyEnv
 from grpo.utils.errors import UserError
+from grpo.utils.function_import import import_function
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 """File suffix -> the datasets builder that reads it."""
@@ -63,41 +63,14 @@ class DatasetEnv(OneReplyEnv):
         return score
 
 
-def import_reward(where: str, path: str) -> Callable[..., Any]:
-    """The function at 'pkg.module:function', or a UserError that says what is missing."""
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        missing = getattr(exc, "name", None)
-        if isinstance(exc, ModuleNotFoundError) and missing and module_name.startswith(missing):
-            raise UserError(
-                f"{where}: no module named {missing!r}; check the import path 'pkg.module:function' and that "
-                "the module is on PYTHONPATH (e.g. PYTHONPATH=<its folder> grpo ...)"
-            ) from exc
-        raise UserError(
-            f"{where}: importing {module_name} failed ({type(exc).__name__}: {exc}); install what it needs"
-        ) from exc
-    fn = getattr(module, attr, None)
-    if fn is None:
-        functions = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        close = difflib.get_close_matches(attr, functions, n=1, cutoff=0.6)
-        hint = f"did you mean {module_name}:{close[0]}? " if close else ""
-        raise UserError(
-            f"{where}: module {module_name} has no attribute {attr!r}; {hint}"
-            f"its functions: {', '.join(functions) or 'none'}"
-        )
-    if not callable(fn):
-        raise UserError(f"{where}: {path} is a {type(fn).__name__}, not a function")
-    return fn
-
-
 def _read(cfg: DatasetEnvConfig, where: str) -> Any:
     """The split as a datasets.Dataset."""
     import datasets
 
     datasets.disable_progress_bars()
-    path = Path(cfg.dataset).expanduser()
+    if cfg.dataset.startswith(IN_PROCESS_PREFIX):
+        return _in_process(cfg, where)
+    path = Path(cfg.dataset).expanduser().absolute()
     suffix = path.suffix.lower()
     if suffix not in LOCAL_FORMATS and not path.exists():
         try:
@@ -111,8 +84,8 @@ def _read(cfg: DatasetEnvConfig, where: str) -> Any:
         except ValueError as exc:  # an unknown split or subset
             raise UserError(f"{where}: hub dataset {cfg.dataset!r}: {exc}; fix split: or subset:") from exc
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else f"does not exist (relative to {Path.cwd()})"
-        raise UserError(f"{where}: dataset {cfg.dataset} {what}; give a .jsonl, .json or .parquet file")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise UserError(f"{where}: dataset {path} {what}; give a .jsonl, .json or .parquet file")
     if suffix not in LOCAL_FORMATS:
         raise UserError(f"{where}: dataset {cfg.dataset} is not a .jsonl, .json or .parquet file")
     if cfg.subset is not None:
@@ -123,6 +96,26 @@ def _read(cfg: DatasetEnvConfig, where: str) -> Any:
         )
     except datasets.exceptions.DatasetGenerationError as exc:
         raise UserError(f"{where}: cannot read {cfg.dataset}: {exc.__cause__ or exc}") from exc
+
+
+def _in_process(cfg: DatasetEnvConfig, where: str) -> Any:
+    """A dataset handed to grpo.train: a datasets.Dataset as it is, a list of dicts made one."""
+    import datasets
+
+    from grpo.utils.in_process import is_registered, lookup
+
+    if not is_registered(cfg.dataset):
+        raise UserError(f"{where}: {cfg.dataset} was given to grpo.train in another process; name a file")
+    if cfg.subset is not None:
+        raise UserError(f"{where}: subset: is for hub datasets; remove it")
+    data = lookup(cfg.dataset)
+    return data if isinstance(data, datasets.Dataset) else datasets.Dataset.from_list(data)
+
+
+def _folder(dataset: str) -> Path | None:
+    """The folder of a local dataset file (image paths are relative to it); None for other datasets."""
+    path = Path(dataset).expanduser()
+    return path.absolute().parent if path.is_file() else None
 
 
 def _check_prompt(where: str, row: int, prompt: Any, column: str) -> None:
@@ -169,7 +162,8 @@ def load_examples(cfg: DatasetEnvConfig, where: str) -> list[Example]:
         prompt = row.pop(cfg.prompt_column)
         _check_prompt(where, i, prompt, cfg.prompt_column)
         if image_column is not None:
-            prompt = with_images(prompt, row_images(row[image_column], where, i, image_column), where, i)
+            images = row_images(row[image_column], where, i, image_column, _folder(cfg.dataset))
+            prompt = with_images(prompt, images, where, i)
         examples.append({"prompt": prompt, **row})
     return examples
 
@@ -180,12 +174,12 @@ def load_dataset_env(cfg: DatasetEnvConfig) -> DatasetEnv:
     name = cfg.display_name
     where = f"env {name}"
     paths = cfg.reward_funcs
-    fns = [import_reward(f"{where}: reward_funcs[{i}] {p!r}", p) for i, p in enumerate(paths)]
+    fns = [import_function(f"{where}: reward_funcs[{i}] {p!r}", p) for i, p in enumerate(paths)]
     examples = load_examples(cfg, where)
     columns = sorted({k for example in examples for k in example if k not in NOT_PASSED})
     for i, (path, fn) in enumerate(zip(paths, fns, strict=True)):
         check_signature(f"{where}: reward_funcs[{i}] {path!r}", fn, columns)
-    attrs = [p.partition(":")[2] for p in paths]
+    attrs = [function_name(p) for p in paths]
     names = [a if attrs.count(a) == 1 else f"{a}#{i}" for i, a in enumerate(attrs)]
     rewards = GroupRewardSet(name, fns, names, cfg.reward_weights, cfg.reward_timeout)
     return DatasetEnv(name, examples, rewards, cfg.system_prompt)

@@ -4,8 +4,8 @@ for a vision-language model.
 TRL reads a dataset's `images` column (a list of images per row) or else its `image` column (one image
 per row) and puts one image part per image at the start of the first user message, before its text.
 Here a cell holds images as PIL images (a hub dataset's Image feature), raw encoded bytes, a
-`{"bytes": ..., "path": ...}` dict (an Image feature not decoded) or file paths (relative paths from
-the working directory, as the dataset path itself). Every image is opened and decoded at load, so a
+`{"bytes": ..., "path": ...}` dict (an Image feature not decoded) or file paths (a relative one is
+from the dataset file's folder; found only from the working directory, it loads with a warning). Every image is opened and decoded at load, so a
 missing file or a value that is no image is refused before anything starts. The prompt becomes chat
 messages whose image parts hold the PIL images, the form grpo.orchestrator.image_prompts renders.
 """
@@ -39,19 +39,22 @@ def pick_image_column(image_column: str | None, columns: list[str], where: str, 
     return image_column
 
 
-def row_images(value: Any, where: str, row: int, column: str) -> list[Image.Image]:
+def row_images(
+    value: Any, where: str, row: int, column: str, folder: Path | None = None
+) -> list[Image.Image]:
     """The images of one cell, decoded: a list of images, or one image; UserError naming the row and
-    the column for an empty cell, a missing file or a value that is no image."""
+    the column for an empty cell, a missing file or a value that is no image. Relative file paths are
+    from `folder` (the dataset file's; None: the working directory)."""
     cells = list(value) if isinstance(value, list | tuple) else [value]
     if not cells or any(cell is None for cell in cells):
         raise UserError(
             f"{where}: row {row}: column {column!r} is empty; every row of a dataset with images needs at "
             "least one image: fix the data, or drop the rows without one"
         )
-    return [_image(cell, where, row, column) for cell in cells]
+    return [_image(cell, where, row, column, folder) for cell in cells]
 
 
-def _image(cell: Any, where: str, row: int, column: str) -> Image.Image:
+def _image(cell: Any, where: str, row: int, column: str, folder: Path | None) -> Image.Image:
     from PIL import Image, UnidentifiedImageError
 
     at = f"{where}: row {row}: column {column!r}"
@@ -60,13 +63,7 @@ def _image(cell: Any, where: str, row: int, column: str) -> Image.Image:
     if isinstance(cell, dict) and ("bytes" in cell or "path" in cell):  # an Image feature, not decoded
         cell = cell.get("bytes") or cell.get("path")
     if isinstance(cell, str):
-        path = Path(cell).expanduser()
-        if not path.is_file():
-            raise UserError(
-                f"{at}: image file {cell} does not exist (relative paths are from the working directory, "
-                f"{Path.cwd()}); fix the path or run from the folder it is relative to"
-            )
-        source: Any = path
+        source: Any = _image_file(cell, at, folder)
     elif isinstance(cell, bytes | bytearray):
         source = io.BytesIO(cell)
     else:
@@ -81,6 +78,38 @@ def _image(cell: Any, where: str, row: int, column: str) -> Image.Image:
     except (UnidentifiedImageError, OSError) as exc:
         what = f"file {cell}" if isinstance(cell, str) else f"{len(cell)} bytes"
         raise UserError(f"{at}: {what} is not an image PIL can read ({exc}); fix the data") from exc
+
+
+def _image_file(cell: str, at: str, folder: Path | None) -> Path:
+    path = Path(cell).expanduser()
+    beside = (folder or Path.cwd()) / path
+    if beside.is_file():
+        return beside
+    if folder is not None and path.is_file():
+        _warn_cwd_relative_once(at, cell, folder)
+        return path
+    raise UserError(
+        f"{at}: image file {beside.absolute()} does not exist (a relative path is from the dataset file's "
+        "folder); fix the path"
+    )
+
+
+_warned_folders: set[Path] = set()
+
+
+def _warn_cwd_relative_once(at: str, cell: str, folder: Path) -> None:
+    if folder in _warned_folders:
+        return
+    _warned_folders.add(folder)
+    from grpo.utils.logging import get_logger
+
+    get_logger("config").warning(
+        "%s: image %s is found from the working directory only; image paths are relative to the dataset "
+        "file's folder %s: write them relative to it",
+        at,
+        cell,
+        folder,
+    )
 
 
 def with_images(

@@ -73,9 +73,9 @@ def with_tools(env: Environment, tools: ToolSet, max_turns: int) -> ToolEnv:
 
 def load_tools(cfg: ToolUseConfig, where: str) -> ToolSet:
     """The ToolSet of an env block's `tools` (imported, each schema built: a bad docstring fails here)."""
-    from grpo.envs.dataset_env import import_reward
+    from grpo.utils.function_import import import_function
 
-    functions = [import_reward(f"{where}: tools[{i}] {p!r}", p) for i, p in enumerate(cfg.tools)]
+    functions = [import_function(f"{where}: tools[{i}] {p!r}", p) for i, p in enumerate(cfg.tools)]
     return ToolSet(where, functions, cfg.tool_timeout_s)
 
 

@@ -131,7 +131,9 @@ def test_each_process_takes_its_section_of_rl_yaml_as_the_one_shot_run_does(
 def test_a_top_level_key_rl_yaml_does_not_share_is_refused_naming_the_closest(tmp_path: Path) -> None:
     rl = tmp_path / "rl.yaml"
     rl.write_text(yaml.safe_dump({**RL_YAML, "modle": MODEL}))
-    with pytest.raises(ConfigError, match=r"'modle' is not a section or a shared key.*did you mean 'model'"):
+    with pytest.raises(
+        ConfigError, match=r"'modle' is not a section, a shared key or a task key.*did you mean 'model'"
+    ):
         load_run(None, rl, {})
 
 

@@ -282,7 +282,7 @@ def test_an_unreachable_hub_dataset_is_one_line(monkeypatch: pytest.MonkeyPatch)
     ("block", "expected"),
     [
         ({"reward_funcs": ["m:f"], "reward_weights": [1, 2]}, "2 reward_weights for 1 reward_funcs"),
-        ({"reward_funcs": ["rewards.py"]}, "reward function 'rewards.py' is not an import path"),
+        ({"reward_funcs": ["rewards.py"]}, "reward function 'rewards.py' names no function"),
         ({"reward_funcs": []}, "'env[0].reward_funcs'"),
         ({"reward_func": ["m:f"]}, "unknown key 'env[0].reward_func'; did you mean 'env[0].reward_funcs'?"),
         ({"reward_funcs": ["m:f"], "args": {}}, "unknown key 'env[0].args'"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def _png(folder: Path, name: str, colour: str) -> Path:
 
 @pytest.fixture
 def pictures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Two PNGs under tmp_path/img, run from tmp_path (image paths are relative to the working directory)."""
+    """Two PNGs under tmp_path/img, run from tmp_path (where the tests' data.jsonl is written too)."""
     (tmp_path / "img").mkdir()
     _png(tmp_path / "img", "red.png", "red")
     _png(tmp_path / "img", "blue.png", "blue")
@@ -124,9 +125,33 @@ def test_a_missing_image_file_is_refused_naming_the_row_and_the_column(pictures:
         {"prompt": "What colour?", "image": "img/green.png", "answer": "green"},
     ]
     with pytest.raises(
-        UserError, match=r"env data: row 1: column 'image': image file img/green.png does not exist"
+        UserError, match=rf"env data: row 1: column 'image': image file {pictures}/img/green.png does not exist"
     ):
         load_environment(_cfg(_jsonl(pictures, rows)))
+
+
+def test_image_paths_are_relative_to_the_dataset_files_folder(
+    pictures: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    rows = [{"prompt": "What colour?", "image": "img/red.png", "answer": "red"}]
+    env = load_environment(_cfg(_jsonl(pictures, rows)))
+    assert has_image_prompts(env)
+
+
+def test_an_image_path_found_only_from_the_working_directory_loads_with_a_warning(
+    pictures: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (pictures / "data").mkdir()
+    rows = [{"prompt": "What colour?", "image": "img/red.png", "answer": "red"}]
+    logger = logging.getLogger("grpo")
+    logger.addHandler(caplog.handler)  # grpo loggers do not propagate to the root logger caplog watches
+    try:
+        env = load_environment(_cfg(_jsonl(pictures / "data", rows)))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert has_image_prompts(env)
+    assert "image img/red.png is found from the working directory only" in caplog.text
 
 
 @pytest.mark.parametrize(

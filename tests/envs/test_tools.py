@@ -334,7 +334,7 @@ def test_max_turns_without_tools_and_tools_on_a_remote_env_are_refused() -> None
         DatasetEnvConfig(dataset="d.jsonl", reward_funcs=["m:f"], max_turns=3)
     with pytest.raises(ValidationError, match="tools run in the orchestrator's process"):
         EnvConfig(id="x", address="127.0.0.1:9000", tools=["m:f"])
-    with pytest.raises(ValidationError, match="not an import path"):
+    with pytest.raises(ValidationError, match="names no function"):
         EnvConfig(id="reverse-text", tools=["calc.add"])
 
 
