@@ -351,7 +351,7 @@ def summarise(orch: ArrivalWatcher, train: ArrivalWatcher, batch_size: int) -> d
         "completion_len_curve": [s["completion_len/mean"] for s in steps][:num_steps],
         "trainer_step_time_s": [t["step_time"] for t in train.records],
         "trainer_wait_time_s": [t["wait_time"] for t in train.records],
-        "mismatch_kl_curve": [t.get("kl") for t in train.records],
+        "mismatch_kl_curve": [t.get("mismatch_kl") for t in train.records],
         # how close the trainer ran to the machine's peak, and how much of each batch's tokens the
         # shared-prefix packing encoded once instead of per sequence (grpo.orchestrator.step_batch)
         "trainer_mfu_curve": [t.get("mfu") for t in train.records],

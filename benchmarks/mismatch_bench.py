@@ -7,7 +7,7 @@ Two phases, so the slow one runs once:
            setting (`--engine-dtype`, `--engine-head-dtype model|float32`).
   trainer: the trainer's policy (grpo.trainer.hf.model.build_policy, LoRA, the engine file's
            weights borrowed in the engine's dtype) scores the saved tokens under each
-           `--variants` entry and reports the k3 KL of the `kl` metric (grpo.trainer.loss) and
+           `--variants` entry and reports the k3 KL of the `mismatch_kl` metric (grpo.trainer.loss) and
            the mean |logprob difference|.
 
 Variants: `hf` (transformers' own order, bf16 logits), `vllm_rounding` (vLLM-CPU's roundings as

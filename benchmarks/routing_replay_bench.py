@@ -9,7 +9,7 @@ Two phases, like mismatch_bench.py:
            orchestrator's client), the path a run takes.
   trainer: the trainer's policy (grpo.trainer.hf.model.build_policy, LoRA, routing_replay on, the
            model's weights in bf16) scores the saved tokens twice: routed by itself (`own`) and
-           through the engine's experts (`replay`); reports the k3 KL of the `kl` metric, the mean
+           through the engine's experts (`replay`); reports the k3 KL of the `mismatch_kl` metric, the mean
            |logprob difference| and routing_mismatch_fraction (tokens whose own top-k differs from
            the engine's in some MoE layer, over the tokens replayed).
 

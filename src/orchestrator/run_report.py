@@ -16,6 +16,8 @@ from grpo.transport.run_dir import TRAINER_METRICS_FILE
 from grpo.utils.errors import UserError
 from grpo.utils.jsonl import read_jsonl
 
+RENAMED_TRAINER_METRICS = {"kl": "mismatch_kl"}
+"""Old name -> current name of trainer metrics, so runs written before a rename still plot."""
 NUM_SAMPLES = 6
 """Completions shown on the page (from the last step that has a rollouts file)."""
 MAX_SAMPLE_CHARS = 2000
@@ -49,9 +51,9 @@ def plots_of(orch: list[dict[str, Any]], train: list[dict[str, Any]]) -> list[Pl
         Plot("reward_functions.png", "Reward per function", "value", [("orch", k) for k in per_fn]),
         Plot(
             "kl_masked.png",
-            "KL and masked fractions (trainer)",
+            "Trainer-vLLM mismatch KL and masked fractions (trainer)",
             "value",
-            [("train", k) for k in ("kl", "masked", *_keys(train, r"masked/.+"))],
+            [("train", k) for k in ("mismatch_kl", "masked", *_keys(train, r"masked/.+"))],
         ),
         Plot(
             "tokens_per_s.png",
@@ -161,6 +163,18 @@ def _page(run_dir: Path, plots: list[Plot], step: int | None, samples: list[dict
     return "\n".join(parts)
 
 
+def read_trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's trainer rows (none without trainer_metrics.jsonl), metrics renamed since a row was
+    written under their current names."""
+    path = run_dir / TRAINER_METRICS_FILE
+    rows = read_jsonl(path) if path.exists() else []
+    for row in rows:
+        for old, new in RENAMED_TRAINER_METRICS.items():
+            if old in row and new not in row:
+                row[new] = row.pop(old)
+    return rows
+
+
 def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
     """Write the plots and index.html into `out_dir` (default RUN_DIR/report); returns the page."""
     metrics = run_dir / METRICS_FILE
@@ -169,8 +183,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
             f"{run_dir} has no {METRICS_FILE}: give a run directory (the orchestrator's output_dir)"
         )
     orch = [r for r in read_jsonl(metrics) if "reward/mean" in r]  # batch rows, not the final eval's
-    trainer_file = run_dir / TRAINER_METRICS_FILE
-    train = read_jsonl(trainer_file) if trainer_file.exists() else []
+    train = read_trainer_rows(run_dir)
     out_dir = out_dir or run_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = plots_of(orch, train)

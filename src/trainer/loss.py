@@ -35,7 +35,8 @@ part of the signal instead, so the ratio weighs it and the clip tests it.
 Metrics use the k3 estimator (r - 1) - log r, which is unbiased, never negative, and low-variance
 for samples drawn from the denominator policy, averaged over the tokens the loss keeps (a masked
 token, whose ratio may have overflowed, counts in `masked` and `tokens` only):
-- kl: r = p_trainer / p_inference (estimates KL(inference || trainer)).
+- mismatch_kl: r = p_trainer / p_inference (estimates KL(inference || trainer): how far the trainer's
+  logprobs are from vLLM's for the same policy, not a KL to a reference model; that is kl_ref).
 - teacher_kl: r = p_teacher / p_trainer, both at temperature 1 (estimates KL(student || teacher)).
 kl_ref (only with kl_beta > 0) is the mean of the configured kl_estimator over the kept tokens (with
 kl_in_reward, of the first pass's estimate, the one in the reward).
@@ -139,7 +140,7 @@ class LossSums:
             "masked/token_high": self.num_masked_token_high / max(self.num_loss_tokens, 1),
             "masked/sequence_low": self.num_masked_sequence_low / max(self.num_loss_tokens, 1),
             "masked/sequence_high": self.num_masked_sequence_high / max(self.num_loss_tokens, 1),
-            "kl": self.kl_sum / num_kept,
+            "mismatch_kl": self.kl_sum / num_kept,
             "entropy": self.entropy_sum / num_kept,
         }
         if self.has_teacher:

@@ -112,11 +112,11 @@ class StepReport:
             # Counted from 1 like the orchestrator's line (metrics rows keep `step` from 0).
             of_total = f"/{self.cfg.max_steps}" if self.cfg.max_steps > 0 else ""
             log.info(
-                "step %d%s  loss %.4f  kl %.2e  masked %.3f  grad_norm %.3f  tokens %d  %.1fs",
+                "step %d%s  loss %.4f  mismatch_kl %.2e  masked %.3f  grad_norm %.3f  tokens %d  %.1fs",
                 step + 1,
                 of_total,
                 metrics["loss"],
-                metrics["kl"],
+                metrics["mismatch_kl"],
                 metrics["masked"],
                 metrics["grad_norm"],
                 num_loss_tokens,

@@ -128,7 +128,7 @@ class StepDisplay:
         if trained is not None:
             parts += [
                 f"loss {float(trained.get('loss', 0.0)):.4f}",
-                f"kl {float(trained.get('kl', 0.0)):.1e}",
+                f"mismatch_kl {float(trained.get('mismatch_kl', 0.0)):.1e}",
             ]
         parts.append(f"ETA {self._eta.render(self._progress.tasks[0]).plain or '-'}")
         return "  ".join(parts)

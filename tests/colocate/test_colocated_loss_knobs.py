@@ -62,11 +62,11 @@ def test_two_colocated_steps_train_with_the_knob_and_report_its_metrics(
     rows = read_jsonl(run_dir / "trainer_metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
     for row in rows:
-        assert all(math.isfinite(row[k]) for k in ("loss", "kl", "grad_norm", *metrics)), row
+        assert all(math.isfinite(row[k]) for k in ("loss", "mismatch_kl", "grad_norm", *metrics)), row
     # On policy at step 0 (same weights, same temperature, same truncation): every ratio is ~1,
     # nothing is clipped or masked. Without the trainer's truncation the masks drop every token here
     # (measured: masked 1.0).
-    assert rows[0]["kl"] < 1e-4 and rows[0]["masked"] == 0.0, rows[0]
+    assert rows[0]["mismatch_kl"] < 1e-4 and rows[0]["masked"] == 0.0, rows[0]
     assert all(rows[0][k] == 0.0 for k in metrics), rows[0]
     assert rows[0]["grad_norm"] > 0.0  # the knobs leave the on-policy gradient in place
     assert (run_dir / "broadcasts" / "step_2" / "STABLE").exists()

@@ -57,7 +57,7 @@ def test_a_colocated_megatron_run_serves_each_full_weight_policy(
     assert [r["step"] for r in trainer] == [0, 1, 2]
     assert all(r["loss"] == r["loss"] and abs(r["loss"]) < 1e3 for r in trainer)  # finite
     # vLLM's bf16 weights and the trainer's own copy of them score the same tokens alike at step 0.
-    assert trainer[0]["kl"] < 1e-2 and trainer[0]["masked"] == 0.0
+    assert trainer[0]["mismatch_kl"] < 1e-2 and trainer[0]["masked"] == 0.0
     orch = read_jsonl(run_dir / "metrics.jsonl")
     # max_async_level 0: batch n is sampled from policy n, so each published full-weight policy reached vLLM.
     assert [r["policy/version"] for r in orch] == [0, 1, 2]

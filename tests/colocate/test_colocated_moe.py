@@ -53,4 +53,4 @@ def test_a_co_located_moe_run_borrows_the_experts_and_reports_the_routing_mismat
     assert [r["step"] for r in trainer] == [0, 1, 2]
     assert all(0.0 <= r["routing_mismatch_fraction"] <= 1.0 for r in trainer), trainer
     # Same weights, the engine's experts replayed: the trainer reproduces vLLM's logprobs at step 0.
-    assert trainer[0]["kl"] < 1e-4, trainer[0]
+    assert trainer[0]["mismatch_kl"] < 1e-4, trainer[0]

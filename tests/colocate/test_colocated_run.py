@@ -128,7 +128,7 @@ def test_one_shot_run_of_a_minimal_set_trains_on_policy_into_one_wandb_run_and_l
     trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
     assert [r["step"] for r in trainer] == [0, 1, 2]
     # Same weights, same temperature: the trainer reproduces vLLM's logprobs at step 0.
-    assert trainer[0]["kl"] < 1e-3 and trainer[0]["masked"] == 0.0
+    assert trainer[0]["mismatch_kl"] < 1e-3 and trainer[0]["masked"] == 0.0
     orch = read_jsonl(run_dir / "metrics.jsonl")
     # max_async_level 0: batch n is sampled from policy n, so each step's adapter reached vLLM.
     assert [r["policy/version"] for r in orch] == [0, 1, 2]
@@ -182,7 +182,7 @@ def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
     assert orch[0]["pool/num_servers"] == 2
     # On-policy at every step: the step-1 rollouts, from both engines, used adapter 1 (an engine
     # still on the base model would give logprobs far from the trainer's).
-    assert all(r["kl"] < 1e-3 and r["masked"] == 0.0 for r in trainer)
+    assert all(r["mismatch_kl"] < 1e-3 and r["masked"] == 0.0 for r in trainer)
     # the policy is the reference until its first update (LoRA's B starts at zero), then moves off it
     assert trainer[0]["kl_ref"] == 0.0 and trainer[1]["kl_ref"] > 0.0, trainer
 

@@ -46,7 +46,7 @@ def test_two_colocated_steps_of_count_shapes_on_a_tiny_idefics3_train_on_the_eng
     assert [r["step"] for r in trainer] == [0, 1]
     # The trainer's logprobs of the engine's image prompts are the engine's (same weights, step 0):
     # nothing masked for mismatch. (An lm_head vLLM did not tie masked every token.)
-    assert trainer[0]["masked"] == 0.0 and trainer[0]["kl"] < 1e-3 and trainer[0]["tokens"] > 0
+    assert trainer[0]["masked"] == 0.0 and trainer[0]["mismatch_kl"] < 1e-3 and trainer[0]["tokens"] > 0
     orch = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["policy/version"] for r in orch] == [0, 1]
     assert (run_dir / "broadcasts" / "step_2" / "STABLE").exists()

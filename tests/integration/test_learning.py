@@ -54,7 +54,7 @@ def test_demo_task_reward_rises_and_starts_on_policy(tmp_path: Path, embedded_mo
     assert last - first > MIN_REWARD_GAIN, f"reward did not rise enough: {rewards}"
 
     trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
-    assert trainer[0]["kl"] < 1e-3, "the trainer does not reproduce vLLM's logprobs at step 0"
+    assert trainer[0]["mismatch_kl"] < 1e-3, "the trainer does not reproduce vLLM's logprobs at step 0"
 
     _assert_what_make_demo_leaves_to_read(run_dir)
 

@@ -9,12 +9,12 @@ from test_rollout_log import _group
 
 from grpo.config.orchestrator import RolloutLogConfig
 from grpo.orchestrator.rollout_log import RolloutLog
-from grpo.orchestrator.run_report import write_report
+from grpo.orchestrator.run_report import plots_of, read_trainer_rows, write_report
 from grpo.utils.errors import UserError
-from grpo.utils.jsonl import JsonlWriter
+from grpo.utils.jsonl import JsonlWriter, read_jsonl
 
 
-def _run_dir(root: Path) -> Path:
+def _run_dir(root: Path, mismatch_kl_name: str = "mismatch_kl") -> Path:
     orch, train = JsonlWriter(root / "metrics.jsonl"), JsonlWriter(root / "trainer_metrics.jsonl")
     for step in range(3):
         orch.write(
@@ -32,7 +32,7 @@ def _run_dir(root: Path) -> Path:
         train.write(
             {
                 "step": step,
-                "kl": 0.01,
+                mismatch_kl_name: 0.01,
                 "masked": 0.0,
                 "masked/token_low": 0.0,
                 "tokens_per_s": 50.0,
@@ -67,6 +67,15 @@ def test_the_page_has_every_plot_the_rows_fill_and_escaped_sample_completions(tm
         and "<b>four" not in text
     )
     assert "correct 1" in text  # each function's value
+
+
+def test_a_run_written_with_the_old_kl_name_plots_it_as_mismatch_kl(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, mismatch_kl_name="kl")
+    orch = read_jsonl(run_dir / "metrics.jsonl")
+    train = read_trainer_rows(run_dir)
+    mismatch = next(p for p in plots_of(orch, train) if p.file == "kl_masked.png")
+    assert ("train", "mismatch_kl") in mismatch.series
+    assert all("kl" not in row for row in train)
 
 
 def test_a_folder_without_metrics_is_refused_with_what_to_give(tmp_path: Path) -> None:

@@ -231,7 +231,7 @@ def test_a_masked_token_whose_ratio_overflows_leaves_the_metrics_finite_and_unch
     clean_loss, clean_sums, clean_grad = run(with_overflow=False)
     metrics, clean = sums.metrics(), clean_sums.metrics()
     assert all(math.isfinite(v) for v in metrics.values()), metrics
-    for key in ("loss", "kl", "entropy", "teacher_kl"):
+    for key in ("loss", "mismatch_kl", "entropy", "teacher_kl"):
         assert metrics[key] == pytest.approx(clean[key]), key
     assert metrics["masked"] == pytest.approx(1 / 3) and clean["masked"] == 0.0
     assert loss.item() == pytest.approx(clean_loss.item())
@@ -249,7 +249,7 @@ def test_kl_metric_is_k3_mean_over_kept_loss_tokens():
     )
     _, sums = grpo_loss(lp, inf, adv, mask, pos, LossConfig(), loss_scale=2)
     k3 = [(math.exp(d) - 1 - d) for d in (0.5, -0.5)]
-    assert sums.metrics()["kl"] == pytest.approx(sum(k3) / 2)
+    assert sums.metrics()["mismatch_kl"] == pytest.approx(sum(k3) / 2)
 
 
 def test_entropy_metric_is_mean_over_loss_tokens():

@@ -166,7 +166,7 @@ def test_masks_still_apply_under_every_clip():
 def test_defaults_report_no_clip_metrics():
     _, _, sums = _ours(LossConfig())
     masked_by = {"masked/token_low", "masked/token_high", "masked/sequence_low", "masked/sequence_high"}
-    assert set(sums.metrics()) == {"loss", "tokens", "masked", "kl", "entropy", *masked_by}
+    assert set(sums.metrics()) == {"loss", "tokens", "masked", "mismatch_kl", "entropy", *masked_by}
 
 
 def test_loss_sums_round_trip_through_floats_summed_over_ranks():

@@ -11,7 +11,7 @@ from grpo.utils.jsonl import read_jsonl
 
 
 def _row() -> dict[str, float]:
-    return {"loss": 0.0, "kl": 0.0, "masked": 0.0, "grad_norm": 1.0, "step_time": 1.0}
+    return {"loss": 0.0, "mismatch_kl": 0.0, "masked": 0.0, "grad_norm": 1.0, "step_time": 1.0}
 
 
 def test_the_publish_before_a_step_is_in_that_steps_row_once(tmp_path: Path) -> None:

@@ -85,7 +85,15 @@ def test_streamed_update_equals_the_one_shot_update(make_cfg, tmp_path, float32,
             streamed.accumulate(part)
         parted = streamed.finish_step()
         assert whole["grad_norm_before_clip"] > cfg.max_grad_norm, "the test must clip"
-        for key in ("loss", "tokens", "kl", "entropy", "masked", "grad_norm", "grad_norm_before_clip"):
+        for key in (
+            "loss",
+            "tokens",
+            "mismatch_kl",
+            "entropy",
+            "masked",
+            "grad_norm",
+            "grad_norm_before_clip",
+        ):
             assert parted[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
         # The gradients the optimizer used: normalised and clipped.
         _assert_close(_trainable(streamed, grads=True), _trainable(one_shot, grads=True))

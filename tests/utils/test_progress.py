@@ -11,7 +11,7 @@ from grpo.utils import progress
 from grpo.utils.progress import StepDisplay
 
 BATCH = {"reward/mean": 0.25, "perf/tokens_per_second": 123.4, "off_policy/max_lag": 1}
-TRAINED = {"loss": -0.0123, "kl": 2.5e-6}
+TRAINED = {"loss": -0.0123, "mismatch_kl": 2.5e-6}
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -29,7 +29,9 @@ def test_a_colocated_step_is_one_line_once_the_trainer_trained_it(caplog: pytest
     display.close()
     lines = _lines(caplog)
     assert len(lines) == 2
-    assert lines[0].startswith("step 1/3  reward 0.250  tokens/s 123  lag 1  loss -0.0123  kl 2.5e-06  ETA ")
+    assert lines[0].startswith(
+        "step 1/3  reward 0.250  tokens/s 123  lag 1  loss -0.0123  mismatch_kl 2.5e-06  ETA "
+    )
     assert lines[1].startswith("step 2/3  ")
 
 

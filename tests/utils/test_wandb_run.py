@@ -30,7 +30,7 @@ from grpo.utils.wandb_run import (
 
 
 def _trainer_row(step: int) -> dict[str, float]:
-    return {"loss": 0.1 * step, "kl": 0.01, "masked": 0.0, "grad_norm": 1.0, "step_time": 2.0}
+    return {"loss": 0.1 * step, "mismatch_kl": 0.01, "masked": 0.0, "grad_norm": 1.0, "step_time": 2.0}
 
 
 def _offline_runs(run_dir: Path) -> list[Path]:

@@ -13,7 +13,7 @@ normalised over all ranks' tokens); metrics are summed over ranks and written by
 Everything that touches the weights of every rank is collective, so every rank calls it in the same
 order: train_step, score, publish (rank 0 writes), save_checkpoint (rank 0 writes), maybe_resume.
 
-Metrics (one JSON object per step in trainer_metrics.jsonl): kl, masked, tokens, loss, entropy,
+Metrics (one JSON object per step in trainer_metrics.jsonl): mismatch_kl, masked, tokens, loss, entropy,
 teacher_kl, clip_frac_low, clip_frac_high, tis_frac_capped (the last three only with loss.clip_low /
 clip_high / tis_cap; see grpo.trainer.loss and docs/loss.md), grad_norm (after clipping, as the reference
 defines it) and grad_norm_before_clip (see grpo.trainer.optim), lr (used by

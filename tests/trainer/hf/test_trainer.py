@@ -28,7 +28,7 @@ def test_trainer_logprobs_match_a_plain_hf_forward_so_an_on_policy_step_has_zero
         # bf16 forward vs the float32 reference: ~5e-3; a wrong temperature is off by ~0.1
         np.testing.assert_allclose(scored[row.loss_mask], row.inference_logprobs[row.loss_mask], atol=2e-2)
     metrics = trainer.train_step(batch)
-    assert metrics["kl"] == pytest.approx(0.0, abs=1e-4)
+    assert metrics["mismatch_kl"] == pytest.approx(0.0, abs=1e-4)
     assert metrics["masked"] == 0.0
     assert metrics["tokens"] == 6 + 7 + 5 + 4 + 4
     assert metrics["entropy"] > 0.0
@@ -74,7 +74,7 @@ def test_metrics_are_written_per_step(make_cfg, tmp_path):
     records = read_jsonl(tmp_path / "trainer_metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1]
     keys = {
-        "kl",
+        "mismatch_kl",
         "masked",
         "tokens",
         "loss",
@@ -203,7 +203,8 @@ def test_a_masked_token_whose_ratio_overflows_does_not_make_the_loss_nan(make_cf
     row.inference_logprobs[first_loss_token] = -9999.0  # vLLM's stand-in: the ratio is exp(~9999) = inf
     metrics = trainer.train_step(batch)
     assert metrics["masked"] > 0 and np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])
-    assert np.isfinite(metrics["kl"]) and np.isfinite(metrics["entropy"])  # the masked token is left out
+    # The masked token is left out.
+    assert np.isfinite(metrics["mismatch_kl"]) and np.isfinite(metrics["entropy"])
     trainer.close()
 
 

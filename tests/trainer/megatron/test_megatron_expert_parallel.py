@@ -55,7 +55,7 @@ def _assert_same_run(several: tuple[dict, dict], single: tuple[dict, dict], orig
     assert len(experts) == 2 * 4 * 3, "2 layers x 4 experts x gate, up, down"
     for name in experts:
         assert not torch.equal(tensors[f"weight.{name}"], original[name]), f"{name} did not move"
-    keys = ("loss", "kl", "entropy", "tokens", "grad_norm", "grad_norm_before_clip", "masked")
+    keys = ("loss", "mismatch_kl", "entropy", "tokens", "grad_norm", "grad_norm_before_clip", "masked")
     for key in keys:
         assert metrics[key] == pytest.approx(single_metrics[key], rel=1e-4, abs=1e-7), key
     assert single_metrics["masked"] < 1, "the step must train something"

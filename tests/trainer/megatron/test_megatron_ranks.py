@@ -70,7 +70,7 @@ def _assert_same_run(double: tuple[dict, dict], single: tuple[dict, dict], what:
     for name, tensor in single_tensors.items():
         atol = 1e-5 if name.startswith("logprobs.") else 1e-6
         torch.testing.assert_close(tensors[name], tensor, atol=atol, rtol=0, msg=f"{what}: {name}")
-    for key in ("loss", "kl", "entropy", "tokens", "grad_norm", "grad_norm_before_clip"):
+    for key in ("loss", "mismatch_kl", "entropy", "tokens", "grad_norm", "grad_norm_before_clip"):
         assert metrics[key] == pytest.approx(single_metrics[key], rel=1e-4), key
 
 

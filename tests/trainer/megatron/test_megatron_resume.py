@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 COMPARED_METRICS = (
     "loss",
-    "kl",
+    "mismatch_kl",
     "entropy",
     "masked",
     "tokens",

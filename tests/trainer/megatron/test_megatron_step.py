@@ -61,7 +61,16 @@ def test_one_megatron_update_equals_the_hf_backends_full_update(
     before = {name: tensor.clone() for name, tensor in whole.items()}
     hf_metrics = hf.train_step(copy.deepcopy(batch))
     megatron_metrics = megatron.train_step(copy.deepcopy(batch))
-    for key in ("loss", "kl", "entropy", "masked", "tokens", "grad_norm", "grad_norm_before_clip", "lr"):
+    for key in (
+        "loss",
+        "mismatch_kl",
+        "entropy",
+        "masked",
+        "tokens",
+        "grad_norm",
+        "grad_norm_before_clip",
+        "lr",
+    ):
         assert megatron_metrics[key] == pytest.approx(hf_metrics[key], rel=1e-4, abs=1e-6), key
     assert hf_metrics["grad_norm_before_clip"] > 0.5  # clipped: the clipping is compared too
     # both backends count the same model FLOPs for the same full update (mfu's numerator)
@@ -154,7 +163,7 @@ def test_loss_variants_update_as_the_hf_backend_does(
     megatron_metrics = megatron.train_step(copy.deepcopy(batch))
     for key in (
         "loss",
-        "kl",
+        "mismatch_kl",
         "teacher_kl",
         "entropy",
         "masked",
