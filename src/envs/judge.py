@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -37,7 +37,8 @@ class Endpoint:
     base_url: str
     """Up to /v1."""
     model: str
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    """Kept out of repr: an endpoint shows up in logs and error messages."""
 
 
 _own_server: Endpoint | None = None

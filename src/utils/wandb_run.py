@@ -32,6 +32,7 @@ from typing import Any
 
 from grpo.utils.atomic import fsync_dir
 from grpo.utils.jsonl import read_jsonl
+from grpo.utils.redact import redact
 
 WANDB_ID_FILE = "wandb_id"
 """The run directory's W&B run id (one line)."""
@@ -143,8 +144,10 @@ def open_run(
     run_dir: Path, *, project: str, name: str | None, offline: bool, config: dict[str, Any] | None = None
 ) -> WandbRun:
     """This process's run for `run_dir`: the one already open here (one more holder), or a new
-    `wandb.init` with the run directory's id, resumed if W&B knows it."""
+    `wandb.init` with the run directory's id, resumed if W&B knows it. `config` goes to W&B with
+    its credentials redacted (grpo.utils.redact)."""
     key = run_dir.resolve()
+    config = redact(config) if config else config
     with _runs_lock:
         if (shared := _runs.get(key)) is not None:
             shared._num_holders += 1
