@@ -36,7 +36,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             return match[0]  # a page of the site (MkDocs checks it) or outside the repository
         path = repo_root / in_docs
         if not path.exists():
-            log.warning("Doc file '%s' links to '%s', which is not in the repository", page.file.src_uri, target)
+            log.warning(
+                "Doc file '%s' links to '%s', which is not in the repository", page.file.src_uri, target
+            )
             return match[0]
         if repo_url:
             kind = "tree" if path.is_dir() else "blob"
