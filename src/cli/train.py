@@ -34,7 +34,7 @@ def train(
     """Train the policy on batches from grpo-orch and publish each new policy.
 
     Blocks until the orchestrator delivers the first batch. Override any key with
-    --key.subkey VALUE, e.g. --learning_rate 1e-5 --loss.kl_tau 0.01.
+    --key.subkey VALUE, e.g. --learning_rate 1e-5 --loss.kl_beta 0.04.
     Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
     With --config rl.yaml its train: section is used (shared keys at the top reach it).
 
