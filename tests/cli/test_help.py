@@ -83,7 +83,9 @@ def test_help_examples_override_keys_the_configs_have(module: str, files: list[s
         "orch": {"model": {"name": "m"}, "env": [{"id": "short-answer"}]},
     }
     args = _help_examples(module)
-    per_file = split_overrides(args, tuple(files), []) if len(files) > 1 else {files[0]: parse_overrides(args)}
+    per_file = (
+        split_overrides(args, tuple(files), []) if len(files) > 1 else {files[0]: parse_overrides(args)}
+    )
     assert sum(len(pairs) for pairs in per_file.values()) == sum(a.startswith("--") for a in args)
     for file, pairs in per_file.items():
         model = MODELS[file]  # type: ignore[index]
