@@ -12,7 +12,7 @@ from grpo.config.base import StrictModel
 
 class LossConfig(StrictModel):
     type: Literal["default", "cispo"] = "default"
-    """default: the importance-ratio-weighted policy gradient of the spec (AIPO-style), with PPO's
+    """default: the importance-ratio-weighted policy gradient (AIPO-style), with PPO's
     clipped surrogate when clip_low / clip_high are set (a token the clip catches keeps no
     gradient). cispo (MiniMax-M1's CISPO): the ratio is clamped to [clip_low, clip_high] as a
     weight instead, and every kept token keeps its gradient; needs clip_high and/or clip_low. Both

@@ -70,8 +70,8 @@ class TrainerConfig(StrictModel):
 
     sequence_len: int = Field(1024, gt=0)
     """Maximum tokens per packed micro-batch row. Unset, the orchestrator's seq_len (2048 unless set):
-    in a co-located run and with grpo-train's run dir (the reference spec's default, 1024, would not
-    hold the orchestrator's default rows)."""
+    in a co-located run and with grpo-train's run dir (1024, the default for a file read alone, would
+    not hold the orchestrator's default rows)."""
 
     learning_rate: float = Field(2e-4, gt=0.0)
     """Peak learning rate."""
@@ -122,12 +122,12 @@ class TrainerConfig(StrictModel):
     """AdamW weight decay."""
 
     max_grad_norm: float = Field(1.0, ge=0.0)
-    """Gradient clipping norm (0 = no clipping). The grad_norm metric is the norm after clipping (as
-    the reference defines it), grad_norm_before_clip the norm before (docs/loss.md, "Metrics")."""
+    """Gradient clipping norm (0 = no clipping). The grad_norm metric is the norm after clipping,
+    grad_norm_before_clip the norm before (docs/loss.md, "Metrics")."""
 
     recipe: Literal["bf16", "fp8_hybrid", "nvfp4"] = "bf16"
     """Precision recipe: bf16 (on CPU bf16 when the CPU supports it, else fp32; co-located, the
-    engine's dtype). fp8_hybrid (FP8 matmuls, SM89+) and nvfp4 (SM100+) are the reference's names,
+    engine's dtype). fp8_hybrid (FP8 matmuls, SM89+) and nvfp4 (SM100+) are accepted names,
     refused at load: neither backend implements them yet (qlora_fp8 stores base weights in FP8)."""
 
     lora: bool = True
@@ -193,7 +193,7 @@ class TrainerConfig(StrictModel):
     1024 on a GPU, 128 on CPU, where smaller chunks were faster (grpo.trainer.logprobs)."""
 
     zero_level: int = Field(1, ge=0, le=3)
-    """Only 1 (the reference trainer's default, accepted so its configs load); any other value is
+    """Only 1 (accepted so configs that set it load); any other value is
     refused, since it would change nothing: multi-rank full-weight training always shards
     parameters, gradients and optimizer states with FSDP2, and LoRA training replicates the (small)
     adapters on every rank and all-reduces their gradients."""
@@ -311,7 +311,7 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _recipe_is_implemented(self) -> TrainerConfig:
-        # Accepted by the parser so the reference's configs get this line rather than a list of
+        # Accepted by the parser so configs naming them get this line rather than a list of
         # allowed values; the trainers compute in bf16 (or fp32) only.
         if self.recipe != "bf16":
             raise ValueError(
