@@ -25,6 +25,7 @@ from grpo.envs.openenv_env import (
     observation_text,
     server,
 )
+from grpo.envs.remote import ReplyTooLarge, get_bounded
 from grpo.utils.errors import UserError
 
 CONNECT_RETRY_S = 10.0
@@ -74,8 +75,15 @@ def _action_schema(srv: Server, where: str, timeout_s: float, max_reply_bytes: i
     deadline = time.monotonic() + CONNECT_RETRY_S
     while True:
         try:
-            response = httpx.get(f"{srv.http_url}/schema", headers=srv.headers, timeout=timeout_s)
+            response = get_bounded(f"{srv.http_url}/schema", srv.headers, timeout_s, max_reply_bytes)
             break
+        except ReplyTooLarge:
+            return None
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise UserError(
+                f"{where}: GET /schema did not complete within {timeout_s:g} s; check the server, or raise "
+                "env[].request_timeout_s if it is only slow"
+            ) from exc
         except httpx.TransportError as exc:
             if time.monotonic() >= deadline:
                 raise UserError(
@@ -87,7 +95,7 @@ def _action_schema(srv: Server, where: str, timeout_s: float, max_reply_bytes: i
         raise UserError(
             f"{where}: the server refused the request (HTTP {response.status_code}); check the token"
         )
-    if response.status_code == 404 or len(response.content) > max_reply_bytes:
+    if response.status_code == 404:
         return None
     try:
         schema = response.json()

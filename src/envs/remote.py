@@ -179,10 +179,15 @@ def fetch_info(
 
 
 def _get_bounded(url: str, token: str | None, timeout_s: float, max_reply_bytes: int) -> httpx.Response:
+    return get_bounded(url, auth_headers(token), timeout_s, max_reply_bytes)
+
+
+def get_bounded(url: str, headers: dict[str, str], timeout_s: float, max_reply_bytes: int) -> httpx.Response:
     """GET `url`, its body read in pieces: ReplyTooLarge past `max_reply_bytes`, TimeoutError once
-    `timeout_s` have passed since the request went out."""
+    `timeout_s` have passed since the request went out (httpx's own timeout bounds each read, so a
+    server trickling its reply would otherwise hold the caller for as long as it likes)."""
     deadline = time.monotonic() + timeout_s
-    with httpx.stream("GET", url, timeout=timeout_s, headers=auth_headers(token)) as response:
+    with httpx.stream("GET", url, timeout=timeout_s, headers=headers) as response:
         body = bytearray()
         for piece in response.iter_bytes():
             body += piece

@@ -249,3 +249,49 @@ def test_a_remote_openenv_host_without_a_token_is_refused_in_one_line(tmp_path: 
         cwd=tmp_path,
         timeout=60,
     )
+
+
+class _TricklingServer:
+    """Answers every request with a 200 whose body trickles in a byte at a time: each read finishes
+    well within any per-read timeout, the reply never does."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            conn, _ = self.listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                )
+                while not self.stop.wait(0.2):
+                    conn.sendall(b" ")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+
+
+def test_a_server_trickling_its_schema_is_refused_at_the_request_deadline_in_one_line() -> None:
+    import time
+
+    trickler = _TricklingServer()
+    try:
+        started = time.monotonic()
+        with pytest.raises(UserError, match=r"GET /schema did not complete within 1.5 s.*request_timeout_s"):
+            check_environment(
+                EnvConfig(id=f"openenv:http://127.0.0.1:{trickler.port}", request_timeout_s=1.5)
+            )
+        assert time.monotonic() - started < 10
+    finally:
+        trickler.close()
