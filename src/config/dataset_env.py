@@ -56,6 +56,13 @@ class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
     TRL's column, `images` or else `image`, if the dataset has one (text only otherwise). The column
     still reaches reward functions as it is in the data."""
 
+    max_image_pixels: int = Field(4096 * 4096, gt=0)
+    """(dataset block) Largest image (width x height) a row may hold: images are decoded once at load
+    and held for the run, so one whose header claims more is refused, naming its row and column."""
+
+    max_image_mib: float = Field(32.0, gt=0)
+    """(dataset block) Largest encoded image (a file or a cell's bytes), in MiB."""
+
     reward_funcs: list[str] = Field(min_length=1)
     """(dataset block) Reward functions, each 'rewards.py:function' (a file; a relative path is from the
     folder of the YAML file that names it) or 'pkg.module:function' (an importable module, or module.py

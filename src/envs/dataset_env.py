@@ -20,7 +20,7 @@ from typing import Any
 from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.function_path import IN_PROCESS_PREFIX, function_name
 from grpo.envs.base import Example, Message, Score, completion_text, normalise_examples
-from grpo.envs.dataset_images import pick_image_column, row_images, with_images
+from grpo.envs.dataset_images import MIB, pick_image_column, row_images, with_images
 from grpo.envs.group_rewards import OWN_ARGUMENTS, GroupRewardSet, check_signature
 from grpo.envs.single_turn import OneReplyEnv
 from grpo.utils.errors import UserError
@@ -162,7 +162,15 @@ def load_examples(cfg: DatasetEnvConfig, where: str) -> list[Example]:
         prompt = row.pop(cfg.prompt_column)
         _check_prompt(where, i, prompt, cfg.prompt_column)
         if image_column is not None:
-            images = row_images(row[image_column], where, i, image_column, _folder(cfg.dataset))
+            images = row_images(
+                row[image_column],
+                where,
+                i,
+                image_column,
+                _folder(cfg.dataset),
+                max_pixels=cfg.max_image_pixels,
+                max_bytes=int(cfg.max_image_mib * MIB),
+            )
             prompt = with_images(prompt, images, where, i)
         examples.append({"prompt": prompt, **row})
     return examples

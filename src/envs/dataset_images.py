@@ -22,6 +22,12 @@ from grpo.utils.errors import UserError
 if TYPE_CHECKING:
     from PIL import Image
 
+MIB = 1 << 20
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+"""Largest image a dataset may hold (width x height): every image is decoded and held for the run."""
+DEFAULT_MAX_IMAGE_BYTES = 32 * MIB
+"""Largest encoded image file or cell."""
+
 IMAGE_COLUMNS = ("images", "image")
 """The columns TRL's GRPOTrainer takes images from, in the order it looks for them."""
 
@@ -40,44 +46,75 @@ def pick_image_column(image_column: str | None, columns: list[str], where: str, 
 
 
 def row_images(
-    value: Any, where: str, row: int, column: str, folder: Path | None = None
+    value: Any,
+    where: str,
+    row: int,
+    column: str,
+    folder: Path | None = None,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
 ) -> list[Image.Image]:
     """The images of one cell, decoded: a list of images, or one image; UserError naming the row and
-    the column for an empty cell, a missing file or a value that is no image. Relative file paths are
-    from `folder` (the dataset file's; None: the working directory)."""
+    the column for an empty cell, a missing file, a value that is no image, or one above `max_bytes`
+    encoded or `max_pixels` decoded (checked from the header, before decoding). Relative file paths
+    are from `folder` (the dataset file's; None: the working directory)."""
     cells = list(value) if isinstance(value, list | tuple) else [value]
     if not cells or any(cell is None for cell in cells):
         raise UserError(
             f"{where}: row {row}: column {column!r} is empty; every row of a dataset with images needs at "
             "least one image: fix the data, or drop the rows without one"
         )
-    return [_image(cell, where, row, column, folder) for cell in cells]
+    return [
+        _image(cell, f"{where}: row {row}: column {column!r}", folder, max_pixels, max_bytes)
+        for cell in cells
+    ]
 
 
-def _image(cell: Any, where: str, row: int, column: str, folder: Path | None) -> Image.Image:
+def _image(cell: Any, at: str, folder: Path | None, max_pixels: int, max_bytes: int) -> Image.Image:
     from PIL import Image, UnidentifiedImageError
 
-    at = f"{where}: row {row}: column {column!r}"
     if isinstance(cell, Image.Image):
+        _check_pixels(cell.size, at, max_pixels)
         return cell
     if isinstance(cell, dict) and ("bytes" in cell or "path" in cell):  # an Image feature, not decoded
         cell = cell.get("bytes") or cell.get("path")
     if isinstance(cell, str):
         source: Any = _image_file(cell, at, folder)
+        num_bytes = source.stat().st_size
     elif isinstance(cell, bytes | bytearray):
         source = io.BytesIO(cell)
+        num_bytes = len(cell)
     else:
         raise UserError(
             f"{at} holds a {type(cell).__name__} ({str(cell)[:60]!r}), not an image; give a file path, "
             "encoded image bytes or a PIL image"
         )
+    what = f"file {cell}" if isinstance(cell, str) else f"{num_bytes} bytes"
+    if num_bytes > max_bytes:
+        raise UserError(
+            f"{at}: {what} is {num_bytes / MIB:.1f} MiB encoded, above max_image_mib "
+            f"{max_bytes / MIB:g}; shrink the image, or raise env[].max_image_mib"
+        )
     try:
         with Image.open(source) as opened:
+            _check_pixels(opened.size, at, max_pixels)  # from the header: nothing is decoded yet
             opened.load()
             return opened.copy()  # decoded, its file closed
+    except Image.DecompressionBombError as exc:  # PIL's own bound, met before the header is read out
+        raise UserError(
+            f"{at}: {what} claims more pixels than max_image_pixels {max_pixels} ({exc}); fix the data"
+        ) from None
     except (UnidentifiedImageError, OSError) as exc:
-        what = f"file {cell}" if isinstance(cell, str) else f"{len(cell)} bytes"
         raise UserError(f"{at}: {what} is not an image PIL can read ({exc}); fix the data") from exc
+
+
+def _check_pixels(size: tuple[int, int], at: str, max_pixels: int) -> None:
+    width, height = size
+    if width * height > max_pixels:
+        raise UserError(
+            f"{at}: the image is {width}x{height} = {width * height} pixels, above max_image_pixels "
+            f"{max_pixels}; shrink the image, or raise env[].max_image_pixels"
+        )
 
 
 def _image_file(cell: str, at: str, folder: Path | None) -> Path:

@@ -125,7 +125,8 @@ def test_a_missing_image_file_is_refused_naming_the_row_and_the_column(pictures:
         {"prompt": "What colour?", "image": "img/green.png", "answer": "green"},
     ]
     with pytest.raises(
-        UserError, match=rf"env data: row 1: column 'image': image file {pictures}/img/green.png does not exist"
+        UserError,
+        match=rf"env data: row 1: column 'image': image file {pictures}/img/green.png does not exist",
     ):
         load_environment(_cfg(_jsonl(pictures, rows)))
 
@@ -198,3 +199,41 @@ def test_a_rows_images_reach_the_idefics3_prompter_in_order(
     # what vLLM is sent: each image as a PNG data URL, in the row's order
     sent = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) for url in prompt.image_urls]
     assert [image.getpixel((0, 0)) for image in sent] == [(0, 0, 255), (255, 0, 0)]
+
+
+def _png_claiming(width: int, height: int) -> bytes:
+    """A small PNG whose header claims `width` x `height` pixels (its IHDR rewritten, CRC fixed)."""
+    import struct
+    import zlib
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (2, 2), "white").save(buffer, format="PNG")
+    data = bytearray(buffer.getvalue())
+    ihdr = 8  # after the signature: length (4), b"IHDR" (4), then width and height
+    data[ihdr + 8 : ihdr + 16] = struct.pack(">II", width, height)
+    crc = zlib.crc32(bytes(data[ihdr + 4 : ihdr + 8 + 13]))
+    data[ihdr + 8 + 13 : ihdr + 8 + 17] = struct.pack(">I", crc)
+    return bytes(data)
+
+
+def test_an_image_bomb_is_refused_from_its_header_naming_the_row_and_column(pictures: Path) -> None:
+    (pictures / "img" / "bomb.png").write_bytes(_png_claiming(20000, 20000))
+    rows = [
+        {"prompt": "What colour?", "image": "img/red.png", "answer": "red"},
+        {"prompt": "What colour?", "image": "img/bomb.png", "answer": "white"},
+    ]
+    with pytest.raises(UserError, match=r"row 1: column 'image': .*max_image_pixels") as refused:
+        load_environment(_cfg(_jsonl(pictures, rows)))
+    assert "\n" not in str(refused.value)
+
+
+def test_images_above_the_configured_pixel_or_byte_bounds_are_refused(pictures: Path) -> None:
+    rows = [{"prompt": "What colour?", "image": "img/red.png", "answer": "red"}]  # 8 x 6, 100-odd bytes
+    assert has_image_prompts(load_environment(_cfg(_jsonl(pictures, rows), max_image_pixels=48)))
+    with pytest.raises(UserError, match=r"8x6 = 48 pixels, above max_image_pixels 47; .*raise env"):
+        load_environment(_cfg(_jsonl(pictures, rows), max_image_pixels=47))
+    with pytest.raises(UserError, match=r"row 0: column 'image': file img/red.png is .* above max_image_mib"):
+        load_environment(_cfg(_jsonl(pictures, rows), max_image_mib=0.00001))
+    pil = Image.new("RGB", (10, 10))
+    with pytest.raises(UserError, match=r"row 3: column 'pics': the image is 10x10"):
+        row_images(pil, "env t", 3, "pics", max_pixels=99)
