@@ -21,7 +21,7 @@ from tenacity import RetryError
 from grpo.config.judges import MATCH_PREFIX, OWN_SERVER, JudgeConfig
 from grpo.envs.base import Message
 from grpo.envs.rewards import RewardFailure
-from grpo.utils.auth import secret_from_env
+from grpo.utils.auth import secret_from_env, warn_if_plaintext_token
 from grpo.utils.backoff import attempts
 
 RETRY_BASE_DELAY_S = 0.5
@@ -112,7 +112,10 @@ class Judge:
             raise RewardFailure("judge has no model: set judge.model (or model.name for base_url: self)")
         key = secret_from_env(cfg.api_key_env)
         api_key = key.decode() if key is not None else (base.api_key if base else None)
-        return Endpoint(base.base_url if base else cfg.base_url, model, api_key)
+        url = base.base_url if base else cfg.base_url
+        if api_key is not None:
+            warn_if_plaintext_token(url, "judge")
+        return Endpoint(url, model, api_key)
 
     async def __call__(self, prompt: Any, completion: str, answer: Any = None) -> float:
         loop = asyncio.get_running_loop()

@@ -45,7 +45,7 @@ from grpo.config.openenv import OpenEnvArgs
 from grpo.config.orchestrator import OPENENV_PREFIX
 from grpo.envs.base import EnvReply, Example, Message, Score
 from grpo.envs.rewards import FailureLog
-from grpo.utils.auth import is_loopback_host, secret_from_env
+from grpo.utils.auth import is_loopback_host, secret_from_env, warn_if_plaintext_token
 from grpo.utils.errors import UserError
 
 CLOSE_WAIT_S = 5.0
@@ -81,6 +81,8 @@ def server(url: str, api_key_var: str) -> Server:
             f"{api_key_var}=<the token the server or its proxy expects> (env[].args.api_key_var names the "
             "variable), or run the server on 127.0.0.1"
         )
+    if token is not None:
+        warn_if_plaintext_token(url, f"env {OPENENV_PREFIX}{url}")
     secure = parts.scheme in ("https", "wss")
     base = f"{host if ':' not in host else f'[{host}]'}:{parts.port}"
     return Server(

@@ -21,7 +21,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from grpo.envs.base import EnvReply, Example, Message, Score
 from grpo.envs.rewards import FailureLog
-from grpo.utils.auth import secret_from_env
+from grpo.utils.auth import secret_from_env, warn_if_plaintext_token
 from grpo.utils.errors import UserError
 
 CONNECT_RETRY_S = 10.0
@@ -228,6 +228,8 @@ class RemoteEnv:
         self.max_reply_bytes = max_reply_bytes
         self.token = token if token is not None else _token_from_env()
         self.base_url = base_url(address)
+        if self.token is not None:
+            warn_if_plaintext_token(self.base_url, f"env {name}")
         self.name = name
         self.max_turns: int = int(info["max_turns"])
         self.examples: list[Example] = info["examples"]

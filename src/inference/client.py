@@ -37,7 +37,7 @@ from grpo.inference.retry import ServerLeftError, TransientServerError, attempts
 from grpo.inference.streaming import StreamStatusError, stream_completions
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.transport.weights.announce import read_collective_manifest
-from grpo.utils.auth import secret_from_env
+from grpo.utils.auth import secret_from_env, warn_if_plaintext_token
 from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
@@ -81,6 +81,8 @@ class InferenceClient:
         self._model: str | None = None
         api_key = secret_from_env(cfg.api_key_var)
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key.decode()}"}
+        for url in self.base_urls if api_key is not None else []:
+            warn_if_plaintext_token(url, "inference client")
         self._http = httpx.AsyncClient(
             headers=headers,
             timeout=httpx.Timeout(cfg.timeout),

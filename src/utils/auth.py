@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import ipaddress
 import os
+from urllib.parse import urlsplit
 
 from grpo.utils.errors import UserError
 
@@ -76,3 +77,31 @@ def sign(secret: bytes, payload: bytes) -> bytes:
 
 def verify(secret: bytes, payload: bytes, tag: bytes) -> bool:
     return hmac.compare_digest(sign(secret, payload), tag)
+
+
+_warned_plaintext: set[str] = set()
+
+
+def warn_if_plaintext_token(url: str, what: str) -> None:
+    """Warn once per server when a bearer token would travel to another machine in clear text
+    (http:// or ws://): anyone on the path can read it and replay it. Loopback and TLS are quiet."""
+    from grpo.utils.logging import get_logger
+
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme in ("https", "wss") or is_loopback_host(parts.hostname or ""):
+        return
+    server = (
+        f"{parts.scheme}://{parts.hostname}:{parts.port}"
+        if parts.port
+        else f"{parts.scheme}://{parts.hostname}"
+    )
+    if server in _warned_plaintext:
+        return
+    _warned_plaintext.add(server)
+    get_logger("security").warning(
+        "%s: the bearer token goes to %s in clear text (%s); put the server behind TLS (https/wss) or "
+        "keep it on a network only the run's hosts reach",
+        what,
+        server,
+        parts.scheme,
+    )

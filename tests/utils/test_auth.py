@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from grpo.config.errors import ConfigError
@@ -51,3 +53,31 @@ def test_a_weak_api_key_is_refused_when_the_inference_config_loads(monkeypatch: 
     monkeypatch.setenv("MY_KEY", " ")
     with pytest.raises(ConfigError, match="MY_KEY is only whitespace"):
         validate(InferenceConfig, {"model": "m", "host": "10.0.0.5", "api_key_var": "MY_KEY"}, "infer.yaml")
+
+
+def test_a_token_bound_for_another_machine_in_clear_text_is_warned_about_once_per_server(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from grpo.utils import auth
+    from grpo.utils.logging import get_logger
+
+    monkeypatch.setattr(auth, "_warned_plaintext", set())
+    logger = get_logger("security")
+    logger.addHandler(caplog.handler)  # grpo loggers do not propagate to the root logger caplog watches
+    try:
+        for url in (
+            "https://judge.example/v1",
+            "wss://env.example:443/ws",
+            "http://127.0.0.1:8000/v1",
+            "http://localhost:9000",
+            "http://10.0.0.5:8000/v1",
+            "http://10.0.0.5:8000/v1/other",
+            "ws://env.example:8001",
+        ):
+            auth.warn_if_plaintext_token(url, "judge")
+    finally:
+        logger.removeHandler(caplog.handler)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "http://10.0.0.5:8000 in clear text" in warnings[0] and "ws://env.example:8001" in warnings[1]
+    assert all("TLS" in w and "\n" not in w for w in warnings)
