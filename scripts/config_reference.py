@@ -66,7 +66,7 @@ def render() -> str:
     lines += [
         "## Settings several files share",
         "",
-        "One fact of a run under a key in each file that needs it (names as in the reference spec), owned by",
+        "One fact of a run under a key in each file that needs it, owned by",
         "`grpo.config.shared_facts`. One-shot `grpo`: an override of any of a fact's keys sets them all; a value",
         "set in one file reaches the files that leave it unset; two files setting different values stop the run",
         "with one line naming both. A value reaches the others before validation, so a required key (`model`)",
