@@ -85,6 +85,10 @@ def default_cpu_block_size() -> int:
     return 32 if torch.cpu._is_amx_tile_supported() else CPU_BLOCK_SIZE_UNIT
 
 
+NO_MEDIA_DOMAIN = "remote-media-disabled.invalid"
+"""The one domain the server may fetch images from: `.invalid` names nothing (RFC 2606)."""
+
+
 def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None = None) -> list[str]:
     """vLLM server argv for `cfg`, serving the weights at `model_path` under the name `cfg.model`.
 
@@ -165,6 +169,10 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
     block_size = resolve_block_size(cfg, on_cpu)
     if block_size is not None:
         argv += ["--block-size", str(block_size)]
+    # grpo sends images only as data: URLs; an http(s) image_url would make the server fetch it (a
+    # request forgery from the inference host), so no domain is allowed. Local files stay refused too
+    # (vLLM's allowed_local_media_path is left empty).
+    argv += ["--allowed-media-domains", NO_MEDIA_DOMAIN]
     api_key = secret_from_env(cfg.api_key_var)
     if api_key is not None:
         argv += ["--api-key", api_key.decode()]

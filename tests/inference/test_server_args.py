@@ -288,3 +288,31 @@ def test_engine_runs_compiled_unless_eager_or_serving_adapters_on_cpu(
 ) -> None:
     cfg = InferenceConfig.model_validate({"model": "m", **fields})
     assert engine_runs_compiled(cfg, on_cpu=on_cpu) is expected
+
+
+def test_the_server_fetches_no_remote_or_local_media_but_takes_data_urls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+    from vllm.multimodal.media import MediaConnector
+
+    from grpo.inference.vllm_compat.version import parse_server_args
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    args = parse_server_args(build_server_args(InferenceConfig(model="m"), "/models/m", on_cpu=True))
+    connector = MediaConnector(
+        allowed_local_media_path=args.allowed_local_media_path,
+        allowed_media_domains=args.allowed_media_domains,
+    )
+    for url in ("http://169.254.169.254/latest/meta-data", "https://example.com/cat.png"):
+        with pytest.raises(ValueError, match="allowed domains"):
+            connector.fetch_image(url)
+    with pytest.raises(RuntimeError, match="allowed-local-media-path"):
+        connector.fetch_image("file:///etc/passwd")
+    buffer = io.BytesIO()
+    Image.new("RGB", (3, 2), "red").save(buffer, format="PNG")
+    data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    assert connector.fetch_image(data_url).size == (3, 2)
