@@ -9,8 +9,8 @@ apply_top_k_top_p_pytorch, the path its CPU and non-FlashInfer GPU samplers take
 
   min_p   drop a token whose probability is below min_p x the largest probability
   top_k   drop a token whose logit is below the k-th largest (ties with the k-th stay)
-  top_p   sort ascending, cumulative softmax; drop the tokens whose cumulative mass is <= 1 - top_p,
-          never the most likely one
+  top_p   sort ascending, cumulative softmax; drop the tokens whose cumulative mass is <= 1 - top_p
+          (formed in float32), never the most likely one
 
 The kept set is a step function of the logits, so it is chosen without gradient; the log-softmax
 over it is differentiated as usual. A sampled token the current policy no longer keeps (the policy
@@ -50,7 +50,10 @@ def kept_tokens(scaled_logits: torch.Tensor, truncation: SamplingTruncation) -> 
         if truncation.top_p < 1.0:
             ascending, order = logits.sort(dim=-1)
             cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-            drop_sorted = cumulative <= 1.0 - truncation.top_p
+            # 1 - p formed in float32 from a float32 p, as vLLM forms it: 1 - p in float64 rounds to a
+            # cutoff 1-3 float32 units away, and a cumulative mass between the two flips a token.
+            cutoff = 1.0 - torch.tensor(truncation.top_p, dtype=torch.float32)
+            drop_sorted = cumulative <= cutoff
             drop_sorted[:, -1] = False
             keep &= ~torch.zeros_like(keep).scatter(-1, order, drop_sorted)
         return keep

@@ -53,6 +53,22 @@ def test_logprobs_equal_vllms_processed_logprobs_on_the_tokens_it_keeps(truncati
     assert torch.all(got[~kept] == OUTSIDE_LOGPROB)
 
 
+@pytest.mark.parametrize("top_p", [0.8, 0.9, 0.95, 0.99])
+def test_the_top_p_boundary_is_vllms_float32_cutoff(top_p: float) -> None:
+    """A token whose mass lies between 1 - p in float64 and in float32 is dropped, as vLLM drops it."""
+    pytest.importorskip("vllm")
+    cutoff = float(1.0 - torch.tensor(top_p, dtype=torch.float32))
+    # two tokens: the smaller's probability sits at vLLM's cutoff, within a float32 unit of it
+    logit = float(torch.log(torch.tensor(cutoff, dtype=torch.float64) / (1 - cutoff)))
+    rows = torch.tensor([[logit + d, 0.0] for d in (-2e-7, -1e-7, 0.0, 1e-7, 2e-7)])
+    truncation = SamplingTruncation(top_p=top_p)
+    expected = torch.isfinite(_vllm_processed_logprobs(rows, truncation))
+    assert torch.equal(kept_tokens(rows, truncation), expected)
+    if top_p == 0.9:
+        boundary = torch.tensor([[-2.1972244, 0.0]])
+        assert kept_tokens(boundary, truncation).tolist() == [[False, True]]
+
+
 def test_ties_with_the_kth_logit_are_kept_as_vllm_keeps_them():
     logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
     assert kept_tokens(logits, SamplingTruncation(top_k=2)).tolist() == [
