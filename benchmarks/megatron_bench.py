@@ -56,7 +56,7 @@ def serve_variant(variant: str, model: str, num_rows: int, row_tokens: int, num_
         lora=False,
         optimizer="adamw",
         per_device_train_batch_size=num_rows,
-        gradient_accumulation_steps=1,
+        micro_batches_per_backward=1,
         logprob_chunk_size=256,
         loss={"token_mask_low": 0.0, "geo_mask_low": 0.0},
         learning_rate=1e-5,

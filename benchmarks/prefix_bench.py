@@ -111,7 +111,6 @@ def run_layout(layout: str, model: str, prompt_tokens: int, num_steps: int) -> d
     cfg = TrainerConfig(
         model=model,
         optimizer="adamw",
-        per_device_train_batch_size=1,
         lora_rank=16,
         lora_alpha=32,
         learning_rate=1e-5,

@@ -107,7 +107,6 @@ def configs(args: argparse.Namespace, run_dir: Path, model: Path, streaming: boo
         learning_rate=1e-4,
         lora_rank=8,
         lora_alpha=16,
-        per_device_train_batch_size=1,
         gradient_checkpointing=False,
         seed=args.seed,
     )

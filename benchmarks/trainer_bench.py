@@ -83,8 +83,8 @@ def run_variant(
     cfg = TrainerConfig(
         model=model,
         optimizer="adamw",
-        per_device_train_batch_size=num_rows,
-        gradient_accumulation_steps=1,
+        micro_batch_tokens=num_rows * 1024,  # every row in one micro-batch (sequence_len 1024)
+        micro_batches_per_backward=1,
         lora_rank=16,
         logprob_chunk_size=256,
         loss=loss,
@@ -362,7 +362,7 @@ def main() -> None:
             "row_tokens": args.row_tokens,
             "timed_steps": args.steps,
             "lora_rank": 16,
-            "per_device_train_batch_size": args.rows,
+            "micro_batch_tokens": args.rows * 1024,
             "logprob_chunk_size": 256,
             "threads": args.threads,
             "skipped": args.skip,

@@ -127,7 +127,7 @@ def colocated_args(tmp_path: Path, tiny_model_path: Path) -> ColocatedArgs:
         train = {
             "model": model, "output_dir": str(run_dir), "sequence_len": 256, "max_steps": max_steps,
             "learning_rate": 1e-3, "optimizer": "adamw", "lora_rank": 8, "lora_alpha": 16,
-            "per_device_train_batch_size": 1, "max_async_level": max_async_level, "ckpt": ckpt or {},
+            "max_async_level": max_async_level, "ckpt": ckpt or {},
         }  # fmt: skip
         infer = {
             "model": model, "max_lora_rank": 8, "max_model_len": 256, "max_num_seqs": 16, "port": 0,

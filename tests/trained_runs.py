@@ -42,7 +42,6 @@ def train_and_publish(
         learning_rate=learning_rate or (1e-2 if lora else 1e-4),
         lora_rank=4,
         lora_alpha=8,
-        per_device_train_batch_size=1,
         max_async_level=1,
         output_dir=str(run_dir),
     )

@@ -104,7 +104,7 @@ def check_inference(
     if orch.sampling.max_tokens is not None and orch.sampling.max_tokens >= orch.seq_len:
         problems.append(
             f"orch sampling.max_tokens ({orch.sampling.max_tokens}) leaves no room for the prompt in "
-            f"seq_len ({orch.seq_len})"
+            f"seq_len ({orch.seq_len}); lower max_tokens or raise max_seq_len (or seq_len)"
         )
     return problems
 

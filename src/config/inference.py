@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from grpo.config.base import StrictModel
+from grpo.config.max_seq_len import fill_length
 from grpo.config.supervisor import SupervisorConfig
 
 # vLLM accepts only these LoRA ranks; a configured rank is rounded up to the next one.
@@ -52,7 +53,11 @@ class InferenceConfig(StrictModel):
     bitsandbytes (NF4), which vLLM 0.32 lacks, at load."""
 
     max_model_len: int | None = Field(None, gt=0)
-    """Maximum context length (prompt + completion); null takes the model's."""
+    """Maximum context length (prompt + completion); null takes max_seq_len, else the model's."""
+
+    max_seq_len: int | None = Field(None, gt=0)
+    """The longest sequence of the run, prompt and completion: max_model_len takes it unless set
+    (train sequence_len and orch seq_len likewise; grpo.config.max_seq_len)."""
 
     enforce_eager: bool = False
     """Run vLLM's model eagerly: no CUDA graphs on GPU, no torch.compile (inductor) on CPU (faster to
@@ -166,6 +171,11 @@ class InferenceConfig(StrictModel):
     """grpo-infer only: restart the vLLM server when it dies or hangs; off by default. A co-located
     run cannot restart its engine (the trainer borrows its weights): it ends and prints the command
     that resumes it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_model_len_from_max_seq_len(cls, data: object) -> object:
+        return fill_length(data, "max_model_len")
 
     @field_validator("max_lora_rank")
     @classmethod

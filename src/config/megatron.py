@@ -23,7 +23,7 @@ class MegatronConfig(StrictModel):
     pipeline_model_parallel_size: int = Field(1, ge=1)
     """Ranks that split the decoder layers into consecutive stages, run with megatron-core's 1F1B
     schedule (each micro-batch's pieces in one padded call; a stage keeps at most as many
-    micro-batches' activations as there are later stages plus one, so gradient_accumulation_steps
+    micro-batches' activations as there are later stages plus one, so micro_batches_per_backward
     plays no part). Must divide the layers."""
 
     expert_model_parallel_size: int = Field(1, ge=1)

@@ -19,6 +19,7 @@ from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.env import OPENENV_PREFIX as OPENENV_PREFIX
 from grpo.config.env import EnvBlock as EnvBlock
 from grpo.config.env import EnvConfig as EnvConfig
+from grpo.config.max_seq_len import fill_length
 from grpo.config.sampling import SamplingConfig
 from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
 from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
@@ -291,8 +292,13 @@ class OrchestratorConfig(StrictModel):
     """Rollouts per prompt (the group size for advantages)."""
 
     seq_len: int = Field(2048, gt=0)
-    """Tokens per packed training row; longer samples are truncated. Unset in a co-located run whose
-    train.yaml sets sequence_len: that value."""
+    """Tokens per packed training row; longer samples are truncated. Unset: max_seq_len where set,
+    else in a co-located run whose train.yaml sets sequence_len that value."""
+
+    max_seq_len: int | None = Field(None, gt=0)
+    """The longest sequence of the run, prompt and completion: seq_len takes it unless set (train
+    sequence_len and infer max_model_len likewise; grpo.config.max_seq_len). sampling.max_tokens must
+    leave room for the prompt in it."""
 
     micro_batch_tokens: int | None = Field(None, gt=0)
     """Tokens per packed training row (the trainer's micro-batch budget, train.yaml's
@@ -389,6 +395,11 @@ class OrchestratorConfig(StrictModel):
 
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     """Streaming micro-batches: the trainer trains on a step's groups as they finish."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seq_len_from_max_seq_len(cls, data: object) -> object:
+        return fill_length(data, "seq_len")
 
     @model_validator(mode="after")
     def _streaming_is_exact(self) -> OrchestratorConfig:

@@ -107,6 +107,11 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
         TRAINER_CHECKS,
     ),
     SharedFact(
+        "max_seq_len",
+        (Place("train", "max_seq_len"), Place("orch", "max_seq_len"), Place("infer", "max_seq_len")),
+        f"{TRAINER_CHECKS}; each file's own length key takes it unless set (grpo.config.max_seq_len)",
+    ),
+    SharedFact(
         "max_async_level",
         (Place("train", "max_async_level"), Place("orch", "max_async_level")),
         TRAINER_CHECKS,

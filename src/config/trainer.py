@@ -13,12 +13,16 @@ from pydantic import Field, field_validator, model_validator
 
 from grpo.config.base import StrictModel
 from grpo.config.loss import LossConfig as LossConfig
+from grpo.config.max_seq_len import fill_length
 from grpo.config.megatron import MegatronConfig
 from grpo.config.orchestrator import FilesystemWeightBroadcast, ReportConfig, WeightBroadcastConfig
+from grpo.config.renamed_keys import move_renamed_keys
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MOE_DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 """What the default targets become on a mixture-of-experts model (attention only; docs/moe.md)."""
+RENAMED_KEYS = {"gradient_accumulation_steps": "micro_batches_per_backward"}
+"""Old train.yaml key -> its name now (grpo.config.renamed_keys)."""
 
 
 class NoiseSchedulerConfig(StrictModel):
@@ -73,6 +77,10 @@ class TrainerConfig(StrictModel):
     in a co-located run and with grpo-train's run dir (1024, the default for a file read alone, would
     not hold the orchestrator's default rows)."""
 
+    max_seq_len: int | None = Field(None, gt=0)
+    """The longest sequence of the run, prompt and completion: sequence_len takes it unless set (orch
+    seq_len and infer max_model_len likewise; grpo.config.max_seq_len)."""
+
     learning_rate: float = Field(2e-4, gt=0.0)
     """Peak learning rate."""
 
@@ -91,25 +99,25 @@ class TrainerConfig(StrictModel):
     logging_steps: int = Field(1, ge=1)
     """Print metrics every N steps (metrics.jsonl gets every step)."""
 
-    gradient_accumulation_steps: int = Field(4, ge=1)
-    """Micro-batches backpropagated together: a step always trains on every row the orchestrator
-    sent (per_device_train_batch_size rows per micro-batch); their losses are summed and
-    backpropagated in groups of this many, so this is the most micro-batches whose activations are
-    kept at once (1 = least memory). The loss stays normalised by the step's total loss tokens, so
-    the step's gradient does not depend on this value."""
+    micro_batches_per_backward: int = Field(4, ge=1)
+    """Micro-batches whose losses are summed and backpropagated in one backward pass, so the most
+    micro-batches whose activations are kept at once (1 = least memory). Not gradient accumulation:
+    a step always trains on every row the orchestrator sent, as one optimizer update, and the loss
+    stays normalised by the step's total loss tokens, so the gradient does not depend on this
+    value. Formerly gradient_accumulation_steps (still read, with a warning)."""
 
     per_device_train_batch_size: int = Field(2, ge=1)
-    """Packed rows per micro-batch under backend megatron; backend hf groups rows by
-    micro_batch_tokens, and uses this only for that key's default (this many sequence_len rows)."""
+    """(backend megatron) Packed rows per micro-batch. Refused under backend hf, whose micro-batches
+    are sized in tokens (micro_batch_tokens)."""
 
     micro_batch_tokens: int | None = Field(None, gt=0)
     """Token budget of one micro-batch (backend hf): consecutive rows are forwarded and
     backpropagated together up to this many tokens (a larger row alone), and the orchestrator packs
     rows of at most this many tokens, keeping a group's prefix tree (its shared prompt once) in one
     row whenever the tree fits. null: co-located with backend hf, what the memory plan holds (one
-    micro-batch's activations, every layer's kept, within half the memory; at least
-    per_device_train_batch_size x sequence_len, at most 8192); otherwise
-    per_device_train_batch_size x sequence_len, and the orchestrator's rows stay seq_len long."""
+    micro-batch's activations, every layer's kept, within half the memory; at least sequence_len,
+    at most 8192); otherwise sequence_len (backend megatron: per_device_train_batch_size x
+    sequence_len), and the orchestrator's rows stay seq_len long."""
 
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw_8bit"
     """adamw_8bit needs bitsandbytes on CUDA; on CPU it falls back to adamw with a warning."""
@@ -251,6 +259,16 @@ class TrainerConfig(StrictModel):
     (docs/metrics.md); so in separate processes set report_to in orch.yaml. Co-located, either
     file's report_to opens it (orch.yaml's first)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_renamed_keys(cls, data: object) -> object:
+        return move_renamed_keys(data, RENAMED_KEYS, "train.yaml")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sequence_len_from_max_seq_len(cls, data: object) -> object:
+        return fill_length(data, "sequence_len")
+
     @field_validator("recipe", mode="before")
     @classmethod
     def _accept_hyphenated_recipe(cls, value: object) -> object:
@@ -317,6 +335,15 @@ class TrainerConfig(StrictModel):
             raise ValueError(
                 f"recipe {self.recipe} is not implemented by either backend (they compute in bf16, or fp32 "
                 "without bf16 hardware): set recipe: bf16 (add qlora_fp8: true for FP8 base weights)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _rows_per_micro_batch_is_megatron_only(self) -> TrainerConfig:
+        if self.backend == "hf" and "per_device_train_batch_size" in self.model_fields_set:
+            raise ValueError(
+                "per_device_train_batch_size is a backend megatron key: backend hf sizes micro-batches in "
+                "tokens; remove it, or set micro_batch_tokens (rows x sequence_len)"
             )
         return self
 
@@ -392,7 +419,12 @@ class TrainerConfig(StrictModel):
         """micro_batch_tokens, or its default outside a memory plan."""
         if self.micro_batch_tokens is not None:
             return self.micro_batch_tokens
-        return self.per_device_train_batch_size * self.sequence_len
+        return self.rows_per_micro_batch * self.sequence_len
+
+    @property
+    def rows_per_micro_batch(self) -> int:
+        """Whole sequence_len rows a micro-batch holds by default (backend hf: one)."""
+        return self.per_device_train_batch_size if self.backend == "megatron" else 1
 
     @property
     def quantization(self) -> Literal["none", "nf4", "fp8", "nvfp4"]:

@@ -9,7 +9,7 @@ The micro-batch budget is what fits ACTIVATION_SHARE of the memory planned again
 weights, optimizer state and, co-located, vLLM's KV cache. The micro-batches of one accumulation
 group keep their activations together until their backward (grpo.trainer.hf.trainer), so `auto`
 decides per group from the group's own tokens, against activation_memory_gib: a co-located plan
-reserves what its worst case needs (gradient_accumulation_steps full micro-batches, at most a
+reserves what its worst case needs (micro_batches_per_backward full micro-batches, at most a
 step's tokens), and most steps, with shared prompts and short completions, hold far fewer tokens.
 """
 
@@ -80,10 +80,10 @@ def activation_bytes(shape: ModelShape, num_tokens: int, num_recomputed: int) ->
 def planned_micro_batch_tokens(train: TrainerConfig, shape: ModelShape, memory_bytes: int) -> int:
     """micro_batch_tokens where set; else the most tokens (a multiple of BUDGET_STEP, at most
     MAX_PLANNED_MICRO_BATCH_TOKENS) whose activations, every layer's kept, fit ACTIVATION_SHARE of
-    `memory_bytes`, and never fewer than per_device_train_batch_size x sequence_len."""
+    `memory_bytes`, and never fewer than one sequence_len row."""
     if train.micro_batch_tokens is not None:
         return train.micro_batch_tokens
-    floor = train.per_device_train_batch_size * train.sequence_len
+    floor = train.rows_per_micro_batch * train.sequence_len
     per_token = activation_bytes(shape, 1, 0)
     fitting = int(ACTIVATION_SHARE * memory_bytes) // per_token // BUDGET_STEP * BUDGET_STEP
     return max(floor, min(MAX_PLANNED_MICRO_BATCH_TOKENS, fitting))
@@ -92,7 +92,7 @@ def planned_micro_batch_tokens(train: TrainerConfig, shape: ModelShape, memory_b
 def alive_tokens(train: TrainerConfig, micro_batch_tokens: int, max_step_tokens: int | None) -> int:
     """Most tokens whose activations are alive at once: an accumulation group of micro-batches, at
     most a step's tokens where known."""
-    alive = train.gradient_accumulation_steps * micro_batch_tokens
+    alive = train.micro_batches_per_backward * micro_batch_tokens
     return alive if max_step_tokens is None else min(alive, max_step_tokens)
 
 

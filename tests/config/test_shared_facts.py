@@ -46,6 +46,7 @@ SAMPLES: dict[str, tuple[Any, Any, dict[str, dict[str, Any]]]] = {
     "output_dir": ("runs/a", "elsewhere/b", {}),
     "seed": (3, 5, {}),
     "max_steps": (3, 5, {}),
+    "max_seq_len": (1024, 512, {}),
     "max_async_level": (2, 3, {}),
     "micro_batch_tokens": (4096, 8192, {}),
     "lora_rank": (8, 32, {}),

@@ -131,7 +131,7 @@ def test_defaults_match_the_reference_tables() -> None:
     assert orch.buffer.hash_keys == ["task", "prompt"]
     assert orch.rollout_transport.type == "filesystem" and orch.weight_broadcast.type == "filesystem"
     train = TrainerConfig(model="m")
-    assert (train.learning_rate, train.gradient_accumulation_steps, train.per_device_train_batch_size) == (
+    assert (train.learning_rate, train.micro_batches_per_backward, train.per_device_train_batch_size) == (
         2e-4,
         4,
         2,

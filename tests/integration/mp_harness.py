@@ -83,8 +83,9 @@ def train_config(model: Path, run_dir: Path, lora: bool, **extra: Any) -> dict[s
         "max_steps": 3,
         "optimizer": "adamw",
         "lora": lora,
-        "per_device_train_batch_size": 4,
     }
+    if extra.get("backend", "hf") == "hf":
+        cfg["micro_batch_tokens"] = 4 * 256  # four rows a micro-batch
     if lora:
         cfg.update(lora_rank=8, lora_alpha=16)
     cfg.update(extra)

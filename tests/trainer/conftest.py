@@ -20,7 +20,6 @@ def make_cfg(tiny_model_path: Path) -> Callable[..., TrainerConfig]:
             "learning_rate": 1e-2,
             "lora_rank": 4,
             "lora_alpha": 8,
-            "per_device_train_batch_size": 1,
             "logprob_chunk_size": 16,
             "max_async_level": 1,
             **overrides,

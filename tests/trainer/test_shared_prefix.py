@@ -71,9 +71,7 @@ def _float32_trainer(
     # float32 end to end: bf16 matmuls of other shapes round differently, which is not the point here.
     monkeypatch.setattr(trainer_model, "choose_dtype", lambda device: torch.float32)
     trainer = Trainer(
-        make_cfg(
-            lora=lora, loss=loss, per_device_train_batch_size=rows_per_micro_batch, logprob_chunk_size=7
-        ),
+        make_cfg(lora=lora, loss=loss, micro_batch_tokens=rows_per_micro_batch * 1024, logprob_chunk_size=7),
         tmp_path,
     )
     if lora:  # B starts at zero, which would make every gradient of A zero

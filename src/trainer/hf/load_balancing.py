@@ -14,7 +14,7 @@ router's probabilities away from the experts it overloads.
 **Over which tokens.** HF pools one forward call's real tokens. Here the unit is one packed row
 (`MicroBatch.rows`): its real tokens, a shared prefix's once (its router logits are the same for
 every sample that shares it). A row is what the orchestrator packed, whatever micro_batch_tokens,
-gradient_accumulation_steps or gradient checkpointing do with it, so none of these changes the loss.
+micro_batches_per_backward or gradient checkpointing do with it, so none of these changes the loss.
 A micro-batch of several rows gives each row its own aux.
 
 **Across rows.** The policy loss is a sum over loss units (loss tokens; samples for a sequence

@@ -4,7 +4,7 @@ A step trains on every row of the batch, consecutive rows up to `micro_batch_tok
 micro-batch (one row per micro-batch under FSDP). Each
 micro-batch's loss is already divided by the step's normaliser (the loss tokens of the whole step,
 or loss.normalization_constant), so gradients simply add up to that of the step loss. Micro-batches
-are backpropagated in groups of `gradient_accumulation_steps` (the most whose activations are alive
+are backpropagated in groups of `micro_batches_per_backward` (the most whose activations are alive
 at once); then one clipped optimizer step.
 
 Data parallel (torchrun, see grpo.trainer.distributed): rank 0 receives the batch and shares it;
@@ -263,12 +263,12 @@ class Trainer:
         state.compute_seconds += time.perf_counter() - started
 
     def _backward(self, passes: list[FirstPass], loss_scale: int, first: bool) -> None:
-        """Forward and backward micro-batches in groups of gradient_accumulation_steps, adding to the
+        """Forward and backward micro-batches in groups of micro_batches_per_backward, adding to the
         open step's gradients and sums. The first pass records each one's logprobs (and the
         reference's); a later pass trains against them."""
         state = self._open
         assert state is not None
-        for group in split_micro_batches(passes, self.cfg.gradient_accumulation_steps):
+        for group in split_micro_batches(passes, self.cfg.micro_batches_per_backward):
             keep_probs = False
             if self.policy.checkpointing is not None:
                 num_group_tokens = sum(item.micro_batch.num_tokens for item in group)

@@ -258,11 +258,11 @@ class MegatronTrainer:
 
     def _backward(self, micro_batches: list[MicroBatch], loss_scale: int) -> LossSums:
         """Forward and backward every micro-batch (one pipeline stage): the summed loss of each
-        gradient_accumulation_steps micro-batches is backpropagated at once."""
+        micro_batches_per_backward micro-batches is backpropagated at once."""
         from grpo.trainer.megatron.cpu_compat import on_cpu
 
         totals = LossSums()
-        for group in split_micro_batches(micro_batches, self.cfg.gradient_accumulation_steps):
+        for group in split_micro_batches(micro_batches, self.cfg.micro_batches_per_backward):
             group_loss = None
             for mb in group:
                 loss, sums = self._loss_of_hidden(mb, self.model.hidden_states(mb), loss_scale)

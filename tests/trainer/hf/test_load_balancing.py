@@ -175,7 +175,7 @@ def test_a_steps_gradient_is_the_policy_losss_plus_coef_times_the_aux_whatever_t
         "one micro-batch": {"micro_batch_tokens": 4096},
         "a row per micro-batch, accumulated by two": {
             "micro_batch_tokens": 48,
-            "gradient_accumulation_steps": 2,
+            "micro_batches_per_backward": 2,
         },
         "checkpointed": {"micro_batch_tokens": 48, "gradient_checkpointing": True},
     }

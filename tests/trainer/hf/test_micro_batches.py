@@ -28,12 +28,10 @@ def test_gradient_does_not_depend_on_accumulation_or_micro_batch_size(make_cfg, 
     # float32: grouping changes how pieces are padded together, and bf16 rounds each shape its own way.
     monkeypatch.setattr(trainer_model, "choose_dtype", lambda device: torch.float32)
     # micro_batch_tokens 1: every row a micro-batch of its own.
-    reference = _step_gradients(make_cfg, tmp_path / "a", micro_batch_tokens=1, gradient_accumulation_steps=1)
-    grouped = _step_gradients(make_cfg, tmp_path / "b", micro_batch_tokens=1, gradient_accumulation_steps=3)
+    reference = _step_gradients(make_cfg, tmp_path / "a", micro_batch_tokens=1, micro_batches_per_backward=1)
+    grouped = _step_gradients(make_cfg, tmp_path / "b", micro_batch_tokens=1, micro_batches_per_backward=3)
     # Every row in one micro-batch: padded side by side in decoder calls (grpo.trainer.packing).
-    wide = _step_gradients(
-        make_cfg, tmp_path / "c", micro_batch_tokens=100_000, gradient_accumulation_steps=2
-    )
+    wide = _step_gradients(make_cfg, tmp_path / "c", micro_batch_tokens=100_000, micro_batches_per_backward=2)
     assert any(float(g.abs().max()) > 0 for g in reference.values())
     for name, grad in reference.items():
         scale = float(grad.abs().max()) + 1e-12
