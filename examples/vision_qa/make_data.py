@@ -43,8 +43,8 @@ def main() -> None:
         for colour in COLOURS:
             name = f"{colour}_{shape}.png"
             draw(shape, colour).save(HERE / "images" / name, optimize=True)
-            # paths relative to the working directory (the repository root), as the dataset path in orch.yaml
-            image = f"examples/vision_qa/images/{name}"
+            # relative to the dataset file's folder (this one)
+            image = f"images/{name}"
             rows.append({"question": QUESTIONS["colour"], "image": image, "answer": colour, "asks": "colour"})
             rows.append({"question": QUESTIONS["shape"], "image": image, "answer": shape, "asks": "shape"})
     (HERE / "vision_qa.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
