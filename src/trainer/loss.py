@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from grpo.trainer.ratio_clip import clip_ratio
 from grpo.trainer.ref_kl import kl_estimate, return_to_go
+from grpo.trainer.sampling_truncation import OUTSIDE_LOGPROB
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class LossSums:
     num_masked_token_high: int = 0
     num_masked_sequence_low: int = 0
     num_masked_sequence_high: int = 0
+    num_masked_truncated: int = 0
+    """Loss tokens outside the kept set of the policy's truncated distribution (top_k/top_p/min_p):
+    their logprob is OUTSIDE_LOGPROB, a stand-in for -inf, so they never count, whatever the masks."""
     kl_sum: float = 0.0
     entropy_sum: float = 0.0
     teacher_kl_sum: float = 0.0
@@ -101,6 +105,7 @@ class LossSums:
         self.num_masked_token_high += other.num_masked_token_high
         self.num_masked_sequence_low += other.num_masked_sequence_low
         self.num_masked_sequence_high += other.num_masked_sequence_high
+        self.num_masked_truncated += other.num_masked_truncated
         self.kl_sum += other.kl_sum
         self.entropy_sum += other.entropy_sum
         self.teacher_kl_sum += other.teacher_kl_sum
@@ -140,6 +145,7 @@ class LossSums:
             "masked/token_high": self.num_masked_token_high / max(self.num_loss_tokens, 1),
             "masked/sequence_low": self.num_masked_sequence_low / max(self.num_loss_tokens, 1),
             "masked/sequence_high": self.num_masked_sequence_high / max(self.num_loss_tokens, 1),
+            "masked/truncated": self.num_masked_truncated / max(self.num_loss_tokens, 1),
             "mismatch_kl": self.kl_sum / num_kept,
             "entropy": self.entropy_sum / num_kept,
         }
@@ -180,15 +186,23 @@ class MaskedBy:
     """Its sample's geometric-mean ratio below geo_mask_low, or its smallest token ratio below
     sequence_mask_low."""
     sequence_high: torch.Tensor
+    truncated: torch.Tensor
+    """Outside the kept set of the truncated distribution (grpo.trainer.sampling_truncation)."""
 
     def keep(self, loss_mask: torch.Tensor) -> torch.Tensor:
-        return loss_mask & ~(self.token_low | self.token_high | self.sequence_low | self.sequence_high)
+        dropped = self.token_low | self.token_high | self.sequence_low | self.sequence_high | self.truncated
+        return loss_mask & ~dropped
 
 
 def masked_by(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, sample_ids: torch.Tensor, cfg: LossConfig
+    log_ratio: torch.Tensor,
+    loss_mask: torch.Tensor,
+    sample_ids: torch.Tensor,
+    cfg: LossConfig,
+    truncated: torch.Tensor | None = None,
 ) -> MaskedBy:
-    """Which loss tokens the token, geometric-mean and min/max sequence masks drop, and why."""
+    """Which loss tokens the token, geometric-mean and min/max sequence masks drop, and why;
+    `truncated` [T] bool marks tokens outside the policy's kept set, dropped whatever the masks."""
     import torch
 
     ratio = torch.exp(log_ratio)
@@ -206,6 +220,7 @@ def masked_by(
         token_high=loss_mask & (ratio > cfg.token_mask_high),
         sequence_low=loss_mask & sample_low[sample_ids],
         sequence_high=loss_mask & sample_high[sample_ids],
+        truncated=loss_mask & (truncated if truncated is not None else torch.zeros_like(loss_mask)),
     )
 
 
@@ -308,8 +323,13 @@ def grpo_loss(
             old_ratio = importance_ratio(old_log_ratio, loss_mask, sample_ids, cfg)
             policy_log_ratio = torch.where(loss_mask, lp - old_lp, zeros)
             policy_ratio = importance_ratio(policy_log_ratio, loss_mask, sample_ids, cfg)
+        # A token the policy's truncated distribution no longer keeps has a stand-in logprob whose
+        # ratio and k3 are meaningless (the loss metric read 833 with token_mask_low 0): never counted.
+        truncated = lp <= OUTSIDE_LOGPROB / 2
+        if old_lp is not None:
+            truncated |= old_lp <= OUTSIDE_LOGPROB / 2
         # The masks guard against the behaviour mismatch: decided by the first pass, kept after it.
-        masks = masked_by(old_log_ratio, loss_mask, sample_ids, cfg)
+        masks = masked_by(old_log_ratio, loss_mask, sample_ids, cfg, truncated)
         keep = masks.keep(loss_mask)
         advantages = advantages.to(lp.dtype)
         kl_ref = None
@@ -348,6 +368,7 @@ def grpo_loss(
             num_masked_token_high=int(masks.token_high.sum()),
             num_masked_sequence_low=int(masks.sequence_low.sum()),
             num_masked_sequence_high=int(masks.sequence_high.sum()),
+            num_masked_truncated=int(masks.truncated.sum()),
             kl_sum=float(k3.sum()),
             num_clipped_low=int((keep & clipped.clipped_low).sum()),
             num_clipped_high=int((keep & clipped.clipped_high).sum()),

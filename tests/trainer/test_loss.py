@@ -243,6 +243,42 @@ def test_a_masked_token_whose_ratio_overflows_leaves_the_metrics_finite_and_unch
     assert grad[3:].tolist() == [0.0, 0.0]
 
 
+def test_a_token_outside_the_truncated_kept_set_never_counts_even_with_token_mask_low_0():
+    # Sample 2's one token was sampled by vLLM but the policy's top_p no longer keeps it: its
+    # trainer logprob is the stand-in OUTSIDE_LOGPROB. With token_mask_low 0 no token mask drops it;
+    # it must still leave the loss, its gradient and every metric as they are without it. (Its own
+    # sample: the sequence masks see its true ratio, 0, and would drop its sample-mates too.)
+    from grpo.trainer.sampling_truncation import OUTSIDE_LOGPROB
+
+    def run(with_outside: bool):
+        trainer = [0.0, -1.0, -1.2, 0.0, -0.4, OUTSIDE_LOGPROB]
+        inference = [0.0, -1.3, -1.0, 0.0, -0.5, -2.0]
+        keep = 6 if with_outside else 5
+        lp = torch.tensor(trainer[:keep], requires_grad=True)
+        loss, sums = grpo_loss(
+            lp,
+            torch.tensor(inference[:keep]),
+            torch.ones(keep),
+            torch.tensor([False, True, True, False, True, True][:keep]),
+            torch.tensor([0, 0, 0, 1, 1, 2][:keep]),
+            LossConfig(token_mask_low=0.0),
+            loss_scale=4,
+            entropy=torch.tensor([0.0, 1.0, 2.0, 0.0, 1.5, 3.0][:keep]),
+        )
+        loss.backward()
+        return loss, sums.metrics(), lp.grad
+
+    loss, metrics, grad = run(with_outside=True)
+    clean_loss, clean, clean_grad = run(with_outside=False)
+    assert loss.item() == pytest.approx(clean_loss.item())
+    for key in ("loss", "mismatch_kl", "entropy"):
+        assert metrics[key] == pytest.approx(clean[key]), key
+    assert metrics["masked/truncated"] == pytest.approx(1 / 4) and clean["masked/truncated"] == 0.0
+    assert metrics["masked"] == pytest.approx(1 / 4)
+    assert grad is not None and clean_grad is not None
+    assert grad[:5].tolist() == pytest.approx(clean_grad.tolist()) and grad[5].item() == 0.0
+
+
 def test_kl_metric_is_k3_mean_over_kept_loss_tokens():
     lp, inf, adv, mask, pos = _row(
         [0.0, -1.0, -1.0], [0.0, -1.5, -0.5], [0, 0, 0], [False, True, True], [0, 1, 2]

@@ -165,7 +165,13 @@ def test_masks_still_apply_under_every_clip():
 
 def test_defaults_report_no_clip_metrics():
     _, _, sums = _ours(LossConfig())
-    masked_by = {"masked/token_low", "masked/token_high", "masked/sequence_low", "masked/sequence_high"}
+    masked_by = {
+        "masked/token_low",
+        "masked/token_high",
+        "masked/sequence_low",
+        "masked/sequence_high",
+        "masked/truncated",
+    }
     assert set(sums.metrics()) == {"loss", "tokens", "masked", "mismatch_kl", "entropy", *masked_by}
 
 
