@@ -98,6 +98,8 @@ async def bench(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
             "seq_len": 2048,
             "max_async_level": 1,
             "env": [{"id": "reverse-text"}],
+            # groups of one learn only with a batch-wide baseline (the config refuses them otherwise)
+            **({"advantage": {"type": "reinforce_pp"}} if args.rollouts_per_example == 1 else {}),
         }
     )
     tokenizer = ChatTokenizer.from_path(str(embedded.build()))

@@ -18,7 +18,7 @@ from grpo.config.config_set import load_run
 from grpo.config.crosscheck import check_colocated
 from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
-from grpo.config.orchestrator import OrchestratorConfig, warn_unlearnable_groups
+from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.shared_facts import File
 from grpo.config.trainer import TrainerConfig
 from grpo.utils.errors import UserError
@@ -86,7 +86,6 @@ def grpo(
 
         # Before the engine starts: a bad env[] should not cost a minute of start-up to learn about.
         check_environments(orch_cfg)
-        warn_unlearnable_groups(orch_cfg)
 
         from grpo.colocate.memory_plan import plan_memory
         from grpo.models.resolve import resolve_model

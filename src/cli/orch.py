@@ -10,7 +10,7 @@ import typer
 from grpo.cli.common import EXTRA_ARGS, log_model, run_app
 from grpo.cli.single import run_single
 from grpo.config.errors import ConfigError
-from grpo.config.orchestrator import OrchestratorConfig, warn_unlearnable_groups
+from grpo.config.orchestrator import OrchestratorConfig
 
 if TYPE_CHECKING:
     from grpo.inference.client import InferenceClient
@@ -91,7 +91,6 @@ def _check_environments(cfg: OrchestratorConfig) -> None:
     from grpo.envs.loading import check_environments
 
     check_environments(cfg)
-    warn_unlearnable_groups(cfg)
 
 
 async def _wait_then_run(

@@ -7,7 +7,6 @@ grpo.config.transport (each re-exported here).
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -191,7 +190,8 @@ class EvalConfig(StrictModel):
     """Examples per environment (-1 = all)."""
 
     rollouts_per_example: int = Field(1, ge=1)
-    """Rollouts per example."""
+    """Rollouts per example (evaluation trains nothing, so one each measures the reward; more give
+    pass@k-style spread)."""
 
     interval: int = Field(100, gt=0)
     """Evaluate every N training steps, and once more on the final policy (max_steps) after the last batch."""
@@ -288,8 +288,10 @@ class OrchestratorConfig(StrictModel):
     batch_size: int = Field(128, gt=0)
     """Rollouts per training step."""
 
-    rollouts_per_example: int = Field(1, gt=0)
-    """Rollouts per prompt (the group size for advantages)."""
+    rollouts_per_example: int = Field(8, gt=0)
+    """Rollouts per prompt: the group each rollout's advantage is measured against (batch_size must be
+    a multiple). 1 learns only with advantage.type reinforce_pp (a batch-wide baseline); with a
+    group-relative advantage it is refused."""
 
     seq_len: int = Field(2048, gt=0)
     """Tokens per packed training row; longer samples are truncated. Unset: max_seq_len where set,
@@ -420,6 +422,16 @@ class OrchestratorConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _groups_can_learn(self) -> OrchestratorConfig:
+        if self.rollouts_per_example == 1 and self.advantage.type in GROUP_RELATIVE_ADVANTAGES:
+            raise ValueError(
+                f"rollouts_per_example 1 with advantage.type {self.advantage.type}: each rollout is compared "
+                "with the others of its prompt, so every advantage is 0 and nothing is learned; set "
+                "rollouts_per_example: 8 (batch_size a multiple of it), or advantage: {type: reinforce_pp}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _groups_fill_batch(self) -> OrchestratorConfig:
         if self.batch_size % self.rollouts_per_example != 0:
             raise ValueError(
@@ -479,15 +491,3 @@ class OrchestratorConfig(StrictModel):
         """Batches (parts) each step reaches the trainer in: 1 unless streaming."""
         return self.streaming.num_parts(self.num_groups_per_step)
 
-
-def warn_unlearnable_groups(cfg: OrchestratorConfig) -> None:
-    """Warn (once, after the whole config passed its checks) about a group size of one with a
-    group-relative advantage. The spec's default is 1, which only learns with a batch-wide baseline;
-    a warning rather than a refusal, since some use a group of one to measure throughput or rewards."""
-    if cfg.rollouts_per_example == 1 and cfg.advantage.type in GROUP_RELATIVE_ADVANTAGES:
-        logging.getLogger("grpo.config").warning(
-            "rollouts_per_example is 1: advantage.type %s compares each rollout with the others of "
-            "its prompt, so every advantage is 0 and nothing is learned; set rollouts_per_example "
-            "to 8 or 16 (batch_size a multiple of it), or advantage.type reinforce_pp",
-            cfg.advantage.type,
-        )

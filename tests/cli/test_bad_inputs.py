@@ -282,7 +282,7 @@ CASES = [
             "o.yaml": "env:\n  - dataset: d.jsonl\n    prompt_column: question\n    reward_funcs: [json:loads]\n",
             "d.jsonl": '{"prompt": "2+2?", "answer": "4"}\n',
         },
-        "env d: dataset d.jsonl has no column 'question' (prompt_column); its columns: prompt, answer",
+        "d.jsonl has no column 'question' (prompt_column); its columns: prompt, answer",
     ),
     (
         "dataset env: reward function of the wrong signature",

@@ -195,24 +195,22 @@ def test_max_off_policy_steps_below_the_async_level_is_refused() -> None:
     assert validate(OrchestratorConfig, {"max_async_level": 2, "max_off_policy_steps": 2}, "orch.yaml")
 
 
-@pytest.mark.parametrize(
-    ("fields", "warns"),
-    [
-        ({}, True),
-        ({"advantage": {"type": "rloo"}}, True),
-        ({"advantage": {"type": "reinforce_pp"}}, False),
-        ({"rollouts_per_example": 16, "batch_size": 32}, False),
-    ],
-    ids=["default-group-of-one", "rloo-group-of-one", "batch-baseline", "groups-of-16"],
-)
-def test_a_group_of_one_rollout_with_a_group_baseline_is_warned_about_at_load(
-    fields: dict[str, Any], warns: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    from grpo.config.orchestrator import warn_unlearnable_groups
+def test_the_default_group_is_eight_rollouts_of_a_prompt() -> None:
+    cfg = OrchestratorConfig.model_validate({"model": {"name": "m"}})
+    assert cfg.rollouts_per_example == 8 and cfg.batch_size % 8 == 0
 
-    with caplog.at_level("WARNING", logger="grpo.config"):
-        warn_unlearnable_groups(OrchestratorConfig.model_validate({"model": {"name": "m"}, **fields}))
-    warned = [r.getMessage() for r in caplog.records if "rollouts_per_example is 1" in r.getMessage()]
-    assert bool(warned) == warns
-    if warns:
-        assert "every advantage is 0" in warned[0] and "set rollouts_per_example" in warned[0]
+
+@pytest.mark.parametrize("advantage", ["default", "grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"])
+def test_a_group_of_one_rollout_with_a_group_baseline_is_refused_naming_the_fix(advantage: str) -> None:
+    data = {"model": {"name": "m"}, "rollouts_per_example": 1, "advantage": {"type": advantage}}
+    with pytest.raises(ConfigError) as info:
+        validate(OrchestratorConfig, data, "orch.yaml")
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert f"rollouts_per_example 1 with advantage.type {advantage}" in message
+    assert "set rollouts_per_example: 8" in message and "reinforce_pp" in message
+
+
+def test_a_group_of_one_rollout_with_a_batch_baseline_loads() -> None:
+    data = {"model": {"name": "m"}, "rollouts_per_example": 1, "advantage": {"type": "reinforce_pp"}}
+    assert OrchestratorConfig.model_validate(data).rollouts_per_example == 1

