@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from metrics_page import undocumented
 from wandb_records import history
 
 from grpo.inference.weight_handles import SHM_PREFIX
@@ -134,6 +135,8 @@ def test_one_shot_run_of_a_minimal_set_trains_on_policy_into_one_wandb_run_and_l
     assert [r["policy/version"] for r in orch] == [0, 1, 2]
     assert all(r["off_policy/max_lag"] == 0 for r in orch)
     assert (run_dir / "broadcasts" / "step_3" / "STABLE").exists()
+    # docs/metrics.md lists every name a real run logs (tests/test_metrics_page.py: the source's names).
+    assert not undocumented({key for row in [*trainer, *orch] for key in row} - {"step"})
     assert "borrowed 14 base weights" in result.stderr
     for name in ("train", "infer", "orch"):
         assert (run_dir / "configs" / f"{name}.yaml").exists()
@@ -152,6 +155,12 @@ def test_one_shot_run_of_a_minimal_set_trains_on_policy_into_one_wandb_run_and_l
     rows = history(wandb_log)
     assert [r["_step"] for r in rows] == [0, 1, 2], rows
     assert [r["trainer/step"] for r in rows if "trainer/loss" in r] == [0, 1, 2]
+    # W&B's own keys start with "_", a histogram or table comes as its parts (NAME/_type, NAME/bins,
+    # ...), and the trainer's names are its file's under trainer/.
+    keys = {key for row in rows for key in row if not key.startswith("_")}
+    objects = {key.removesuffix("/_type") for key in keys if key.endswith("/_type")}
+    keys = {k for k in keys if not any(k.startswith(f"{o}/") for o in objects)} | objects
+    assert not undocumented({key.removeprefix("trainer/") for key in keys} - {"step"})
 
 
 def test_dp_2_pairs_each_trainer_rank_with_its_own_engine_and_updates_both(
