@@ -56,8 +56,8 @@ class InferenceConfig(StrictModel):
     """Maximum context length (prompt + completion); null takes max_seq_len, else the model's."""
 
     max_seq_len: int | None = Field(None, gt=0)
-    """The longest sequence of the run, prompt and completion: max_model_len takes it unless set
-    (train sequence_len and orch seq_len likewise; grpo.config.max_seq_len)."""
+    """Longest sequence, prompt + completion: max_model_len, train sequence_len, orch seq_len default to
+    it. One key for the three files (grpo.config.max_seq_len)."""
 
     enforce_eager: bool = False
     """Run vLLM's model eagerly: no CUDA graphs on GPU, no torch.compile (inductor) on CPU (faster to

@@ -235,7 +235,7 @@ class RolloutLogConfig(StrictModel):
     """Each step's rollouts on disk, without W&B: RUN_DIR/rollouts/step_N.jsonl.gz (docs/metrics.md)."""
 
     enabled: bool = True
-    """Write them (false: no rollouts folder)."""
+    """Write each step's rollouts to RUN_DIR/rollouts/step_N.jsonl.gz (false: no rollouts folder)."""
 
     max_rollouts_per_step: int = Field(64, ge=1)
     """Rollouts kept per step (the first ones of the step's batch)."""
@@ -298,9 +298,9 @@ class OrchestratorConfig(StrictModel):
     else in a co-located run whose train.yaml sets sequence_len that value."""
 
     max_seq_len: int | None = Field(None, gt=0)
-    """The longest sequence of the run, prompt and completion: seq_len takes it unless set (train
-    sequence_len and infer max_model_len likewise; grpo.config.max_seq_len). sampling.max_tokens must
-    leave room for the prompt in it."""
+    """Longest sequence, prompt + completion: seq_len, train sequence_len, infer max_model_len default to
+    it. One key for the three files (grpo.config.max_seq_len); sampling.max_tokens must leave room
+    for the prompt in it."""
 
     micro_batch_tokens: int | None = Field(None, gt=0)
     """Tokens per packed training row (the trainer's micro-batch budget, train.yaml's

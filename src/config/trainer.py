@@ -78,8 +78,8 @@ class TrainerConfig(StrictModel):
     not hold the orchestrator's default rows)."""
 
     max_seq_len: int | None = Field(None, gt=0)
-    """The longest sequence of the run, prompt and completion: sequence_len takes it unless set (orch
-    seq_len and infer max_model_len likewise; grpo.config.max_seq_len)."""
+    """Longest sequence, prompt + completion: sequence_len, orch seq_len, infer max_model_len default to
+    it. One key for the three files (grpo.config.max_seq_len)."""
 
     learning_rate: float = Field(2e-4, gt=0.0)
     """Peak learning rate."""
@@ -106,9 +106,9 @@ class TrainerConfig(StrictModel):
     stays normalised by the step's total loss tokens, so the gradient does not depend on this
     value. Formerly gradient_accumulation_steps (still read, with a warning)."""
 
-    per_device_train_batch_size: int = Field(2, ge=1)
-    """(backend megatron) Packed rows per micro-batch. Refused under backend hf, whose micro-batches
-    are sized in tokens (micro_batch_tokens)."""
+    per_device_train_batch_size: int | None = Field(None, ge=1)
+    """(backend megatron) Packed rows per micro-batch (null: 2). Refused under backend hf, whose
+    micro-batches are sized in tokens (micro_batch_tokens)."""
 
     micro_batch_tokens: int | None = Field(None, gt=0)
     """Token budget of one micro-batch (backend hf): consecutive rows are forwarded and
@@ -142,7 +142,11 @@ class TrainerConfig(StrictModel):
     """Train LoRA adapters (false = full-parameter training)."""
 
     lora_rank: int = Field(16, gt=0)
+    """LoRA rank r of the adapters (the server's max_lora_rank follows it)."""
+
     lora_alpha: float = Field(32, gt=0)
+    """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
+
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     lora_target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     """Module names wrapped with LoRA ("all-linear" allowed). On a mixture-of-experts model the
@@ -340,7 +344,7 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _rows_per_micro_batch_is_megatron_only(self) -> TrainerConfig:
-        if self.backend == "hf" and "per_device_train_batch_size" in self.model_fields_set:
+        if self.backend == "hf" and self.per_device_train_batch_size is not None:
             raise ValueError(
                 "per_device_train_batch_size is a backend megatron key: backend hf sizes micro-batches in "
                 "tokens; remove it, or set micro_batch_tokens (rows x sequence_len)"
@@ -423,8 +427,10 @@ class TrainerConfig(StrictModel):
 
     @property
     def rows_per_micro_batch(self) -> int:
-        """Whole sequence_len rows a micro-batch holds by default (backend hf: one)."""
-        return self.per_device_train_batch_size if self.backend == "megatron" else 1
+        """Whole sequence_len rows a micro-batch holds (backend hf: by default; micro_batch_tokens)."""
+        if self.backend == "hf":
+            return 1
+        return 2 if self.per_device_train_batch_size is None else self.per_device_train_batch_size
 
     @property
     def quantization(self) -> Literal["none", "nf4", "fp8", "nvfp4"]:

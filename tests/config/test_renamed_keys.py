@@ -82,3 +82,9 @@ def test_grpo_train_refuses_rows_per_micro_batch_under_backend_hf_in_one_line(tm
     (tmp_path / "train.yaml").write_text("model: m\nper_device_train_batch_size: 2\n")
     argv = [str(BIN / "grpo-train"), str(tmp_path / "train.yaml"), "--dry-run"]
     assert_refused_in_one_line(argv, "GRPO_ZMQ_SECRET", "remove it, or set micro_batch_tokens", cwd=tmp_path)
+
+
+def test_a_resolved_backend_hf_config_dumped_whole_loads_again() -> None:
+    """Co-located replicas read the run dir's configs/train.yaml, every key written."""
+    cfg = TrainerConfig(model="m", gradient_accumulation_steps=2)
+    assert TrainerConfig.model_validate(cfg.model_dump(mode="json")) == cfg

@@ -132,7 +132,8 @@ def test_defaults_match_the_reference_tables() -> None:
     assert orch.buffer.hash_keys == ["task", "prompt"]
     assert orch.rollout_transport.type == "filesystem" and orch.weight_broadcast.type == "filesystem"
     train = TrainerConfig(model="m")
-    assert (train.learning_rate, train.micro_batches_per_backward, train.per_device_train_batch_size) == (
+    megatron = TrainerConfig(model="m", backend="megatron", lora=False)
+    assert (train.learning_rate, train.micro_batches_per_backward, megatron.rows_per_micro_batch) == (
         2e-4,
         4,
         2,

@@ -126,7 +126,7 @@ class MegatronTrainer:
         one_forward = self.ranks.pp_size > 1 or self.ranks.ep_size > 1
         return [
             build_micro_batch(group, self.model.device, varlen_attention=False, one_forward=one_forward)
-            for group in split_micro_batches(rows, self.cfg.per_device_train_batch_size)
+            for group in split_micro_batches(rows, self.cfg.rows_per_micro_batch)
         ]
 
     def score(self, rows: list[PackedRow] | None, share_rows: bool = False) -> list[np.ndarray]:
