@@ -8,10 +8,11 @@ import operator
 import re
 import types
 import typing
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Tag
 from pydantic_core import PydanticUndefined
 
 from grpo.config.shared_facts import File, other_places
@@ -27,31 +28,128 @@ class FieldRow:
     doc: str
     """The field's docstring on one line, and where else a shared key lives."""
 
+    section: str = ""
+    """The section the key is in, as headers name it: its parent key (`loss`, `env[].judge`), and for
+    a section that may be one of several kinds, which (`env[] (dataset block)`, `weight_broadcast
+    (type: nccl)`, `env[] (any block)` for the keys every kind has); "" at the top level."""
 
-def field_rows(file: File, model: type[BaseModel], prefix: str = "") -> list[FieldRow]:
-    """The keys of `model`, each section's own keys before its subsections'."""
+
+def field_rows(
+    file: File,
+    model: type[BaseModel],
+    prefix: str = "",
+    section: str = "",
+    _expanded: dict[str, str] | None = None,
+) -> list[FieldRow]:
+    """The keys of `model`, each section's own keys before its subsections'. A section whose kinds
+    were listed already under another key (eval.env[] and env[]) is one row pointing there."""
+    expanded = {} if _expanded is None else _expanded
     rows: list[FieldRow] = []
-    nested: list[tuple[str, type[BaseModel]]] = []
+    nested: list[tuple[str, list[tuple[type[BaseModel], str]]]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        subs = _models(field.annotation)
+        kinds = _kinds(field.annotation)
         doc = (field.description or "").replace("\n", " ")
         doc = (doc + _shared_note(file, key)).strip()
-        if subs:
-            is_list = typing.get_origin(field.annotation) is list
-            nested += [(f"{key}[]." if is_list else f"{key}.", sub) for sub in subs]
-            if not doc:
-                continue
-        rows.append(FieldRow(key, type_name(field.annotation), _default(field), doc))
-    for sub_prefix, sub in nested:
-        rows += field_rows(file, sub, sub_prefix)
+        if kinds:
+            sub_prefix = f"{key}[]." if typing.get_origin(_plain(field.annotation)) is list else f"{key}."
+            same_as = expanded.get(repr(kinds))
+            if same_as is not None:
+                holds = "Its items have" if sub_prefix.endswith("[].") else "It has"
+                doc = f"{doc} {holds} the keys of {same_as} (above).".strip()
+            else:
+                expanded[repr(kinds)] = sub_prefix[:-1]
+                nested.append((sub_prefix, kinds))
+                if not doc:
+                    continue
+        rows.append(FieldRow(key, type_name(field.annotation), _default(field), doc, section))
+    for sub_prefix, kinds in nested:
+        if len(kinds) == 1:
+            rows += field_rows(file, kinds[0][0], sub_prefix, sub_prefix[:-1], expanded)
+        else:
+            rows += _rows_of_kinds(file, sub_prefix, kinds, expanded)
     return rows
 
 
-def _models(annotation: object) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for arg in typing.get_args(annotation) for m in _models(arg)]
+def _rows_of_kinds(
+    file: File, prefix: str, kinds: list[tuple[type[BaseModel], str]], expanded: dict[str, str]
+) -> list[FieldRow]:
+    """A section that may be one of several models: each kind's own keys under its label, then the
+    keys every kind has (once, labelled `any ...`), then their subsections (once each)."""
+    base = prefix[:-1]
+    labels = [label for _, label in kinds]
+    common_label = f"{base} ({_any(labels)})"
+    # Each kind lists its subsections itself (the kinds often share them: then they print once below).
+    expanded_by_kind = [dict(expanded) for _ in kinds]
+    per_kind = [
+        field_rows(file, model, prefix, f"{base} ({label})", listed)
+        for (model, label), listed in zip(kinds, expanded_by_kind, strict=True)
+    ]
+    for listed in expanded_by_kind:
+        for kind_key, where in listed.items():
+            expanded.setdefault(kind_key, where)
+
+    def same(row: FieldRow) -> tuple[str, ...]:
+        own_section = any(row.section == f"{base} ({label})" for label in labels)
+        return (row.key, row.type_name, row.default, row.doc, "" if own_section else row.section)
+
+    counts = Counter(same(row) for rows in per_kind for row in rows)
+    own: list[FieldRow] = []
+    common: list[FieldRow] = []
+    subsections: list[FieldRow] = []
+    seen: set[tuple[str, ...]] = set()
+    for (_, label), rows in zip(kinds, per_kind, strict=True):
+        for row in rows:
+            identity = same(row)
+            direct = row.section == f"{base} ({label})"
+            if counts[identity] < len(kinds):
+                (own if direct else subsections).append(row)
+            elif identity not in seen:
+                seen.add(identity)
+                (common if direct else subsections).append(
+                    replace(row, section=common_label) if direct else row
+                )
+    return own + common + subsections
+
+
+def _kinds(annotation: object) -> list[tuple[type[BaseModel], str]]:
+    """The models a field (or its list's items) may hold, each with the label its header gets."""
+    found: list[tuple[type[BaseModel], str]] = []
+
+    def visit(node: object, tag: str | None) -> None:
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            found.append((node, _label(node, tag)))
+            return
+        if typing.get_origin(node) is typing.Annotated:
+            node, *metadata = typing.get_args(node)
+            tag = next((m.tag for m in metadata if isinstance(m, Tag)), tag)
+            visit(node, tag)
+            return
+        for arg in typing.get_args(node):
+            visit(arg, None)
+
+    visit(annotation, None)
+    return found
+
+
+def _label(model: type[BaseModel], tag: str | None) -> str:
+    """`type: nccl` for a model told apart by a literal `type`; `dataset block` for a tagged union's
+    member (tag `env[dataset]`); else the model's name."""
+    type_field = model.model_fields.get("type")
+    values = typing.get_args(type_field.annotation) if type_field is not None else ()
+    if len(values) == 1:
+        return f"type: {values[0]}"
+    if tag is not None and tag.endswith("]") and "[" in tag:
+        return f"{tag[tag.index('[') + 1 : -1]} block"
+    return model.__name__
+
+
+def _any(labels: list[str]) -> str:
+    if all(label.startswith("type: ") for label in labels):
+        return "any type"
+    if all(label.endswith(" block") for label in labels):
+        return "any block"
+    return "every kind"
 
 
 def _plain(annotation: Any) -> Any:

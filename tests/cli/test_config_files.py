@@ -78,8 +78,8 @@ def test_each_process_takes_its_section_of_rl_yaml(tmp_path: Path) -> None:
         assert list(_resolved(result.stdout)) == [name]
 
 
-def test_config_show_lists_every_key_with_its_default_and_doc(tmp_path: Path) -> None:
-    result = _run("grpo", "config", "show", "train", cwd=tmp_path)
+def test_config_show_all_lists_every_key_with_its_default_and_doc(tmp_path: Path) -> None:
+    result = _run("grpo", "config", "show", "train", "--all", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (
         "  lora_target_modules: list[str] = ['q_proj'" in result.stdout
