@@ -63,7 +63,7 @@ def grpo(
     share (model, output_dir, seed, max_steps, the LoRA rank, ...; docs/config_reference.md) given
     in one file or override reaches the others; two different values are an error.
 
-    Every key with its type, default and doc: `grpo config show [train|infer|orch]`.
+    The keys most runs set: `grpo config show [train|infer|orch]` (every key, with its whole doc: --all).
     The trained model afterwards: `grpo export RUN_DIR OUT` (see `grpo export --help`).
     """
 

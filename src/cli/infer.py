@@ -32,7 +32,7 @@ def infer(
     Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
     With --config rl.yaml its infer: section is used (shared keys at the top reach it).
 
-    Every key with its type, default and doc: `grpo config show infer`.
+    The keys most runs set: `grpo config show infer` (every key, with its whole doc: --all).
     """
 
     def start(cfg: InferenceConfig) -> int:

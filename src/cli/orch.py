@@ -40,7 +40,7 @@ def orch(
     Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
     With --config rl.yaml its orch: section is used (shared keys at the top reach it).
 
-    Every key with its type, default and doc: `grpo config show orch`.
+    The keys most runs set: `grpo config show orch` (every key, with its whole doc: --all).
     """
 
     def start(cfg: OrchestratorConfig) -> int:

@@ -38,7 +38,7 @@ def train(
     Lists take several values (--a.b x y) or JSON; --env.0.args.KEY sets one item of a list.
     With --config rl.yaml its train: section is used (shared keys at the top reach it).
 
-    Every key with its type, default and doc: `grpo config show train`.
+    The keys most runs set: `grpo config show train` (every key, with its whole doc: --all).
     """
 
     def start(cfg: TrainerConfig) -> int:
