@@ -1,4 +1,4 @@
-"""Short factual questions scored by an LLM judge (configured in orch.yaml) and a group reward.
+"""Short factual questions scored by an LLM judge (configured in rl.yaml) and a group reward.
 
 The judge decides correctness; `concise` is a group-level reward (`@group_reward`): it sees all
 completions of one question at once and ranks their lengths, so the

@@ -3,8 +3,7 @@ lower, and the reward is 1 for finding it (less for each extra turn), 0 otherwis
 
 Run it from the repository root (the module must be importable, hence PYTHONPATH):
 
-    PYTHONPATH=examples/multi_turn grpo --train configs/demo/train.yaml --infer configs/demo/infer.yaml \
-        --orch examples/multi_turn/orch.yaml
+    PYTHONPATH=examples/multi_turn grpo --config examples/multi_turn/rl.yaml
 
 `env: [{id: "guess_number:load_environment", args: {...}}]` calls load_environment(**args); it may
 return any SingleTurnEnv / MultiTurnEnv. Environment replies are part of later prompts but never

@@ -1,4 +1,4 @@
-"""A calculator tool and the reward functions of the tool-calling example (orch.yaml here).
+"""A calculator tool and the reward functions of the tool-calling example (rl.yaml here).
 
 `calculate` is a plain typed function: its annotations and docstring become the JSON schema the chat
 template shows the model (transformers' get_json_schema). It evaluates + - * / and parentheses over

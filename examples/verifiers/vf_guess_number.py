@@ -6,8 +6,7 @@ verifiers finds it by id: `- id: vf-guess-number` imports the module `vf_guess_n
 `-` read as `_`), which exports its Taskset (and its Env) through `__all__`. Installed as a package
 (`pip install -e .` of a verifiers environment), no PYTHONPATH is needed. From the repository root:
 
-    PYTHONPATH=examples/verifiers grpo --train configs/demo/train.yaml --infer configs/demo/infer.yaml \
-        --orch examples/verifiers/orch.yaml
+    PYTHONPATH=examples/verifiers grpo --config examples/verifiers/rl.yaml
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Every YAML the project ships validates, and the reference quick-start loads unchanged."""
+"""Every YAML the project ships validates; each example folder is one rl.yaml (or the three files)
+that loads as a whole run; and the reference quick-start (a test fixture) loads unchanged."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ SELF_EXPLAINING = {
     "lora_dropout",
 }
 KIND_BY_NAME = {"train": TrainerConfig, "infer": InferenceConfig, "orch": OrchestratorConfig}
+REFERENCE_QUICKSTART = Path(__file__).parent / "reference_quickstart"
+EXAMPLES = sorted(p for p in (REPO / "examples").iterdir() if p.is_dir())
+NEED_A_SERVER = {REPO / "examples/openenv"}
+"""Examples whose environment is a server the example starts first (tests/envs/test_examples.py and
+tests/test_documented_commands.py start it)."""
 
 
 def _kind(path: Path) -> type:
@@ -94,10 +100,7 @@ def test_every_shipped_config_set_passes_the_one_shot_dry_run(
     assert "memory plan" in _dry_run(argv, monkeypatch)
 
 
-NEED_A_SERVER = {REPO / "examples/openenv/orch.yaml"}
-"""Configs whose dry run contacts a server the example starts first: tests/envs/test_examples.py starts
-it and dry-runs them."""
-LONE_YAMLS = [p for p in YAMLS if p.parent not in SETS and p not in NEED_A_SERVER]
+LONE_YAMLS = [p for p in YAMLS if p.parent not in SETS]
 
 
 @pytest.mark.parametrize("path", LONE_YAMLS, ids=[str(p.relative_to(REPO)) for p in LONE_YAMLS])
@@ -115,10 +118,10 @@ def test_every_shipped_yaml_outside_a_set_passes_its_commands_dry_run(
 def test_quickstart_keeps_reference_values() -> None:
     """The reference quick-start's keys load with their values; the model id is swapped and recipe
     fp8-hybrid (refused: not implemented) is bf16, so it trains as written on a CPU or one GPU."""
-    train = load_config(TrainerConfig, REPO / "examples/quickstart/train.yaml")
+    train = load_config(TrainerConfig, REFERENCE_QUICKSTART / "train.yaml")
     assert train.recipe == "bf16"
     assert train.loss.geo_mask_high == 10.0
-    orch = load_config(OrchestratorConfig, REPO / "examples/quickstart/orch.yaml")
+    orch = load_config(OrchestratorConfig, REFERENCE_QUICKSTART / "orch.yaml")
     assert orch.batch_size == 128 and orch.rollouts_per_example == 16 and orch.sampling.max_tokens == 128
     assert orch.output_dir == "outputs/run_default"
 
@@ -204,6 +207,28 @@ def test_resolved_config_round_trips_through_yaml() -> None:
 
 
 @pytest.mark.parametrize("path", ONE_FILE_SETS, ids=[str(p.relative_to(REPO)) for p in ONE_FILE_SETS])
-def test_shipped_one_file_sets_load_and_pass_cross_file_checks(path: Path) -> None:
+def test_shipped_one_file_sets_load_as_a_whole_run_and_pass_cross_file_checks(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # from another directory: the paths in rl.yaml are relative to its folder, not to the working one
+    monkeypatch.chdir(REPO / "src")
     configs, _ = load_run(None, path, {})
-    check_colocated(configs["train"], configs["infer"], configs["orch"])  # type: ignore[arg-type]
+    train, infer, orch = check_colocated(configs["train"], configs["infer"], configs["orch"])  # type: ignore[arg-type]
+    assert (orch.model.name, infer.model) == (train.model, train.model)
+    if path.parent not in NEED_A_SERVER:
+        from grpo.envs.loading import check_environments
+
+        # an env loader named by module (multi_turn, verifiers, llm_judge): its folder on PYTHONPATH,
+        # as the example's README says
+        monkeypatch.syspath_prepend(str(path.parent))
+        check_environments(orch)
+
+
+@pytest.mark.parametrize("folder", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_is_one_rl_yaml_with_a_readme_and_borrows_no_other_folders_config(folder: Path) -> None:
+    assert (folder / "rl.yaml").is_file(), f"{folder.name}: no rl.yaml"
+    assert (folder / "README.md").is_file(), f"{folder.name}: no README.md"
+    command = f"grpo --config examples/{folder.name}/rl.yaml"
+    assert command in (folder / "README.md").read_text(), f"{folder.name}/README.md does not show `{command}`"
+    for path in folder.glob("*.yaml"):
+        assert "configs/" not in path.read_text(), f"{path.relative_to(REPO)} names a file of configs/"

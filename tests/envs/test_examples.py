@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo.config.config_set import load_run
 from grpo.config.loading import read_yaml
 from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
 from grpo.envs import load_environment
@@ -15,20 +16,20 @@ from grpo.envs.loading import check_environments
 REPO = Path(__file__).resolve().parents[2]
 MULTI_TURN = REPO / "examples" / "multi_turn"
 OPENENV = REPO / "examples" / "openenv"
-NEED_A_SERVER = {OPENENV / "orch.yaml"}
-"""Example configs whose environment is a server the example starts first (each has its own test here)."""
-ORCH_CONFIGS = [
-    path
-    for path in sorted(REPO.glob("examples/*/orch.yaml")) + sorted(REPO.glob("configs/*/orch.yaml"))
-    if path not in NEED_A_SERVER
-]
+ORCH_CONFIGS = sorted(REPO.glob("examples/*/orch.yaml")) + sorted(REPO.glob("configs/*/orch.yaml"))
+"""Three-file sets' orch.yaml (every example's rl.yaml: tests/config/test_shipped_configs.py)."""
+
+
+def _orch_of(rl_yaml: Path) -> OrchestratorConfig:
+    configs, _ = load_run(None, rl_yaml, {})
+    orch = configs["orch"]
+    assert isinstance(orch, OrchestratorConfig)
+    return orch
 
 
 @pytest.mark.parametrize("path", ORCH_CONFIGS, ids=[str(p.relative_to(REPO)) for p in ORCH_CONFIGS])
 def test_example_orch_configs_name_loadable_environments(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # as their comments say to run them: from the repository root, their own folder on PYTHONPATH
     monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(path.parent))
     check_environments(OrchestratorConfig.model_validate(read_yaml(path)))
 
 
@@ -62,12 +63,8 @@ def test_guess_number_multi_turn_example(monkeypatch: pytest.MonkeyPatch) -> Non
         load_environment(EnvConfig(id="guess_number:load_environment", args={"hgh": 5}))
 
 
-def test_gsm8k_example_rewards_the_right_boxed_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(REPO / "examples" / "gsm8k"))
-    env = load_environment(
-        OrchestratorConfig.model_validate(read_yaml(REPO / "examples/gsm8k/orch.yaml")).env[0]
-    )
+def test_gsm8k_example_rewards_the_right_boxed_answer() -> None:
+    env = load_environment(_orch_of(REPO / "examples/gsm8k/rl.yaml").env[0])
     assert env.name == "gsm8k" and len(env.examples) == 12
     example = env.examples[0]
     assert example["prompt"].startswith("Mia buys") and example["answer"].endswith("#### 29")
@@ -78,14 +75,8 @@ def test_gsm8k_example_rewards_the_right_boxed_answer(monkeypatch: pytest.Monkey
     assert [s.reward for s in scores] == [1.2, 1.0, 0.2]
 
 
-def test_vision_qa_example_puts_each_picture_before_its_question_and_rewards_the_exact_word(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(REPO / "examples" / "vision_qa"))
-    env = load_environment(
-        OrchestratorConfig.model_validate(read_yaml(REPO / "examples/vision_qa/orch.yaml")).env[0]
-    )
+def test_vision_qa_example_puts_each_picture_before_its_question_and_rewards_the_exact_word() -> None:
+    env = load_environment(_orch_of(REPO / "examples/vision_qa/rl.yaml").env[0])
     assert env.name == "vision_qa" and len(env.examples) == 24
     example = env.examples[0]
     (user,) = env.prompt_messages(example)
@@ -172,7 +163,7 @@ def test_openenv_example_dry_runs_against_its_server(monkeypatch: pytest.MonkeyP
 
     from grpo.envs.server import BackgroundServer
 
-    cfg = OrchestratorConfig.model_validate(read_yaml(OPENENV / "orch.yaml"))
+    cfg = _orch_of(OPENENV / "rl.yaml")
     with BackgroundServer(build_app()) as address:
         block = cfg.env[0].model_copy(update={"id": f"openenv:http://{address}"})
         check_environments(cfg.model_copy(update={"env": [block]}))
