@@ -151,7 +151,12 @@ def test_loss_variants_update_as_the_hf_backend_does(
         "adam_epsilon": 1e-5,  # see the test above
         **LOSS_VARIANTS[variant],
     }
-    hf = Trainer(make_cfg(lora=False, optimizer="adamw", **common), tmp_path / "hf")
+    # backend hf sizes micro-batches in tokens: the same rows (of sequence_len 1024) in one micro-batch
+    rows = common.pop("per_device_train_batch_size", None)
+    hf_sizes = {} if rows is None else {"micro_batch_tokens": rows * 1024}
+    hf = Trainer(make_cfg(lora=False, optimizer="adamw", **common, **hf_sizes), tmp_path / "hf")
+    if rows is not None:
+        common["per_device_train_batch_size"] = rows
     batch = _batch(hf)
     rng = np.random.default_rng(0)
     for row in batch.rows:  # ratios that differ per token, so token masks pick some out
