@@ -60,8 +60,8 @@ def grpo(
     sections, shared keys such as model at the top). Override keys per file with --train.KEY,
     --infer.KEY, --orch.KEY, e.g. --orch.sampling.temperature 0.7 --train.learning_rate 1e-5
     --train.lora_target_modules q_proj v_proj --orch.env.0.args.num_examples 5. A setting the files
-    share (model, output_dir, seed, max_steps, the LoRA rank, ...; docs/config_reference.md) given
-    in one file or override reaches the others; two different values are an error.
+    share (model, output_dir, seed, max_steps, max_seq_len, the LoRA rank, ...; docs/config_reference.md)
+    given in one file or override reaches the others; two different values are an error.
 
     The keys most runs set: `grpo config show [train|infer|orch]` (every key, with its whole doc: --all).
     The trained model afterwards: `grpo export RUN_DIR OUT` (see `grpo export --help`).
