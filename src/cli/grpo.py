@@ -13,14 +13,10 @@ from typing import cast
 
 import typer
 
-from grpo.cli.common import EXTRA_ARGS, guard, log_model, print_resolved, run_app, split_overrides
+from grpo.cli.common import EXTRA_ARGS, guard, print_resolved, run_app, split_overrides
 from grpo.config.config_set import load_run
-from grpo.config.crosscheck import check_colocated
 from grpo.config.errors import ConfigError
-from grpo.config.inference import InferenceConfig
-from grpo.config.orchestrator import OrchestratorConfig
 from grpo.config.shared_facts import File
-from grpo.config.trainer import TrainerConfig
 from grpo.utils.errors import UserError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -74,43 +70,12 @@ def grpo(
         overrides = split_overrides(ctx.args, ("train", "infer", "orch"), OPTIONS)
         paths = _config_paths(train, infer, orch, config)
         configs, sources = load_run(paths, config, overrides)
-        train_cfg = cast(TrainerConfig, configs["train"])
-        infer_cfg = cast(InferenceConfig, configs["infer"])
-        orch_cfg = cast(OrchestratorConfig, configs["orch"])
         if plan_gpu_gib is not None and not dry_run:
             raise UserError("--plan-gpu-gib plans for a GPU this machine may not have; use it with --dry-run")
-        # Planned for a GPU: the settings a GPU can run pass whatever this machine is.
-        on_cuda = True if plan_gpu_gib is not None else None
-        train_cfg, infer_cfg, orch_cfg = check_colocated(train_cfg, infer_cfg, orch_cfg, sources, on_cuda)
-        from grpo.envs.loading import check_environments
+        from grpo.colocate.launch import prepare_colocated
 
-        # Before the engine starts: a bad env[] should not cost a minute of start-up to learn about.
-        check_environments(orch_cfg)
-
-        from grpo.colocate.memory_plan import plan_memory
-        from grpo.models.resolve import resolve_model
-        from grpo.models.shape import has_vision_tower
-
-        resolved = resolve_model(train_cfg.model)
-        if has_vision_tower(resolved.path):
-            from grpo.colocate.vision import check_colocated_vision_model
-
-            check_colocated_vision_model(train_cfg, resolved.path)
-        log_model(resolved)
-        if train_cfg.backend == "megatron":
-            from grpo.trainer.megatron.preflight import check_megatron_start
-
-            # Before the engine starts (a minute or more). Each engine replica holds one trainer rank.
-            check_megatron_start(train_cfg, resolved.path, world_size=infer_cfg.dp)
-        else:
-            from grpo.colocate.guards import check_borrowable_model
-
-            check_borrowable_model(
-                resolved.path
-            )  # --dry-run too: the plan would be for a run that cannot start
-        gpu = None if plan_gpu_gib is None else ("(planned with --plan-gpu-gib)", plan_gpu_gib)
-        plan = plan_memory(train_cfg, infer_cfg, orch_cfg, resolved.path, gpu)
-        train_cfg, orch_cfg = plan.apply_train(train_cfg), plan.apply_orch(orch_cfg)
+        launch = prepare_colocated(configs, sources, plan_gpu_gib)
+        train_cfg, infer_cfg, orch_cfg, plan = launch.train, launch.infer, launch.orch, launch.plan
         if dry_run:
             from grpo.orchestrator.sampling import describe_sampling
             from grpo.trainer.loss_description import describe_loss
@@ -122,7 +87,9 @@ def grpo(
             return 0
         from grpo.colocate.runner import run_colocated
 
-        return run_colocated(train_cfg, infer_cfg, orch_cfg, resolved, plan, engine_logs_to_console=verbose)
+        return run_colocated(
+            train_cfg, infer_cfg, orch_cfg, launch.resolved, plan, engine_logs_to_console=verbose
+        )
 
     guard("grpo", verbose, body)
 
