@@ -84,6 +84,7 @@ def grpo(
             print(describe_sampling(orch_cfg))
             print(describe_loss(train_cfg.loss))
             print(plan.table())
+            print(plan.sizes(orch_cfg))
             return 0
         from grpo.colocate.runner import run_colocated
 

@@ -9,11 +9,19 @@ gets the rest (minus a safety margin) for weights + KV cache. A user's gpu_memor
 kv_cache_space_gb is an upper bound, never raised.
 
 On GPU the result is vLLM's gpu_memory_utilization; on CPU it is the KV-cache size in GiB
-(VLLM_CPU_KVCACHE_SPACE), capped by what the configured load needs.
+(VLLM_CPU_KVCACHE_SPACE), capped by what the configured load needs. On CPU the plan bounds what
+each process holds at its peak (tests/colocate/test_memory_plan_holds.py measures it): the engine
+process's weights in its dtype (a shared copy the trainer borrows and a packed one), its KV cache
+in the whole GiB vLLM takes, and its runtime; the grpo process's trainer rows and its runtime
+(torch, the API server, the orchestrator). The trainer's micro-batch budget and activations are
+planned against at most CPU_TRAINER_PLANNED_GIB: a 2-core CPU trains a few thousand tokens a step,
+and half the machine reserved for activations would leave too little for the engine and the rest.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +45,13 @@ SAFETY_MARGIN = 0.10
 GPU_FIXED_OVERHEAD = 2.5 * GIB  # CUDA context, cuDNN/cuBLAS workspaces, allocator fragmentation
 CPU_FIXED_OVERHEAD = 1.0 * GIB  # Python, torch, tokenizer, vLLM API server in this process
 MIN_CPU_KV_CACHE_GB = 0.25
+# The engine's processes besides its weights and KV cache: on vLLM 0.32, SmolLM2-135M, measured at
+# peak (VmHWM) 0.71 GB for EngineCore and 1.33 GB for the Worker's Python, torch, oneDNN and
+# compiled graphs.
+CPU_ENGINE_OVERHEAD = 2.25 * GIB
+CPU_TRAINER_PLANNED_GIB = 8.0
+"""On CPU, the most memory the trainer's micro-batch budget and activations are planned against
+(grpo.trainer.activation_plan.ACTIVATION_SHARE of it for the activations alive at once) when activation_memory_gib is unset."""
 # Bytes per LoRA parameter: fp32 weight + fp32 grad + optimizer moments (8-bit: 2 x 1 B; else 2 x 4 B).
 LORA_BYTES = {"adamw": 4 + 4 + 8, "adamw_8bit": 4 + 4 + 2}
 # Bytes per base parameter for full fine-tuning (fp32 master + grad + moments; bf16 copy is the engine's).
@@ -64,6 +79,10 @@ class MemoryPlan:
     rows: list[tuple[str, int, str]] = field(default_factory=list)
     """(component, bytes, how it was estimated) of the trainer's footprint."""
     engine_bytes: int = 0
+    engine_rows: list[tuple[str, int, str]] = field(default_factory=list)
+    """(component, bytes, how) of the engine process on CPU (empty on GPU: engine_bytes only)."""
+    shared_weight_bytes: int = 0
+    """The engine's weights the trainer borrows: counted in the engine's rows, mapped in both processes."""
     gpu_memory_utilization: float | None = None
     kv_cache_space_gb: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -106,13 +125,49 @@ class MemoryPlan:
         for name, nbytes, how in self.rows:
             lines.append(f"  trainer  {name:<{width}}  {nbytes / GIB:8.3f} GiB  {how}")
         lines.append(f"  trainer  {'total':<{width}}  {self.trainer_bytes / GIB:8.3f} GiB")
-        lines.append(f"  vLLM     {'weights + KV cache':<{width}}  {self.engine_bytes / GIB:8.3f} GiB")
+        for name, nbytes, how in self.engine_rows:
+            lines.append(f"  vLLM     {name:<{width}}  {nbytes / GIB:8.3f} GiB  {how}")
+        engine = "total" if self.engine_rows else "weights + KV cache"
+        lines.append(f"  vLLM     {engine:<{width}}  {self.engine_bytes / GIB:8.3f} GiB")
         if self.gpu_memory_utilization is not None:
             lines.append(f"  -> infer gpu_memory_utilization = {self.gpu_memory_utilization:.3f}")
         if self.kv_cache_space_gb is not None:
             lines.append(f"  -> infer kv_cache_space_gb = {self.kv_cache_space_gb:.2f}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def sizes(self, orch: OrchestratorConfig) -> str:
+        """The sizes that drive a run's memory and step time, in one line."""
+        parts = [
+            f"batch_size {orch.batch_size} ({orch.num_groups_per_step} prompts x {orch.rollouts_per_example})",
+            f"sampling.max_tokens {orch.sampling.max_tokens}",
+            f"seq_len {orch.seq_len}",
+        ]
+        if self.micro_batch_tokens is not None:
+            parts.append(f"micro_batch_tokens {self.micro_batch_tokens}")
+        if self.activation_memory_gib is not None:
+            parts.append(f"activation_memory_gib {self.activation_memory_gib:.2f}")
+        if self.kv_cache_space_gb is not None:
+            parts.append(f"kv_cache_space_gb {math.ceil(self.kv_cache_space_gb)}")
+        if self.gpu_memory_utilization is not None:
+            parts.append(f"gpu_memory_utilization {self.gpu_memory_utilization:.3f}")
+        return f"sizes ({self.device}): " + ", ".join(parts)
+
+    def write(self, run_dir: Path) -> Path:
+        """memory_plan.json in the run dir: what each process is planned to hold at most, in bytes."""
+        path = run_dir / "memory_plan.json"
+        record = {
+            "device": self.device,
+            "total_bytes": self.total_bytes,
+            "trainer_bytes": self.trainer_bytes,
+            "engine_bytes": self.engine_bytes,
+            "shared_weight_bytes": self.shared_weight_bytes,
+            "trainer_rows": [{"name": n, "bytes": b, "how": h} for n, b, h in self.rows],
+            "engine_rows": [{"name": n, "bytes": b, "how": h} for n, b, h in self.engine_rows],
+        }
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        return path
 
 
 def _device_memory(train: TrainerConfig) -> tuple[str, int]:
@@ -289,7 +344,8 @@ def plan_memory(
     on_gpu = device.startswith("cuda")
     plan = MemoryPlan(device=device, total_bytes=total)
     if train.backend == "hf":
-        train, choice = resolved_for_memory(train, shape, total, max_step_tokens(orch))
+        planned = total if on_gpu else min(total, int(CPU_TRAINER_PLANNED_GIB * GIB))
+        train, choice = resolved_for_memory(train, shape, planned, max_step_tokens(orch))
         plan.micro_batch_tokens = train.micro_batch_tokens
         plan.activation_memory_gib = train.activation_memory_gib
         plan.notes.append(
@@ -324,15 +380,20 @@ def plan_memory(
 
     # CPU: the replicas share this machine's RAM, and vLLM's own weights live in it too.
     usable = (total * (1 - SAFETY_MARGIN) - num_replicas * plan.trainer_bytes) / num_replicas
+    from grpo.config.engine_dtype import resolve_engine_dtype
+
+    engine_dtype = resolve_engine_dtype(infer, on_cuda=False)
+    bytes_per_weight = 4 if engine_dtype == "float32" else 2
     weight_bytes = (
         shape.num_linear_params()
         + (1 if shape.tied_embeddings else 2) * shape.vocab_size * shape.hidden_size
         + shape.num_vision_params
-    ) * 2
+    ) * bytes_per_weight
     max_len = infer.max_model_len or orch.seq_len
     num_seqs = -(-int(orch.batch_size * orch.oversampling_factor) // num_replicas)  # per engine
     needed_gb = num_seqs * max_len * shape.kv_bytes_per_token() / GIB
-    room_gb = (usable - 2 * weight_bytes) / GIB  # the engine keeps dense and packed copies on CPU
+    # The engine keeps dense and packed copies of its weights on CPU.
+    room_gb = (usable - 2 * weight_bytes - CPU_ENGINE_OVERHEAD) / GIB
     cap = (
         infer.kv_cache_space_gb
         if infer.kv_cache_space_gb is not None
@@ -344,7 +405,25 @@ def plan_memory(
             f"only {room_gb:.2f} GiB of RAM would be left for vLLM's KV cache; free memory or lower sequence_len"
         )
     plan.kv_cache_space_gb = round(max(kv_gb, MIN_CPU_KV_CACHE_GB), 2)
-    plan.engine_bytes = int(2 * weight_bytes + plan.kv_cache_space_gb * GIB)
+    plan.shared_weight_bytes = weight_bytes
+    plan.engine_rows = [
+        (
+            "weights",
+            2 * weight_bytes,
+            f"{bytes_per_weight * 8}-bit, a dense copy (the trainer borrows it) and a packed one",
+        ),
+        (
+            "KV cache",
+            math.ceil(plan.kv_cache_space_gb) * GIB,
+            "kv_cache_space_gb in the whole GiB vLLM takes (VLLM_CPU_KVCACHE_SPACE)",
+        ),
+        (
+            "runtime",
+            int(CPU_ENGINE_OVERHEAD),
+            "EngineCore and Worker processes: Python, torch, oneDNN, graphs",
+        ),
+    ]
+    plan.engine_bytes = sum(b for _, b, _ in plan.engine_rows)
     plan.notes.append(
         f"KV cache sized for {num_seqs} sequences x {max_len} tokens ({needed_gb:.2f} GiB needed)"
     )

@@ -73,7 +73,8 @@ def run_colocated(
     write_resolved_configs(run_dir, {"train": train, "infer": infer, "orch": orch})
     if not engine_logs_to_console:
         log.info("vLLM's logs: %s (grpo --verbose shows them here)", send_engine_logs_to_file(run_dir))
-    log.info("memory plan:\n%s", plan.table())
+    log.info("memory plan (%s):\n%s", plan.write(run_dir), plan.table())
+    log.info("%s", plan.sizes(orch))
 
     model_path = str(resolved.path)
     num_replicas = infer.dp

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
+from grpo.config.cpu_defaults import runs_on_cpu, with_cpu_defaults
 from grpo.config.derived import derive
 from grpo.config.engine_dtype import dtype_problems
 from grpo.config.errors import ConfigError
@@ -146,6 +147,8 @@ def check_colocated(
     `sources` names the files in messages; `on_cuda` is the device the run is checked for (None: a
     CUDA device is used when one is visible). Returns the reconciled configs."""
     shared = derive(reconcile({"train": train, "infer": infer, "orch": orch}, sources), sources)
+    if runs_on_cpu(cast(TrainerConfig, shared["train"]), on_cuda):
+        shared = with_cpu_defaults(shared, sources)
     train = cast(TrainerConfig, shared["train"])
     infer = cast(InferenceConfig, shared["infer"])
     orch = cast(OrchestratorConfig, shared["orch"])

@@ -249,3 +249,41 @@ def test_a_cpu_trainer_is_planned_its_float32_head_copy_and_a_128_token_logits_c
         for on_gpu, chunk in ((False, 128), (True, 1024))
     }
     assert gpu["activations"] - cpu["activations"] == three_chunks[True] - three_chunks[False]
+
+
+def test_a_cpu_engine_is_planned_its_kv_cache_in_whole_gib_its_weights_and_its_runtime(
+    tiny_model_path: Path,
+) -> None:
+    from grpo.colocate.memory_plan import CPU_ENGINE_OVERHEAD, GIB
+
+    plan = _plan(tiny_model_path, kv_cache_space_gb=0.3)
+    rows = {name: size for name, size, _ in plan.engine_rows}
+    assert rows["KV cache"] == GIB  # vLLM takes VLLM_CPU_KVCACHE_SPACE in whole GiB
+    assert rows["runtime"] == CPU_ENGINE_OVERHEAD
+    assert rows["weights"] == 2 * plan.shared_weight_bytes > 0
+    assert plan.engine_bytes == sum(rows.values())
+    float32 = _plan(tiny_model_path, kv_cache_space_gb=0.3, dtype="float32")
+    assert float32.shared_weight_bytes == 2 * plan.shared_weight_bytes
+
+
+def test_a_cpu_trainers_activations_are_planned_against_at_most_its_cpu_share(tiny_model_path: Path) -> None:
+    from grpo.colocate.memory_plan import CPU_TRAINER_PLANNED_GIB
+    from grpo.trainer.activation_plan import ACTIVATION_SHARE
+
+    plan = _plan(tiny_model_path)
+    assert plan.total_bytes > CPU_TRAINER_PLANNED_GIB * 2**30  # else the cap is not what is tested
+    assert plan.activation_memory_gib is not None
+    assert plan.activation_memory_gib <= ACTIVATION_SHARE * CPU_TRAINER_PLANNED_GIB
+
+
+def test_the_plan_is_written_to_the_run_dir_with_each_processs_bytes(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    import json
+
+    plan = _plan(tiny_model_path)
+    record = json.loads(plan.write(tmp_path / "run").read_text())
+    assert record["trainer_bytes"] == plan.trainer_bytes > 0
+    assert record["engine_bytes"] == plan.engine_bytes > 0
+    assert record["shared_weight_bytes"] == plan.shared_weight_bytes
+    assert [row["name"] for row in record["engine_rows"]] == ["weights", "KV cache", "runtime"]
