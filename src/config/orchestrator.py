@@ -490,4 +490,3 @@ class OrchestratorConfig(StrictModel):
     def num_parts_per_step(self) -> int:
         """Batches (parts) each step reaches the trainer in: 1 unless streaming."""
         return self.streaming.num_parts(self.num_groups_per_step)
-
