@@ -61,7 +61,14 @@ def train(
 
     run = RunData.from_mapping(raw, SOURCE).with_overrides({})
     launch = prepare_colocated(run.validate_all(), run.sources)
-    code = run_colocated(launch.train, launch.infer, launch.orch, launch.resolved, launch.plan)
+    from grpo.utils.file_access import restrict_new_files
+
+    # The run's files private (or group-readable), the caller's own umask back afterwards.
+    previous_umask = restrict_new_files(launch.train.share_with_group)
+    try:
+        code = run_colocated(launch.train, launch.infer, launch.orch, launch.resolved, launch.plan)
+    finally:
+        os.umask(previous_umask)
     run_dir = Path(launch.orch.output_dir).absolute()
     if code != 0:
         raise RuntimeError(f"the run in {run_dir} failed; its log says why (logs/, and the lines above)")

@@ -141,6 +141,10 @@ def run_app(app: Any, prog: str, args: list[str] | None = None) -> NoReturn:
     import typer
     from typer.exceptions import TyperException
 
+    from grpo.utils.file_access import restrict_new_files
+
+    # Private until a config says otherwise (grpo.utils.file_access): nothing is written before.
+    restrict_new_files()
     code: int = 0
     try:
         app(args=args, prog_name=prog, standalone_mode=False)

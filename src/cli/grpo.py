@@ -76,6 +76,9 @@ def grpo(
 
         launch = prepare_colocated(configs, sources, plan_gpu_gib)
         train_cfg, infer_cfg, orch_cfg, plan = launch.train, launch.infer, launch.orch, launch.plan
+        from grpo.utils.file_access import restrict_new_files
+
+        restrict_new_files(train_cfg.share_with_group)
         if dry_run:
             from grpo.orchestrator.sampling import describe_sampling
             from grpo.trainer.loss_description import describe_loss

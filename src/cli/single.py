@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from grpo.cli.common import check_option_typos, guard, load_with_overrides, print_resolved, split_overrides
 from grpo.config.errors import ConfigError
 from grpo.config.shared_facts import File
+from grpo.utils.file_access import restrict_new_files
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -48,6 +49,7 @@ def run_single(
             config = cast(ModelT, load_section(one_file, name, overrides))
         else:
             config = load_with_overrides(model_cls, cast(Path, config_path), overrides)
+        restrict_new_files(bool(getattr(config, "share_with_group", False)))
         check(config)
         if dry_run:
             model = model_of(config)

@@ -160,6 +160,11 @@ class InferenceConfig(StrictModel):
     seed: int = 0
     """Engine seed."""
 
+    share_with_group: bool = False
+    """Let the owner's group read what the server writes (logs, adapters it is sent) (files 0640, folders 0750); false keeps it to
+    the owner alone (0600 / 0700): the run directory holds every prompt and completion, checkpoints
+    and the engine's log. Set in one file, it reaches the others."""
+
     max_num_seqs: int | None = Field(None, gt=0)
     """Sequences the scheduler runs at once; null keeps vLLM's default."""
 

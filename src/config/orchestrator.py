@@ -358,6 +358,11 @@ class OrchestratorConfig(StrictModel):
     output_dir: str = "outputs/run_default"
     """Run directory: rollouts, broadcasts, checkpoints, metrics.jsonl, resolved configs."""
 
+    share_with_group: bool = False
+    """Let the owner's group read what the run writes (files 0640, folders 0750); false keeps it to
+    the owner alone (0600 / 0700): the run directory holds every prompt and completion, checkpoints
+    and the engine's log. Set in one file, it reaches the others."""
+
     seed: int = 42
     """Random seed."""
 

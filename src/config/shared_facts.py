@@ -175,6 +175,16 @@ SHARED_FACTS: tuple[SharedFact, ...] = (
         TRAINER_CHECKS,
     ),
     SharedFact(
+        "share_with_group",
+        (
+            Place("train", "share_with_group"),
+            Place("orch", "share_with_group"),
+            Place("infer", "share_with_group"),
+        ),
+        "not compared: each process sets the access of the files it writes",
+        checked_by_trainer=False,
+    ),
+    SharedFact(
         "ckpt.interval",
         (Place("train", "ckpt.interval"), Place("orch", "ckpt.interval")),
         "not compared: separate processes checkpoint and resume on their own",

@@ -57,6 +57,11 @@ class TrainerConfig(StrictModel):
     output_dir: str = "output"
     """Run directory shared with the orchestrator, or its parent holding one run_* folder."""
 
+    share_with_group: bool = False
+    """Let the owner's group read what the run writes (files 0640, folders 0750); false keeps it to
+    the owner alone (0600 / 0700): the run directory holds every prompt and completion, checkpoints
+    and the engine's log. Set in one file, it reaches the others."""
+
     gpus: int = Field(1, ge=1)
     """GPUs to train on (data parallel). More than 1 needs a launch through torchrun with as many
     processes; the trainer refuses to start as a single process otherwise."""

@@ -60,6 +60,7 @@ SAMPLES: dict[str, tuple[Any, Any, dict[str, dict[str, Any]]]] = {
     "weight broadcast num_servers": (1, 2, NCCL),
     "ckpt.interval": (2, 3, {}),
     "ckpt.resume_step": (2, 3, {}),
+    "share_with_group": (False, True, {}),
 }
 FACTS = [pytest.param(fact, id=fact.name) for fact in SHARED_FACTS]
 
