@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from grpo.utils.logging import get_logger
-from grpo.utils.ports import reserve_port
+from grpo.utils.ports import HELD_PORT_ENV, reserve_port
 
 if TYPE_CHECKING:
     from grpo.config.inference import InferenceConfig
@@ -213,8 +213,10 @@ def supervise(cfg: InferenceConfig) -> int:
         ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
     # Port 0 picks one port for the supervisor's whole life: clients find every restart on it. It
     # stays held here, so nothing else takes it while a server starts or between restarts.
-    held = None if cfg.port else reserve_port(cfg.bind_host)
+    held = None if cfg.port else reserve_port(cfg.bind_host, for_reuse_port=True)
     port = int(held.getsockname()[1]) if held is not None else cfg.port
+    if held is not None:
+        os.environ[HELD_PORT_ENV] = str(port)  # the server binds with SO_REUSEPORT, past the hold
     child_cfg = cfg.model_copy(
         update={"port": port, "supervisor": cfg.supervisor.model_copy(update={"enabled": False})}
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from grpo.inference.vllm_compat.engine_process import (
     end_engine_with_its_parent,
     give_the_engine_time_to_tear_down,
 )
+from grpo.utils.ports import HELD_PORT_ENV
 
 LoraPathCheck = Callable[[str], tuple[str, None] | tuple[None, str]]
 """An adapter path -> (the resolved path to load, None) or (None, why it is refused)."""
@@ -71,7 +73,10 @@ async def serve(
     end_engine_with_its_parent()
     give_the_engine_time_to_tear_down()
     shutdown_requested = _flag_signal_handlers(asyncio.get_running_loop())
-    _listen_address, sock = launcher.setup_server(args, reuse_port=False)
+    # SO_REUSEPORT only on a port a supervisor holds for this server (grpo.utils.ports): elsewhere
+    # it would let a second server of the same user share the port instead of failing to start.
+    held_here = os.environ.get(HELD_PORT_ENV) == str(args.port)
+    _listen_address, sock = launcher.setup_server(args, reuse_port=held_here)
     port = int(sock.getsockname()[1])
     # uvicorn serves the pre-bound socket; the port is only logged and used in messages.
     args.port = port
