@@ -286,7 +286,8 @@ class OrchestratorConfig(StrictModel):
     I/O-bound sync rewards."""
 
     batch_size: int = Field(128, gt=0)
-    """Rollouts per training step."""
+    """Rollouts per training step. Unset in a co-located run on CPU: 8 groups of rollouts_per_example
+    (at most 64 rollouts, at least one group; grpo.config.cpu_defaults)."""
 
     rollouts_per_example: int = Field(8, gt=0)
     """Rollouts per prompt: the group each rollout's advantage is measured against (batch_size must be

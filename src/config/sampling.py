@@ -57,7 +57,8 @@ class TempSchedulerConfig(StrictModel):
 class SamplingConfig(StrictModel):
     max_tokens: int | None = Field(None, gt=0)
     """Max completion tokens per generation (per turn). null: the room seq_len leaves after the prompt
-    (and earlier turns), filled in per request (vLLM itself would read a null as 16 tokens)."""
+    (and earlier turns), filled in per request (vLLM itself would read a null as 16 tokens). Unset in
+    a co-located run on CPU: 128, at most half of max_model_len or seq_len (grpo.config.cpu_defaults)."""
 
     temperature: float | None = None
     """Sampling temperature (default 1.0), at least 0.01 (vLLM's minimum; greedy sampling is not
