@@ -5,6 +5,9 @@ processes), the files an orch config names become absolute paths:
 - `env[].dataset` (and `eval.env[].dataset`): a local file next to the config;
 - `env[].reward_funcs` and `env[].tools`: 'rewards.py:fn', and 'module:fn' when module.py (or the
   package folder) sits next to the config, become '/abs/path/rewards.py:fn';
+- `env[].id` 'envs.py:load_environment' or 'module:load_environment' likewise (an in-process
+  block's; one at an `address` names what the server serves), its metrics name staying the id as
+  written;
 - `advantage.import_path` likewise;
 - in rl.yaml, the same keys at its top (its task) and in its orch section.
 A hub dataset id, an installed module and an absolute path stay as they are. A relative path found
@@ -57,6 +60,12 @@ def resolve_block_paths(block: Any, base: Path, source: str) -> Any:
     if not isinstance(block, dict):
         return block
     out = dict(block)
+    env_id = out.get("id")
+    if isinstance(env_id, str) and out.get("address") is None:
+        resolved = resolve_function(env_id, base, source)
+        if resolved != env_id:
+            out["id"] = resolved
+            out.setdefault("name", env_id)
     if isinstance(out.get("dataset"), str):
         out["dataset"] = resolve_dataset(out["dataset"], base, source)
     for key in FUNCTION_LIST_KEYS:

@@ -1,4 +1,5 @@
-"""`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function", a verifiers
+"""`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function" or "envs.py:function"
+(grpo.config.relative_paths makes a config's relative ones absolute), a verifiers
 environment by its id (grpo.envs.verifiers_env), a `grpo-env` server at env_cfg.address, an OpenEnv
 server (`openenv:http://HOST:PORT`, grpo.envs.openenv_env), or a
 `- dataset:` block (grpo.envs.dataset_env).
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo.config.dataset_env import DatasetEnvConfig
+from grpo.config.function_path import FILE_FUNCTION
 from grpo.config.orchestrator import OPENENV_PREFIX, EnvConfig, OrchestratorConfig
 from grpo.envs.args import check_args
 from grpo.envs.base import Environment, check_num_examples, non_text_parts
@@ -66,6 +68,10 @@ def _builtin(env_id: str) -> Callable[..., Any] | None:
 
 
 def _import_loader(path: str) -> Callable[..., Any]:
+    if FILE_FUNCTION.match(path):
+        from grpo.utils.function_import import import_function
+
+        return import_function(f"env id {path!r}", path)
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)

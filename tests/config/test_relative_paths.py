@@ -16,7 +16,7 @@ from grpo.cli.common import load_with_overrides
 from grpo.config.config_set import load_run, load_section
 from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.errors import ConfigError
-from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.orchestrator import EnvConfig, OrchestratorConfig
 from grpo.envs import load_environment
 from grpo.utils.errors import UserError
 
@@ -140,3 +140,22 @@ def test_a_task_key_without_a_dataset_or_given_twice_is_refused(task: Path) -> N
     )
     with pytest.raises(ConfigError, match="the task is given twice"):
         _orch_of_rl_yaml(twice)
+
+
+def test_an_environment_loader_next_to_the_config_is_found_and_keeps_its_metrics_name(task: Path) -> None:
+    (task / "my_env.py").write_text("from grpo.envs.reverse_text import load_environment\n")
+    blocks = [
+        {"id": "my_env:load_environment", "args": {"num_examples": 3}},
+        {"id": "my_env.py:load_environment", "args": {"num_examples": 3}},
+        {"id": "my_env:load_environment", "address": "127.0.0.1:9000"},
+    ]
+    path = _rl_yaml(task, orch={"env": blocks})
+    local, by_file, remote = _orch_of_rl_yaml(path).env
+    assert isinstance(local, EnvConfig) and isinstance(by_file, EnvConfig) and isinstance(remote, EnvConfig)
+    assert local.id == by_file.id == f"{task}/my_env.py:load_environment"
+    assert (local.display_name, by_file.display_name) == (
+        "my_env:load_environment",
+        "my_env.py:load_environment",
+    )
+    assert remote.id == "my_env:load_environment"  # what the server at the address serves
+    assert len(load_environment(local).examples) == 3  # type: ignore[attr-defined]
