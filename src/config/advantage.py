@@ -31,7 +31,8 @@ class AdvantageConfig(StrictModel):
     their paper defines and refuse it."""
 
     import_path: str | None = None
-    """(custom) "pkg.module:function" taking (rewards [groups x n], lengths, **kwargs) and returning advantages."""
+    """(custom) "pkg.module:function" or "file.py:function" (relative to the YAML file) taking (rewards
+    [groups x n], lengths, **kwargs) and returning advantages."""
 
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """(custom) keyword arguments for the function."""

@@ -30,7 +30,6 @@ std over those tokens; then A <- (A - mean) / (std + 1e-6). Equal advantages whi
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -128,10 +127,13 @@ _ESTIMATORS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray
 
 
 def _import(path: str) -> Callable[..., Any]:
-    module_name, _, attr = path.partition(":")
-    if not attr:
-        raise UserError(f"advantage.import_path {path!r} must look like 'pkg.module:function'")
-    return getattr(importlib.import_module(module_name), attr)
+    from grpo.utils.function_import import import_function
+
+    if ":" not in path:
+        raise UserError(
+            f"advantage.import_path {path!r} must look like 'pkg.module:function' or 'file.py:function'"
+        )
+    return import_function(f"advantage.import_path {path!r}", path)
 
 
 def compute_advantages(

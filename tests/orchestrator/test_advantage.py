@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,9 @@ def test_non_finite_rewards_never_give_non_finite_advantages(kind: str, bad: flo
     np.testing.assert_allclose(
         adv[0, [0, 2, 3]], compute_advantages(cfg, rewards[:1, [0, 2, 3]], np.ones((1, 3)))[0]
     )
+
+
+def test_a_custom_advantage_in_a_file_is_imported_by_its_path(tmp_path: Path) -> None:
+    (tmp_path / "my_advantage.py").write_text("def doubled(rewards, lengths):\n    return rewards * 2\n")
+    adv = _adv("custom", import_path=f"{tmp_path}/my_advantage.py:doubled")
+    np.testing.assert_allclose(adv, 2 * REWARDS)
