@@ -144,4 +144,5 @@ def _parse(path: Path, number: int, text: str) -> tuple[Command | None, bool]:
         env[name] = value
     if not words or any(w in ("|", "&&", ";", "||") for w in words):
         return None, False
-    return Command(f"{path.relative_to(REPO)}:{number}", env, words), background
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    return Command(f"{shown}:{number}", env, words), background

@@ -38,6 +38,32 @@ def test_the_documentation_shows_commands_to_check() -> None:
     assert any(c.argv[:2] == ["grpo", "--config"] for c in COMMANDS)
 
 
+def test_commands_are_read_from_shell_fences_with_continuations_assignments_and_background_lines(
+    tmp_path: Path,
+) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\n"
+        "python server.py --port 8001 &\n"
+        "PYTHONPATH=here grpo --config a/rl.yaml \\\n"
+        "    --orch.max_steps 2   # a comment\n"
+        "$ grpo-report outputs/x\n"
+        "```\n"
+        "```text\ngrpo: error: shown output\n```\n"
+        "<!-- no-dry-run: needs two machines -->\n"
+        "```bash\ngrpo-infer infer.yaml\n```\n"
+        "```yaml\n# my_task/rl.yaml\nmodel: m\n```\n"
+    )
+    first, second = documented_commands(page)
+    assert (first.env, first.argv) == (
+        {"PYTHONPATH": "here"},
+        ["grpo", "--config", "a/rl.yaml", "--orch.max_steps", "2"],
+    )
+    assert first.source.endswith("page.md:3") and second.argv == ["grpo-report", "outputs/x"]
+    assert [c.argv for c in first.background] == [["python", "server.py", "--port", "8001"]]
+    assert first.files == {"my_task/rl.yaml": "model: m\n"}
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.source} {c.text}"[:120] for c in COMMANDS])
 def test_documented_command_works_from_the_repository_root(command: Command, tmp_path: Path) -> None:
     program, args = command.argv[0], command.argv[1:]
