@@ -37,6 +37,10 @@ def test_minimal_set_runs_two_cpu_steps_within_its_memory_plan_and_five_minutes(
         f"grpo process peaked at {peaks.root() / gib:.2f} GiB, planned {grpo_planned / gib:.2f}: {peaks.describe()}"
     )
     engine_peak = peaks.named("VLLM::")
+    print(
+        f"grpo {peaks.root() / gib:.2f} GiB of {grpo_planned / gib:.2f} planned, vLLM {engine_peak / gib:.2f} of "
+        f"{plan['engine_bytes'] / gib:.2f}, {wall_s:.0f} s; {peaks.describe()}"
+    )
     assert engine_peak > 0, peaks.describe()
     assert engine_peak <= plan["engine_bytes"], (
         f"vLLM's processes peaked at {engine_peak / gib:.2f} GiB together, planned "
