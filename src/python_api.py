@@ -22,7 +22,9 @@ its folder. Mistakes raise grpo's one-line errors (ConfigError, UserError) befor
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +68,37 @@ def train(
     # The run's files private (or group-readable), the caller's own umask back afterwards.
     previous_umask = restrict_new_files(launch.train.share_with_group)
     try:
-        code = run_colocated(launch.train, launch.infer, launch.orch, launch.resolved, launch.plan)
+        with _script_not_reimported():
+            code = run_colocated(launch.train, launch.infer, launch.orch, launch.resolved, launch.plan)
     finally:
         os.umask(previous_umask)
     run_dir = Path(launch.orch.output_dir).absolute()
     if code != 0:
         raise RuntimeError(f"the run in {run_dir} failed; its log says why (logs/, and the lines above)")
     return run_dir
+
+
+@contextmanager
+def _script_not_reimported() -> Iterator[None]:
+    """Hide the script that called grpo.train from the processes vLLM spawns meanwhile.
+
+    A spawned process imports the parent's __main__ again (by its file, or its module with -m) before
+    it runs; a script without an `if __name__ == "__main__":` guard would call grpo.train once more
+    there, and that process would fail. The engine's processes need nothing of the script (reward
+    functions run here), so they start as from a notebook, whose __main__ has no file either.
+    """
+    main = sys.modules["__main__"]
+    hidden = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
+    for key in hidden:
+        if key == "__spec__":
+            main.__spec__ = None
+        else:
+            delattr(main, key)
+    try:
+        yield
+    finally:
+        for key, value in hidden.items():
+            setattr(main, key, value)
 
 
 def _read_config(config: str | os.PathLike[str] | None) -> dict[str, Any]:
