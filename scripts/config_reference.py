@@ -60,7 +60,17 @@ def render() -> str:
         "and at the top the shared keys below under their train.yaml names (`model`, `output_dir`, `seed`,",
         "`max_steps`, `lora_rank`, `transport_type`, `weight_broadcast: {type: ...}`, `ckpt: {interval: ...}`,",
         "...); a top-level value reaches every section that has the key. Every process of one rl.yaml",
-        "resolves its section as the one-shot run does (the three sections reconciled).",
+        "resolves its section as the one-shot run does (the three sections reconciled). A dataset block's keys",
+        "at the top (`dataset`, `reward_funcs`, `prompt_column`, ...) are the run's task, orch's one `env` block.",
+        "",
+        "Paths in a file are relative to that file's folder: `dataset: data.jsonl`, `reward_funcs:",
+        "[rewards.py:exact]` (or `rewards:exact` with rewards.py beside the file), `tools`, an env `id`",
+        "'envs.py:load_environment', `advantage.import_path`; image paths in the data are relative to the",
+        "dataset file. Paths on the command line are relative to the working directory.",
+        "",
+        "Python: `grpo.train(model=..., dataset=..., reward_funcs=[fn], max_steps=..., orch={...})` or",
+        "`grpo.train(config='rl.yaml', ...)` takes rl.yaml's top-level keys and sections as arguments",
+        "(functions and a list of rows or a datasets.Dataset as they are) and returns the run directory.",
         "",
     ]
     lines += [
