@@ -57,7 +57,11 @@ def test_a_megatron_trainer_is_planned_with_its_own_copy_of_every_weight(embedde
 @pytest.mark.parametrize(
     ("recomputing", "keeping"),
     [
-        ({"gradient_checkpointing": True}, {"gradient_checkpointing": False}),
+        # backend hf's micro-batch is one sequence_len row by default; 1024 tokens are megatron's 2 rows
+        (
+            {"gradient_checkpointing": True, "micro_batch_tokens": 1024},
+            {"gradient_checkpointing": False, "micro_batch_tokens": 1024},
+        ),
         (
             {"backend": "megatron", "megatron": {"recompute": "full"}},
             {"backend": "megatron", "megatron": {"recompute": "none"}},
