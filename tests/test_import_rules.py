@@ -23,7 +23,7 @@ ROOT = "grpo"
 
 LOWER = ("utils", "models", "config")
 ALLOWED: dict[str, frozenset[str]] = {
-    ROOT: frozenset(),
+    ROOT: frozenset({"python_api"}),
     "utils": frozenset(),
     "models": frozenset({"utils"}),
     "config": frozenset({"utils"}),
@@ -34,6 +34,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "orchestrator": frozenset({"inference", "envs", "transport", *LOWER}),
     "colocate": frozenset({"orchestrator", "trainer", "inference", "envs", "transport", *LOWER}),
     "cli": frozenset({"colocate", "orchestrator", "trainer", "inference", "envs", "transport", *LOWER}),
+    "python_api": frozenset({"colocate", *LOWER}),
 }
 """Top-level package -> the packages it may import (docs/design.md, "Import rules")."""
 
@@ -67,7 +68,7 @@ def reason(source: str, target: str) -> str:
     if target == "cli":
         return "nothing imports the CLI"
     if target == "colocate":
-        return "only the CLI imports colocate (it wires trainer, inference and orchestrator)"
+        return "only the CLI and grpo.train import colocate (it wires trainer, inference and orchestrator)"
     allowed = ", ".join(f"grpo.{p}" for p in sorted(ALLOWED[source])) or "no other grpo package"
     return f"grpo.{source} may import only {allowed}"
 

@@ -166,9 +166,3 @@ def run_app(app: Any, prog: str, args: list[str] | None = None) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def log_model(resolved: Any) -> None:
-    from grpo.utils.logging import get_logger
-
-    get_logger("model").info(resolved.describe())

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from grpo.cli.common import EXTRA_ARGS, log_model, run_app
+from grpo.cli.common import EXTRA_ARGS, run_app
 from grpo.cli.single import run_single
 from grpo.config.errors import ConfigError
 from grpo.config.orchestrator import OrchestratorConfig
@@ -48,7 +48,7 @@ def orch(
 
         from grpo.config.resolved import write_resolved_configs
         from grpo.inference.client import InferenceClient
-        from grpo.models.resolve import resolve_model
+        from grpo.models.resolve import log_model, resolve_model
         from grpo.transport.batches.factory import batch_sender_for
 
         if cfg.model.name is None:

@@ -54,8 +54,7 @@ def run_single(
         if dry_run:
             model = model_of(config)
             if model is not None:
-                from grpo.cli.common import log_model
-                from grpo.models.resolve import resolve_model
+                from grpo.models.resolve import log_model, resolve_model
 
                 log_model(resolve_model(model))
             print_resolved({name: config})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from grpo.cli.common import EXTRA_ARGS, log_model, run_app
+from grpo.cli.common import EXTRA_ARGS, run_app
 from grpo.cli.single import run_single
 from grpo.config.trainer import TrainerConfig
 
@@ -43,7 +43,7 @@ def train(
 
     def start(cfg: TrainerConfig) -> int:
         from grpo.config.resolved import write_resolved_configs
-        from grpo.models.resolve import resolve_model
+        from grpo.models.resolve import log_model, resolve_model
         from grpo.trainer.entry import find_run_dir, run
         from grpo.trainer.weights import DiskWeights
         from grpo.transport.batches.factory import batch_receiver_for

@@ -34,11 +34,10 @@ def prepare_colocated(
 ) -> ColocatedLaunch:
     """The checked configs, the model and the memory plan (for a GPU of `plan_gpu_gib` GiB instead of
     this machine's device when given: a plan to read, not to run)."""
-    from grpo.cli.common import log_model
     from grpo.colocate.memory_plan import plan_memory
     from grpo.config.crosscheck import check_colocated
     from grpo.envs.loading import check_environments
-    from grpo.models.resolve import resolve_model
+    from grpo.models.resolve import log_model, resolve_model
     from grpo.models.shape import has_vision_tower
 
     train = cast("TrainerConfig", configs["train"])

@@ -9,17 +9,9 @@ Three forms, checked here and imported by grpo.utils.function_import:
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-MODULE_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-"""'pkg.module:function'."""
-
-FILE_FUNCTION = re.compile(r"^(?P<file>.+\.py):(?P<function>[A-Za-z_]\w*)$")
-"""'path/to/file.py:function'."""
-
-IN_PROCESS_PREFIX = "<python>:"
-"""Start of the name of a callable given to grpo.train (grpo.utils.in_process)."""
+from grpo.utils.function_forms import FILE_FUNCTION, IN_PROCESS_PREFIX, MODULE_FUNCTION
 
 
 def function_name(path: str) -> str:

@@ -23,7 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo.config.function_path import FILE_FUNCTION, IN_PROCESS_PREFIX, MODULE_FUNCTION, as_list
+from grpo.config.function_path import as_list
+from grpo.utils.function_forms import FILE_FUNCTION, IN_PROCESS_PREFIX, MODULE_FUNCTION
 
 LOCAL_DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
 """Suffixes of the local files a dataset block reads (anything else may be a hub id)."""

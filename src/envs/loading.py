@@ -25,11 +25,11 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo.config.dataset_env import DatasetEnvConfig
-from grpo.config.function_path import FILE_FUNCTION
 from grpo.config.orchestrator import OPENENV_PREFIX, EnvConfig, OrchestratorConfig
 from grpo.envs.args import check_args
 from grpo.envs.base import Environment, check_num_examples, non_text_parts
 from grpo.utils.errors import UserError
+from grpo.utils.function_forms import FILE_FUNCTION
 
 BUILTIN_IDS = ("reverse-text", "short-answer", "long-brief", "math", "count-shapes")
 """Built-in ids besides `reasoning-gym:<dataset>`."""

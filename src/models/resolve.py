@@ -81,3 +81,10 @@ def _from_hf_cache(name: str) -> Path | None:
     if isinstance(found, str):
         return Path(found).parent
     return None
+
+
+def log_model(resolved: ResolvedModel) -> None:
+    """One log line saying which model was found where (every command that loads one says it)."""
+    from grpo.utils.logging import get_logger
+
+    get_logger("model").info(resolved.describe())

@@ -13,8 +13,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from grpo.config.function_path import FILE_FUNCTION, IN_PROCESS_PREFIX
 from grpo.utils.errors import UserError
+from grpo.utils.function_forms import FILE_FUNCTION, IN_PROCESS_PREFIX
 
 
 def import_function(where: str, path: str) -> Callable[..., Any]:

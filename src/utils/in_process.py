@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo.config.function_path import IN_PROCESS_PREFIX
+from grpo.utils.function_forms import IN_PROCESS_PREFIX
 
 _objects: dict[str, Any] = {}
 
