@@ -1,5 +1,5 @@
 """The examples that run on a CPU train two steps with the command their README shows (from the
-repository root, its PYTHONPATH included), at smaller sizes: two groups of four replies a step, 24
+repository root, with any environment variables it sets), at smaller sizes: two groups of four replies a step, 24
 tokens each. The openenv example's server runs on a free port instead of its README's 8001."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A user-defined multi-turn environment: the model guesses a number, the environment says higher or
 lower, and the reward is 1 for finding it (less for each extra turn), 0 otherwise.
 
-Run it from the repository root (the module must be importable, hence PYTHONPATH):
+Run it from the repository root (the module is found next to rl.yaml):
 
-    PYTHONPATH=examples/multi_turn grpo --config examples/multi_turn/rl.yaml
+    grpo --config examples/multi_turn/rl.yaml
 
 `env: [{id: "guess_number:load_environment", args: {...}}]` calls load_environment(**args); it may
 return any SingleTurnEnv / MultiTurnEnv. Environment replies are part of later prompts but never
