@@ -104,11 +104,9 @@ def _script_not_reimported() -> Iterator[None]:
 def _read_config(config: str | os.PathLike[str] | None) -> dict[str, Any]:
     if config is None:
         return {}
-    from grpo.config.loading import read_yaml
-    from grpo.config.relative_paths import resolve_one_file_paths
+    from grpo.config.config_set import read_one_file
 
-    path = Path(config)
-    return resolve_one_file_paths(read_yaml(path), path.absolute().parent, str(path))
+    return read_one_file(Path(config))
 
 
 def _merged(
@@ -145,16 +143,9 @@ def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, An
 
 def _in_process_orch(orch: dict[str, Any]) -> dict[str, Any]:
     """orch's env blocks (and eval's) with their Python objects registered."""
-    out = dict(orch)
-    if isinstance(out.get("env"), list):
-        out["env"] = [_in_process_task(b) if isinstance(b, Mapping) else b for b in out["env"]]
-    evaluation = out.get("eval")
-    if isinstance(evaluation, Mapping) and isinstance(evaluation.get("env"), list):
-        out["eval"] = {
-            **evaluation,
-            "env": [_in_process_task(b) if isinstance(b, Mapping) else b for b in evaluation["env"]],
-        }
-    return out
+    from grpo.config.relative_paths import map_env_blocks
+
+    return map_env_blocks(orch, lambda b: _in_process_task(b) if isinstance(b, Mapping) else b)
 
 
 def _in_process_task(block: Mapping[str, Any]) -> dict[str, Any]:

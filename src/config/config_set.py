@@ -68,9 +68,7 @@ class RunData:
     @classmethod
     def from_one_file(cls, path: Path) -> RunData:
         """rl.yaml: its sections, with the shared values at its top placed in each."""
-        return cls.from_mapping(
-            resolve_one_file_paths(read_yaml(path), path.absolute().parent, str(path)), str(path)
-        )
+        return cls.from_mapping(read_one_file(path), str(path))
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any], source: str) -> RunData:
@@ -105,6 +103,11 @@ class RunData:
         """The three configs, reconciled (ConfigError for disagreements), derived settings filled."""
         configs = {f: self.validate(f) for f in SECTIONS}
         return derive(reconcile(configs, self.sources), self.sources)
+
+
+def read_one_file(path: Path) -> dict[str, Any]:
+    """rl.yaml's content, the paths in it made absolute from its folder (grpo.config.relative_paths)."""
+    return resolve_one_file_paths(read_yaml(path), path.absolute().parent, str(path))
 
 
 def _with_task(source: str, orch: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:

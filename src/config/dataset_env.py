@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from grpo.config.function_path import as_list, check_function_paths, function_name
+from grpo.config.function_path import as_list, check_function_paths
 from grpo.config.judges import ExtraRewardsConfig
 from grpo.config.tool_use import ToolUseConfig
-from grpo.utils.function_forms import IN_PROCESS_PREFIX
+from grpo.utils.function_forms import IN_PROCESS_PREFIX, function_name
 
 ENV_BLOCK_TAGS = ("env[id]", "env[dataset]")
 """Pydantic's tags of the two kinds of env block; their brackets keep them out of error paths

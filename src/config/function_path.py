@@ -14,11 +14,6 @@ from typing import Any
 from grpo.utils.function_forms import FILE_FUNCTION, IN_PROCESS_PREFIX, MODULE_FUNCTION
 
 
-def function_name(path: str) -> str:
-    """The function's own name in any of the three forms (what metrics call a reward function)."""
-    return path.rpartition(":")[2].partition("#")[0]
-
-
 def as_list(value: Any) -> Any:
     """One string where a list of them is expected: a list of one."""
     return [value] if isinstance(value, str) else value

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,20 @@ LOCAL_DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
 FUNCTION_LIST_KEYS = ("reward_funcs", "tools")
 
 
+def map_env_blocks(orch: Mapping[str, Any], fn: Callable[[Any], Any]) -> dict[str, Any]:
+    """orch config data with `fn` applied to each block of `env` and of `eval.env` (the rest shared)."""
+    out = dict(orch)
+    if isinstance(out.get("env"), list):
+        out["env"] = [fn(block) for block in out["env"]]
+    evaluation = out.get("eval")
+    if isinstance(evaluation, Mapping) and isinstance(evaluation.get("env"), list):
+        out["eval"] = {**evaluation, "env": [fn(block) for block in evaluation["env"]]}
+    return out
+
+
 def resolve_orch_paths(orch: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
     """A copy of an orch config's data with its relative paths made absolute from `base`."""
-    out = copy.deepcopy(orch)
-    env = out.get("env")
-    if isinstance(env, list):
-        out["env"] = [resolve_block_paths(b, base, source) for b in env]
-    evaluation = out.get("eval")
-    if isinstance(evaluation, dict) and isinstance(evaluation.get("env"), list):
-        evaluation["env"] = [resolve_block_paths(b, base, source) for b in evaluation["env"]]
+    out = map_env_blocks(copy.deepcopy(orch), lambda block: resolve_block_paths(block, base, source))
     advantage = out.get("advantage")
     if isinstance(advantage, dict) and isinstance(advantage.get("import_path"), str):
         advantage["import_path"] = resolve_function(advantage["import_path"], base, source)

@@ -4,9 +4,10 @@ warning the first time a process reads it."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
+
+from grpo.utils.logging import get_logger
 
 _warned: set[str] = set()
 
@@ -24,7 +25,7 @@ def move_renamed_keys(data: Any, renamed: Mapping[str, str], file: str) -> Any:
         data = {new if key == old else key: value for key, value in data.items()}
         if old not in _warned:
             _warned.add(old)
-            logging.getLogger("grpo.config").warning(
+            get_logger("config").warning(
                 "%s: %s is now %s (the old name is read until the next release); rename it", file, old, new
             )
     return data

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config.dataset_env import DatasetEnvConfig
-from grpo.config.function_path import function_name
 from grpo.envs.base import Example, Message, Score, completion_text, normalise_examples
 from grpo.envs.dataset_images import MIB, pick_image_column, row_images, with_images
 from grpo.envs.group_rewards import OWN_ARGUMENTS, GroupRewardSet, check_signature
 from grpo.envs.single_turn import OneReplyEnv
 from grpo.utils.errors import UserError
-from grpo.utils.function_forms import IN_PROCESS_PREFIX
+from grpo.utils.function_forms import IN_PROCESS_PREFIX, function_name
 from grpo.utils.function_import import import_function
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}

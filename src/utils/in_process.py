@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo.utils.function_forms import IN_PROCESS_PREFIX
+from grpo.utils.function_forms import IN_PROCESS_PREFIX, function_name
 
 _objects: dict[str, Any] = {}
 
@@ -21,7 +21,7 @@ def register(obj: Any, name: str) -> str:
     if not name.isidentifier():
         name = "reward"  # a lambda's "<lambda>"
     for key, held in _objects.items():
-        if held is obj and key.rpartition(":")[2].partition("#")[0] == name:
+        if held is obj and function_name(key) == name:
             return key
     key = f"{IN_PROCESS_PREFIX}{name}"
     number = 1
