@@ -37,6 +37,13 @@ class AdvantageConfig(StrictModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """(custom) keyword arguments for the function."""
 
+    on_rollout_failure: Literal["exclude", "drop_group"] = "exclude"
+    """A failed rollout (its environment raised or timed out, a reward function raised or timed out,
+    a reward that is not a finite number) never trains and never counts as reward 0. exclude: its
+    group's baseline and scale come from the rollouts that finished; a group left with fewer than 2
+    of them is dropped. drop_group: it fails its whole group. Dropped groups count in
+    failed/num_groups."""
+
     turn_credit: Literal["final", "per_turn"] = "final"
     """Multi-turn credit. final: one advantage per rollout from its reward (the score plus every
     turn's reward), on all its tokens. per_turn: each model turn's tokens carry that turn's own

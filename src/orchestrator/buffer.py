@@ -93,15 +93,21 @@ class Buffer:
         return env_index, example_index, self.envs[env_index].examples[example_index]
 
     def keep_group(self, group: Group) -> bool:
-        """False when online difficulty filtering drops the group (all rewards 0.0 or all 1.0)."""
-        if not self.cfg.online_difficulty_filtering:
+        """False when online difficulty filtering drops the group (the rewards of its rollouts that
+        did not fail all 0.0 or all 1.0). A group whose rollouts all failed is kept: the batch drops
+        it and counts it as failed (failed/num_groups), not as too easy or too hard."""
+        rewards = group.finished_rewards
+        if not self.cfg.online_difficulty_filtering or not rewards:
             return True
-        rewards = group.rewards
         return not (all(r == 0.0 for r in rewards) or all(r == 1.0 for r in rewards))
 
     def update(self, env_index: int, group: Group) -> None:
-        """Move the group's example to the easy or hard pool by its mean reward."""
-        mean = sum(group.rewards) / len(group.rewards)
+        """Move the group's example to the easy or hard pool by the mean reward of its rollouts that
+        did not fail; a group whose rollouts all failed says nothing about it, and it stays put."""
+        rewards = group.finished_rewards
+        if not rewards:
+            return
+        mean = sum(rewards) / len(rewards)
         key = example_hash(group.example, self.cfg.hash_keys)
         if self.cfg.easy_threshold is not None and mean > self.cfg.easy_threshold:
             self.easy[env_index].add(key)

@@ -20,6 +20,7 @@ from grpo.orchestrator.filters import apply_filters
 from grpo.orchestrator.group_checks import FAILED_GROUPS_METRIC, bounded_advantages, fail_group
 from grpo.orchestrator.packer import pack_rollouts
 from grpo.orchestrator.partial import partial_metrics
+from grpo.orchestrator.rollout_failures import FAILED_ROLLOUTS_METRIC, drop_groups_with_failures
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.batch import SamplingTruncation, TrainingBatch
 from grpo.transport.batches.validate import check_batch_values
@@ -41,19 +42,23 @@ def build_batch(
     groups: list[Group],
     stats: dict[str, float],
 ) -> tuple[TrainingBatch, list[Rollout]]:
-    """Batch `step` (or one part of it) from `groups`, and their rollouts with advantages set; adds
-    the filters', the packer's and the failed groups' counts to `stats`.
+    """Batch `step` (or one part of it) from `groups`, and all their rollouts (failed ones too) with
+    advantages set; adds the filters', the packer's and the failures' counts to `stats`.
 
-    The batch passes the trainer's own check (check_batch_values) before anyone spools or sends it:
-    groups whose rewards or advantages the trainer would refuse fail whole (grpo.orchestrator.
-    group_checks); a group that still fails the check on its own is left out of the batch."""
+    Failed rollouts are left out of the batch, and their groups kept or dropped by
+    advantage.on_rollout_failure (grpo.orchestrator.rollout_failures). The batch passes the trainer's
+    own check (check_batch_values) before anyone spools or sends it: groups whose rewards or
+    advantages the trainer would refuse fail whole (grpo.orchestrator.group_checks); a group that
+    still fails the check on its own is left out of the batch."""
     rollouts = [r for g in groups for r in g.rollouts]
+    num_failed_rollouts, num_dropped = drop_groups_with_failures(cfg.advantage.on_rollout_failure, groups)
+    stats[FAILED_ROLLOUTS_METRIC] = stats.get(FAILED_ROLLOUTS_METRIC, 0) + num_failed_rollouts
     num_failed = bounded_advantages(cfg.advantage, groups)
     for key, count in apply_filters(rollouts, cfg.filters, vocab_size).items():
         stats[key] = stats.get(key, 0) + count
     metadata: dict[str, float | int | str] = {"policy_version": policy_version}
     sampling = batch_sampling(cfg)
-    rows, pack = pack_rollouts(rollouts, cfg.seq_len, cfg.shared_prefix, cfg.row_tokens)
+    rows, pack = pack_rollouts(_finished(rollouts), cfg.seq_len, cfg.shared_prefix, cfg.row_tokens)
     batch = TrainingBatch(step=step, rows=rows, metadata=metadata, sampling=sampling)
     try:
         check_batch_values(batch, vocab_size)
@@ -65,7 +70,7 @@ def build_batch(
             else:
                 fail_group(group, "the trainer's batch check refuses its rollouts")
                 num_failed += 1
-        packed = [r for g in kept for r in g.rollouts]
+        packed = _finished([r for g in kept for r in g.rollouts])
         rows, pack = pack_rollouts(packed, cfg.seq_len, cfg.shared_prefix, cfg.row_tokens)
         batch = TrainingBatch(step=step, rows=rows, metadata=metadata, sampling=sampling)
         check_batch_values(batch, vocab_size)  # what no group causes (metadata): stop, send nothing
@@ -77,7 +82,7 @@ def build_batch(
             num_failed,
             len(groups),
         )
-    stats[FAILED_GROUPS_METRIC] = stats.get(FAILED_GROUPS_METRIC, 0) + num_failed
+    stats[FAILED_GROUPS_METRIC] = stats.get(FAILED_GROUPS_METRIC, 0) + num_dropped + num_failed
     # Sums over the step's parts (one part unless streaming); pack_metrics turns them into rates.
     for key, value in (
         ("packing/num_rows", pack.num_rows),
@@ -89,8 +94,13 @@ def build_batch(
     return batch, rollouts
 
 
+def _finished(rollouts: list[Rollout]) -> list[Rollout]:
+    """The rollouts that go into the batch: a failed one never trains, so it is not sent at all."""
+    return [r for r in rollouts if r.failure is None]
+
+
 def _passes_alone(cfg: OrchestratorConfig, vocab_size: int, group: Group) -> bool:
-    rows, _pack = pack_rollouts(group.rollouts, cfg.seq_len, cfg.shared_prefix, cfg.row_tokens)
+    rows, _pack = pack_rollouts(_finished(group.rollouts), cfg.seq_len, cfg.shared_prefix, cfg.row_tokens)
     try:
         check_batch_values(TrainingBatch(step=0, rows=rows, metadata={}), vocab_size)
     except ValueError:
@@ -140,7 +150,7 @@ def rollout_metrics(
     metrics: dict[str, float] = {
         "reward/mean": statistics.fmean(rewards),
         "reward/std": statistics.pstdev(rewards),
-        "frac_reward_zero_std": sum(1 for g in groups if len(set(g.rewards)) == 1) / len(groups),
+        "frac_reward_zero_std": sum(1 for g in groups if len(set(g.finished_rewards)) <= 1) / len(groups),
         "completion_len/mean": statistics.fmean(lengths),
         "completion_len/max": max(lengths),
         "truncated/frac": sum(r.truncated for r in rollouts) / len(rollouts),

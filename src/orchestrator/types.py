@@ -35,7 +35,8 @@ class Rollout:
     reward: float = 0.0
     failure: str | None = None
     """Why the rollout failed (scoring raised or timed out, a non-finite reward, an environment that
-    broke); None when it succeeded. A failed rollout is masked and left out of its group's baseline."""
+    broke); None when it succeeded. A failed rollout is masked, left out of its group's baseline and
+    of the batch (grpo.orchestrator.rollout_failures)."""
     truncated: bool = False
     """The model hit max_tokens (finish_reason 'length')."""
     reward_metrics: dict[str, float] = field(default_factory=dict)
@@ -118,6 +119,11 @@ class Group:
     @property
     def rewards(self) -> list[float]:
         return [r.reward for r in self.rollouts]
+
+    @property
+    def finished_rewards(self) -> list[float]:
+        """The rewards of the rollouts that did not fail: a failure is no reward of 0."""
+        return [r.reward for r in self.rollouts if r.failure is None]
 
     @property
     def scored(self) -> list[bool]:

@@ -41,6 +41,22 @@ def test_online_difficulty_filtering_drops_uniform_groups() -> None:
     assert buffer.keep_group(_group(ex, [0.0, 1.0]))
 
 
+def test_failed_rollouts_are_no_rewards_of_0_to_difficulty_filtering_and_the_pools() -> None:
+    env = _env("a", 2)
+    buffer = Buffer([env], BufferConfig(online_difficulty_filtering=True, hard_threshold=0.7), 0)
+    solved = _group(env.examples[0], [1.0, 0.0, 1.0])
+    solved.rollouts[1].fail("env a: reset raised RuntimeError")
+    assert not buffer.keep_group(solved)  # the finished rollouts all scored 1.0
+    buffer.update(0, solved)  # mean 1.0 over the finished ones (not 2/3): not hard
+    assert {buffer.sample()[1] for _ in range(20)} == {0, 1}
+    broken = _group(env.examples[0], [0.0, 0.0])
+    for rollout in broken.rollouts:
+        rollout.fail("env a: reset raised RuntimeError")
+    assert buffer.keep_group(broken)  # failed, not too hard: the batch drops it and counts it
+    buffer.update(0, broken)
+    assert {buffer.sample()[1] for _ in range(20)} == {0, 1}
+
+
 def test_easy_examples_leave_the_pool_and_state_round_trips() -> None:
     env = _env("a", 2)
     buffer = Buffer([env], BufferConfig(easy_threshold=0.9), 0)
