@@ -14,6 +14,10 @@
 #                 LoRA on one H100).
 #   peak_memory   each trainer variant's peak CUDA memory against the memory plan's prediction for
 #                 it (the default's figures shown; any variant over its plan fails the item).
+#   gpu_sampler   (with vLLM only; one of the gpu tests above, its counts in gpu_sampler.log) vLLM's own
+#                 CUDA sampler kernels (Model Runner V2's min_p, the Triton top_k/top_p) against the
+#                 trainer's CUDA truncation rules (tests/trainer/test_cuda_sampling_truncation.py).
+#                 Without vLLM it is skipped, and gpu_sampler.log says so.
 # Without a CUDA device it prints one line and exits 1.
 #
 # Python packages grpo needs that the machine lacks can travel as wheels in .whl/ (pip download
@@ -79,6 +83,15 @@ EOF
 timeout 1200 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
   --junitxml="$OUT/pytest_gpu.xml" tests 2>&1 | tee "$OUT/pytest_gpu.log"
 tests_rc=${PIPESTATUS[0]}
+
+# The CUDA sampler check again with its output: how many rows keep other tokens than vLLM's kernels.
+if "$PYTHON" -c "import vllm" >/dev/null 2>&1; then
+  timeout 600 "$PYTHON" -m pytest -m gpu -q -s -p no:cacheprovider \
+    tests/trainer/test_cuda_sampling_truncation.py 2>&1 | tee "$OUT/gpu_sampler.log"
+else
+  echo "gpu_sampler: skipped: vLLM is not importable by $PYTHON, so its CUDA sampler kernels cannot run here" \
+    | tee "$OUT/gpu_sampler.log"
+fi
 
 # 2. Trainer throughput, MFU and peak memory on a Qwen3-0.6B-shaped model with random weights.
 "$PYTHON" - "$QWEN_DIR" <<'EOF'

@@ -3,14 +3,17 @@
 vLLM (v1 sampler, with grpo's `--logprobs-mode processed_logprobs`) reports each token's logprob
 under the distribution it sampled from: logits / temperature, then min_p, then top_k, then top_p,
 then a log-softmax over the tokens left. The trainer computes its logprobs the same way, or every
-importance ratio would compare a truncated distribution with a full one. Each rule as vLLM 0.32
-applies it (vllm/v1/sample/logits_processor/builtin.py MinPLogitsProcessor, ops/topk_topp_sampler.py
-apply_top_k_top_p_pytorch, the path its CPU and non-FlashInfer GPU samplers take):
+importance ratio would compare a truncated distribution with a full one. Each rule as vLLM 0.32's
+CPU engine applies it (vllm/v1/sample/logits_processor/builtin.py MinPLogitsProcessor,
+ops/topk_topp_sampler.py apply_top_k_top_p_pytorch):
 
   min_p   drop a token whose probability is below min_p x the largest probability
   top_k   drop a token whose logit is below the k-th largest (ties with the k-th stay)
   top_p   sort ascending, cumulative softmax; drop the tokens whose cumulative mass is <= 1 - top_p
           (formed in float32), never the most likely one
+
+An engine on CUDA keeps by other boundary and tie rules (grpo.trainer.cuda_sampling_truncation);
+`truncation.engine_sampler` says whose rules apply.
 
 The kept set is a step function of the logits, so it is chosen without gradient; the log-softmax
 over it is differentiated as usual. A sampled token the current policy no longer keeps (the policy
@@ -32,22 +35,37 @@ OUTSIDE_LOGPROB = -1e4
 
 
 def kept_tokens(scaled_logits: torch.Tensor, truncation: SamplingTruncation) -> torch.Tensor:
-    """[N, V] logits already divided by the temperature -> [N, V] bool, the tokens vLLM keeps."""
+    """[N, V] logits already divided by the temperature -> [N, V] bool, the tokens vLLM keeps, by
+    the rules of the engine's sampler (truncation.engine_sampler)."""
     import torch
 
+    from grpo.trainer import cuda_sampling_truncation as cuda
+
+    on_cuda = truncation.engine_sampler != "cpu"
     with torch.no_grad():
         logits = scaled_logits.float()
         keep = torch.ones_like(logits, dtype=torch.bool)
         if truncation.min_p > 0.0:
-            probs = logits.softmax(dim=-1)
-            keep &= probs >= probs.amax(dim=-1, keepdim=True) * truncation.min_p
+            if truncation.engine_sampler == "cuda_v2":
+                keep &= cuda.min_p_kept_on_logits(logits, truncation.min_p)
+            else:
+                probs = logits.softmax(dim=-1)
+                keep &= probs >= probs.amax(dim=-1, keepdim=True) * truncation.min_p
             logits = logits.masked_fill(~keep, -float("inf"))
         num_vocab = logits.shape[-1]
+        # rows the CUDA kernel cuts by top_k, then top_p from the top_k pivot; the others by top_p alone
+        cut_by_top_k = torch.zeros_like(keep[:, :1])
         if 0 < truncation.top_k < num_vocab:
-            kth_largest = logits.topk(truncation.top_k, dim=-1).values[:, -1:]
-            keep &= logits >= kth_largest
+            cut_by_top_k = torch.isfinite(logits).sum(dim=-1, keepdim=True) > truncation.top_k
+            if on_cuda:
+                keep &= cuda.top_k_kept_by_index(logits, truncation.top_k)
+            else:
+                kth_largest = logits.topk(truncation.top_k, dim=-1).values[:, -1:]
+                keep &= logits >= kth_largest
             logits = logits.masked_fill(~keep, -float("inf"))
-        if truncation.top_p < 1.0:
+        if truncation.top_p < 1.0 and on_cuda:
+            keep &= cuda.top_p_kept_by_index(logits, truncation.top_p, cut_by_top_k)
+        elif truncation.top_p < 1.0:
             ascending, order = logits.sort(dim=-1)
             cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
             # 1 - p formed in float32 from a float32 p, as vLLM forms it: 1 - p in float64 rounds to a

@@ -37,6 +37,7 @@ last update's, step_time, tokens_per_s and the FLOP rates cover every pass.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -73,6 +74,7 @@ class Trainer:
         import torch
 
         from grpo.models.resolve import resolve_model
+        from grpo.trainer.cuda_sampling_truncation import engine_sampler_on
         from grpo.trainer.device import resolve_device
         from grpo.trainer.distributed import init_distributed
         from grpo.trainer.hf.model import build_policy
@@ -95,6 +97,9 @@ class Trainer:
             log.info(resolved.describe())
             base_weights = DiskWeights(resolved.path)
         self.policy = build_policy(cfg, base_weights)
+        self._engine_sampler = engine_sampler_on(self.policy.device.type)
+        """Whose truncation rules the trainer follows (grpo.trainer.cuda_sampling_truncation): a
+        co-located engine runs on the trainer's device; a separate server's is taken to be the same."""
         if self.policy.vision is not None and self.dist is not None:
             raise UserError(
                 "vision-language models train in one process for now (torchrun does not share a batch's "
@@ -246,7 +251,9 @@ class Trainer:
         state.num_loss_tokens += batch.num_loss_tokens
         state.num_loss_samples += batch.num_loss_samples
         loss_scale = 1 if state.loss_scale is None else state.loss_scale
-        passes = [FirstPass(mb, batch.sampling) for mb in self._micro_batches(self._local_rows(batch.rows))]
+        # the batch says which truncation; its boundary and tie rules are those of the engine's device
+        sampling = dataclasses.replace(batch.sampling, engine_sampler=self._engine_sampler)
+        passes = [FirstPass(mb, sampling) for mb in self._micro_batches(self._local_rows(batch.rows))]
         self._backward(passes, loss_scale, first=True)
         if self.cfg.num_iterations > 1:
             state.first_pass.extend(passes)

@@ -35,6 +35,7 @@ never carries loss (it is a prompt token anyway).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -53,6 +54,13 @@ ROW_FIELDS: dict[str, type] = {
 OPTIONAL_ROW_FIELDS: dict[str, type] = {"teacher_logprobs": np.float32}
 ROUTING_DTYPES: tuple[np.dtype, np.dtype] = (np.dtype(np.uint8), np.dtype(np.uint16))
 """Dtypes of `routed_experts` ([num_tokens, num_moe_layers, top_k], not in the 1-D tables above)."""
+
+EngineSampler = Literal["cpu", "cuda_v2", "cuda_v1"]
+"""vLLM's sampler, by the engine's device and model runner: `cpu` (the CPU engine: min_p on
+probabilities, PyTorch's top_k/top_p), `cuda_v2` (Model Runner V2, vLLM's default on CUDA: min_p on
+logits and the Triton top_k/top_p kernels), `cuda_v1` (VLLM_USE_V2_MODEL_RUNNER=0 on CUDA: min_p on
+probabilities, the Triton top_k/top_p kernels)."""
+ENGINE_SAMPLERS: tuple[EngineSampler, ...] = ("cpu", "cuda_v2", "cuda_v1")
 
 
 def routing_dtype(num_experts: int) -> np.dtype:
@@ -192,6 +200,10 @@ class SamplingTruncation:
     """Keep the smallest set of most likely tokens whose probability reaches top_p (1.0: all)."""
     min_p: float = 0.0
     """Keep tokens at least min_p times as likely as the most likely one (0.0: all)."""
+    engine_sampler: EngineSampler = "cpu"
+    """Whose boundary and tie rules the trainer follows: those of the sampler of the engine that
+    sampled (grpo.trainer.cuda_sampling_truncation). Not on the wire: the orchestrator does not
+    know the engine's device, the trainer sets it from its own (a co-located engine shares it)."""
 
     @property
     def is_active(self) -> bool:
@@ -204,6 +216,10 @@ class SamplingTruncation:
             raise ValueError(f"sampling top_p must be a float in (0, 1], got {self.top_p!r}")
         if not isinstance(self.min_p, float) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"sampling min_p must be a float in [0, 1], got {self.min_p!r}")
+        if self.engine_sampler not in ENGINE_SAMPLERS:
+            raise ValueError(
+                f"sampling engine_sampler must be one of {ENGINE_SAMPLERS}, got {self.engine_sampler!r}"
+            )
 
 
 @dataclass

@@ -14,7 +14,6 @@ compute it; the zmq transport signs frames). Decoded values are checked by
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import struct
@@ -37,6 +36,8 @@ from grpo.utils.errors import UserError
 
 WIRE_FORMAT = "grpo.training_batch"
 WIRE_VERSION = "3"  # 3: optional rows.{i}.routed_experts
+WIRE_SAMPLING_FIELDS = ("top_k", "top_p", "min_p")
+"""SamplingTruncation's fields on the wire (its engine_sampler is the trainer's to set)."""
 
 _HEADER_LENGTH_BYTES = 8  # safetensors starts with the header length as little-endian u64
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -67,7 +68,7 @@ def encode_batch(batch: TrainingBatch) -> bytes:
         if row.images is not None:
             tensors.update(row.images.to_tensors(f"rows.{i}.images"))
     step, num_rows, metadata = str(batch.step), str(len(batch.rows)), json.dumps(batch.metadata)
-    sampling = json.dumps(dataclasses.asdict(batch.sampling))
+    sampling = json.dumps({name: getattr(batch.sampling, name) for name in WIRE_SAMPLING_FIELDS})
     header = {
         "format": WIRE_FORMAT,
         "version": WIRE_VERSION,
@@ -146,9 +147,7 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
         sampling = json.loads(header["sampling"])
     except (json.JSONDecodeError, RecursionError) as err:
         raise ValueError(f"training batch ({where}) has unreadable sampling: {type(err).__name__}") from err
-    if not isinstance(sampling, dict) or set(sampling) != {
-        f.name for f in dataclasses.fields(SamplingTruncation)
-    }:
+    if not isinstance(sampling, dict) or set(sampling) != set(WIRE_SAMPLING_FIELDS):
         raise ValueError(f"training batch ({where}) sampling must be an object of top_k, top_p and min_p")
     try:
         batch = TrainingBatch(

@@ -32,6 +32,12 @@ def test_roundtrip_keeps_the_sampling_truncation_and_the_checksum_covers_it() ->
         decode_batch(tampered)
 
 
+def test_the_engine_sampler_stays_off_the_wire_for_the_trainer_to_set() -> None:
+    truncation = SamplingTruncation(top_k=20, engine_sampler="cuda_v2")
+    batch = dataclasses.replace(synthetic_batch(3), sampling=truncation)
+    assert decode_batch(encode_batch(batch)).sampling == SamplingTruncation(top_k=20)
+
+
 def test_roundtrip_keeps_optional_teacher_logprobs() -> None:
     batch = synthetic_batch(2, with_teacher=True)
     decoded = decode_batch(encode_batch(batch))
