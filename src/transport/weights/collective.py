@@ -10,23 +10,27 @@ Who is in the group: the trainer's config fixes N (weight_broadcast.num_servers)
 tells the i-th server of its client.base_url its rank i and the world size 1 + N, and a receiver
 told another world size is refused on both sides. Rendezvous, explicit:
 
-- each receiver claims its rank in the store (a second claim of the same rank is refused: it
-  means a server runs more than one worker, tp or dp > 1, or two servers were given the same rank),
+- the sender writes its challenge, a random nonce and the world size; each receiver reads it and
+  claims its rank in the store (a second claim of the same rank is refused: it means a server
+  runs more than one worker, tp or dp > 1, or two servers were given the same rank),
 - the peers prove a shared secret to each other (HMAC-SHA256 challenge-response over the store):
-  the sender writes a random nonce and the world size; each receiver answers with a nonce of its
-  own, its world size and a proof over both nonces and its rank; the sender ignores a hello that
-  does not prove the secret (a stranger's junk must not end the session; the rank is named, and
-  gets no weights, if no proven hello came by the timeout), refuses a proven one whose world size
-  differs from its own num_servers + 1, else answers with its own proof, which the receiver
-  checks, so a store that does not know the secret cannot feed a server weights. With a secret,
-  every one of these keys (challenge, claims, hellos, verdicts) is named by an HMAC of the secret
-  (CollectiveEndpoint._key), so a peer without it cannot guess one before it is written, claim a
-  rank or answer for one; each receiver also sets a plain `knock/rank{r}` key, only so that a
+  each receiver answers the challenge with a nonce of its own, its world size and a proof over
+  both nonces and its rank; the sender ignores a hello that does not prove the secret (a
+  stranger's junk must not end the session; the rank is named, and gets no weights, if no proven
+  hello came by the timeout), refuses a proven one whose world size differs from its own
+  num_servers + 1, else answers with its own proof, which the receiver checks, so a store that
+  does not know the secret cannot feed a server weights. With a secret, every one of these keys is
+  named by an HMAC of the secret (CollectiveEndpoint._challenge_key), the claims, hellos and
+  verdicts also of the challenge's nonce (CollectiveEndpoint._key), so a peer without it cannot
+  guess one before it is written, claim a rank or answer for one, and a name it saw in one session
+  is of no use in the next; each receiver also sets a plain `knock/rank{r}` key, only so that a
   sender with another secret can name it. With the secret unset on both sides (loopback only:
   refused for any other host) proofs are empty and key names plain,
 - from here on the session's keys (readiness, the process group's own rendezvous, the updates)
-  live under a prefix derived from the secret (from the nonce alone without one), which a peer
-  without the secret cannot find or overwrite,
+  live under a prefix derived from the secret and the nonce (from the nonce alone without one).
+  The store has no access control, so a peer that reaches it can list and rewrite even these:
+  that can make a session fail, and the signed manifest and bucket digests below keep it from
+  feeding a server anything,
 - then every rank marks itself ready and waits for every other rank's mark; after `timeout`
   seconds it raises TimeoutError naming the missing ranks (rank 0 is the trainer).
 
@@ -35,13 +39,16 @@ the sender refuses a receiver on its own GPU (NCCL cannot run two ranks of one g
 the message names the fix), and casts the floating tensors to the serving dtype before sending
 (servers told apart by dtype are refused: one broadcast serves them all).
 
-Protocol, update k (0, 1, ...): the sender writes `update/{k}/tag` (HMAC over the session nonce
-and the document) and `update/{k}`, a JSON document `{"step": s, "bucket_bytes": b, "tensors":
-[[name, dtype, shape], ...]}` (no pickle anywhere), then broadcasts the tensors in that order,
-grouped into flat byte buckets of at most b bytes (grpo.transport.weights.buckets; a larger tensor
-alone); each receiver checks the tag, then the document (`check_manifest`: against the served
-model's own shapes, before anything is allocated), and then allocates, receives and hands on one
-bucket at a time, so neither side holds more than one bucket beyond the model.
+Protocol, update k (0, 1, ...): the sender writes `update/{k}/tag` (HMAC over the session nonce,
+k and the document) and `update/{k}`, a JSON document `{"step": s, "bucket_bytes": b,
+"bucket_digests": [d, ...], "tensors": [[name, dtype, shape], ...]}` (no pickle anywhere), then
+broadcasts the tensors in that order, grouped into flat byte buckets of at most b bytes
+(grpo.transport.weights.buckets; a larger tensor alone), each bucket's keyed digest (keyed by the
+secret, the nonce, k and the bucket's index) in the document; each receiver checks the tag, then
+the document (`check_manifest`: against the served model's own shapes, before anything is
+allocated), and then allocates, receives, checks against its digest and hands on one bucket at a
+time, so neither side holds more than one bucket beyond the model (the sender packs each bucket
+twice: once for its digest, once to send it).
 
 The secret decides who joins and what is announced; the tensors themselves cross the network
 unencrypted (gloo / NCCL), so a machine that can intercept or redirect that traffic at the network
@@ -60,6 +67,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from grpo.transport.weights.buckets import (
     DEFAULT_BUCKET_MIB,
+    Bucket,
+    bucket_digest,
     bucket_layout,
     pack_bucket,
     tensor_bytes,
@@ -84,7 +93,6 @@ if TYPE_CHECKING:
 
     from grpo.config.transport import NcclWeightBroadcast
 
-_SENDER_KEY = "sender"
 _NONCE_BYTES = 16
 _REFUSAL_LINGER_S = 1.0
 """Seconds a sender keeps its store open after refusing a rank, so that rank reads why (many polls)."""
@@ -104,9 +112,10 @@ def _json_object(raw: bytes, fields: dict[str, type]) -> dict[str, Any] | None:
     return value
 
 
-def _manifest_payload(session_nonce: str, text: str) -> bytes:
-    """What an update's tag signs: the document, bound to this session by the sender's nonce."""
-    return json.dumps(["manifest", session_nonce, text]).encode()
+def _manifest_payload(session_nonce: str, update: int, text: str) -> bytes:
+    """What an update's tag signs: the document, bound to this session by the sender's nonce and
+    to its place in the session."""
+    return json.dumps(["manifest", session_nonce, update, text]).encode()
 
 
 class CollectiveWeightSender(CollectiveEndpoint):
@@ -172,7 +181,7 @@ class CollectiveWeightSender(CollectiveEndpoint):
         named only if no proven hello came by the deadline."""
         self._session_nonce = secrets.token_hex(_NONCE_BYTES)
         challenge = {"nonce": self._session_nonce, "world_size": self.world_size}
-        store.set(self._key(_SENDER_KEY), json.dumps(challenge))
+        store.set(self._challenge_key(), json.dumps(challenge))
         waiting = list(range(1, self.world_size))
         unproven: set[int] = set()
         while True:
@@ -280,22 +289,41 @@ class CollectiveWeightSender(CollectiveEndpoint):
             return wire_dtype if wire_dtype is not None and tensor.is_floating_point() else tensor.dtype
 
         dtypes = [on_wire(tensor) for _name, tensor in named]
+        sizes = [
+            tensor_bytes(dtype, tensor.shape) for (_name, tensor), dtype in zip(named, dtypes, strict=True)
+        ]
+        layout = bucket_layout(sizes, self.bucket_bytes)
+
+        def packed(bucket: Bucket) -> torch.Tensor:
+            # Cast one bucket at a time: a whole fp32 -> bf16 copy of the model would not fit beside it.
+            cast = {s.index: named[s.index][1].detach().to(device, dtypes[s.index]) for s in bucket.slots}
+            return pack_bucket(bucket, cast, device)
+
+        # Packed twice (to sign the digests first, then to send) rather than held: one bucket at a time.
+        digests = [
+            bucket_digest(packed(bucket), self._bucket_key(self._num_updates, index))
+            for index, bucket in enumerate(layout)
+        ]
         manifest = {
             "step": step,
             "bucket_bytes": self.bucket_bytes,
+            "bucket_digests": digests,
             "tensors": [
                 [name, str(dtype).removeprefix("torch."), list(tensor.shape)]
                 for (name, tensor), dtype in zip(named, dtypes, strict=True)
             ],
         }
         self._publish_manifest(json.dumps(manifest))
-        sizes = [
-            tensor_bytes(dtype, tensor.shape) for (_name, tensor), dtype in zip(named, dtypes, strict=True)
-        ]
-        for bucket in bucket_layout(sizes, self.bucket_bytes):
-            # Cast one bucket at a time: a whole fp32 -> bf16 copy of the model would not fit beside it.
-            cast = {s.index: named[s.index][1].detach().to(device, dtypes[s.index]) for s in bucket.slots}
-            self._broadcast(pack_bucket(bucket, cast, device))
+        for index, bucket in enumerate(layout):
+            buffer = packed(bucket)
+            try:
+                self._broadcast(buffer)
+            except RuntimeError as err:  # gloo's and NCCL's errors: a receiver left, or never came
+                raise RuntimeError(
+                    f"weight sender at {self.address}: bucket {index} of update {self._num_updates} did not reach "
+                    "every receiver; one refused the update or stopped (its inference server's log says why): "
+                    f"{err}"
+                ) from err
         if self._num_updates > 0:  # every receiver read the previous manifest before this broadcast
             previous = f"update/{self._num_updates - 1}"
             self._store.delete_key(previous)
@@ -306,7 +334,9 @@ class CollectiveWeightSender(CollectiveEndpoint):
         """Write this update's document, its tag first: receivers read both once the document is there."""
         key = f"update/{self._num_updates}"
         tag = (
-            b"" if self._secret is None else sign(self._secret, _manifest_payload(self._session_nonce, text))
+            b""
+            if self._secret is None
+            else sign(self._secret, _manifest_payload(self._session_nonce, self._num_updates, text))
         )
         self._store.set(f"{key}/tag", tag.hex())
         self._store.set(key, text)
@@ -352,21 +382,21 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
     def _join(self, store: Any, deadline: float) -> None:
         """Claim this rank, answer the sender's challenge and check its proof."""
         store.set(knock_key(self.rank), "1")
+        challenge_key = self._challenge_key()
+        try:
+            self._await_keys(store, {SENDER_RANK: challenge_key}, deadline)
+        except TimeoutError as err:
+            raise TimeoutError(self._no_challenge()) from err
+        sender = _json_object(store.get(challenge_key), {"nonce": str, "world_size": int})
+        if sender is None or not sender["nonce"]:
+            raise UserError(self._not_the_trainer("wrote a malformed challenge"))
+        self._session_nonce = sender["nonce"]
         if store.add(self._key(f"rank{self.rank}_claims"), 1) > 1:
             raise UserError(
                 f"weight receiver at {self.address}: rank {self.rank} was already taken in this session; an "
                 "inference server runs more than one worker (tp or dp > 1: the collective needs tp=1, dp=1, "
                 "start one server per replica instead) or two servers were given the same rank"
             )
-        challenge_key = self._key(_SENDER_KEY)
-        try:
-            self._await_keys(store, {SENDER_RANK: challenge_key}, deadline)
-        except TimeoutError as err:
-            raise TimeoutError(self._no_challenge()) from err
-        sender = _json_object(store.get(challenge_key), {"nonce": str, "world_size": int})
-        if sender is None:
-            raise UserError(self._not_the_trainer("wrote a malformed challenge"))
-        self._session_nonce = sender["nonce"]
         nonce = secrets.token_hex(_NONCE_BYTES)
         hello = {
             "world_size": self.world_size,
@@ -435,13 +465,18 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
         key = f"update/{self._num_updates}"
         try:
             self._store.wait([key], timedelta(seconds=self.timeout))
-        except dist.DistError as err:
-            raise self._missing_peer("no weight update arrived") from err
-        text = self._store.get(key).decode()
-        tag_key = f"{key}/tag"  # written before the document by the trainer; another writer may omit it
-        tag = self._store.get(tag_key).decode() if self._store.check([tag_key]) else ""
+            text = self._store.get(key).decode()
+            tag_key = f"{key}/tag"  # written before the document by the trainer; another writer may omit it
+            tag = self._store.get(tag_key).decode() if self._store.check([tag_key]) else ""
+        except dist.DistError as err:  # a get waits too: for a key that another peer deleted after the wait
+            raise TimeoutError(
+                f"weight receiver rank {self.rank} at {self.address}: update {self._num_updates} could not be read "
+                f"within {self.timeout}s: the sender (trainer) stopped sending, or a peer other than it deleted the "
+                "update from the store; make the weight_broadcast port reachable only by the run's hosts "
+                "(docs/security.md)"
+            ) from err
         if self._secret is not None and not verify(
-            self._secret, _manifest_payload(self._session_nonce, text), tag_bytes(tag)
+            self._secret, _manifest_payload(self._session_nonce, self._num_updates, text), tag_bytes(tag)
         ):
             raise ValueError(
                 f"weight receiver rank {self.rank} at {self.address}: update {self._num_updates}'s manifest is not "
@@ -452,17 +487,39 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
         bucket_bytes = manifest.get("bucket_bytes")
         if type(bucket_bytes) is not int or bucket_bytes < 1:
             raise ValueError(f"weight update {self._num_updates}'s manifest has no bucket_bytes >= 1")
+        layout = bucket_layout([tensor_bytes(dtype, shape) for _name, dtype, shape in entries], bucket_bytes)
+        digests = manifest.get("bucket_digests")
+        if not (
+            isinstance(digests, list)
+            and len(digests) == len(layout)
+            and all(isinstance(digest, str) for digest in digests)
+        ):
+            raise ValueError(
+                f"weight update {self._num_updates}'s manifest does not give one digest per bucket ({len(layout)})"
+            )
         self._num_updates += 1
-        return step, self._buckets(entries, bucket_bytes)
+        return step, self._buckets(self._num_updates - 1, entries, layout, digests)
 
     def _buckets(
-        self, entries: list[tuple[str, torch.dtype, list[int]]], bucket_bytes: int
+        self,
+        update: int,
+        entries: list[tuple[str, torch.dtype, list[int]]],
+        layout: list[Bucket],
+        digests: list[str],
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         import torch
 
         device = self._device()
-        sizes = [tensor_bytes(dtype, shape) for _name, dtype, shape in entries]
-        for bucket in bucket_layout(sizes, bucket_bytes):
+        for index, (bucket, digest) in enumerate(zip(layout, digests, strict=True)):
             buffer = torch.empty(bucket.num_bytes, dtype=torch.uint8, device=device)
             self._broadcast(buffer)
+            if bucket_digest(buffer, self._bucket_key(update, index)) != digest:
+                first, last = entries[bucket.slots[0].index][0], entries[bucket.slots[-1].index][0]
+                names = first if first == last else f"{first} .. {last}"
+                raise ValueError(
+                    f"weight receiver rank {self.rank} at {self.address}: bucket {index} of update {update} "
+                    f"({names}) does not match the digest the trainer signed, so the update is refused: these "
+                    "bytes came from another peer (or were altered on the way); make the weight_broadcast port "
+                    "reachable only by the run's hosts (docs/security.md)"
+                )
             yield unpack_bucket(bucket, buffer, entries)

@@ -6,6 +6,7 @@ joins (CollectiveWeightSender, CollectiveWeightReceiver)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from datetime import timedelta
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 Backend = Literal["nccl", "gloo"]
 
 SENDER_RANK = 0
+_CHALLENGE_KEY = "sender"
 DEFAULT_SECRET_ENV = "GRPO_WEIGHTS_SECRET"
 _KEY_PREFIX = "grpo/weights"
 POLL_S = 0.05
@@ -123,18 +125,35 @@ class CollectiveEndpoint:
         assert self._secret is not None, "only a side that holds the secret checks proofs"
         return verify(self._secret, self._proof_payload(role, receiver_nonce, rank), tag_bytes(proof))
 
-    def _key(self, name: str) -> str:
-        """The store key of rendezvous entry `name` (the challenge, a rank's claim, hello and
-        verdict): with a secret an HMAC of it, so a peer without the secret can neither guess a
-        key before it is written nor pre-empt one (claim a rank, answer for it)."""
+    def _challenge_key(self) -> str:
+        """Where the sender's challenge (its nonce) lies: the one rendezvous entry a receiver must
+        find before it knows the session, so named by the secret alone."""
         if self._secret is None:
-            return name
-        return "k/" + sign(self._secret, json.dumps(["key", name]).encode()).hex()
+            return _CHALLENGE_KEY
+        return "k/" + sign(self._secret, json.dumps(["key", _CHALLENGE_KEY]).encode()).hex()
+
+    def _key(self, name: str) -> str:
+        """The store key of this session's rendezvous entry `name` (a rank's claim, hello and
+        verdict), named after the session's nonce: with a secret an HMAC of both, so a peer
+        without the secret can neither guess a key before it is written nor pre-empt one (claim a
+        rank, answer for it), and a name seen in one session is of no use in the next."""
+        assert self._session_nonce, "session keys are named once the challenge is written or read"
+        if self._secret is None:
+            return f"{self._session_nonce}/{name}"
+        return "k/" + sign(self._secret, json.dumps(["key", self._session_nonce, name]).encode()).hex()
+
+    def _bucket_key(self, update: int, bucket: int) -> bytes:
+        """The key of bucket `bucket`'s digest in update `update` of this session, fresh for each
+        bucket (buckets.bucket_digest); without a secret (loopback only) it keys nothing."""
+        payload = json.dumps(["bucket", self._session_nonce, update, bucket]).encode()
+        return hashlib.sha256(payload).digest() if self._secret is None else sign(self._secret, payload)
 
     def _session_prefix(self) -> str:
         """Where this session's keys live once the peers are proven: readiness, the process
-        group's own rendezvous (each rank's address) and the updates. Derived from the secret, so
-        a peer that reaches the store without it cannot find, overwrite or redirect them."""
+        group's own rendezvous (each rank's address) and the updates. Derived from the secret and
+        the nonce, so a peer without the secret cannot guess them before they are written; the
+        store lets anyone who reaches it list and rewrite them afterwards, which the signed
+        manifest and each bucket's digest turn into a failed update rather than foreign weights."""
         if self._secret is None:
             return f"session/{self._session_nonce}"
         return "session/" + sign(self._secret, json.dumps(["session", self._session_nonce]).encode()).hex()

@@ -12,7 +12,14 @@ import torch
 from free_ports import free_port
 
 from grpo.config.transport import NcclWeightBroadcast
-from grpo.transport.weights.buckets import ALIGN_BYTES, DEFAULT_BUCKET_MIB, bucket_layout
+from grpo.transport.weights import buckets
+from grpo.transport.weights.buckets import (
+    ALIGN_BYTES,
+    DEFAULT_BUCKET_MIB,
+    bucket_digest,
+    bucket_layout,
+    keyed_checksum,
+)
 from grpo.transport.weights.collective import CollectiveWeightReceiver, CollectiveWeightSender
 from grpo.transport.weights.collective_endpoint import CollectiveEndpoint
 from grpo.utils.errors import UserError
@@ -145,3 +152,65 @@ def test_on_a_gpu_nccl_ranks_on_one_device_are_refused_before_nccl_starts() -> N
     sender.close()
     receiving[0].join(30)
     assert "runs on the trainer's own GPU" in str(receiving[1]["error"])
+
+
+# -- each bucket's keyed digest ------------------------------------------------------------------
+
+_ROW_BYTES = 2 * 2**16
+
+
+def _random_bytes(num_bytes: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (num_bytes,), dtype=torch.uint8, generator=generator)
+
+
+def _checksum_in_integers(buffer: torch.Tensor, key: bytes) -> str:
+    """The bilinear form keyed_checksum claims, in exact int64 arithmetic (no float64 anywhere)."""
+    import hashlib
+
+    import numpy as np
+
+    p, row_words, num_keys = 1_048_573, 2**16, 2
+    padded = np.zeros(-(-buffer.numel() // _ROW_BYTES) * _ROW_BYTES, dtype=np.uint8)
+    padded[: buffer.numel()] = buffer.numpy()
+    words = padded.view("<i2").astype(np.int64).reshape(-1, row_words)
+    stream = hashlib.shake_256(key).digest(8 * num_keys * (row_words + len(words)))
+    keys = (np.frombuffer(stream, dtype="<u8") % p).astype(np.int64)
+    v = keys[: num_keys * row_words].reshape(row_words, num_keys)
+    u = keys[num_keys * row_words :].reshape(len(words), num_keys)
+    checksums = ((words @ v % p) * u % p).sum(axis=0) % p
+    return "".join(f"{int(value):05x}" for value in checksums)
+
+
+def test_the_keyed_checksum_is_its_bilinear_form_computed_exactly() -> None:
+    buffer = _random_bytes(2 * _ROW_BYTES + 1001)  # two full rows and an odd tail
+    assert keyed_checksum(buffer, b"key") == _checksum_in_integers(buffer, b"key")
+
+
+def test_the_keyed_checksum_does_not_depend_on_how_rows_are_chunked(monkeypatch: pytest.MonkeyPatch) -> None:
+    buffer = _random_bytes(3 * _ROW_BYTES + 2)
+    whole = keyed_checksum(buffer, b"key")
+    monkeypatch.setattr(buckets, "_CHUNK_ROWS", 1)
+    assert keyed_checksum(buffer, b"key") == whole
+
+
+@pytest.mark.parametrize("digest", [bucket_digest, keyed_checksum], ids=["cpu_hmac", "device_checksum"])
+def test_a_changed_byte_moved_words_or_another_key_change_the_digest(digest: Callable[..., str]) -> None:
+    buffer = _random_bytes(2 * _ROW_BYTES + 64)
+    original = digest(buffer, b"key")
+    flipped = buffer.clone()
+    flipped[-1] ^= 1
+    moved = buffer.clone()  # two words one row apart trade places: a periodic key would not notice
+    moved[0:2], moved[_ROW_BYTES : _ROW_BYTES + 2] = buffer[_ROW_BYTES : _ROW_BYTES + 2], buffer[0:2]
+    assert not torch.equal(moved, buffer)
+    assert digest(buffer.clone(), b"key") == original
+    assert digest(flipped, b"key") != original
+    assert digest(moved, b"key") != original
+    assert digest(buffer, b"another key") != original
+    assert digest(torch.zeros(0, dtype=torch.uint8), b"key") != original
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_checksum_is_the_one_the_cpu_computes_for_the_same_bytes() -> None:
+    buffer = _random_bytes(5 * _ROW_BYTES + 7)
+    assert keyed_checksum(buffer.cuda(), b"key") == keyed_checksum(buffer, b"key")

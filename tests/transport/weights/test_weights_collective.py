@@ -323,7 +323,7 @@ class _SenderThatLies(CollectiveWeightSender):
             other = json.dumps({**self.manifest, "step": step + 1})
             assert self._secret is not None
             self._store.set(
-                "update/0/tag", sign(self._secret, _manifest_payload(self._session_nonce, other)).hex()
+                "update/0/tag", sign(self._secret, _manifest_payload(self._session_nonce, 0, other)).hex()
             )
             self._store.set("update/0", text)
         else:
@@ -353,6 +353,16 @@ def test_a_manifest_not_signed_with_the_secret_is_refused() -> None:
         sign_another=True,
     )
     with pytest.raises(ValueError, match=r"update 0's manifest is not signed with the secret"):
+        _receive_from_liar(liar, port, expected={"model.norm.weight": (8,)})
+
+
+def test_a_signed_manifest_without_a_digest_per_bucket_is_refused() -> None:
+    port = free_port()
+    manifest = {"step": 1, "bucket_bytes": 2**20, "tensors": [["model.norm.weight", "float32", [8]]]}
+    liar = _SenderThatLies(
+        "localhost", port, 30, num_servers=1, backend="gloo", secret_env=SECRET_ENV, manifest=manifest
+    )
+    with pytest.raises(ValueError, match=r"update 0's manifest does not give one digest per bucket \(1\)"):
         _receive_from_liar(liar, port, expected={"model.norm.weight": (8,)})
 
 
