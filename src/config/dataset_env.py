@@ -58,8 +58,9 @@ class DatasetEnvConfig(ToolUseConfig, ExtraRewardsConfig):
     still reaches reward functions as it is in the data."""
 
     max_image_pixels: int = Field(4096 * 4096, gt=0)
-    """(dataset block) Largest image (width x height) a row may hold: images are decoded once at load
-    and held for the run, so one whose header claims more is refused, naming its row and column."""
+    """(dataset block) Largest image (width x height) a row may hold: images are kept encoded for the
+    run and decoded when a prompt is built, so one whose header claims more is refused at load,
+    naming its row and column."""
 
     max_image_mib: float = Field(32.0, gt=0)
     """(dataset block) Largest encoded image (a file or a cell's bytes), in MiB."""

@@ -3,28 +3,28 @@ for a vision-language model.
 
 TRL reads a dataset's `images` column (a list of images per row) or else its `image` column (one image
 per row) and puts one image part per image at the start of the first user message, before its text.
-Here a cell holds images as PIL images (a hub dataset's Image feature), raw encoded bytes, a
-`{"bytes": ..., "path": ...}` dict (an Image feature not decoded) or file paths (a relative one is
-from the dataset file's folder; found only from the working directory, it loads with a warning). Every image is opened and decoded at load, so a
-missing file or a value that is no image is refused before anything starts. The prompt becomes chat
-messages whose image parts hold the PIL images, the form grpo.orchestrator.image_prompts renders.
+Here a cell holds images as PIL images, raw encoded bytes, a `{"bytes": ..., "path": ...}` dict (a
+hub dataset's Image feature, as its rows are read) or file paths (a relative one is from the
+dataset file's folder; found only from the working directory, it loads with a warning). Every image
+is opened and decoded once at load, so a missing file, a value that is no image or one above the
+pixel or byte bound is refused before anything starts; it is then kept encoded
+(grpo.envs.encoded_image), not decoded, for the run. The prompt becomes chat messages whose image
+parts hold the EncodedImages, the form grpo.orchestrator.image_prompts renders.
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from grpo.envs.base import Message
+from grpo.envs.encoded_image import EncodedImage, encoded
 from grpo.utils.errors import UserError
-
-if TYPE_CHECKING:
-    from PIL import Image
 
 MIB = 1 << 20
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
-"""Largest image a dataset may hold (width x height): every image is decoded and held for the run."""
+"""Largest image a dataset may hold (width x height): each is decoded at load and per prompt."""
 DEFAULT_MAX_IMAGE_BYTES = 32 * MIB
 """Largest encoded image file or cell."""
 
@@ -53,11 +53,12 @@ def row_images(
     folder: Path | None = None,
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
-) -> list[Image.Image]:
-    """The images of one cell, decoded: a list of images, or one image; UserError naming the row and
-    the column for an empty cell, a missing file, a value that is no image, or one above `max_bytes`
-    encoded or `max_pixels` decoded (checked from the header, before decoding). Relative file paths
-    are from `folder` (the dataset file's; None: the working directory)."""
+) -> list[EncodedImage]:
+    """The images of one cell (a list of images, or one image), checked and kept encoded; UserError
+    naming the row and the column for an empty cell, a missing file, a value that is no image or does
+    not decode, or one above `max_bytes` encoded or `max_pixels` decoded (checked from the header,
+    before decoding). Relative file paths are from `folder` (the dataset file's; None: the working
+    directory)."""
     cells = list(value) if isinstance(value, list | tuple) else [value]
     if not cells or any(cell is None for cell in cells):
         raise UserError(
@@ -70,19 +71,18 @@ def row_images(
     ]
 
 
-def _image(cell: Any, at: str, folder: Path | None, max_pixels: int, max_bytes: int) -> Image.Image:
+def _image(cell: Any, at: str, folder: Path | None, max_pixels: int, max_bytes: int) -> EncodedImage:
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(cell, Image.Image):
         _check_pixels(cell.size, at, max_pixels)
-        return cell
+        return encoded(cell, None)
     if isinstance(cell, dict) and ("bytes" in cell or "path" in cell):  # an Image feature, not decoded
         cell = cell.get("bytes") or cell.get("path")
     if isinstance(cell, str):
-        source: Any = _image_file(cell, at, folder)
-        num_bytes = source.stat().st_size
+        path = _image_file(cell, at, folder)
+        num_bytes = path.stat().st_size
     elif isinstance(cell, bytes | bytearray):
-        source = io.BytesIO(cell)
         num_bytes = len(cell)
     else:
         raise UserError(
@@ -95,11 +95,13 @@ def _image(cell: Any, at: str, folder: Path | None, max_pixels: int, max_bytes: 
             f"{at}: {what} is {num_bytes / MIB:.1f} MiB encoded, above max_image_mib "
             f"{max_bytes / MIB:g}; shrink the image, or raise env[].max_image_mib"
         )
+    # bytes are kept as the cell's own object: a kept image costs no second copy
+    data = path.read_bytes() if isinstance(cell, str) else cell if isinstance(cell, bytes) else bytes(cell)
     try:
-        with Image.open(source) as opened:
+        with Image.open(io.BytesIO(data)) as opened:
             _check_pixels(opened.size, at, max_pixels)  # from the header: nothing is decoded yet
-            opened.load()
-            return opened.copy()  # decoded, its file closed
+            opened.load()  # a truncated or corrupt image is refused now, not mid-run
+            return encoded(opened, data)  # the decoded pixels are dropped with `opened`
     except Image.DecompressionBombError as exc:  # PIL's own bound, met before the header is read out
         raise UserError(
             f"{at}: {what} claims more pixels than max_image_pixels {max_pixels} ({exc}); fix the data"
@@ -150,7 +152,7 @@ def _warn_cwd_relative_once(at: str, cell: str, folder: Path) -> None:
 
 
 def with_images(
-    prompt: str | list[Message], images: list[Image.Image], where: str, row: int
+    prompt: str | list[Message], images: list[EncodedImage], where: str, row: int
 ) -> list[Message]:
     """The prompt as chat messages with one image part per image at the start of its first user
     message (a string prompt is that user message), as TRL puts them."""

@@ -32,9 +32,10 @@ def example_hash(example: Example, keys: Sequence[str]) -> str:
 
 
 def _by_content(value: Any) -> str:
-    """What json cannot write, as text: an image (a prompt's image part) by its pixels, since its
+    """What json cannot write, as text: a PIL image (a prompt's image part) by its pixels, since its
     repr holds its address and would give an example another hash in every process (a resumed run's
-    easy and hard pools would match nothing); anything else by str()."""
+    easy and hard pools would match nothing); anything else by str(), which for a dataset's
+    EncodedImage names its bytes' digest."""
     if type(value).__module__.startswith("PIL."):  # Pillow is imported only where images are
         from PIL import Image
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from grpo.envs.base import Message
+from grpo.envs.encoded_image import EncodedImage
+from grpo.inference.generate_bodies import image_data_url
 from grpo.transport.batches.images import RowImages
 from grpo.utils.errors import UserError
 
@@ -26,11 +28,11 @@ class ImagePrompt:
     images: RowImages | None
     """The processed images, token_starts counted in `ids`; None for a prompt without images."""
     image_urls: tuple[str, ...]
-    """Each image as a PNG `data:` URL, in placeholder order (what vLLM is sent)."""
+    """Each image as a PNG or JPEG `data:` URL, in placeholder order (what vLLM is sent)."""
 
 
 def image_parts(messages: list[Message]) -> list[Any]:
-    """The images of `messages`' image parts, in order."""
+    """The images of `messages`' image parts, in order: PIL images, or EncodedImages (a dataset's)."""
     return [
         part["image"]
         for message in messages
@@ -38,6 +40,19 @@ def image_parts(messages: list[Message]) -> list[Any]:
         for part in message["content"]
         if isinstance(part, dict) and part.get("type") == "image"
     ]
+
+
+def decoded_images(images: list[Any]) -> list[Any]:
+    """`images` as RGB PIL images (an EncodedImage is decoded here, per prompt)."""
+    return [image.decode() if isinstance(image, EncodedImage) else image.convert("RGB") for image in images]
+
+
+def image_urls(images: list[Any]) -> tuple[str, ...]:
+    """`images` as the `data:` URLs vLLM is sent: an EncodedImage's own bytes, undecoded; a PIL
+    image's PNG encoding."""
+    return tuple(
+        image.data_url() if isinstance(image, EncodedImage) else image_data_url(image) for image in images
+    )
 
 
 class ImagePrompter(Protocol):

@@ -8,7 +8,7 @@ the model's own template and processes the images with its image processor, so i
 ids to send, and the expanded ids with the processed images (grpo.transport.batches.images) that
 the rollout keeps for training. The rollout checks that vLLM's expansion equals this one.
 
-An image part is {"type": "image", "image": <PIL image>}.
+An image part is {"type": "image", "image": <PIL image or grpo.envs.encoded_image.EncodedImage>}.
 """
 
 from __future__ import annotations
@@ -18,8 +18,14 @@ from typing import Any
 import numpy as np
 
 from grpo.envs.base import Environment, Message, non_text_parts
-from grpo.inference.generate_bodies import image_data_url
-from grpo.orchestrator.image_prompt import ImagePrompt, ImagePrompter, check_placeholders, image_parts
+from grpo.orchestrator.image_prompt import (
+    ImagePrompt,
+    ImagePrompter,
+    check_placeholders,
+    decoded_images,
+    image_parts,
+    image_urls,
+)
 from grpo.transport.batches.images import RowImages, image_token_count
 from grpo.utils.errors import UserError
 
@@ -58,7 +64,8 @@ class PatchImagePrompter:
 
     def prompt(self, messages: list[Message]) -> ImagePrompt:
         """The prompt of `messages` after a generation prompt, with its images."""
-        images = [image.convert("RGB") for image in image_parts(messages)]
+        parts = image_parts(messages)
+        images = decoded_images(parts)
         rendered = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = list(
             rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
@@ -79,7 +86,7 @@ class PatchImagePrompter:
                 expanded.append(token)
         pixels = np.asarray(processed["pixel_values"], np.float32)
         row_images = RowImages(pixels, grid, np.asarray(starts, np.int32))
-        return ImagePrompt(ids, expanded, row_images, tuple(image_data_url(image) for image in images))
+        return ImagePrompt(ids, expanded, row_images, image_urls(parts))
 
 
 def image_prompter_of(path: str) -> ImagePrompter:

@@ -22,8 +22,13 @@ from typing import Any
 import numpy as np
 
 from grpo.envs.base import Message
-from grpo.inference.generate_bodies import image_data_url
-from grpo.orchestrator.image_prompt import ImagePrompt, check_placeholders, image_parts
+from grpo.orchestrator.image_prompt import (
+    ImagePrompt,
+    check_placeholders,
+    decoded_images,
+    image_parts,
+    image_urls,
+)
 from grpo.transport.batches.images import RowImages, image_token_count
 
 IMAGE_TOKEN = "<image>"
@@ -69,7 +74,8 @@ class TiledImagePrompter:
         )
 
     def prompt(self, messages: list[Message]) -> ImagePrompt:
-        images = [image.convert("RGB") for image in image_parts(messages)]
+        parts = image_parts(messages)
+        images = decoded_images(parts)
         text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         request_ids = list(self.hf(text, add_special_tokens=False)["input_ids"])
         check_placeholders(request_ids, self.image_token_id, len(images))
@@ -95,4 +101,4 @@ class TiledImagePrompter:
                 f"{tiles.shape[0]} tiles of {int(counts[0]) if len(counts) else 0} tokens"
             )
         row_images = RowImages(tiles_to_patches(tiles, self.patch_size), grid, starts.astype(np.int32))
-        return ImagePrompt(request_ids, ids, row_images, tuple(image_data_url(image) for image in images))
+        return ImagePrompt(request_ids, ids, row_images, image_urls(parts))

@@ -54,7 +54,7 @@ def _cfg(path: Path, **kw: Any) -> DatasetEnvConfig:
 
 
 def _colours(content: list[dict[str, Any]]) -> list[Any]:
-    return [p["image"].getpixel((0, 0)) if p["type"] == "image" else p["text"] for p in content]
+    return [p["image"].decode().getpixel((0, 0)) if p["type"] == "image" else p["text"] for p in content]
 
 
 def test_an_image_column_puts_each_rows_image_before_its_text(pictures: Path) -> None:
@@ -108,7 +108,7 @@ def test_image_column_names_another_column_and_bytes_and_pil_images_load() -> No
     images = row_images(
         [buffer.getvalue(), pil, {"bytes": buffer.getvalue(), "path": None}], "env t", 0, "pics"
     )
-    assert [image.getpixel((0, 0)) for image in images] == [(0, 128, 0), (255, 255, 0), (0, 128, 0)]
+    assert [image.decode().getpixel((0, 0)) for image in images] == [(0, 128, 0), (255, 255, 0), (0, 128, 0)]
 
 
 def test_a_named_image_column_is_used_and_must_exist(pictures: Path) -> None:
@@ -199,6 +199,9 @@ def test_a_rows_images_reach_the_idefics3_prompter_in_order(
     # what vLLM is sent: each image as a PNG data URL, in the row's order
     sent = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) for url in prompt.image_urls]
     assert [image.getpixel((0, 0)) for image in sent] == [(0, 0, 255), (255, 0, 0)]
+    # ... of the files' own bytes, not a re-encoding
+    files = [(pictures / "img" / name).read_bytes() for name in ("blue.png", "red.png")]
+    assert prompt.image_urls == tuple("data:image/png;base64," + base64.b64encode(f).decode() for f in files)
 
 
 def _png_claiming(width: int, height: int) -> bytes:
@@ -237,3 +240,23 @@ def test_images_above_the_configured_pixel_or_byte_bounds_are_refused(pictures: 
     pil = Image.new("RGB", (10, 10))
     with pytest.raises(UserError, match=r"row 3: column 'pics': the image is 10x10"):
         row_images(pil, "env t", 3, "pics", max_pixels=99)
+
+
+def test_examples_hold_each_image_encoded_and_a_bytes_cell_is_not_copied(pictures: Path) -> None:
+    from grpo.envs.encoded_image import EncodedImage
+
+    red = (pictures / "img" / "red.png").read_bytes()
+    rows = [{"prompt": "What colour?", "image": "img/red.png", "answer": "red"}]
+    env = load_environment(_cfg(_jsonl(pictures, rows)))
+    (part,) = [p for p in env.examples[0]["prompt"][0]["content"] if p["type"] == "image"]
+    assert not isinstance(part["image"], Image.Image)
+    assert part["image"] == EncodedImage(red, "PNG", (8, 6))  # the file's bytes, as they are
+    cell = {"bytes": red, "path": None}
+    (image,) = row_images(cell, "env t", 0, "image")
+    assert image.data is red
+
+
+def test_an_image_that_does_not_decode_is_refused_at_load(pictures: Path) -> None:
+    truncated = (pictures / "img" / "red.png").read_bytes()[:-30]
+    with pytest.raises(UserError, match=r"row 2: column 'image': .* bytes is not an image PIL can read"):
+        row_images(truncated, "env t", 2, "image")

@@ -82,7 +82,7 @@ def test_vision_qa_example_puts_each_picture_before_its_question_and_rewards_the
     (user,) = env.prompt_messages(example)
     image, text = user["content"]
     assert image["type"] == "image" and image["image"].size == (64, 64)
-    assert image["image"].getpixel((32, 32)) == (220, 30, 30) and example["answer"] == "red"
+    assert image["image"].decode().getpixel((32, 32)) == (220, 30, 30) and example["answer"] == "red"
     assert text == {"type": "text", "text": "What colour is the shape? Answer with one word."}
     replies = ["Red.", "red, I think", "blue"]
     scores = asyncio.run(

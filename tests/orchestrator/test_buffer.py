@@ -94,3 +94,18 @@ def test_an_image_prompt_hashes_by_its_pixels_so_pools_survive_a_resume() -> Non
     # another PIL object with the same pixels (as a resumed process loads it): the same example
     assert example_hash(example("red"), keys) == example_hash(example("red"), keys)
     assert example_hash(example("red"), keys) != example_hash(example("blue"), keys)
+
+
+def test_a_dataset_prompts_encoded_image_hashes_by_its_bytes() -> None:
+    from PIL import Image
+
+    from grpo.envs.encoded_image import encoded
+    from grpo.orchestrator.buffer import example_hash
+
+    def example(colour: str) -> dict:
+        image = encoded(Image.new("RGB", (4, 4), colour), None)  # a new object each time, as on resume
+        return {"prompt": [{"role": "user", "content": [{"type": "image", "image": image}]}]}
+
+    keys = ["task", "prompt"]
+    assert example_hash(example("red"), keys) == example_hash(example("red"), keys)
+    assert example_hash(example("red"), keys) != example_hash(example("blue"), keys)
