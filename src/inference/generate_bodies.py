@@ -11,8 +11,9 @@ be expanded again). With `return_token_ids` the response carries the prompt as v
 environment scores, and per-token logprobs (`logprobs.content[i].logprob`, with `logprobs: 0`
 the sampled token's only).
 
-The other input the route takes, `features` (already-processed tensors), needs vLLM's internal
-msgpack encoding of its MultiModalKwargsItem; grpo does not use it.
+The other input the route takes, `features` (already-processed tensors in vLLM's own
+serialisation), grpo does not use, and its server refuses it (grpo.inference.media_guard), as it
+refuses image URLs other than PNG and JPEG `data:` URLs.
 """
 
 from __future__ import annotations

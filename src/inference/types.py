@@ -75,9 +75,10 @@ class GenerateRequest:
     """Multi-turn sessions route to the same server (sticky) for prefix-cache hits."""
     extra: dict[str, object] = field(default_factory=dict)
     image_urls: tuple[str, ...] = ()
-    """A vision-language prompt's images, in placeholder order, as `data:` URLs (PNG, base64); the
-    prompt then holds one placeholder token per image, which the server expands. Non-empty sends
-    the request to vLLM's token-in route (grpo.inference.generate_bodies) instead of /completions."""
+    """A vision-language prompt's images, in placeholder order, as `data:` URLs (PNG or JPEG,
+    base64); the prompt then holds one placeholder token per image, which the server expands.
+    Non-empty sends the request to vLLM's token-in route (grpo.inference.generate_bodies) instead
+    of /completions."""
 
 
 class RolloutClient(Protocol):

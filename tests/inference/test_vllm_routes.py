@@ -1,4 +1,5 @@
-"""vLLM 0.32's app as grpo serves it: only the routes a run uses, the key on all but /health."""
+"""vLLM 0.32's app as grpo serves it: only the routes a run uses, the key on all but /health,
+prompts with tensors or images grpo does not send refused."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from grpo.inference.vllm_compat.app import SERVED_VLLM_PATHS, keep_only_served_routes, require_api_key
+from grpo.inference.vllm_compat.app import (
+    SERVED_VLLM_PATHS,
+    keep_only_served_routes,
+    refuse_unsent_inputs,
+    require_api_key,
+)
 from grpo.utils.errors import UserError
 
 pytest.importorskip("vllm")
@@ -78,3 +84,25 @@ def test_a_weak_key_given_to_vllm_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     app, args = _vllm_app(monkeypatch, "--api-key", " ")
     with pytest.raises(UserError, match="API key"):
         require_api_key(app, args)
+
+
+def test_vllms_app_refuses_tensor_inputs_and_remote_images_behind_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app, args = _vllm_app(monkeypatch, "--api-key", KEY)
+    keep_only_served_routes(app)
+    refuse_unsent_inputs(app)  # as serve() wraps them: the key guard outside
+    require_api_key(app, args)
+    client = TestClient(app, raise_server_exceptions=False)
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    features = {"mm_hashes": {"image": ["h"]}, "mm_placeholders": {"image": [{"offset": 0, "length": 1}]}}
+    generate = {"token_ids": [1, 2], "features": features, "sampling_params": {}}
+    assert client.post("/inference/v1/generate", json=generate).status_code == 401
+    answer = client.post("/inference/v1/generate", json=generate, headers=keyed)
+    assert answer.status_code == 400 and "'features' is refused" in answer.json()["error"]["message"]
+    remote = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/x.png"}}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": [remote]}]}
+    answer = client.post("/v1/chat/completions", json=chat, headers=keyed)
+    assert answer.status_code == 400 and "image URL 'http://127.0.0.1" in answer.json()["error"]["message"]
+    embeds = {"model": "tiny", "prompt": "hi", "prompt_embeds": "AAAA"}
+    assert client.post("/v1/completions", json=embeds, headers=keyed).status_code == 400

@@ -1,6 +1,7 @@
 """Building and serving vLLM's OpenAI app: only the routes grpo uses kept, the API key required on
-all of them but /health, grpo's routes added, the bound port and engine client handed back, the
-server run in a non-main thread, LoRA adapter loads checked and made one-shot."""
+all of them but /health, prompt inputs grpo does not send refused (grpo.inference.media_guard),
+grpo's routes added, the bound port and engine client handed back, the server run in a non-main
+thread, LoRA adapter loads checked and made one-shot."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from http import HTTPStatus
 from typing import Any
 
 from grpo.inference.api_key_guard import ApiKeyGuard
+from grpo.inference.media_guard import MediaGuard
 from grpo.inference.vllm_compat.engine_process import (
     end_engine_with_its_parent,
     give_the_engine_time_to_tear_down,
@@ -86,6 +88,7 @@ async def serve(
         supported_tasks = await engine_client.get_supported_tasks()
         app = build_app(args, supported_tasks, engine_client.model_config)
         keep_only_served_routes(app)
+        refuse_unsent_inputs(app)
         require_api_key(app, args)
         if extend_app is not None:
             extend_app(app)
@@ -126,6 +129,12 @@ def keep_only_served_routes(app: Any) -> list[str]:
     dropped = sorted({str(getattr(route, "path", route)) for route in app.router.routes} - SERVED_VLLM_PATHS)
     app.router.routes[:] = kept
     return dropped
+
+
+def refuse_unsent_inputs(app: Any) -> None:
+    """Answer 400 to prompts carrying images in a form grpo does not send, or tensors
+    (grpo.inference.media_guard). Wrapped before the API key guard, which then runs first."""
+    app.middleware_stack = MediaGuard(app.middleware_stack or app.build_middleware_stack())
 
 
 def require_api_key(app: Any, args: argparse.Namespace) -> bool:
