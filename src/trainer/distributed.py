@@ -21,6 +21,7 @@ import numpy as np
 
 from grpo.trainer.rank_zero_gate import RankZeroGate
 from grpo.transport.batches.batch import (
+    KEPT_COUNTS_DTYPE,
     OPTIONAL_ROW_FIELDS,
     ROUTING_DTYPES,
     ROW_FIELDS,
@@ -39,6 +40,7 @@ _HEADER_FIXED = 9
 _STOP = -1
 _INT_FIELDS = [name for name, dtype in ROW_FIELDS.items() if np.dtype(dtype).kind in "iub"]
 _FLOAT_FIELDS = [name for name, dtype in ROW_FIELDS.items() if np.dtype(dtype).kind == "f"]
+_INT_DTYPES = {**{name: ROW_FIELDS[name] for name in _INT_FIELDS}, "kept_counts": KEPT_COUNTS_DTYPE}
 
 
 @dataclass(frozen=True)
@@ -150,20 +152,22 @@ def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch 
         torch.tensor(header, dtype=torch.int64) if ctx.is_main else torch.zeros(int(size), dtype=torch.int64)
     )
     header = _send_or_receive(header_t, ctx).tolist()
-    step, num_rows, has_teacher, top_k, *truncation_bits, num_layers, routing_top_k, routing_dtype = header[
+    step, num_rows, optional_bits, top_k, *truncation_bits, num_layers, routing_top_k, routing_dtype = header[
         :_HEADER_FIXED
     ]
+    has_teacher, has_kept_counts = bool(optional_bits & 1), bool(optional_bits & 2)
     if num_rows == _STOP:
         return None
     row_lengths = header[_HEADER_FIXED:]
     float_fields = _FLOAT_FIELDS + (list(OPTIONAL_ROW_FIELDS) if has_teacher else [])
+    int_fields = _INT_FIELDS + (["kept_counts"] if has_kept_counts else [])
     num_tokens = sum(row_lengths)
     if ctx.is_main:
         assert batch is not None
-        ints = torch.from_numpy(np.stack([_cat(batch, f).astype(np.int64) for f in _INT_FIELDS]))
+        ints = torch.from_numpy(np.stack([_cat(batch, f).astype(np.int64) for f in int_fields]))
         floats = torch.from_numpy(np.stack([_cat(batch, f).astype(np.float32) for f in float_fields]))
     else:
-        ints = torch.zeros(len(_INT_FIELDS), num_tokens, dtype=torch.int64)
+        ints = torch.zeros(len(int_fields), num_tokens, dtype=torch.int64)
         floats = torch.zeros(len(float_fields), num_tokens, dtype=torch.float32)
     ints = _send_or_receive(ints, ctx)
     floats = _send_or_receive(floats, ctx)
@@ -178,7 +182,7 @@ def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch 
         )
     if ctx.is_main:
         return batch
-    columns = {name: ints[i].numpy().astype(ROW_FIELDS[name]) for i, name in enumerate(_INT_FIELDS)}
+    columns = {name: ints[i].numpy().astype(_INT_DTYPES[name]) for i, name in enumerate(int_fields)}
     columns.update({name: floats[i].numpy() for i, name in enumerate(float_fields)})
     bounds = np.cumsum([0, *row_lengths])
     if routing is not None:
@@ -192,14 +196,16 @@ def share_batch(batch: TrainingBatch | None, ctx: DistContext) -> TrainingBatch 
 
 
 def _header(batch: TrainingBatch | None) -> list[int]:
-    """[step, rows, has teacher, top_k, top_p and min_p as float64 bits, routing layers, top_k and
-    dtype, each row's tokens...]."""
+    """[step, rows, optional fields (1: teacher logprobs, 2: kept counts), top_k, top_p and min_p as
+    float64 bits, routing layers, top_k and dtype, each row's tokens...]."""
     if batch is None:
         return [0, _STOP, 0, 0, 0, 0, 0, 0, 0]
     has_teacher = bool(batch.rows) and batch.rows[0].teacher_logprobs is not None
     sampling = batch.sampling
     truncation_bits = np.array([sampling.top_p, sampling.min_p], dtype=np.float64).view(np.int64).tolist()
-    fixed = [batch.step, len(batch.rows), int(has_teacher), sampling.top_k, *truncation_bits]
+    has_kept_counts = any(r.kept_counts is not None for r in batch.rows)
+    optional_bits = int(has_teacher) | int(has_kept_counts) << 1
+    fixed = [batch.step, len(batch.rows), optional_bits, sampling.top_k, *truncation_bits]
     return [*fixed, *_routing_header(batch), *(r.num_tokens for r in batch.rows)]
 
 
@@ -222,6 +228,13 @@ def _cat_routing(batch: TrainingBatch) -> np.ndarray:
 
 
 def _cat(batch: TrainingBatch, name: str) -> np.ndarray:
+    if name == "kept_counts":  # a row without counts sends 0s: the rules decide there, as without
+        return np.concatenate(
+            [
+                r.kept_counts if r.kept_counts is not None else np.zeros(r.num_tokens, np.int32)
+                for r in batch.rows
+            ]
+        )
     dtype = {**ROW_FIELDS, **OPTIONAL_ROW_FIELDS}[name]
     return np.concatenate([getattr(r, name) for r in batch.rows]) if batch.rows else np.zeros(0, dtype)
 

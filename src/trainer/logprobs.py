@@ -48,16 +48,18 @@ def _chunk_logprobs(
     temperatures: torch.Tensor,
     untempered: bool,
     truncation: SamplingTruncation,
+    kept_counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hidden [C, H], targets [C], temperatures [C] -> (logprob [C] float32, entropy [C] float32,
-    logprob at temperature 1 [C] float32 when `untempered`, else [0])."""
+    logprob at temperature 1 [C] float32 when `untempered`, else [0]). `kept_counts` [C]: the
+    engine's kept-set sizes (grpo.trainer.sampling_truncation), 0 where it reported none."""
     import torch
 
     from grpo.trainer.float32_logits import float32_logits
     from grpo.trainer.sampling_truncation import truncated_log_softmax
 
     raw = float32_logits(lm_head, hidden)  # [C, V]
-    log_probs = truncated_log_softmax(raw / temperatures.float().unsqueeze(-1), truncation)
+    log_probs = truncated_log_softmax(raw / temperatures.float().unsqueeze(-1), truncation, kept_counts)
     token_lp = log_probs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -96,12 +98,15 @@ def token_logprobs_and_untempered(
     untempered: bool = True,
     truncation: SamplingTruncation | None = None,
     keep_probs: bool = False,
+    kept_counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """token_logprobs, plus (when `untempered`) the logprobs at temperature 1 from the same logits,
     without a gradient and without truncation: the teacher term compares the student with teacher
     logprobs, which are scored at temperature 1 with no sampling processor, so the student's must be
     too ([0] when not `untempered`). `keep_probs`: the fused path keeps each chunk's probabilities
-    for backward instead of recomputing its logits (the caller has the memory for all of them)."""
+    for backward instead of recomputing its logits (the caller has the memory for all of them).
+    `kept_counts` [N]: the engine's kept-set size of each token (0: none reported), used where
+    `truncation` is active."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -143,7 +148,8 @@ def token_logprobs_and_untempered(
                 )
             )
             continue
-        args = (lm_head, hidden_chunk, target_chunk, temperature_chunk, untempered, truncation)
+        counts_chunk = None if kept_counts is None else kept_counts[start:end]
+        args = (lm_head, hidden_chunk, target_chunk, temperature_chunk, untempered, truncation, counts_chunk)
         if needs_grad:
             chunks.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:

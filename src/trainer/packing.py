@@ -51,6 +51,8 @@ class LossTokens:
     sequence_ids: torch.Tensor
     """Which sequence each loss token belongs to (for the per-sequence masks and ratios)."""
     teacher_logprobs: torch.Tensor | None
+    kept_counts: torch.Tensor | None = None
+    """The engine's kept-set size at each loss token (0: none reported), when a row carries them."""
 
 
 @dataclass
@@ -214,6 +216,9 @@ def build_micro_batch(
         advantages=cat("advantages", torch.float32)[where],
         sequence_ids=sequence_segments(parent_ids)[where],
         teacher_logprobs=cat("teacher_logprobs", torch.float32)[where] if all(has_teacher) else None,
+        kept_counts=_kept_counts(rows, device)[where]
+        if any(r.kept_counts is not None for r in rows)
+        else None,
     )
     return MicroBatch(
         input_ids=cat("input_ids", torch.long),
@@ -227,6 +232,14 @@ def build_micro_batch(
         vision=build_vision_inputs(rows, vision, device) if vision is not None else None,
         rows=[RowExtent(r.num_tokens, r.num_loss_tokens, r.num_loss_samples) for r in rows],
     )
+
+
+def _kept_counts(rows: list[PackedRow], device: torch.device) -> torch.Tensor:
+    """The rows' kept_counts as one [T] int32 tensor; a row without them counts 0 (the rules decide)."""
+    import torch
+
+    parts = [r.kept_counts if r.kept_counts is not None else np.zeros(r.num_tokens, np.int32) for r in rows]
+    return torch.from_numpy(np.concatenate(parts)).to(device=device, dtype=torch.int32)
 
 
 def _routing(rows: list[PackedRow], device: torch.device) -> torch.Tensor:

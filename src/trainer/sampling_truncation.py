@@ -15,6 +15,14 @@ ops/topk_topp_sampler.py apply_top_k_top_p_pytorch):
 An engine on CUDA keeps by other boundary and tie rules (grpo.trainer.cuda_sampling_truncation);
 `truncation.engine_sampler` says whose rules apply.
 
+When the engine reports how many tokens it kept at each sampled position (`kept_counts`, a grpo CPU
+engine's per-token count, grpo.inference.vllm_compat.kept_counts), the trainer keeps exactly that
+many of its own most likely tokens there instead of reproducing the rules: the kept set's size is
+then the engine's, wherever the rules' boundary would have fallen. Tokens tied at the boundary are
+kept lowest token id first (a stable descending sort), so the set is a deterministic function of the
+logits and the count. A count of 0 (a token without one: a prompt token, an older batch, another
+engine) falls back to the rules.
+
 The kept set is a step function of the logits, so it is chosen without gradient; the log-softmax
 over it is differentiated as usual. A sampled token the current policy no longer keeps (the policy
 moved since vLLM sampled it) has probability 0: its logprob is OUTSIDE_LOGPROB instead of -inf, which
@@ -34,7 +42,36 @@ OUTSIDE_LOGPROB = -1e4
 """The logprob of a token outside the kept set: exp() of it is 0 in float32, and it is finite."""
 
 
-def kept_tokens(scaled_logits: torch.Tensor, truncation: SamplingTruncation) -> torch.Tensor:
+def kept_tokens(
+    scaled_logits: torch.Tensor, truncation: SamplingTruncation, kept_counts: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[N, V] logits already divided by the temperature -> [N, V] bool, the tokens vLLM keeps: the
+    `kept_counts[i]` most likely ones where the engine reported a count (> 0), else by the rules of
+    the engine's sampler (truncation.engine_sampler)."""
+    keep = kept_by_rules(scaled_logits, truncation)
+    if kept_counts is None:
+        return keep
+    counted = kept_counts > 0
+    if not bool(counted.any()):
+        return keep
+    keep[counted] = kept_by_count(scaled_logits[counted], kept_counts[counted])
+    return keep
+
+
+def kept_by_count(scaled_logits: torch.Tensor, kept_counts: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits, [N] counts >= 1 -> [N, V] bool: the kept_counts[i] most likely tokens of row i,
+    ties lowest token id first."""
+    import torch
+
+    with torch.no_grad():
+        order = scaled_logits.float().sort(dim=-1, descending=True, stable=True).indices
+        ranks = torch.empty_like(order).scatter_(
+            -1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order)
+        )
+        return ranks < kept_counts.to(ranks.dtype).unsqueeze(-1)
+
+
+def kept_by_rules(scaled_logits: torch.Tensor, truncation: SamplingTruncation) -> torch.Tensor:
     """[N, V] logits already divided by the temperature -> [N, V] bool, the tokens vLLM keeps, by
     the rules of the engine's sampler (truncation.engine_sampler)."""
     import torch
@@ -77,13 +114,16 @@ def kept_tokens(scaled_logits: torch.Tensor, truncation: SamplingTruncation) -> 
         return keep
 
 
-def truncated_log_softmax(scaled_logits: torch.Tensor, truncation: SamplingTruncation) -> torch.Tensor:
-    """[N, V] tempered logits -> [N, V] float32 logprobs under vLLM's truncation; dropped tokens get
-    OUTSIDE_LOGPROB (their gradient is 0)."""
+def truncated_log_softmax(
+    scaled_logits: torch.Tensor, truncation: SamplingTruncation, kept_counts: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[N, V] tempered logits -> [N, V] float32 logprobs under vLLM's truncation (`kept_counts`: [N]
+    the engine's kept-set sizes, 0 where it reported none); dropped tokens get OUTSIDE_LOGPROB
+    (their gradient is 0)."""
     import torch
 
     if not truncation.is_active:
         return torch.log_softmax(scaled_logits, dim=-1)
-    keep = kept_tokens(scaled_logits, truncation)
+    keep = kept_tokens(scaled_logits, truncation, kept_counts)
     log_probs = torch.log_softmax(scaled_logits.masked_fill(~keep, -float("inf")), dim=-1)
     return torch.where(keep, log_probs, torch.full_like(log_probs, OUTSIDE_LOGPROB))

@@ -113,3 +113,29 @@ def test_ranks_waiting_for_a_rank_0_that_died_fail_naming_it(tmp_path):
     assert codes[0] == ORPHAN_EXIT_CODE
     assert codes[1] != 0 and "rank 1 lost rank 0 while waiting for it (the next batch)" in log, log[-3000:]
     assert waited < 60
+
+
+def test_a_rank_above_0_gets_the_kept_counts_of_rank_0s_rows_and_0s_for_a_row_without(monkeypatch):
+    from types import SimpleNamespace
+
+    from grpo.trainer import distributed
+    from grpo.transport.batches.batch import TrainingBatch
+
+    counted, without = _row(6, seed=1), _row(4, seed=2)
+    counted.kept_counts = np.array([0, 20, 3, 1, 7, 2], np.int32)
+    batch = TrainingBatch(step=3, rows=[counted, without])
+    sent: list[torch.Tensor] = []
+    monkeypatch.setattr(distributed, "_send_or_receive", lambda tensor, ctx: sent.append(tensor) or tensor)
+    gate = SimpleNamespace(pass_gate=lambda what: None)
+    main = SimpleNamespace(is_main=True, device=torch.device("cpu"), gate=gate)
+    assert distributed.share_batch(batch, main) is batch  # type: ignore[arg-type]
+    replay = iter(sent)
+    monkeypatch.setattr(distributed, "_send_or_receive", lambda tensor, ctx: next(replay))
+    other = SimpleNamespace(is_main=False, device=torch.device("cpu"), gate=gate)
+    got = distributed.share_batch(None, other)  # type: ignore[arg-type]
+    assert got is not None and [r.kept_counts.tolist() for r in got.rows] == [
+        counted.kept_counts.tolist(),
+        [0] * 4,
+    ]
+    assert got.rows[0].kept_counts.dtype == np.int32
+    np.testing.assert_array_equal(got.rows[1].input_ids, without.input_ids)

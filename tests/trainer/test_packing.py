@@ -161,3 +161,12 @@ def test_a_micro_batch_of_trees_of_spread_sizes_is_scored_as_each_tree_alone(mak
         [score(build_micro_batch([r], torch.device("cpu"), varlen_attention=False)) for r in rows]
     )
     torch.testing.assert_close(score(mb), alone, atol=1e-5, rtol=0)
+
+
+def test_the_loss_tokens_carry_the_engines_kept_counts_and_a_row_without_counts_0() -> None:
+    counted, without = make_row([(2, 3)], [1.0], seed=1), make_row([(1, 2)], [1.0], seed=2)
+    counted.kept_counts = np.array([0, 0, 20, 4, 1], np.int32)
+    mb = build_micro_batch([counted, without], torch.device("cpu"), varlen_attention=False)
+    assert mb.loss.kept_counts is not None and mb.loss.kept_counts.tolist() == [20, 4, 1, 0, 0]
+    plain = build_micro_batch([without], torch.device("cpu"), varlen_attention=False)
+    assert plain.loss.kept_counts is None

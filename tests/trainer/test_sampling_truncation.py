@@ -113,3 +113,73 @@ def test_the_gradient_is_that_of_the_log_softmax_over_the_kept_tokens():
     direct = torch.log_softmax(reference.masked_fill(~keep, -1e9), dim=-1).gather(-1, targets[:, None]).sum()
     (expected,) = torch.autograd.grad(direct, reference)
     torch.testing.assert_close(grad, expected)
+
+
+def test_an_engine_count_keeps_exactly_that_many_of_the_trainers_most_likely_tokens() -> None:
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.0, 1.0], [0.0, 1.0, 2.0, 3.0, 4.0]])
+    truncation = SamplingTruncation(top_p=0.5)
+    kept = kept_tokens(logits, truncation, kept_counts=torch.tensor([3, 1], dtype=torch.int32))
+    assert kept.tolist() == [[False, True, False, True, True], [False, False, False, False, True]]
+
+
+def test_a_count_overrides_the_rules_even_where_they_keep_a_different_number() -> None:
+    logits = _logits(seed=3, num_rows=4)
+    truncation = SamplingTruncation(top_k=20, top_p=0.9, min_p=0.05)
+    by_rules = kept_tokens(logits, truncation)
+    counts = by_rules.sum(-1).to(torch.int32) + torch.tensor([1, -1, 2, 0], dtype=torch.int32)
+    kept = kept_tokens(logits, truncation, kept_counts=counts)
+    assert kept.sum(-1).tolist() == counts.tolist()
+    # the kept tokens are the most likely ones: every kept logit beats every dropped one
+    for row, keep in zip(logits, kept, strict=True):
+        assert row[keep].min() > row[~keep].max()
+
+
+def test_tokens_tied_at_the_count_boundary_are_kept_lowest_id_first() -> None:
+    logits = torch.tensor([[1.0, 2.0, 1.0, 1.0, 0.0]])
+    kept = kept_tokens(logits, SamplingTruncation(top_k=2), kept_counts=torch.tensor([3], dtype=torch.int32))
+    assert kept.tolist() == [[True, True, True, False, False]]
+
+
+def test_a_count_of_zero_falls_back_to_the_rules_row_by_row() -> None:
+    logits = _logits(seed=4, num_rows=3)
+    truncation = SamplingTruncation(top_k=20, top_p=0.9)
+    by_rules = kept_tokens(logits, truncation)
+    kept = kept_tokens(logits, truncation, kept_counts=torch.tensor([0, 5, 0], dtype=torch.int32))
+    assert torch.equal(kept[[0, 2]], by_rules[[0, 2]])
+    assert kept[1].sum() == 5 and not torch.equal(kept[1], by_rules[1])
+
+
+def test_counted_logprobs_normalise_over_the_counted_tokens_and_put_the_rest_outside() -> None:
+    logits = torch.tensor([[2.0, 0.0, 1.0, -1.0]])
+    got = truncated_log_softmax(logits, SamplingTruncation(top_p=0.99), torch.tensor([2], dtype=torch.int32))
+    expected = torch.log_softmax(torch.tensor([2.0, 1.0]), dim=-1)
+    assert torch.allclose(got[0, [0, 2]], expected)
+    assert got[0, 1] == OUTSIDE_LOGPROB and got[0, 3] == OUTSIDE_LOGPROB
+
+
+def test_token_logprobs_take_each_chunks_counts_from_its_own_tokens() -> None:
+    generator = torch.Generator().manual_seed(5)
+    hidden = torch.randn(7, 8, generator=generator)
+    head = torch.nn.Linear(8, 30, bias=False)
+    targets = (hidden @ head.weight.T).argmax(-1)  # each row's most likely token, kept by any count >= 1
+    temperatures = torch.ones(7)
+    truncation = SamplingTruncation(top_p=0.95)
+    counts = torch.tensor([1, 2, 3, 0, 5, 6, 1], dtype=torch.int32)
+    with torch.no_grad():
+        lp, _ = token_logprobs(hidden, head, targets, temperatures, chunk_size=3, truncation=truncation)
+        from grpo.trainer.logprobs import token_logprobs_and_untempered
+
+        counted, _, _ = token_logprobs_and_untempered(
+            hidden,
+            head,
+            targets,
+            temperatures,
+            3,
+            untempered=False,
+            truncation=truncation,
+            kept_counts=counts,
+        )
+        scaled = hidden @ head.weight.T
+        expected = truncated_log_softmax(scaled, truncation, counts).gather(-1, targets[:, None]).squeeze(-1)
+    assert torch.allclose(counted, expected)
+    assert counted[0] == 0.0 and counted[3] == lp[3]  # a count of 1 keeps the token alone; 0: the rules

@@ -51,6 +51,7 @@ def micro_batch_loss(
         untempered=has_teacher,
         truncation=truncation,
         keep_probs=keep_probs,
+        kept_counts=tokens.kept_counts,
     )
     loss, sums = loss_of_tokens(
         tokens, lp, entropy, untempered_lp, cfg.loss, loss_scale, ref_lp=ref_lp, old_lp=old_lp

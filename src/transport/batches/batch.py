@@ -20,6 +20,10 @@ tokens. Per-token arrays are aligned with `input_ids`: entry t describes token t
   top_k]: the expert ids the inference engine routed token t to in each MoE layer (uint8, uint16
   past 255 experts); `NO_ROUTING` (the dtype's maximum) where none was recorded (the trainer then
   routes that token itself).
+- `kept_counts[t]` (optional, int32) is how many tokens the engine's sampler kept (after top_k,
+  top_p, min_p) when it sampled token t, as a grpo CPU engine reports it; 0 where it reported none
+  (prompt tokens, tokens of another engine). The trainer then keeps exactly that many of its own
+  most likely tokens there (grpo.trainer.sampling_truncation).
 - `images` (optional, vision-language rows) holds the processed pixels of the images whose
   placeholder tokens lie in the row and where each placeholder run starts
   (grpo.transport.batches.images).
@@ -54,6 +58,9 @@ ROW_FIELDS: dict[str, type] = {
 OPTIONAL_ROW_FIELDS: dict[str, type] = {"teacher_logprobs": np.float32}
 ROUTING_DTYPES: tuple[np.dtype, np.dtype] = (np.dtype(np.uint8), np.dtype(np.uint16))
 """Dtypes of `routed_experts` ([num_tokens, num_moe_layers, top_k], not in the 1-D tables above)."""
+
+KEPT_COUNTS_DTYPE = np.dtype(np.int32)
+"""Dtype of `kept_counts` (kept apart from OPTIONAL_ROW_FIELDS, whose entries are float columns)."""
 
 EngineSampler = Literal["cpu", "cuda_v2", "cuda_v1"]
 """vLLM's sampler, by the engine's device and model runner: `cpu` (the CPU engine: min_p on
@@ -102,6 +109,8 @@ class PackedRow:
     teacher_logprobs: np.ndarray | None = None
     routed_experts: np.ndarray | None = None
     """[num_tokens, num_moe_layers, top_k] expert ids for routing replay (see the module doc)."""
+    kept_counts: np.ndarray | None = None
+    """[num_tokens] int32 kept-set sizes the engine reported, 0 where none (see the module doc)."""
     images: RowImages | None = None
 
     @property
@@ -152,6 +161,13 @@ class PackedRow:
                 )
             if routing.dtype not in ROUTING_DTYPES:
                 raise ValueError(f"row routed_experts has dtype {routing.dtype}, expected uint8 or uint16")
+        counts = self.kept_counts
+        if counts is not None and (
+            counts.ndim != 1 or counts.shape[0] != n or counts.dtype != KEPT_COUNTS_DTYPE
+        ):
+            raise ValueError(
+                f"row kept_counts has shape {counts.shape} and dtype {counts.dtype}, expected ({n},) int32"
+            )
         check_tree(self.parent_ids, self.position_ids)
         if self.images is not None:
             self.images.validate(n)

@@ -40,6 +40,16 @@ def check_batch_values(batch: TrainingBatch, vocab_size: int | None = None) -> N
         _finite(row.inference_logprobs, f"{where}: inference_logprobs")
         if row.teacher_logprobs is not None:
             _finite(row.teacher_logprobs, f"{where}: teacher_logprobs")
+        counts = row.kept_counts
+        if (
+            counts is not None
+            and counts.size
+            and (counts.min() < 0 or (vocab_size is not None and counts.max() > vocab_size))
+        ):
+            bound = f"[0, {vocab_size}]" if vocab_size is not None else ">= 0"
+            raise ValueError(
+                f"{where}: kept_counts must be {bound}, got {int(counts.min())}..{int(counts.max())}"
+            )
         _finite(row.temperatures, f"{where}: temperatures")
         if row.temperatures.size and row.temperatures.min() <= 0:
             raise ValueError(f"{where}: temperatures must be > 0 (the trainer divides logits by them)")

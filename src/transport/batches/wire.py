@@ -1,7 +1,7 @@
 """A TrainingBatch as one safetensors blob, for transports that cross a process boundary.
 
 Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` and
-`routed_experts` only when set; a vision-language row's images as
+`routed_experts` and `kept_counts` only when set; a vision-language row's images as
 `rows.{i}.images.{pixel_values,grid_thw,token_starts}`),
 and in the safetensors header metadata (string -> string): `format`, `version`, `step`,
 `num_rows`, `metadata` (the batch metadata as JSON), `sampling` (the batch's top_k/top_p/min_p as
@@ -35,7 +35,7 @@ from grpo.transport.batches.validate import check_batch_values
 from grpo.utils.errors import UserError
 
 WIRE_FORMAT = "grpo.training_batch"
-WIRE_VERSION = "3"  # 3: optional rows.{i}.routed_experts
+WIRE_VERSION = "4"  # 3: optional rows.{i}.routed_experts; 4: optional rows.{i}.kept_counts
 WIRE_SAMPLING_FIELDS = ("top_k", "top_p", "min_p")
 """SamplingTruncation's fields on the wire (its engine_sampler is the trainer's to set)."""
 
@@ -61,7 +61,7 @@ def encode_batch(batch: TrainingBatch) -> bytes:
     batch.validate()
     tensors: dict[str, np.ndarray] = {}
     for i, row in enumerate(batch.rows):
-        for name in (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "routed_experts"):
+        for name in (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "routed_experts", "kept_counts"):
             array = getattr(row, name)
             if array is not None:
                 tensors[f"rows.{i}.{name}"] = np.ascontiguousarray(array)
@@ -133,7 +133,7 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
         raise ValueError(f"training batch ({where}) is corrupt: checksum mismatch")
     num_rows = int(header["num_rows"])
     rows = [_row_from_tensors(tensors, i, where) for i in range(num_rows)]
-    names = (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "routed_experts")
+    names = (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "routed_experts", "kept_counts")
     known = {f"rows.{i}.{name}" for i in range(num_rows) for name in names}
     known |= {f"rows.{i}.images.{name}" for i in range(num_rows) for name in IMAGE_FIELDS}
     unexpected = set(tensors) - known
@@ -173,4 +173,7 @@ def _row_from_tensors(tensors: Mapping[str, np.ndarray], index: int, where: str)
         images = RowImages.from_tensors(dict(tensors), f"rows.{index}.images")
     except ValueError as err:
         raise ValueError(f"training batch ({where}): {err}") from err
-    return PackedRow(**fields, teacher_logprobs=teacher, routed_experts=routing, images=images)
+    counts = tensors.get(f"rows.{index}.kept_counts")
+    return PackedRow(
+        **fields, teacher_logprobs=teacher, routed_experts=routing, kept_counts=counts, images=images
+    )

@@ -103,3 +103,18 @@ def test_valid_batches_still_decode() -> None:
     batch = synthetic_batch(1, with_teacher=True, metadata={"policy_version": 3, "x": 0.5, "env": "toy"})
     assert isinstance(decode_batch(encode_batch(batch)), TrainingBatch)
     assert json.loads(json.dumps(batch.metadata)) == decode_batch(encode_batch(batch)).metadata
+
+
+def test_kept_counts_must_be_non_negative_and_at_most_the_vocab() -> None:
+    batch = synthetic_batch(6)
+    for row in batch.rows:
+        row.input_ids %= 10
+    counts = np.full(batch.rows[1].num_tokens, 20, np.int32)
+    batch.rows[1].kept_counts = counts
+    blob = encode_batch(batch)
+    assert decode_batch(blob, vocab_size=20).rows[1].kept_counts is not None
+    with pytest.raises(ValueError, match=r"row 1: kept_counts must be \[0, 19\], got 20\.\.20"):
+        decode_batch(blob, vocab_size=19)
+    counts[2] = -1
+    with pytest.raises(ValueError, match=r"step 6.*row 1: kept_counts must be >= 0, got -1\.\.20"):
+        decode_batch(encode_batch(batch))

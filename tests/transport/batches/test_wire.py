@@ -124,3 +124,24 @@ def test_routed_experts_of_the_wrong_shape_or_dtype_are_refused() -> None:
     batch.rows[0].routed_experts = np.zeros((batch.rows[0].num_tokens, 2, 2), np.int64)
     with pytest.raises(ValueError, match="routed_experts has dtype"):
         encode_batch(batch)
+
+
+def test_roundtrip_keeps_optional_kept_counts_and_a_row_without_stays_without() -> None:
+    batch = synthetic_batch(5, num_rows=2)
+    counts = np.arange(batch.rows[0].num_tokens, dtype=np.int32) % 21
+    batch.rows[0].kept_counts = counts
+    decoded = decode_batch(encode_batch(batch))
+    assert decoded.rows[0].kept_counts is not None
+    assert decoded.rows[0].kept_counts.tolist() == counts.tolist()
+    assert decoded.rows[1].kept_counts is None
+    assert_batches_equal(decoded, batch)
+
+
+def test_kept_counts_of_the_wrong_shape_or_dtype_are_refused() -> None:
+    batch = synthetic_batch(4)
+    batch.rows[0].kept_counts = np.zeros(batch.rows[0].num_tokens + 1, np.int32)
+    with pytest.raises(ValueError, match="kept_counts has shape"):
+        encode_batch(batch)
+    batch.rows[0].kept_counts = np.zeros(batch.rows[0].num_tokens, np.int64)
+    with pytest.raises(ValueError, match=r"kept_counts has shape .* expected .* int32"):
+        encode_batch(batch)
