@@ -52,8 +52,17 @@ def completion_of(
         routed_experts=decode_routed_experts(choice["routed_experts"])
         if choice.get("routed_experts")
         else None,
+        kept_counts=_kept_counts(choice["kept_counts"], len(token_ids)) if "kept_counts" in choice else None,
         prompt_token_ids=prompt_token_ids,
     )
+
+
+def _kept_counts(counts: Any, num_tokens: int) -> np.ndarray:
+    """grpo-infer's `kept_counts` of a choice (grpo.inference.routing_responses) -> [num_tokens] int32."""
+    array = np.asarray(counts)
+    if array.shape != (num_tokens,) or (array.size and (array.dtype.kind not in "iu" or array.min() < 0)):
+        raise RuntimeError(f"server returned kept_counts of shape {array.shape} for {num_tokens} tokens")
+    return array.astype(np.int32)
 
 
 def decode_routed_experts(encoded: str) -> np.ndarray:

@@ -83,16 +83,22 @@ async def serve_with_weight_routes(
     args: argparse.Namespace, rules: WeightRouteRules, on_ready: vllm_app.OnReady
 ) -> bool:
     """vLLM's server with grpo's weight routes, each accepting what `rules` allow; on a CPU engine
-    that records routing (server_env), completion responses carry it (grpo.inference.routing_responses)."""
+    that records routing or kept counts (server_env), completion responses carry them
+    (grpo.inference.routing_responses)."""
+    from grpo.inference.vllm_compat.kept_counts import RECORD_KEPT_COUNTS_ENV
     from grpo.inference.vllm_compat.routing_capture import RECORD_ROUTING_ENV
 
     def extend_app(app: Any) -> None:
         add_weight_routes(app, rules)
-        if os.environ.get(RECORD_ROUTING_ENV) == "1":
+        routing = os.environ.get(RECORD_ROUTING_ENV) == "1"
+        kept_counts = os.environ.get(RECORD_KEPT_COUNTS_ENV) == "1"
+        if routing or kept_counts:
             from grpo.inference.routing_responses import RoutingResponses
 
             # Outside the built stack, as require_api_key wraps it (add_middleware is closed by now).
-            app.middleware_stack = RoutingResponses(app.middleware_stack or app.build_middleware_stack())
+            app.middleware_stack = RoutingResponses(
+                app.middleware_stack or app.build_middleware_stack(), routing=routing, kept_counts=kept_counts
+            )
 
     return await vllm_app.serve(
         args, on_ready=on_ready, extend_app=extend_app, lora_path_check=rules.resolve_allowed

@@ -14,6 +14,7 @@ from grpo.config.engine_dtype import merging_is_exact, resolve_engine_dtype
 from grpo.config.inference import InferenceConfig
 from grpo.inference.vllm_compat.cpu_block_size import CPU_BLOCK_SIZE_UNIT
 from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
+from grpo.inference.vllm_compat.kept_counts import RECORD_KEPT_COUNTS_ENV
 from grpo.inference.vllm_compat.routing_capture import RECORD_ROUTING_ENV
 from grpo.inference.vllm_compat.version import WORKER_EXTENSION_CLS
 from grpo.utils.auth import secret_from_env
@@ -215,6 +216,9 @@ def server_env(cfg: InferenceConfig, on_cpu: bool | None = None) -> dict[str, st
             env["VLLM_USE_AOT_COMPILE"] = "0"
         # Stated either way: a second server started by the same process must not inherit it.
         env[RECORD_ROUTING_ENV] = "1" if cfg.return_routed_experts else "0"
+    # The size of the set each token was sampled from, for the trainer's truncation; the hook is
+    # the CPU sampler's. Stated either way, as above.
+    env[RECORD_KEPT_COUNTS_ENV] = "1" if on_cpu else "0"
     return env
 
 

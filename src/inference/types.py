@@ -57,6 +57,9 @@ class Completion:
     routed_experts: np.ndarray | None = None
     """With return_routed_experts: [prompt + completion tokens - 1, num_layers, top_k] expert ids
     (the last token was never forwarded); None otherwise."""
+    kept_counts: np.ndarray | None = None
+    """From a grpo CPU engine, when the request truncates (top_k, top_p, min_p): [len(token_ids)]
+    int32, how many tokens the sampler kept when it sampled each token; None otherwise."""
     prompt_token_ids: list[int] | None = None
     """For a request with images: the prompt as the server ran it, each image's placeholder
     expanded to the image's tokens; None for a text request (its prompt is the request's)."""

@@ -16,6 +16,7 @@ from grpo.inference.vllm_compat import (
     cpu_float32_head,
     cpu_seeded_sampling,
     cpu_weights,
+    kept_counts,
     routing_capture,
 )
 from grpo.inference.weight_handles import export_record
@@ -36,6 +37,8 @@ if os.environ.get(cpu_weights.KEEP_DENSE_WEIGHTS_ENV) == "1":
     cpu_block_size.allow_16_token_cpu_blocks()
 if os.environ.get(routing_capture.RECORD_ROUTING_ENV) == "1":
     routing_capture.record_routing_on_load()
+if os.environ.get(kept_counts.RECORD_KEPT_COUNTS_ENV) == "1":
+    kept_counts.record_kept_counts_on_load()
 
 
 def hf_checkpoint_shapes(hf_config: Any, trust_remote_code: bool = False) -> dict[str, tuple[int, ...]]:
@@ -212,3 +215,18 @@ class WorkerExtension:
             return [None] * len(request_ids)
         taken = [recorder.take_matching(r, n) for r, n in zip(request_ids, num_positions, strict=True)]
         return [None if routing is None else encode_routed_experts(routing) for routing in taken]
+
+    def take_kept_counts(
+        self, request_ids: list[str], starts: list[int], num_tokens: list[int]
+    ) -> list[list[int] | None]:
+        """The kept-set sizes the sampler recorded for engine request `request_ids[i]` (the id vLLM
+        was given, without the suffix it adds) at positions starts[i] .. starts[i] + num_tokens[i] - 1
+        (0 where none), forgotten here; None for a request this worker did not run or a server that
+        does not record (RECORD_KEPT_COUNTS_ENV unset)."""
+        recorder = getattr(self.model_runner, "grpo_kept_counts", None)  # type: ignore[attr-defined]
+        if recorder is None:
+            return [None] * len(request_ids)
+        return [
+            recorder.take_matching(r, start, n)
+            for r, start, n in zip(request_ids, starts, num_tokens, strict=True)
+        ]

@@ -107,6 +107,21 @@ def _routing_of(rollouts: Sequence[Rollout], seq_len: int) -> list[np.ndarray] |
     return out
 
 
+def _kept_counts_of(rollouts: Sequence[Rollout], seq_len: int) -> list[np.ndarray] | None:
+    """Each rollout's kept_counts over its prompt + completion tokens (0 on prompt tokens and where
+    the engine reported none), truncated like its tokens; None when no rollout carries any."""
+    if all(r.kept_counts is None for r in rollouts):
+        return None
+    out = []
+    for rollout in rollouts:
+        num_prompt = len(rollout.prompt_ids)
+        counts = np.zeros(num_prompt + len(rollout.completion_ids), np.int32)
+        if rollout.kept_counts is not None:
+            counts[num_prompt:] = rollout.kept_counts
+        out.append(counts[:seq_len])
+    return out
+
+
 def pack_rollouts(
     rollouts: Sequence[Rollout], seq_len: int, share_prefixes: bool, row_tokens: int | None = None
 ) -> tuple[list[PackedRow], PackStats]:
@@ -120,6 +135,10 @@ def pack_rollouts(
     if routing is not None:
         for sample, routed in zip(samples, routing, strict=True):
             sample["routed_experts"] = routed
+    kept_counts = _kept_counts_of(rollouts, seq_len)
+    if kept_counts is not None:
+        for sample, counts in zip(samples, kept_counts, strict=True):
+            sample["kept_counts"] = counts
     images = ImageTable() if any(r.prompt_images is not None for r in rollouts) else None
     if images is not None:  # one more per-token column, so that only the same images are shared
         for sample, rollout in zip(samples, rollouts, strict=True):

@@ -221,6 +221,8 @@ class RolloutRunner:
             routed_experts=None
             if c.routed_experts is None
             else compact_routing(c.routed_experts, len(prompt_ids) + len(c.token_ids)),
+            # a resumed completion's tokens came from several requests; the last one's counts cover its own
+            kept_counts=c.kept_counts if choice.num_resumes == 0 else None,
         )
 
     async def run_group(self, req: GroupRequest) -> Group:

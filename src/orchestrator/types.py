@@ -66,6 +66,10 @@ class Rollout:
     """With routing replay on a mixture-of-experts model: [len(prompt_ids) + len(completion_ids),
     num_moe_layers, top_k] expert ids the engine routed each token to (uint8/uint16,
     grpo.transport.batches.batch: `routed_experts`); None otherwise."""
+    kept_counts: np.ndarray | None = None
+    """[len(completion_ids)] int32: how many tokens the engine's sampler kept when it sampled each
+    completion token (grpo.transport.batches.batch: `kept_counts`); None when the engine reported
+    none (another engine, no truncation, multi-turn and resumed rollouts)."""
     num_resumes: int = 0
     """Times generation stopped at a policy update and resumed under the new policy with tokens kept."""
     num_recovered_tokens: int = 0

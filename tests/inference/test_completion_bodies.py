@@ -201,3 +201,17 @@ def test_a_choice_with_routed_experts_decodes_vllms_base64_npy() -> None:
     assert decoded is not None and decoded.dtype == np.uint8
     np.testing.assert_array_equal(decoded, routing)
     assert completion_from_choice({**choice, "routed_experts": None}).routed_experts is None
+
+
+def test_a_choice_with_kept_counts_gives_one_int32_count_per_token_and_a_wrong_length_is_refused() -> None:
+    import numpy as np
+
+    choice = {
+        "token_ids": [1, 2, 3], "logprobs": {"token_logprobs": [-1.0, -2.0, -3.0]}, "text": "abc",
+        "finish_reason": "stop", "kept_counts": [20, 1, 7],
+    }  # fmt: skip
+    counts = completion_from_choice(choice).kept_counts
+    assert counts is not None and counts.dtype == np.int32 and counts.tolist() == [20, 1, 7]
+    assert completion_from_choice({k: v for k, v in choice.items() if k != "kept_counts"}).kept_counts is None
+    with pytest.raises(RuntimeError, match="kept_counts of shape"):
+        completion_from_choice({**choice, "kept_counts": [20, 1]})

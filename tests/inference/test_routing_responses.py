@@ -86,3 +86,69 @@ def test_a_choice_without_recorded_routing_a_text_prompt_and_a_stream_pass_untou
     assert _serve({"prompt": "hello"}, response, engine)[1] == response
     assert _serve({"prompt": [1], "stream": True}, "data: {}\n\n", engine)[1] == "data: {}\n\n"
     assert len(engine.calls) == 1  # only the token prompt with a JSON answer asked the engine
+
+
+class FakeCountingEngine:
+    """One worker that recorded kept counts for the requests in `known` (positions from 0)."""
+
+    def __init__(self, known: dict[str, list[int]]) -> None:
+        self.known = known
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    async def collective_rpc(self, method: str, args: tuple[Any, ...]) -> list[list[Any]]:
+        self.calls.append((method, args))
+        assert method == "take_kept_counts"
+        request_ids, starts, num_tokens = args
+        return [
+            [
+                self.known[r][s : s + n] if r in self.known else None
+                for r, s, n in zip(request_ids, starts, num_tokens, strict=True)
+            ]
+        ]
+
+
+def _serve_counts(request: dict[str, Any], response: dict[str, Any], engine: Any) -> dict[str, Any]:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        body = json.dumps(response).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    sent: list[dict[str, Any]] = []
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions"}
+    scope["app"] = SimpleNamespace(state=SimpleNamespace(engine_client=engine))
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": json.dumps(request).encode()}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(RoutingResponses(app, routing=False, kept_counts=True)(scope, receive, send))
+    result: dict[str, Any] = json.loads(
+        b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    )
+    return result
+
+
+def test_a_truncating_request_gets_each_choices_kept_counts_of_its_completion_tokens() -> None:
+    engine = FakeCountingEngine({"cmpl-k-0": [0, 0, 0, 20, 3, 1]})  # prompt of 3, 3 completion tokens
+    response = {"id": "cmpl-k", "choices": [{"index": 0, "token_ids": [7, 8, 9]}]}
+    body = _serve_counts({"prompt": [1, 2, 3], "n": 1, "top_p": 0.9, "top_k": 0}, response, engine)
+    assert engine.calls == [("take_kept_counts", (["cmpl-k-0"], [3], [3]))]
+    assert body["choices"][0]["kept_counts"] == [20, 3, 1]
+    assert "routed_experts" not in body["choices"][0]
+
+
+def test_a_request_that_truncates_nothing_asks_the_engine_for_no_counts() -> None:
+    engine = FakeCountingEngine({"cmpl-k-0": [0, 0, 0, 20, 3, 1]})
+    response = {"id": "cmpl-k", "choices": [{"index": 0, "token_ids": [7, 8, 9]}]}
+    request = {"prompt": [1, 2, 3], "n": 1, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+    body = _serve_counts(request, response, engine)
+    assert engine.calls == [] and "kept_counts" not in body["choices"][0]

@@ -115,3 +115,16 @@ def test_a_group_tree_longer_than_seq_len_stays_whole_in_one_row_of_the_budget()
 def test_samples_are_still_cut_at_seq_len_in_a_larger_row() -> None:
     rows, stats = pack_rollouts([_rollout(4, 40, 0)], seq_len=20, share_prefixes=True, row_tokens=64)
     assert stats.num_truncated == 1 and rows[0].num_tokens == 20
+
+
+def test_kept_counts_travel_with_completion_tokens_and_are_0_on_prompts_and_rollouts_without() -> None:
+    counted = _rollout(3, 4, 0)
+    counted.kept_counts = np.array([5, 1, 20, 7], np.int32)
+    without = _rollout(2, 2, 100)  # e.g. multi-turn or another engine: no counts
+    (row,), _ = pack_rollouts([counted, without], seq_len=16, share_prefixes=True)
+    assert row.kept_counts is not None and row.kept_counts.dtype == np.int32
+    assert row.kept_counts.tolist() == [0, 0, 0, 5, 1, 20, 7, 0, 0, 0, 0]
+    (cut,), _ = pack_rollouts([counted], seq_len=5, share_prefixes=False)
+    assert cut.kept_counts is not None and cut.kept_counts.tolist() == [0, 0, 0, 5, 1]
+    (plain,), _ = pack_rollouts([without], seq_len=16, share_prefixes=False)
+    assert plain.kept_counts is None
