@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 BIN = Path(sys.executable).parent
 DEMO = ROOT / "configs" / "demo"
+TASKS = Path(__file__).resolve().parent / "tasks"
 TAG_VAR = "GRPO_BENCH_TAG"
 POLL_S = 0.2
 SERVER_START_TIMEOUT_S = 600.0
@@ -147,7 +148,26 @@ def run_configs(args: argparse.Namespace, run_dir: Path, async_level: int) -> di
     orch["sampling"]["max_tokens"] = args.max_tokens
     if args.env is not None:
         orch["env"] = [{"id": args.env}]
-    return {"train": train, "infer": infer, "orch": orch}
+    configs = {"train": train, "infer": infer, "orch": orch}
+    if args.seed is not None:
+        # the trainer's (LoRA init), the orchestrator's (prompt order) and the engine's sampling seed
+        train["seed"] = orch["seed"] = args.seed
+        orch["sampling"]["seed"] = args.seed
+    for setting in args.set:
+        apply_setting(configs, setting)
+    return configs
+
+
+def apply_setting(configs: dict[str, dict[str, Any]], setting: str) -> None:
+    """`--set orch.advantage.type=grpo`: one key of one file, the value read as YAML."""
+    path, sep, value = setting.partition("=")
+    file, *keys = path.split(".")
+    if not sep or file not in configs or not keys:
+        raise ValueError(f"--set {setting!r}: write FILE.key[.key...]=VALUE with FILE train, infer or orch")
+    node = configs[file]
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = yaml.safe_load(value)
 
 
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:
@@ -177,6 +197,8 @@ class TaggedRun:
         env = {**os.environ, TAG_VAR: self.tag, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         # vLLM pins its CPU worker to core 0 by default; other work may already own that core.
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # the bench's own tasks (env ids like "three_words:load_environment")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TASKS), env.get("PYTHONPATH", "")) if p)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         return self.processes[name]
@@ -392,6 +414,16 @@ def main() -> None:
     parser.add_argument("--configs", default=str(DEMO), help="folder with train/infer/orch.yaml")
     parser.add_argument(
         "--env", default=None, help="environment id instead of the demo's short-answer (e.g. reverse-text)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seed of the trainer, prompt order and sampling"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FILE.KEY=VALUE",
+        help="override one config key, e.g. orch.advantage.type=grpo (repeatable)",
     )
     args = parser.parse_args()
 

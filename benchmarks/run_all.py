@@ -1,6 +1,6 @@
 """Every benchmark in one command (`make bench`): component benches, grpo vs TRL on two workloads, plots.
 
-    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl,reverse-text,group-sweep]
+    .venv/bin/python benchmarks/run_all.py [--quick] [--skip components,e2e,trl,reverse-text,group-sweep,learning]
         [--workloads short-answer,long-brief] [--modes colocated] [--async-levels 1] [--steps 10]
         [--trl-precision measure]
 
@@ -21,7 +21,9 @@ longer than the fastest so far is stopped; where a matmul probe finds bf16 over 
 fp32, as on an AVX2 CPU that emulates bf16, TRL runs in fp32 unprobed; the choice and the measured
 seconds are in the summary's notes). Last, the trainer's step time against the group
 size G for one shared long prompt (group_sweep_bench.py: grpo, and TRL's training part, with its
-plot; --skip group-sweep leaves it out). Prints a summary table with
+plot; --skip group-sweep leaves it out). Then time to a reward (learning_bench.py: grpo and TRL at
+their defaults, 3 seeds each, on three-words, short-answer and long-brief; not in --quick; --skip
+learning leaves it out; its table is results/learning_<machine>.md). Prints a summary table with
 the grpo/TRL speedup per workload; writes results/summary_<machine>.json and .md.
 """
 
@@ -38,7 +40,7 @@ from typing import Any
 
 from compare import comparison_rows
 from e2e_bench import RESULTS, ROOT, load_average, machine_info, machine_label, versions
-from workloads import BENCH_CONFIGS, WORKLOADS
+from workloads import BENCH_CONFIGS, SPEED_WORKLOADS, WORKLOADS
 
 HERE = Path(__file__).resolve().parent
 
@@ -295,10 +297,10 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="2-step smoke sizes; separate result files")
     parser.add_argument(
-        "--skip", default="", help="comma list of: components, e2e, trl, reverse-text, group-sweep"
+        "--skip", default="", help="comma list of: components, e2e, trl, reverse-text, group-sweep, learning"
     )
     parser.add_argument(
-        "--workloads", default=",".join(WORKLOADS), help="comma list of: " + ", ".join(WORKLOADS)
+        "--workloads", default=",".join(SPEED_WORKLOADS), help="comma list of: " + ", ".join(WORKLOADS)
     )
     parser.add_argument("--modes", default="colocated", help="grpo modes: colocated,multiprocess")
     parser.add_argument("--async-levels", default="1", help="grpo max_async_level values, e.g. 0,1,2")
@@ -314,10 +316,10 @@ def main() -> None:
     args = parser.parse_args()
 
     skip = set(split(args.skip))
-    unknown = skip - {"components", "e2e", "trl", "reverse-text", "group-sweep"}
+    unknown = skip - {"components", "e2e", "trl", "reverse-text", "group-sweep", "learning"}
     if unknown:
         raise ValueError(
-            f"unknown --skip {sorted(unknown)}: use components, e2e, trl, reverse-text, group-sweep"
+            f"unknown --skip {sorted(unknown)}: use components, e2e, trl, reverse-text, group-sweep, learning"
         )
     workloads = [WORKLOADS[name] for name in split(args.workloads) if name in WORKLOADS]
     if len(workloads) != len(split(args.workloads)):
@@ -388,6 +390,10 @@ def main() -> None:
             # long-brief's measured set-up where this run measured it
             sweep += ["--trl", "--trl-precision", trl_precisions.get("long-brief", "auto")]
         seconds["group sweep"] = run_script(sweep)
+    if "learning" not in skip and "trl" not in skip and not args.quick:
+        # time to a reward over 3 seeds a side (learning_bench.py: the longest part of the bench)
+        learning = ["learning_bench.py", "--trl-precision", trl_precisions.get("short-answer", "auto")]
+        seconds["learning"] = run_script(learning)
     components = component_rows(label)
     summary = {
         "machine": machine_info(),

@@ -35,7 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e_bench import RESULTS, ROOT, load_average, machine_info, machine_label, versions
+from e2e_bench import RESULTS, ROOT, TASKS, load_average, machine_info, machine_label, versions
+
+sys.path.insert(0, str(TASKS))  # the bench's own tasks (env ids like "three_words:load_environment")
 
 
 def cpu_has_bf16() -> bool:
@@ -141,6 +143,13 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", choices=["off", "on"], default="off")
     parser.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
     parser.add_argument("--tag", default="", help="suffix for the result file name (e.g. smoke)")
+    parser.add_argument("--seed", type=int, default=42, help="TRL's seed (LoRA init, prompt order, sampling)")
+    parser.add_argument("--loss-type", default=None, help="GRPOConfig.loss_type (default: TRL's, dapo)")
+    parser.add_argument(
+        "--scale-rewards",
+        default=None,
+        help="GRPOConfig.scale_rewards: group, batch, none (default: TRL's, group)",
+    )
     args = parser.parse_args()
 
     started = time.monotonic()
@@ -183,12 +192,13 @@ def main() -> None:
         max_grad_norm=1.0,
         temperature=1.0,
         beta=0.0,
-        loss_type="dapo",
-        scale_rewards="none",
+        # TRL's own defaults (1.16: "dapo", "group") unless a flag names one
+        **({"loss_type": args.loss_type} if args.loss_type else {}),
+        **({"scale_rewards": args.scale_rewards} if args.scale_rewards else {}),
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        seed=42,
+        seed=args.seed,
     )
     lora = LoraConfig(
         r=16,
