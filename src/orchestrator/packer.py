@@ -115,7 +115,7 @@ def _kept_counts_of(rollouts: Sequence[Rollout], seq_len: int) -> list[np.ndarra
     out = []
     for rollout in rollouts:
         num_prompt = len(rollout.prompt_ids)
-        counts = np.zeros(num_prompt + len(rollout.completion_ids), np.int32)
+        counts: np.ndarray = np.zeros(num_prompt + len(rollout.completion_ids), np.int32)
         if rollout.kept_counts is not None:
             counts[num_prompt:] = rollout.kept_counts
         out.append(counts[:seq_len])

@@ -146,6 +146,12 @@ def test_cpu_env_sizes_the_kv_cache_in_whole_gib_and_keeps_dense_weights() -> No
     assert gpu_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 
+def test_a_cpu_engine_records_kept_counts_and_a_gpu_one_is_told_not_to() -> None:
+    # stated either way: a GPU server started after a CPU one in the same process must not inherit it
+    assert server_env(InferenceConfig(model="m"), on_cpu=True)["GRPO_RECORD_KEPT_COUNTS"] == "1"
+    assert server_env(InferenceConfig(model="m"), on_cpu=False)["GRPO_RECORD_KEPT_COUNTS"] == "0"
+
+
 def test_a_cpu_engine_takes_the_compile_cache_it_can_load_unless_the_user_chose(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

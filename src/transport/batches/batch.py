@@ -59,7 +59,7 @@ OPTIONAL_ROW_FIELDS: dict[str, type] = {"teacher_logprobs": np.float32}
 ROUTING_DTYPES: tuple[np.dtype, np.dtype] = (np.dtype(np.uint8), np.dtype(np.uint16))
 """Dtypes of `routed_experts` ([num_tokens, num_moe_layers, top_k], not in the 1-D tables above)."""
 
-KEPT_COUNTS_DTYPE = np.dtype(np.int32)
+KEPT_COUNTS_DTYPE: np.dtype = np.dtype(np.int32)
 """Dtype of `kept_counts` (kept apart from OPTIONAL_ROW_FIELDS, whose entries are float columns)."""
 
 EngineSampler = Literal["cpu", "cuda_v2", "cuda_v1"]
