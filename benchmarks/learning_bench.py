@@ -27,14 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from e2e_bench import RESULTS, ROOT, machine_label
-from run_all import markdown_table
+from e2e_bench import RESULTS, machine_label
+from run_all import markdown_table, run_script
 from workloads import BENCH_CONFIGS, WORKLOADS, Workload
 
 HERE = Path(__file__).resolve().parent
@@ -149,10 +147,7 @@ def main() -> None:
                 if args.summarise_only or (args.reuse and path.exists()):
                     continue
                 argv = run_command(system, workload, seed, args.trl_precision)
-                print(f"\n=== python benchmarks/{' '.join(argv)}", flush=True)
-                started = time.monotonic()
-                subprocess.run([sys.executable, str(HERE / argv[0]), *argv[1:]], cwd=ROOT, check=True)
-                seconds[f"{system} {workload.name} seed {seed}"] = time.monotonic() - started
+                seconds[f"{system} {workload.name} seed {seed}"] = run_script(argv)
     thresholds, speed = [], []
     for workload in workloads:
         results = {

@@ -105,15 +105,6 @@ def record_kept_counts_on_load() -> None:
     """Install a KeptCountRecorder on every CPU model runner right after its model loads (kept on the
     runner as `grpo_kept_counts`). Must run in the engine worker before the model loads (the worker
     extension does it). Idempotent."""
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from grpo.inference.vllm_compat.runner_load_hook import on_cpu_model_load
 
-    original = CPUModelRunner.load_model
-    if getattr(original, "_grpo_records_kept_counts", False):
-        return
-
-    def load_and_record(runner: Any, *args: Any, **kwargs: Any) -> None:
-        original(runner, *args, **kwargs)
-        runner.grpo_kept_counts = install_kept_count_recorder(runner)
-
-    load_and_record._grpo_records_kept_counts = True  # type: ignore[attr-defined]
-    CPUModelRunner.load_model = load_and_record
+    on_cpu_model_load("grpo_kept_counts", install_kept_count_recorder)

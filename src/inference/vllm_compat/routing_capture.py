@@ -161,15 +161,6 @@ def record_routing_on_load() -> None:
     """Install a RoutingRecorder on every CPU model runner right after its model loads (kept on the
     runner as `grpo_routing`). Must run in the engine worker before the model loads (the worker
     extension does it). Idempotent."""
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from grpo.inference.vllm_compat.runner_load_hook import on_cpu_model_load
 
-    original = CPUModelRunner.load_model
-    if getattr(original, "_grpo_records_routing", False):
-        return
-
-    def load_and_record(runner: Any, *args: Any, **kwargs: Any) -> None:
-        original(runner, *args, **kwargs)
-        runner.grpo_routing = install_routing_recorder(runner)
-
-    load_and_record._grpo_records_routing = True  # type: ignore[attr-defined]
-    CPUModelRunner.load_model = load_and_record
+    on_cpu_model_load("grpo_routing", install_routing_recorder)
