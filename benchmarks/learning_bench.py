@@ -35,7 +35,6 @@ from e2e_bench import RESULTS, machine_label
 from run_all import markdown_table, run_script
 from workloads import BENCH_CONFIGS, WORKLOADS, Workload
 
-HERE = Path(__file__).resolve().parent
 REWARD_WINDOW = 3
 """Steps in the trailing mean a threshold is judged on (fewer at the start of a run)."""
 
