@@ -44,11 +44,21 @@ class RoutingResponses:
             return message
 
         start: dict[str, Any] | None = None
+        passes_through = False
         response_body = bytearray()
 
         async def hold(message: dict[str, Any]) -> None:
-            nonlocal start
+            nonlocal start, passes_through
+            if passes_through:
+                await send(message)
+                return
             if message["type"] == "http.response.start":
+                if message["status"] != 200 or not _content_type(message).startswith("application/json"):
+                    # A streamed (or failed) response gets nothing added: it goes on chunk by chunk,
+                    # as a client that stops reading midway needs.
+                    passes_through = True
+                    await send(message)
+                    return
                 start = message
                 return
             if message["type"] != "http.response.body" or start is None:
@@ -57,15 +67,13 @@ class RoutingResponses:
             response_body.extend(message.get("body", b""))
             if message.get("more_body", False):
                 return
-            body = bytes(response_body)
-            if start["status"] == 200 and _content_type(start).startswith("application/json"):
-                body = await _with_records(
-                    scope["app"].state.engine_client,
-                    bytes(request_body),
-                    body,
-                    self.routing,
-                    self.kept_counts,
-                )
+            body = await _with_records(
+                scope["app"].state.engine_client,
+                bytes(request_body),
+                bytes(response_body),
+                self.routing,
+                self.kept_counts,
+            )
             headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
             await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})

@@ -152,3 +152,35 @@ def test_a_request_that_truncates_nothing_asks_the_engine_for_no_counts() -> Non
     request = {"prompt": [1, 2, 3], "n": 1, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
     body = _serve_counts(request, response, engine)
     assert engine.calls == [] and "kept_counts" not in body["choices"][0]
+
+
+def test_a_streamed_response_reaches_the_client_chunk_by_chunk() -> None:
+    """A client that stops reading a stream midway (an interrupted rollout) needs each chunk as the
+    engine sends it, not the whole stream at its end."""
+    seen_by_client_before_last_chunk: list[bytes] = []
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        seen_by_client_before_last_chunk.extend(m.get("body", b"") for m in sent)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": json.dumps({"prompt": [1], "stream": True}).encode()}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions"}
+    scope["app"] = SimpleNamespace(state=SimpleNamespace(engine_client=FakeEngine({})))
+    asyncio.run(RoutingResponses(app, kept_counts=True)(scope, receive, send))
+    assert b"data: 1\n\n" in seen_by_client_before_last_chunk
+    assert b"".join(m.get("body", b"") for m in sent) == b"data: 1\n\ndata: [DONE]\n\n"
