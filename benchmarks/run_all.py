@@ -347,7 +347,10 @@ def main() -> None:
         steps = args.steps or (2 if args.quick else workload.steps)
         task = [*workload.task_args(steps), "--tag", tags[workload.name]]
         e2e = ["e2e_bench.py", "--configs", BENCH_CONFIGS, "--modes", args.modes, "--async-levels"]
-        for part, argv in (("e2e", [*e2e, args.async_levels, *task]), ("trl", ["trl_bench.py", *task])):
+        for part, argv in (
+            ("e2e", [*e2e, args.async_levels, *task]),
+            ("trl", ["trl_bench.py", *task, "--scale-rewards", "none"]),
+        ):
             if part in skip:
                 continue
             if part == "trl":

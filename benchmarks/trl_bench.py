@@ -11,8 +11,9 @@ completions per optimizer step (generated at once, trained in micro-batches of -
 sequences with gradient accumulation: without them, 64 long-brief sequences of ~400 tokens need
 more than 24 GiB of activations), max completion tokens, learning rate (constant), grad-norm clip
 1.0, no weight decay, LoRA r16 alpha 32 dropout 0 on the same linear layers, temperature 1.0, no
-KL term, token-level loss over the step (TRL's `dapo`), advantages = reward - group mean
-(`scale_rewards="none"`, grpo's default advantage), no gradient checkpointing (as grpo's bench
+KL term, TRL's own loss and advantage scaling (1.16: token-level `dapo`, rewards scaled by the
+group's std; --loss-type / --scale-rewards name others: run_all.py's speed comparison passes
+`--scale-rewards none`, grpo's default advantage), no gradient checkpointing (as grpo's bench
 configs; TRL's default is on). Precision: `auto` (the default here) is the transformers
 CPU-training guide's set-up: fp32 master weights, bf16 autocast where the CPU has AMX /
 AVX512-BF16 (matmuls in bf16, like grpo's bf16 default), else fp32; `default` leaves it to TRL
