@@ -4,13 +4,14 @@ vLLM's CUDA LoRA kernels (punica/triton) take float16 and bfloat16 weights only,
 engine serving LoRA adapters on a GPU dies at start. On CPU float32 is what makes the co-located
 trainer (which computes in the engine's dtype, on the engine's own weights) and the engine agree
 to ~1e-8 in logprobs instead of ~2e-3 in bfloat16. `dtype: float32_on_cpu` asks for both: float32
-on CPU, bfloat16 on a GPU, so one config (configs/demo) runs on either.
+on CPU, bfloat16 on a GPU, so one config runs on either.
 
-`dtype: auto` is vLLM's choice (16 bits for a 16-bit or float32 checkpoint) except on a CPU without
-native 16-bit matmuls (no AVX512-BF16 or AMX; grpo.utils.device.cpu_has_native_bf16), where the
-engine and a co-located trainer on its weights would compute 16-bit matmuls emulated, about 80x
-slower than float32 on a 2-core AVX2 machine (a default co-located LoRA step went from ~10 s on an
-AVX512-BF16 machine to ~210 s there): auto is float32 on such a CPU, unless the weights are quantized.
+`dtype: auto` is vLLM's choice (16 bits for a 16-bit or float32 checkpoint) on a GPU, and float32 on
+a CPU unless the weights are quantized. A 16-bit CPU engine is faster per token where the CPU
+multiplies bf16 natively (AVX512-BF16, AMX), but it learns less per step: a LoRA policy served as
+one merged weight is rounded to the base weight's 16-bit grid, which drops every element of the
+update below half a step of that grid (benchmarks/README.md, "Learning per step"), and without
+native bf16 (AVX2) 16-bit matmuls are emulated, about 80x slower than float32.
 """
 
 from __future__ import annotations
@@ -19,21 +20,24 @@ from grpo.config.inference import InferenceConfig
 from grpo.utils.device import cuda_present
 
 
-def resolve_engine_dtype(cfg: InferenceConfig, on_cuda: bool, cpu_bf16: bool | None = None) -> str:
-    """The value of vLLM's --dtype for `cfg` on a CUDA device (`on_cuda`) or the CPU; `cpu_bf16`:
-    whether the CPU has native 16-bit matmuls (None: ask this one)."""
+def resolve_engine_dtype(cfg: InferenceConfig, on_cuda: bool) -> str:
+    """The value of vLLM's --dtype for `cfg` on a CUDA device (`on_cuda`) or the CPU."""
     if cfg.dtype == "float32_on_cpu":
         return "bfloat16" if on_cuda else "float32"
-    # Quantized weights are dequantized to 16 bits by their kernels whatever the CPU (a float32
-    # engine is refused with them), so auto stays vLLM's there.
+    # Quantized weights are dequantized to 16 bits by their kernels (a float32 engine is refused
+    # with them), so auto stays vLLM's there.
     if cfg.dtype == "auto" and not on_cuda and cfg.quantization is None:
-        if cpu_bf16 is None:
-            from grpo.utils.device import cpu_has_native_bf16
-
-            cpu_bf16 = cpu_has_native_bf16()
-        if not cpu_bf16:
-            return "float32"
+        return "float32"
     return cfg.dtype
+
+
+def merging_is_exact(cfg: InferenceConfig, on_cuda: bool) -> bool:
+    """Whether the engine can serve base + scaling * B @ A as one merged weight that is the policy
+    the trainer trains: only in float32. A 16-bit merged weight is rounded to the base weight's own
+    grid, so every element of the update below half a step of it is lost (bfloat16 at |w| ~ 0.03:
+    6e-5, more than a LoRA update makes in its first steps at lr 1e-4) and the engine keeps
+    sampling an older policy than the one trained."""
+    return resolve_engine_dtype(cfg, on_cuda) == "float32"
 
 
 def dtype_problems(cfg: InferenceConfig, on_cuda: bool | None = None) -> list[str]:

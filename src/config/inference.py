@@ -40,11 +40,11 @@ class InferenceConfig(StrictModel):
 
     dtype: Literal["auto", "float16", "bfloat16", "float32", "float32_on_cpu"] = "auto"
     """Weight and activation dtype of the engine (and of a co-located trainer, which computes on the
-    engine's weights). auto: vLLM's choice (the checkpoint's; 16-bit on a GPU), except float32 on a
-    CPU without native 16-bit matmuls (no AVX512-BF16/AMX; unquantized weights), where 16-bit runs
-    ~80x slower. float32 with
-    enable_lora is refused on a GPU (vLLM's CUDA LoRA kernels take 16-bit only). float32_on_cpu:
-    float32 on CPU (trainer and engine logprobs agree to ~1e-8), bfloat16 on a GPU."""
+    engine's weights). auto: vLLM's choice on a GPU (the checkpoint's; 16-bit), float32 on a CPU
+    (unquantized weights): trainer and engine logprobs agree to ~1e-8 and a LoRA policy merged into
+    the served weights keeps every update (grpo.config.engine_dtype). float32 with enable_lora is
+    refused on a GPU (vLLM's CUDA LoRA kernels take 16-bit only). float32_on_cpu: float32 on CPU,
+    bfloat16 on a GPU."""
 
     quantization: str | None = None
     """vLLM quantization method for the base weights (vLLM's --quantization), e.g. "fp8" on a GPU or
@@ -97,8 +97,9 @@ class InferenceConfig(StrictModel):
     applied per request). "merged": each new adapter is merged into the weights the engine serves
     (base + scaling * B @ A, recomputed from the untouched base, so the co-located trainer's
     borrowed base is unchanged) and requests run as the base model: on CPU about 3x the tokens/s of
-    the LoRA path (benchmarks/results). vLLM's CPU backend only; not with tp > 1 or a quantized base.
-    "auto": merged on CPU, adapter on GPU."""
+    the LoRA path (benchmarks/results). vLLM's CPU backend with a float32 engine only (a 16-bit
+    merged weight drops small updates); not with tp > 1 or a quantized base. "auto": merged where
+    that holds, else adapter."""
 
     enable_prefix_caching: bool | None = None
     """Prefix caching; null keeps vLLM's default."""
@@ -232,6 +233,12 @@ class InferenceConfig(StrictModel):
             raise ValueError(
                 f"lora_serving merged with quantization {self.quantization}: a LoRA delta cannot be added "
                 "exactly to quantized base weights; set lora_serving to adapter (or auto), or quantization: null"
+            )
+        if self.dtype in ("bfloat16", "float16"):
+            raise ValueError(
+                f"lora_serving merged with dtype {self.dtype}: a 16-bit merged weight drops the LoRA updates "
+                "smaller than its rounding step, so the engine would sample an older policy than the one "
+                "trained; set dtype: float32 (or auto), or lora_serving: adapter"
             )
         return self
 

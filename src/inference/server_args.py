@@ -10,7 +10,7 @@ import math
 import os
 from typing import Literal
 
-from grpo.config.engine_dtype import resolve_engine_dtype
+from grpo.config.engine_dtype import merging_is_exact, resolve_engine_dtype
 from grpo.config.inference import InferenceConfig
 from grpo.inference.vllm_compat.cpu_block_size import CPU_BLOCK_SIZE_UNIT
 from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
@@ -31,8 +31,9 @@ def resolve_lora_serving(cfg: InferenceConfig, on_cpu: bool | None = None) -> Lo
 
     auto merges on CPU, where vLLM's LoRA path is about 3x slower than the base model
     (benchmarks/results/inference_cpu-2core_embedded.json), and keeps adapters on GPU, where the
-    LoRA kernels are fast and merging would need a second copy of the base. A quantized or
-    tensor-parallel engine cannot merge exactly, so auto serves adapters there.
+    LoRA kernels are fast and merging would need a second copy of the base. A quantized,
+    tensor-parallel or 16-bit engine cannot merge exactly (grpo.config.engine_dtype.merging_is_exact),
+    so auto serves adapters there.
     """
     if cfg.lora_serving == "adapter":
         return "adapter"
@@ -44,8 +45,15 @@ def resolve_lora_serving(cfg: InferenceConfig, on_cpu: bool | None = None) -> Lo
                 "lora_serving merged is implemented for vLLM's CPU backend only (on GPU the served weights "
                 "are the borrowed base); set lora_serving to adapter (or auto) in the inference config"
             )
+        if not merging_is_exact(cfg, on_cuda=False):
+            raise UserError(
+                f"lora_serving merged with dtype {cfg.dtype} on CPU: a 16-bit merged weight drops the LoRA "
+                "updates smaller than its rounding step, so the engine would sample an older policy than the "
+                "one trained; set dtype: float32 (or auto) in the inference config, or lora_serving: adapter"
+            )
         return "merged"
-    return "merged" if on_cpu and cfg.tp == 1 and cfg.quantization is None else "adapter"
+    exact = on_cpu and cfg.tp == 1 and cfg.quantization is None and merging_is_exact(cfg, on_cuda=False)
+    return "merged" if exact else "adapter"
 
 
 def engine_runs_compiled(cfg: InferenceConfig, on_cpu: bool | None = None) -> bool:

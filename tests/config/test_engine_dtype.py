@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from grpo.config.crosscheck import check_colocated
-from grpo.config.engine_dtype import dtype_problems, resolve_engine_dtype
+from grpo.config.engine_dtype import dtype_problems, merging_is_exact, resolve_engine_dtype
 from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.loading import load_config
@@ -20,37 +20,58 @@ SHIPPED_INFER = sorted(p for d in ("configs", "examples") for p in (REPO / d).rg
 
 
 @pytest.mark.parametrize(
-    "dtype, on_cuda, cpu_bf16, engine",
+    "dtype, on_cuda, engine",
     [
-        ("float32_on_cpu", False, True, "float32"),
-        ("float32_on_cpu", True, True, "bfloat16"),
-        ("auto", True, False, "auto"),
-        ("auto", False, True, "auto"),
-        ("float32", False, True, "float32"),
-        ("bfloat16", False, True, "bfloat16"),
-        ("bfloat16", False, False, "bfloat16"),
+        ("float32_on_cpu", False, "float32"),
+        ("float32_on_cpu", True, "bfloat16"),
+        ("auto", True, "auto"),
+        ("auto", False, "float32"),
+        ("float32", False, "float32"),
+        ("bfloat16", False, "bfloat16"),
     ],
 )
 def test_the_engine_dtype_depends_on_the_device_for_float32_on_cpu_and_auto(
-    dtype: str, on_cuda: bool, cpu_bf16: bool, engine: str
+    dtype: str, on_cuda: bool, engine: str
 ) -> None:
     cfg = InferenceConfig(model="m", dtype=dtype)  # type: ignore[arg-type]
-    assert resolve_engine_dtype(cfg, on_cuda, cpu_bf16=cpu_bf16) == engine
+    assert resolve_engine_dtype(cfg, on_cuda) == engine
 
 
-def test_auto_is_float32_on_a_cpu_without_native_16_bit_matmuls() -> None:
-    assert resolve_engine_dtype(InferenceConfig(model="m"), on_cuda=False, cpu_bf16=False) == "float32"
-
-
-def test_auto_stays_vllms_choice_for_quantized_weights_on_a_cpu_without_bf16() -> None:
+def test_auto_stays_vllms_choice_for_quantized_weights_on_a_cpu() -> None:
     cfg = InferenceConfig(model="m", quantization="fp8_per_block")
-    assert resolve_engine_dtype(cfg, on_cuda=False, cpu_bf16=False) == "auto"
+    assert resolve_engine_dtype(cfg, on_cuda=False) == "auto"
 
 
-def test_auto_asks_this_cpu_when_not_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    for native, engine in ((False, "float32"), (True, "auto")):
-        monkeypatch.setattr("grpo.utils.device.cpu_has_native_bf16", lambda native=native: native)
-        assert resolve_engine_dtype(InferenceConfig(model="m"), on_cuda=False) == engine
+@pytest.mark.parametrize(
+    "dtype, on_cuda, exact",
+    [("auto", False, True), ("float32_on_cpu", False, True), ("bfloat16", False, False), ("auto", True, False)],
+)
+def test_merging_a_lora_update_into_the_served_weights_is_exact_only_in_float32(
+    dtype: str, on_cuda: bool, exact: bool
+) -> None:
+    assert merging_is_exact(InferenceConfig(model="m", dtype=dtype), on_cuda) is exact  # type: ignore[arg-type]
+
+
+def test_a_bfloat16_merge_drops_a_small_lora_update_that_float32_keeps() -> None:
+    """Why merging_is_exact says no to 16 bits: base + delta rounded to the base's bfloat16 grid is
+    the base again wherever the delta is below half a step of it."""
+    import torch
+
+    from grpo.inference.lora_merge import LowRankUpdate, merged_weight
+
+    generator = torch.Generator().manual_seed(0)
+    base = (torch.randn(64, 64, generator=generator) * 0.03).to(torch.bfloat16)
+    update = LowRankUpdate(
+        row_offset=0,
+        lora_a=torch.randn(4, 64, generator=generator) * 0.1,
+        lora_b=torch.full((64, 4), 1e-4),
+        scaling=2.0,
+    )
+    delta = update.scaling * update.lora_b @ update.lora_a
+    served_bf16 = merged_weight(base, [update]).float() - base.float()
+    served_fp32 = merged_weight(base.float(), [update]) - base.float()
+    assert (served_bf16 - delta).norm() > 0.5 * delta.norm()  # most of the update is lost
+    assert (served_fp32 - delta).norm() < 1e-3 * delta.norm()  # float32 keeps it
 
 
 def test_vllm_gets_the_resolved_dtype() -> None:

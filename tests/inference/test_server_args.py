@@ -177,6 +177,7 @@ def test_on_cuda_engines_are_spawned_unless_the_user_chose(monkeypatch: pytest.M
         ({}, False, "adapter"),
         ({"tp": 2}, True, "adapter"),
         ({"quantization": "fp8_per_block", "dtype": "bfloat16"}, True, "adapter"),
+        ({"dtype": "bfloat16"}, True, "adapter"),
         ({"lora_serving": "adapter"}, True, "adapter"),
         ({"lora_serving": "merged"}, True, "merged"),
     ],
@@ -190,6 +191,11 @@ def test_auto_lora_serving_merges_on_cpu_only_where_merging_is_exact(
     # A merging engine runs as the base model: none of vLLM's LoRA layers.
     assert ("--enable-lora" in argv) == (expected == "adapter")
     assert ("VLLM_ALLOW_RUNTIME_LORA_UPDATING" in server_env(cfg, on_cpu=on_cpu)) == (expected == "adapter")
+
+
+def test_merged_lora_serving_in_16_bits_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"dtype bfloat16.*set dtype: float32 \(or auto\), or lora_serving: adapter"):
+        InferenceConfig(model="m", lora_serving="merged", dtype="bfloat16")
 
 
 def test_merged_lora_serving_on_gpu_is_refused_with_the_fix() -> None:

@@ -1,5 +1,5 @@
-"""What a CPU engine's start says about its dtype: why auto is float32 on a CPU without native
-16-bit matmuls, and a warning when 16 bits are asked for there."""
+"""What a CPU engine's start says about its dtype: why auto is float32 on a CPU, and a warning when
+16 bits are asked for on one without native 16-bit matmuls."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ from grpo.inference.server import _log_cpu_dtype
 @pytest.fixture
 def cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("grpo.utils.device.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("grpo.utils.device.cuda_present", lambda: False)
+
+
+@pytest.fixture
+def cpu_with_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("grpo.utils.device.cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr("grpo.utils.device.cuda_present", lambda: False)
 
 
@@ -34,14 +40,17 @@ def test_bfloat16_asked_for_on_a_cpu_without_bf16_is_warned_about(caplog: pytest
     assert record.levelno == logging.WARNING and "~80x slower" in record.getMessage()
 
 
-def test_nothing_is_said_on_a_cpu_with_bf16(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr("grpo.utils.device.cpu_has_native_bf16", lambda: True)
-    monkeypatch.setattr("grpo.utils.device.cuda_present", lambda: False)
+@pytest.mark.usefixtures("cpu_with_bf16")
+def test_auto_says_float32_on_a_cpu_with_bf16_too(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="grpo"):
+        _log_cpu_dtype(InferenceConfig(model="m"), "float32")
+    assert "dtype auto: float32 on CPU" in caplog.text and "~80x" not in caplog.text
+
+
+@pytest.mark.usefixtures("cpu_with_bf16")
+def test_a_16_bit_engine_on_a_cpu_with_bf16_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="grpo"):
         _log_cpu_dtype(InferenceConfig(model="m", dtype="bfloat16"), "bfloat16")
-        _log_cpu_dtype(InferenceConfig(model="m"), "auto")
     assert caplog.records == []
 
 
