@@ -68,7 +68,9 @@ def _log_cpu_dtype(cfg: InferenceConfig, engine_dtype: str) -> None:
         log.info(
             "dtype auto: float32 on CPU (trainer and engine logprobs agree to ~1e-8, and a merged LoRA "
             "policy keeps every update%s); set dtype: bfloat16 to force 16 bits",
-            "" if native_bf16 else "; this CPU has no native 16-bit matmul, AVX512-BF16 or AMX, so bfloat16 "
+            ""
+            if native_bf16
+            else "; this CPU has no native 16-bit matmul, AVX512-BF16 or AMX, so bfloat16 "
             "would also run ~80x slower",
         )
     elif engine_dtype in ("bfloat16", "float16") and not native_bf16:

@@ -44,7 +44,12 @@ def test_auto_stays_vllms_choice_for_quantized_weights_on_a_cpu() -> None:
 
 @pytest.mark.parametrize(
     "dtype, on_cuda, exact",
-    [("auto", False, True), ("float32_on_cpu", False, True), ("bfloat16", False, False), ("auto", True, False)],
+    [
+        ("auto", False, True),
+        ("float32_on_cpu", False, True),
+        ("bfloat16", False, False),
+        ("auto", True, False),
+    ],
 )
 def test_merging_a_lora_update_into_the_served_weights_is_exact_only_in_float32(
     dtype: str, on_cuda: bool, exact: bool

@@ -194,7 +194,9 @@ def test_auto_lora_serving_merges_on_cpu_only_where_merging_is_exact(
 
 
 def test_merged_lora_serving_in_16_bits_is_refused_with_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"dtype bfloat16.*set dtype: float32 \(or auto\), or lora_serving: adapter"):
+    with pytest.raises(
+        ValueError, match=r"dtype bfloat16.*set dtype: float32 \(or auto\), or lora_serving: adapter"
+    ):
         InferenceConfig(model="m", lora_serving="merged", dtype="bfloat16")
 
 
