@@ -266,8 +266,9 @@ def test_a_cpu_engine_is_planned_its_kv_cache_in_whole_gib_its_weights_and_its_r
     assert rows["runtime"] == CPU_ENGINE_OVERHEAD
     assert rows["weights"] == 2 * plan.shared_weight_bytes > 0
     assert plan.engine_bytes == sum(rows.values())
-    float32 = _plan(tiny_model_path, kv_cache_space_gb=0.3, dtype="float32")
-    assert float32.shared_weight_bytes == 2 * plan.shared_weight_bytes
+    # auto is float32 on a CPU: twice a bfloat16 engine's weights
+    bfloat16 = _plan(tiny_model_path, kv_cache_space_gb=0.3, dtype="bfloat16")
+    assert plan.shared_weight_bytes == 2 * bfloat16.shared_weight_bytes
 
 
 def test_a_cpu_trainers_activations_are_planned_against_at_most_its_cpu_share(tiny_model_path: Path) -> None:
