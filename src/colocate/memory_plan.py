@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from grpo.config.inference import InferenceConfig
@@ -236,17 +236,20 @@ def trainer_rows(
     else:
         num_recomputed = num_recomputed_layers(train, shape.num_layers)
     kept = activation_bytes(shape, tokens, num_recomputed)
+    bits = 8 * shape.activation_value_bytes
     reserved = train.backend == "hf" and train.gradient_checkpointing == "auto"
     if reserved and train.activation_memory_gib is not None:
         kept = int(train.activation_memory_gib * GIB)
         how = "reserved for an accumulation group (gradient_checkpointing auto, see note)"
     elif num_recomputed == 0:
-        how = f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} bf16 tensors per layer, every layer's kept"
+        how = f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} {bits}-bit tensors per layer, every layer's kept"
     elif num_recomputed == shape.num_layers:
-        how = f"one layer's {ACTIVATION_TENSORS_ONE_LAYER} bf16 tensors, each layer's input (recomputed)"
+        how = (
+            f"one layer's {ACTIVATION_TENSORS_ONE_LAYER} {bits}-bit tensors, each layer's input (recomputed)"
+        )
     else:
         how = (
-            f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} bf16 tensors per kept layer, one layer's "
+            f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} {bits}-bit tensors per kept layer, one layer's "
             f"{ACTIVATION_TENSORS_ONE_LAYER} and each recomputed layer's input ({num_recomputed} recomputed)"
         )
     logits = min(tokens, logprob_chunk_tokens(train.logprob_chunk_size, on_gpu)) * vocab * 4 * 3
@@ -273,8 +276,9 @@ def trainer_rows(
             )
         )
     num_embed = 1 if shape.tied_embeddings else 2
-    rows.append(("embeddings + lm_head", num_embed * vocab * h * 2, "bf16, loaded from disk"))
-    if not on_gpu:
+    width = shape.activation_value_bytes  # the trainer's dtype, its embeddings' too
+    rows.append(("embeddings + lm_head", num_embed * vocab * h * width, f"{8 * width}-bit, loaded from disk"))
+    if not on_gpu and width < 4:
         # The CPU float32 head multiplies a float32 copy of the 16-bit weight; a frozen one's is kept
         # (grpo.trainer.float32_logits.float32_copy).
         rows.append(("lm_head float32 copy", vocab * h * 4, "the CPU float32 head's operand"))
@@ -342,6 +346,12 @@ def plan_memory(
     shape = ModelShape.from_folder(model_path)
     device, total = ("cuda " + gpu[0], int(gpu[1] * GIB)) if gpu is not None else _device_memory(train)
     on_gpu = device.startswith("cuda")
+    if train.backend == "hf":
+        # The hf trainer computes in the dtype of the engine weights it borrows.
+        from grpo.config.engine_dtype import resolve_engine_dtype
+
+        width = 4 if resolve_engine_dtype(infer, on_cuda=on_gpu) == "float32" else 2
+        shape = replace(shape, activation_value_bytes=width)
     plan = MemoryPlan(device=device, total_bytes=total)
     if train.backend == "hf":
         planned = total if on_gpu else min(total, int(CPU_TRAINER_PLANNED_GIB * GIB))

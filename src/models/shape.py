@@ -64,6 +64,10 @@ class ModelShape:
     intermediate_size in every layer."""
     num_vision_params: int = 0
     """Vision tower and projector of a vision-language model (not borrowed: the trainer loads its own)."""
+    activation_value_bytes: int = 2
+    """Bytes per activation value in the trainer: its compute dtype's width, which config.json does
+    not say (2 for bfloat16 or float16, 4 for a float32 trainer, such as one borrowing a float32 CPU
+    engine's weights); grpo.trainer.activation_plan sizes activations with it."""
 
     @classmethod
     def from_folder(cls, path: str | Path) -> ModelShape:

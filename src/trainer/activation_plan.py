@@ -4,7 +4,9 @@ activations in backward (`gradient_checkpointing: auto`). No torch import: the c
 plan (grpo.colocate.memory_plan) sizes both before anything starts, and the HF trainer decides
 auto's layers for each group of micro-batches (grpo.trainer.hf.checkpointing).
 
-The estimates count bf16 tensors of max(hidden, intermediate) elements per token (measured: below).
+The estimates count tensors of max(hidden, intermediate) elements per token (measured: below) in
+the trainer's compute dtype (ModelShape.activation_value_bytes: a float32 trainer's take twice a
+bf16 one's).
 The micro-batch budget is what fits ACTIVATION_SHARE of the memory planned against; the rest holds
 weights, optimizer state and, co-located, vLLM's KV cache. The micro-batches of one accumulation
 group keep their activations together until their backward (grpo.trainer.hf.trainer), so `auto`
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 from grpo.config.trainer import TrainerConfig
 from grpo.models.shape import ModelShape
 
-# Activations per decoder layer and token, in bf16 tensors of max(hidden, intermediate) elements.
+# Activations per decoder layer and token, in tensors of max(hidden, intermediate) elements of the
+# compute dtype.
 # Keeping every layer's: measured on an H100 (Qwen3-0.6B shape, LoRA rank 16, micro-batches of
 # 8,192 tokens, no gradient checkpointing; benchmarks/trainer_bench.py) 20.9 GiB reserved at peak,
 # about 13 such tensors per layer once weights, LoRA state and the logits chunk are taken off
@@ -58,7 +61,7 @@ class CheckpointingChoice:
 
 
 def _tensor_bytes(shape: ModelShape, num_tokens: int) -> int:
-    return num_tokens * max(shape.hidden_size, shape.intermediate_size) * 2
+    return num_tokens * max(shape.hidden_size, shape.intermediate_size) * shape.activation_value_bytes
 
 
 def activation_bytes(shape: ModelShape, num_tokens: int, num_recomputed: int) -> int:
@@ -73,7 +76,7 @@ def activation_bytes(shape: ModelShape, num_tokens: int, num_recomputed: int) ->
     )
     if num_recomputed == 0:
         return kept
-    inputs = num_recomputed * num_tokens * shape.hidden_size * 2
+    inputs = num_recomputed * num_tokens * shape.hidden_size * shape.activation_value_bytes
     return kept + inputs + ACTIVATION_TENSORS_ONE_LAYER * _tensor_bytes(shape, num_tokens)
 
 

@@ -292,3 +292,24 @@ def test_the_plan_is_written_to_the_run_dir_with_each_processs_bytes(
     assert record["engine_bytes"] == plan.engine_bytes > 0
     assert record["shared_weight_bytes"] == plan.shared_weight_bytes
     assert [row["name"] for row in record["engine_rows"]] == ["weights", "KV cache", "runtime"]
+
+
+def test_a_trainer_borrowing_a_float32_engines_weights_is_planned_float32_activations_and_embeddings(
+    tiny_model_path: Path,
+) -> None:
+    float32 = _plan(tiny_model_path, dtype="float32")
+    bfloat16 = _plan(tiny_model_path, dtype="bfloat16")
+    rows32 = {name: size for name, size, _ in float32.rows}
+    rows16 = {name: size for name, size, _ in bfloat16.rows}
+    assert rows32["embeddings + lm_head"] == 2 * rows16["embeddings + lm_head"]
+    # a float32 head needs no float32 copy of itself
+    assert "lm_head float32 copy" not in rows32 and "lm_head float32 copy" in rows16
+    notes32, notes16 = " ".join(float32.notes), " ".join(bfloat16.notes)
+    assert "off up to" in notes32
+    # the same activation budget holds half the tokens without recomputing
+    tokens32 = int(notes32.split("off up to ")[1].split(" ")[0])
+    tokens16 = int(notes16.split("off up to ")[1].split(" ")[0])
+    assert float32.activation_memory_gib is not None and bfloat16.activation_memory_gib is not None
+    per_gib32 = tokens32 / float32.activation_memory_gib
+    per_gib16 = tokens16 / bfloat16.activation_memory_gib
+    assert per_gib32 == pytest.approx(per_gib16 / 2, rel=0.01)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from grpo.config.trainer import TrainerConfig
@@ -166,3 +168,17 @@ def test_checkpointing_off_keeps_no_probabilities_without_a_planned_budget(tiny_
     auto, _ = _checkpointing(tiny_model_path)
     auto.fit(100)
     assert auto.keeps_probabilities(100, 1)
+
+
+def test_a_float32_trainers_activations_are_planned_at_twice_a_bfloat16_ones() -> None:
+    float32 = replace(SHAPE, activation_value_bytes=4)
+    for num_recomputed in (0, 7, 30):
+        assert activation_bytes(float32, 2048, num_recomputed) == 2 * activation_bytes(
+            SHAPE, 2048, num_recomputed
+        )
+    budget = 4 * GIB
+    assert tokens_without_recompute(float32, budget) == tokens_without_recompute(SHAPE, budget) // 2
+    # the same tokens need more layers recomputed to fit the same budget in float32
+    train = _train()
+    bf16_layers = checkpointing_choice(train, SHAPE, 8192, budget).num_layers
+    assert checkpointing_choice(train, float32, 8192, budget).num_layers > bf16_layers

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from grpo.trainer.device import check_precision_support, choose_dtype, resolve_device
@@ -284,7 +284,9 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     from grpo.models.shape import ModelShape
     from grpo.trainer.hf.checkpointing import LayerCheckpointing
 
-    checkpointing = LayerCheckpointing(causal_lm, cfg, ModelShape.from_folder(source.model_path), device)
+    # Activations are in the compute dtype: the weights' for LoRA, autocast's for full training.
+    shape = replace(ModelShape.from_folder(source.model_path), activation_value_bytes=dtype.itemsize)
+    checkpointing = LayerCheckpointing(causal_lm, cfg, shape, device)
     causal_lm.config.use_cache = False
 
     if vision is not None and not cfg.lora and not cfg.train_vision_tower:
