@@ -7,7 +7,10 @@ Seconds per step decide nothing on their own: a user waits for a reward. For eac
 (benchmarks/workloads.py) and seed this runs grpo co-located at its defaults (configs/bench/,
 e2e_bench.py) and TRL's GRPOTrainer at its defaults (trl_bench.py: loss "dapo", advantages scaled
 by the group's std), with the same task, batch, learning rate and LoRA, for the workload's
-`learning_steps`. The seed sets each side's LoRA initialisation, prompt order and sampling.
+`learning_steps`. The seed sets each side's LoRA initialisation and sampling, and the prompts: TRL
+is given, step by step, the prompts grpo's buffer draws with that seed (trl_bench.py --prompt-order
+grpo), since how hard a step's 8 prompts happen to be moves its mean reward more than a step of
+learning does.
 
 A step's reward is the batch mean, which the prompts drawn for that step move as much as learning
 does, so a run "reaches" a threshold at the first step whose trailing mean reward over
@@ -69,7 +72,7 @@ def run_command(system: str, workload: Workload, seed: int, trl_precision: str) 
             "1",
             *task,
         ]
-    return ["trl_bench.py", *task, "--precision", trl_precision]
+    return ["trl_bench.py", *task, "--precision", trl_precision, "--prompt-order", "grpo"]
 
 
 def trailing_means(rewards: list[float], window: int = REWARD_WINDOW) -> list[float]:

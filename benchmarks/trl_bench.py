@@ -54,11 +54,28 @@ def load_env(env_id: str, num_examples: int, seed: int) -> Any:
     return load_environment(EnvConfig(id=env_id, args={"num_examples": num_examples, "seed": seed}))
 
 
-def build_dataset(env: Any) -> Any:
-    """The env's prompts as chat messages; `example_index` lets the reward find the example."""
+def grpo_prompt_order(env_id: str, seed: int, num_prompts: int) -> tuple[Any, list[int]]:
+    """The environment as grpo's run loads it (its default arguments) and the indices of the first
+    `num_prompts` examples grpo's buffer draws with `seed`. TRL given these rows in this order,
+    unshuffled, trains each step on the prompts grpo's run with the same seed trains on, so the two
+    reward curves differ by what each side learned, not by which prompts (of unequal difficulty) a
+    step happened to draw."""
+    from grpo.config.orchestrator import BufferConfig, EnvConfig
+    from grpo.envs import load_environment
+    from grpo.orchestrator.buffer import Buffer
+
+    env = load_environment(EnvConfig(id=env_id))
+    buffer = Buffer([env], BufferConfig(), seed)
+    return env, [buffer.sample()[1] for _ in range(num_prompts)]
+
+
+def build_dataset(env: Any, indices: list[int] | None = None) -> Any:
+    """The env's prompts (those at `indices`, in that order, where given) as chat messages;
+    `example_index` lets the reward find the example."""
     from datasets import Dataset
 
-    rows = [{"prompt": env.prompt_messages(ex), "example_index": i} for i, ex in enumerate(env.examples)]
+    order = range(len(env.examples)) if indices is None else indices
+    rows = [{"prompt": env.prompt_messages(env.examples[i]), "example_index": i} for i in order]
     return Dataset.from_list(rows)
 
 
@@ -145,6 +162,13 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
     parser.add_argument("--tag", default="", help="suffix for the result file name (e.g. smoke)")
     parser.add_argument("--seed", type=int, default=42, help="TRL's seed (LoRA init, prompt order, sampling)")
+    parser.add_argument(
+        "--prompt-order",
+        choices=["shuffled", "grpo"],
+        default="shuffled",
+        help="shuffled: TRL's own (its dataset sampler, seeded); grpo: the prompts grpo's run with "
+        "the same --seed draws, step by step (learning_bench.py)",
+    )
     parser.add_argument("--loss-type", default=None, help="GRPOConfig.loss_type (default: TRL's, dapo)")
     parser.add_argument(
         "--scale-rewards",
@@ -200,6 +224,7 @@ def main() -> None:
         save_strategy="no",
         report_to="none",
         seed=args.seed,
+        shuffle_dataset=args.prompt_order == "shuffled",
     )
     lora = LoraConfig(
         r=16,
@@ -209,12 +234,17 @@ def main() -> None:
         task_type="CAUSAL_LM",
     )
     timer = step_timer()
-    env = load_env(args.env, num_examples=1000, seed=42)
+    if args.prompt_order == "grpo":
+        env, indices = grpo_prompt_order(args.env, args.seed, args.steps * args.prompts)
+        dataset = build_dataset(env, indices)
+    else:
+        env = load_env(args.env, num_examples=1000, seed=42)
+        dataset = build_dataset(env)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=env_reward(env),
         args=config,
-        train_dataset=build_dataset(env),
+        train_dataset=dataset,
         peft_config=lora,
         callbacks=[timer],
     )
@@ -247,6 +277,8 @@ def main() -> None:
             "micro_batch": micro_batch,
             "max_completion_tokens": args.max_tokens,
             "learning_rate": args.lr,
+            "prompt_order": args.prompt_order,
+            "seed": args.seed,
             "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "targets": list(DEFAULT_LORA_TARGETS)},
             "grpo_config": {
                 k: getattr(config, k)
