@@ -46,9 +46,22 @@ def run_tag(workload: Workload, seed: int) -> str:
     return f"{workload.name}-learn-s{seed}"
 
 
-def result_path(system: str, workload: Workload, seed: int) -> Path:
+def grpo_async_level(system: str) -> int | None:
+    """max_async_level of a grpo system name: "grpo" runs grpo's default (1, as configs/bench sets
+    it), "grpo-async0" names another; None for TRL."""
     if system == "grpo":
-        return RESULTS / f"e2e_{machine_label()}_colocated_async1_{run_tag(workload, seed)}.json"
+        return 1
+    if system.startswith("grpo-async"):
+        return int(system.removeprefix("grpo-async"))
+    if system != "trl":
+        raise ValueError(f"unknown system {system!r}: grpo, grpo-async<N> or trl")
+    return None
+
+
+def result_path(system: str, workload: Workload, seed: int) -> Path:
+    level = grpo_async_level(system)
+    if level is not None:
+        return RESULTS / f"e2e_{machine_label()}_colocated_async{level}_{run_tag(workload, seed)}.json"
     return RESULTS / f"trl_{machine_label()}_{run_tag(workload, seed)}.json"
 
 
@@ -60,8 +73,9 @@ def run_command(system: str, workload: Workload, seed: int, trl_precision: str) 
         "--tag",
         run_tag(workload, seed),
     ]
-    if system == "grpo":
-        # max_async_level as configs/bench sets it (grpo's default), named so the file name is known
+    level = grpo_async_level(system)
+    if level is not None:
+        # named even at the default, so the result file's name is known
         return [
             "e2e_bench.py",
             "--configs",
@@ -69,7 +83,7 @@ def run_command(system: str, workload: Workload, seed: int, trl_precision: str) 
             "--modes",
             "colocated",
             "--async-levels",
-            "1",
+            str(level),
             *task,
         ]
     return ["trl_bench.py", *task, "--precision", trl_precision, "--prompt-order", "grpo"]
@@ -132,7 +146,11 @@ def main() -> None:
     )
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--systems", default="grpo,trl")
+    parser.add_argument(
+        "--systems",
+        default="grpo,trl",
+        help="grpo (at its defaults), grpo-async<N> (max_async_level N), trl; time_ratio is TRL's over grpo's",
+    )
     parser.add_argument("--reuse", action="store_true", help="keep runs whose result file exists")
     parser.add_argument("--summarise-only", action="store_true", help="run nothing; summarise the files")
     parser.add_argument("--trl-precision", default="auto", help="trl_bench.py --precision")
@@ -166,7 +184,8 @@ def main() -> None:
         "speed": speed,
         "bench_seconds": seconds,
     }
-    out = RESULTS / f"learning_{machine_label()}.json"
+    suffix = "" if systems == ["grpo", "trl"] else "_" + "-".join(systems)
+    out = RESULTS / f"learning_{machine_label()}{suffix}.json"
     out.write_text(json.dumps(summary, indent=2) + "\n")
     out.with_suffix(".md").write_text(
         f"`{summary['command']}`, seeds {seeds}, trailing mean over {REWARD_WINDOW} steps\n\n"

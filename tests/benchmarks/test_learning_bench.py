@@ -44,3 +44,17 @@ def test_the_time_ratio_compares_each_sides_median_seconds_to_the_threshold() ->
     assert row["trl_steps"] == 1 and row["trl_reached"] == "3/3"
     assert row["grpo_s"] == 6.0 and row["trl_s"] == 10.0
     assert row["time_ratio"] == round(10.0 / 6.0, 2)
+
+
+def test_a_grpo_system_name_picks_its_max_async_level_and_its_result_file() -> None:
+    from learning_bench import grpo_async_level, result_path, run_command
+
+    workload = Workload("task")
+    assert grpo_async_level("grpo") == 1 and grpo_async_level("grpo-async0") == 0
+    assert grpo_async_level("trl") is None
+    assert "_async0_task-learn-s2" in result_path("grpo-async0", workload, 2).name
+    argv = run_command("grpo-async0", workload, 2, "auto")
+    assert argv[argv.index("--async-levels") + 1] == "0"
+    # TRL trains on the prompts grpo's run draws with the same seed
+    trl = run_command("trl", workload, 2, "auto")
+    assert trl[trl.index("--prompt-order") + 1] == "grpo" and trl[trl.index("--seed") + 1] == "2"
