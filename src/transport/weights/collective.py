@@ -82,10 +82,8 @@ from grpo.transport.weights.collective_endpoint import (
     CollectiveEndpoint,
     knock_key,
     store_ip,
-    tag_bytes,
 )
-from grpo.transport.weights.manifest import check_manifest
-from grpo.utils.auth import sign, verify
+from grpo.transport.weights.signed_manifest import publish_manifest, read_manifest
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -110,12 +108,6 @@ def _json_object(raw: bytes, fields: dict[str, type]) -> dict[str, Any] | None:
     if not isinstance(value, dict) or not all(isinstance(value.get(k), t) for k, t in fields.items()):
         return None
     return value
-
-
-def _manifest_payload(session_nonce: str, update: int, text: str) -> bytes:
-    """What an update's tag signs: the document, bound to this session by the sender's nonce and
-    to its place in the session."""
-    return json.dumps(["manifest", session_nonce, update, text]).encode()
 
 
 class CollectiveWeightSender(CollectiveEndpoint):
@@ -331,15 +323,7 @@ class CollectiveWeightSender(CollectiveEndpoint):
         self._num_updates += 1
 
     def _publish_manifest(self, text: str) -> None:
-        """Write this update's document, its tag first: receivers read both once the document is there."""
-        key = f"update/{self._num_updates}"
-        tag = (
-            b""
-            if self._secret is None
-            else sign(self._secret, _manifest_payload(self._session_nonce, self._num_updates, text))
-        )
-        self._store.set(f"{key}/tag", tag.hex())
-        self._store.set(key, text)
+        publish_manifest(self._store, self._secret, self._session_nonce, self._num_updates, text)
 
 
 class CollectiveWeightReceiver(CollectiveEndpoint):
@@ -459,44 +443,17 @@ class CollectiveWeightReceiver(CollectiveEndpoint):
         iterator reaches it: use it before taking the next, and take them all (the sender waits
         for every receiver). `expected`: HF name -> shape of the served model's tensors; the update
         must fit it before anything is allocated (check_manifest). None only in transport tests."""
-        import torch.distributed as dist
-
         self.connect()
-        key = f"update/{self._num_updates}"
-        try:
-            self._store.wait([key], timedelta(seconds=self.timeout))
-            text = self._store.get(key).decode()
-            tag_key = f"{key}/tag"  # written before the document by the trainer; another writer may omit it
-            tag = self._store.get(tag_key).decode() if self._store.check([tag_key]) else ""
-        except dist.DistError as err:  # a get waits too: for a key that another peer deleted after the wait
-            raise TimeoutError(
-                f"weight receiver rank {self.rank} at {self.address}: update {self._num_updates} could not be read "
-                f"within {self.timeout}s: the sender (trainer) stopped sending, or a peer other than it deleted the "
-                "update from the store; make the weight_broadcast port reachable only by the run's hosts "
-                "(docs/security.md)"
-            ) from err
-        if self._secret is not None and not verify(
-            self._secret, _manifest_payload(self._session_nonce, self._num_updates, text), tag_bytes(tag)
-        ):
-            raise ValueError(
-                f"weight receiver rank {self.rank} at {self.address}: update {self._num_updates}'s manifest is not "
-                f"signed with the secret in ${self.secret_env}; a peer other than the trainer wrote it, so it is refused"
-            )
-        manifest = json.loads(text)
-        step, entries = check_manifest(manifest, expected)
-        bucket_bytes = manifest.get("bucket_bytes")
-        if type(bucket_bytes) is not int or bucket_bytes < 1:
-            raise ValueError(f"weight update {self._num_updates}'s manifest has no bucket_bytes >= 1")
-        layout = bucket_layout([tensor_bytes(dtype, shape) for _name, dtype, shape in entries], bucket_bytes)
-        digests = manifest.get("bucket_digests")
-        if not (
-            isinstance(digests, list)
-            and len(digests) == len(layout)
-            and all(isinstance(digest, str) for digest in digests)
-        ):
-            raise ValueError(
-                f"weight update {self._num_updates}'s manifest does not give one digest per bucket ({len(layout)})"
-            )
+        step, entries, layout, digests = read_manifest(
+            self._store,
+            self._num_updates,
+            timeout=self.timeout,
+            secret=self._secret,
+            session_nonce=self._session_nonce,
+            expected=expected,
+            who=f"weight receiver rank {self.rank} at {self.address}",
+            secret_env=self.secret_env,
+        )
         self._num_updates += 1
         return step, self._buckets(self._num_updates - 1, entries, layout, digests)
 

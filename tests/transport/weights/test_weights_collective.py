@@ -31,9 +31,9 @@ from grpo.transport.weights.collective import (
     DEFAULT_SECRET_ENV,
     CollectiveWeightReceiver,
     CollectiveWeightSender,
-    _manifest_payload,
 )
 from grpo.transport.weights.manifest import check_manifest
+from grpo.transport.weights.signed_manifest import manifest_payload
 from grpo.utils.auth import sign
 from grpo.utils.errors import UserError
 
@@ -323,7 +323,7 @@ class _SenderThatLies(CollectiveWeightSender):
             other = json.dumps({**self.manifest, "step": step + 1})
             assert self._secret is not None
             self._store.set(
-                "update/0/tag", sign(self._secret, _manifest_payload(self._session_nonce, 0, other)).hex()
+                "update/0/tag", sign(self._secret, manifest_payload(self._session_nonce, 0, other)).hex()
             )
             self._store.set("update/0", text)
         else:
