@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import numpy as np
+
 from grpo.envs.base import Environment, EnvReply, Example, GroupScoring, Message, Score
 from grpo.envs.rewards import FailureLog
 from grpo.envs.tool_env import ToolUse
@@ -370,6 +372,8 @@ class RolloutRunner:
             else:
                 rollout.turn_starts.append(len(rollout.completion_ids))
                 rollout.turn_rewards.append(0.0)
+                counts = c.kept_counts if choice.num_resumes == 0 else None
+                _extend_kept_counts(rollout, counts, len(c.token_ids))
                 rollout.completion_ids += c.token_ids
                 rollout.completion_mask += [True] * len(c.token_ids)
                 rollout.completion_logprobs += c.logprobs
@@ -415,6 +419,7 @@ class RolloutRunner:
 
     def _append_env_ids(self, rollout: Rollout, env_ids: list[int]) -> None:
         """Tokens the model did not sample (environment and tool turns): in the context, never trained."""
+        _extend_kept_counts(rollout, None, len(env_ids))
         rollout.completion_ids += env_ids
         rollout.completion_mask += [False] * len(env_ids)
         rollout.completion_logprobs += [0.0] * len(env_ids)
@@ -456,3 +461,16 @@ def _openai_call(call: ToolCall) -> dict[str, Any]:
 def _model_ids(rollout: Rollout) -> list[int]:
     """The tokens the model sampled (environment and tool turns left out)."""
     return [t for t, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True) if m]
+
+
+def _extend_kept_counts(rollout: Rollout, counts: np.ndarray | None, num_tokens: int) -> None:
+    """Extend the rollout's kept_counts (one per completion token, or None) by the `num_tokens`
+    tokens about to be appended: their engine counts, or 0 (the trainer's truncation rules) where
+    the engine reported none, as for environment tokens, which are never sampled or trained."""
+    if rollout.kept_counts is None and counts is None:
+        return
+    before = len(rollout.completion_ids)
+    kept = rollout.kept_counts if rollout.kept_counts is not None else np.zeros(before, np.int32)
+    added = counts if counts is not None else np.zeros(num_tokens, np.int32)
+    assert len(kept) == before and len(added) == num_tokens
+    rollout.kept_counts = np.concatenate([kept, added]).astype(np.int32, copy=False)

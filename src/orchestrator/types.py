@@ -68,8 +68,9 @@ class Rollout:
     grpo.transport.batches.batch: `routed_experts`); None otherwise."""
     kept_counts: np.ndarray | None = None
     """[len(completion_ids)] int32: how many tokens the engine's sampler kept when it sampled each
-    completion token (grpo.transport.batches.batch: `kept_counts`); None when the engine reported
-    none (another engine, no truncation, multi-turn and resumed rollouts)."""
+    completion token (grpo.transport.batches.batch: `kept_counts`), 0 where it reported none (an
+    environment token of a multi-turn rollout, a resumed turn); None when it reported none at all
+    (another engine, no truncation, a resumed single-turn rollout)."""
     num_resumes: int = 0
     """Times generation stopped at a policy update and resumed under the new policy with tokens kept."""
     num_recovered_tokens: int = 0

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from orchestrator_fakes import FakeClient, fake_tokenizer
 
@@ -225,3 +226,36 @@ def test_a_turn_ended_by_a_stop_string_keeps_its_tokens_and_is_closed_by_a_maske
     second_prompt = client.requests[1].prompt_token_ids
     assert second_prompt == (rollout.prompt_ids + rollout.completion_ids)[: len(second_prompt)]
     assert rollout.completion_text == "I guess 78"
+
+
+class CountingClient(FakeClient):
+    """Reports kept counts as grpo's CPU engine does for a truncating request: one per sampled token
+    (here 10 * the turn's index + the token's place in it)."""
+
+    def __init__(self) -> None:
+        super().__init__(num_tokens=3)
+        self.num_turns = 0
+
+    async def generate(self, request: GenerateRequest) -> list:
+        completions = await super().generate(request)
+        self.num_turns += 1
+        for c in completions:
+            c.kept_counts = np.array([10 * self.num_turns + i for i in range(len(c.token_ids))], np.int32)
+        return completions
+
+
+def test_a_multi_turn_rollout_keeps_each_model_turns_kept_counts_and_none_on_environment_tokens(
+    tmp_path: Path,
+) -> None:
+    from grpo.orchestrator.packer import pack_rollouts
+
+    env = FlakyEnv(examples=[{"prompt": "guess"}], rewards=[lambda completion: 1.0], max_turns=3)
+    env.count = 5  # no rollout's step raises
+    (rollout,) = _run(env, CountingClient(), tmp_path, n=1).rollouts
+    assert rollout.kept_counts is not None
+    assert len(rollout.kept_counts) == len(rollout.completion_ids)
+    mask = np.array(rollout.completion_mask)
+    assert rollout.kept_counts[mask].tolist() == [10, 11, 12, 20, 21, 22, 30, 31, 32]
+    assert not rollout.kept_counts[~mask].any()  # 0: environment tokens are never sampled
+    (row,), _ = pack_rollouts([rollout], seq_len=256, share_prefixes=False)
+    assert row.kept_counts is not None and row.kept_counts[-1] == 32
