@@ -194,6 +194,12 @@ def dequantized_format(train: TrainerConfig, engine_quantization: str | None) ->
     return "fp8"
 
 
+def _activation_kind(shape: ModelShape) -> str:
+    """The trainer's compute dtype as the plan names it: 16-bit (bf16, or fp16 on a GPU that lacks
+    bf16) or float32."""
+    return "fp32" if shape.activation_value_bytes == 4 else "bf16"
+
+
 def trainer_rows(
     train: TrainerConfig, shape: ModelShape, on_gpu: bool, engine_quantization: str | None = None
 ) -> list[tuple[str, int, str]]:
@@ -236,20 +242,18 @@ def trainer_rows(
     else:
         num_recomputed = num_recomputed_layers(train, shape.num_layers)
     kept = activation_bytes(shape, tokens, num_recomputed)
-    bits = 8 * shape.activation_value_bytes
+    kind = _activation_kind(shape)
     reserved = train.backend == "hf" and train.gradient_checkpointing == "auto"
     if reserved and train.activation_memory_gib is not None:
         kept = int(train.activation_memory_gib * GIB)
         how = "reserved for an accumulation group (gradient_checkpointing auto, see note)"
     elif num_recomputed == 0:
-        how = f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} {bits}-bit tensors per layer, every layer's kept"
+        how = f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} {kind} tensors per layer, every layer's kept"
     elif num_recomputed == shape.num_layers:
-        how = (
-            f"one layer's {ACTIVATION_TENSORS_ONE_LAYER} {bits}-bit tensors, each layer's input (recomputed)"
-        )
+        how = f"one layer's {ACTIVATION_TENSORS_ONE_LAYER} {kind} tensors, each layer's input (recomputed)"
     else:
         how = (
-            f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} {bits}-bit tensors per kept layer, one layer's "
+            f"{ACTIVATION_TENSORS_PER_LAYER_KEPT} {kind} tensors per kept layer, one layer's "
             f"{ACTIVATION_TENSORS_ONE_LAYER} and each recomputed layer's input ({num_recomputed} recomputed)"
         )
     logits = min(tokens, logprob_chunk_tokens(train.logprob_chunk_size, on_gpu)) * vocab * 4 * 3
@@ -277,7 +281,13 @@ def trainer_rows(
         )
     num_embed = 1 if shape.tied_embeddings else 2
     width = shape.activation_value_bytes  # the trainer's dtype, its embeddings' too
-    rows.append(("embeddings + lm_head", num_embed * vocab * h * width, f"{8 * width}-bit, loaded from disk"))
+    rows.append(
+        (
+            "embeddings + lm_head",
+            num_embed * vocab * h * width,
+            f"{_activation_kind(shape)}, loaded from disk",
+        )
+    )
     if not on_gpu and width < 4:
         # The CPU float32 head multiplies a float32 copy of the 16-bit weight; a frozen one's is kept
         # (grpo.trainer.float32_logits.float32_copy).
