@@ -280,14 +280,9 @@ def trainer_rows(
             )
         )
     num_embed = 1 if shape.tied_embeddings else 2
-    width = shape.activation_value_bytes  # the trainer's dtype, its embeddings' too
-    rows.append(
-        (
-            "embeddings + lm_head",
-            num_embed * vocab * h * width,
-            f"{_activation_kind(shape)}, loaded from disk",
-        )
-    )
+    # in the trainer's dtype, as its activations
+    width = shape.activation_value_bytes
+    rows.append(("embeddings + lm_head", num_embed * vocab * h * width, f"{kind}, loaded from disk"))
     if not on_gpu and width < 4:
         # The CPU float32 head multiplies a float32 copy of the 16-bit weight; a frozen one's is kept
         # (grpo.trainer.float32_logits.float32_copy).
@@ -356,14 +351,13 @@ def plan_memory(
     shape = ModelShape.from_folder(model_path)
     device, total = ("cuda " + gpu[0], int(gpu[1] * GIB)) if gpu is not None else _device_memory(train)
     on_gpu = device.startswith("cuda")
+    plan = MemoryPlan(device=device, total_bytes=total)
     if train.backend == "hf":
         # The hf trainer computes in the dtype of the engine weights it borrows.
         from grpo.config.engine_dtype import resolve_engine_dtype
 
         width = 4 if resolve_engine_dtype(infer, on_cuda=on_gpu) == "float32" else 2
         shape = replace(shape, activation_value_bytes=width)
-    plan = MemoryPlan(device=device, total_bytes=total)
-    if train.backend == "hf":
         planned = total if on_gpu else min(total, int(CPU_TRAINER_PLANNED_GIB * GIB))
         train, choice = resolved_for_memory(train, shape, planned, max_step_tokens(orch))
         plan.micro_batch_tokens = train.micro_batch_tokens

@@ -223,8 +223,7 @@ class RolloutRunner:
             routed_experts=None
             if c.routed_experts is None
             else compact_routing(c.routed_experts, len(prompt_ids) + len(c.token_ids)),
-            # a resumed completion's tokens came from several requests; the last one's counts cover its own
-            kept_counts=c.kept_counts if choice.num_resumes == 0 else None,
+            kept_counts=_own_kept_counts(choice),
         )
 
     async def run_group(self, req: GroupRequest) -> Group:
@@ -372,8 +371,7 @@ class RolloutRunner:
             else:
                 rollout.turn_starts.append(len(rollout.completion_ids))
                 rollout.turn_rewards.append(0.0)
-                counts = c.kept_counts if choice.num_resumes == 0 else None
-                _extend_kept_counts(rollout, counts, len(c.token_ids))
+                _extend_kept_counts(rollout, _own_kept_counts(choice), len(c.token_ids))
                 rollout.completion_ids += c.token_ids
                 rollout.completion_mask += [True] * len(c.token_ids)
                 rollout.completion_logprobs += c.logprobs
@@ -461,6 +459,12 @@ def _openai_call(call: ToolCall) -> dict[str, Any]:
 def _model_ids(rollout: Rollout) -> list[int]:
     """The tokens the model sampled (environment and tool turns left out)."""
     return [t for t, m in zip(rollout.completion_ids, rollout.completion_mask, strict=True) if m]
+
+
+def _own_kept_counts(choice: Resumed) -> np.ndarray | None:
+    """The engine's kept counts for every token of `choice`; None for a resumed one, whose tokens
+    came from several requests while the last one's counts cover only its own."""
+    return choice.completion.kept_counts if choice.num_resumes == 0 else None
 
 
 def _extend_kept_counts(rollout: Rollout, counts: np.ndarray | None, num_tokens: int) -> None:
