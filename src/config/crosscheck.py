@@ -67,6 +67,11 @@ def check_trainer_orchestrator(train: TrainerConfig, orch: OrchestratorConfig) -
             "reproduce the truncation (its logits are split over tensor-parallel ranks); use backend hf "
             "or set sampling top_k: 0, top_p: 1.0, min_p: 0.0"
         )
+    if train.backend == "megatron" and orch.consistency_check.interval is not None:
+        problems.append(
+            "orch consistency_check runs on backend hf only (megatron's logits are split over tensor-parallel "
+            "ranks); set consistency_check.interval: null, or use backend hf"
+        )
     if train.loss.kl_beta > 0 and orch.sampling.truncates:
         problems.append(
             "train loss.kl_beta > 0 with orch sampling top_k/top_p/min_p: the reference KL would compare "
@@ -101,6 +106,16 @@ def check_inference(
         problems.append(
             f"orch sampling.max_tokens null asks for up to seq_len ({orch.seq_len}) tokens per request, more than "
             f"infer max_model_len ({infer.max_model_len}) holds; set max_tokens, or max_model_len >= seq_len"
+        )
+    wanted = orch.consistency_check.top_logprobs
+    if (
+        orch.consistency_check.interval is not None
+        and infer.max_logprobs != -1
+        and (wanted == -1 or wanted > infer.max_logprobs)
+    ):
+        problems.append(
+            f"orch consistency_check.top_logprobs ({wanted}) is more than infer max_logprobs ({infer.max_logprobs}) "
+            f"lets a request ask for; set max_logprobs: {wanted} in the inference config"
         )
     if orch.sampling.max_tokens is not None and orch.sampling.max_tokens >= orch.seq_len:
         problems.append(

@@ -52,6 +52,13 @@ def _adapter_rank(configs: Mapping[File, BaseModel]) -> Any:
     return value_at(train, "lora_rank") if value_at(train, "lora") else None
 
 
+def _probe_logprobs(configs: Mapping[File, BaseModel]) -> Any:
+    check = value_at(configs["orch"], "consistency_check")
+    wanted = check.top_logprobs
+    # raised only: below vLLM's default of 20 would refuse requests that fit it
+    return wanted if check.interval is not None and (wanted == -1 or wanted > 20) else None
+
+
 DERIVED: tuple[Derived, ...] = (
     Derived(
         Place("train", "output_dir"),
@@ -72,6 +79,12 @@ DERIVED: tuple[Derived, ...] = (
         Place("infer", "max_lora_rank"),
         _adapter_rank,
         "infer.yaml `max_lora_rank` unset: train.yaml's `lora_rank` (with `lora: true`), the rank the engine serves",
+    ),
+    Derived(
+        Place("infer", "max_logprobs"),
+        _probe_logprobs,
+        "infer.yaml `max_logprobs` unset: orch.yaml's `consistency_check.top_logprobs` when the check is on, "
+        "so the engine answers the probe",
     ),
 )
 """Applied in this order by `derive`, after `reconcile`."""

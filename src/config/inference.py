@@ -169,6 +169,11 @@ class InferenceConfig(StrictModel):
     max_num_seqs: int | None = Field(None, gt=0)
     """Sequences the scheduler runs at once; null keeps vLLM's default."""
 
+    max_logprobs: int = Field(20, ge=-1)
+    """Most logprobs per position a request may ask for (vLLM's --max-logprobs; -1: the whole
+    vocabulary). It must be at least orch consistency_check.top_logprobs when that check is on; a co-located run
+    raises it to that."""
+
     api_key_var: str = "VLLM_API_KEY"
     """Env var holding the API key the server requires on every route but /health (at least 16
     characters, not whitespace only); unset or empty = no key, allowed on a loopback host only."""

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from grpo.config.advantage import GROUP_RELATIVE_ADVANTAGES as GROUP_RELATIVE_ADVANTAGES
 from grpo.config.advantage import AdvantageConfig as AdvantageConfig
 from grpo.config.base import StrictModel
+from grpo.config.consistency import ConsistencyCheckConfig
 from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.env import OPENENV_PREFIX as OPENENV_PREFIX
 from grpo.config.env import EnvBlock as EnvBlock
@@ -403,6 +404,9 @@ class OrchestratorConfig(StrictModel):
 
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     """Streaming micro-batches: the trainer trains on a step's groups as they finish."""
+
+    consistency_check: ConsistencyCheckConfig = Field(default_factory=ConsistencyCheckConfig)
+    """The engine's whole next-token distribution against the trainer's, every few steps (off by default)."""
 
     @model_validator(mode="before")
     @classmethod

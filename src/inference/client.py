@@ -28,7 +28,12 @@ from tenacity import RetryError
 
 from grpo.config.orchestrator import ClientConfig, FilesystemWeightBroadcast, WeightBroadcastConfig
 from grpo.inference.collective_receive import receive_over_collective
-from grpo.inference.completion_bodies import completion_body, completion_from_choice, prompt_logprobs_body
+from grpo.inference.completion_bodies import (
+    chat_render_body,
+    completion_body,
+    completion_from_choice,
+    prompt_logprobs_body,
+)
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
 from grpo.inference.generate_bodies import GENERATE_PATH, completions_from_generate, generate_body, route_url
 from grpo.inference.policy_replay import APPLY_NOISY_NORMS_PATH, UPDATE_WEIGHTS_PATH, PolicyReplay
@@ -468,6 +473,35 @@ class InferenceClient:
             0.0 if entry is None else float(entry[str(token)]["logprob"])
             for entry, token in zip(entries, token_ids, strict=True)
         ]
+
+    async def prompt_top_logprobs(
+        self, token_ids: list[int], model: str, num_top: int
+    ) -> list[dict[int, float] | None]:
+        """At each position of `token_ids`, the `num_top` most likely tokens (-1: all) and their logprobs
+        under `model`, untempered and untruncated; vLLM adds the position's own token when it is not
+        among them. None at position 0, which nothing predicts."""
+        response = await self._post_routed("/completions", prompt_logprobs_body(token_ids, model, num_top))
+        entries = response["choices"][0]["prompt_logprobs"]
+        if len(entries) != len(token_ids):
+            raise RuntimeError(
+                f"server returned prompt logprobs for {len(entries)} of {len(token_ids)} tokens"
+            )
+        return [
+            None if entry is None else {int(token): float(value["logprob"]) for token, value in entry.items()}
+            for entry in entries
+        ]
+
+    async def render_chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        model: str,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """The prompt ids the server's own chat template renders `messages` to."""
+        body = chat_render_body(messages, model, tools, template_kwargs or {})
+        response = await self._post_routed("/chat/completions", body)
+        return [int(token) for token in response["prompt_token_ids"]]
 
     async def close(self) -> None:
         if self._recovery is not None:

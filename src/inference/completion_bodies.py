@@ -107,12 +107,39 @@ def completion_body(request: GenerateRequest) -> dict[str, Any]:
     return body
 
 
-def prompt_logprobs_body(token_ids: list[int], model: str) -> dict[str, Any]:
+def prompt_logprobs_body(token_ids: list[int], model: str, num_top: int = 0) -> dict[str, Any]:
     """The /completions body that scores `token_ids` under `model` (prompt logprobs, which vLLM
-    computes from the raw logits), sampling one token with every setting stated all the same."""
+    computes from the raw logits), sampling one token with every setting stated all the same;
+    `num_top`: also the most likely tokens at each position (-1: every token of the vocabulary)."""
     return {
         "model": model,
         "prompt": token_ids,
         **sampling_fields(SamplingParams(temperature=1.0, max_tokens=1)),
-        "prompt_logprobs": 0,
+        "prompt_logprobs": num_top,
     }
+
+
+def chat_render_body(
+    messages: list[dict[str, Any]],
+    model: str,
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """The /chat/completions body whose answer holds the prompt ids the server's own chat template
+    renders `messages` to (`prompt_token_ids`), as grpo's ChatTokenizer.prompt_ids renders them:
+    a final assistant message is continued, else a generation prompt is added. One token is
+    sampled, with every setting stated."""
+    prefill = bool(messages) and messages[-1].get("role") == "assistant"
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        **sampling_fields(SamplingParams(temperature=1.0, max_tokens=1)),
+        "add_generation_prompt": not prefill,
+        "continue_final_message": prefill,
+        "return_token_ids": True,
+    }
+    if tools:
+        body["tools"] = tools
+    if template_kwargs:
+        body["chat_template_kwargs"] = template_kwargs
+    return body

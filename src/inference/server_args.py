@@ -140,6 +140,8 @@ def build_server_args(cfg: InferenceConfig, model_path: str, on_cpu: bool | None
     ]  # fmt: skip
     if cfg.max_model_len is not None:
         argv += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.max_logprobs != 20:  # vLLM's default
+        argv += ["--max-logprobs", str(cfg.max_logprobs)]
     if cfg.quantization is not None:
         argv += ["--quantization", cfg.quantization]
     if cfg.enforce_eager:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -120,6 +120,24 @@ class RolloutClient(Protocol):
 
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
         """logprob of each token given its prefix under `model` (teacher scoring); entry 0 is 0.0."""
+        ...
+
+    async def prompt_top_logprobs(
+        self, token_ids: list[int], model: str, num_top: int
+    ) -> list[dict[int, float] | None]:
+        """The `num_top` most likely tokens (-1: all) and their logprobs at each position of
+        `token_ids` (plus the position's own token), untempered and untruncated; None at position 0
+        (the consistency check)."""
+        ...
+
+    async def render_chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        model: str,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """The prompt ids the server's own chat template renders `messages` to (the consistency check)."""
         ...
 
     def pool_metrics(self) -> dict[str, int]:

@@ -30,6 +30,7 @@ from grpo.envs.tool_env import ToolUse
 from grpo.inference.types import RolloutClient, SamplingParams
 from grpo.orchestrator import checkpoint
 from grpo.orchestrator.buffer import Buffer
+from grpo.orchestrator.consistency_probe import is_check_step, take_probe
 from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.eval import evaluate, should_evaluate
 from grpo.orchestrator.image_prompt import ImagePrompter
@@ -50,6 +51,7 @@ from grpo.orchestrator.tool_calls import ToolCallParser
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.interfaces import BatchSender
 from grpo.transport.batches.parts import PartSender
+from grpo.transport.batches.probe import ConsistencyProbe
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
@@ -105,6 +107,7 @@ class Orchestrator:
             tool_parser=ToolCallParser(tokenizer, cfg.tool_call_parser) if uses_tools else None,
             image_prompter=image_prompter,
         )
+        self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         self.step = 0
         self.num_inflight_target = max(1, math.ceil(cfg.num_groups_per_step * cfg.oversampling_factor))
@@ -288,17 +291,43 @@ class Orchestrator:
             part_groups = await self._collect(step, stats, num_groups)
             if part_groups is None:
                 return None
+            probe = await self._maybe_probe(step, part_groups) if part == 0 else None
             collected = time.monotonic()
             # advantages, filters and packing are CPU work on finished groups: keep the loop free
             batch, part_rollouts = await asyncio.to_thread(
                 build_batch, self.cfg, self.vocab_size, self.policy.version, step, part_groups, stats
             )
+            batch.consistency_probe = probe
             await asyncio.to_thread(self.parts.send, batch, part)
             send_seconds += time.monotonic() - collected
             groups += part_groups
             rollouts += part_rollouts
         pack_metrics(stats, rollouts, self.cfg.row_tokens)
         return groups, rollouts, send_seconds
+
+    async def _maybe_probe(self, step: int, groups: list[Group]) -> ConsistencyProbe | None:
+        """At a consistency-check step, the probe of the engine running policy `step` (which the
+        trainer computes this batch with; grpo.orchestrator.consistency_probe), None otherwise. The
+        wait for that policy is the one step of overlap a check costs."""
+        check = self.cfg.consistency_check
+        if not is_check_step(check, step):
+            return None
+        timeout = self._policy_wait_timeout()
+        waited = await self._unless_stopped(asyncio.wait_for(self.policy.wait_for(step), timeout))
+        if waited is None:
+            return None
+        if isinstance(waited.exception(), TimeoutError) or self.policy.version != step:
+            log.warning(
+                "consistency check skipped at step %d: the servers run policy %d, not the trainer's %d",
+                step,
+                self.policy.version,
+                step,
+            )
+            return None
+        waited.result()  # a dead policy watcher raises here, as it does during the run
+        return await take_probe(
+            check, self.client, self.tokenizer, self.envs, groups, self._params(), self.policy
+        )
 
     async def _maybe_eval(self, step: int, resumed_at: int | None) -> dict[str, float]:
         if (

@@ -109,3 +109,49 @@ def test_routing_replay_in_a_co_located_run_needs_the_engine_to_return_routing()
         {**infer.model_dump(exclude_unset=True), "return_routed_experts": True}
     )
     check_colocated(_with(train, routing_replay=True), routed, orch)
+
+
+def _checking(orch: OrchestratorConfig, **check: object) -> OrchestratorConfig:
+    data = orch.model_dump(exclude_unset=True)
+    return OrchestratorConfig.model_validate({**data, "consistency_check": {"interval": 5, **check}})
+
+
+def test_a_consistency_check_needs_a_server_that_returns_its_top_logprobs() -> None:
+    orch = _checking(OrchestratorConfig())
+    (problem,) = check_inference(InferenceConfig(model="m"), None, orch)
+    assert "top_logprobs (1000)" in problem and "set max_logprobs: 1000" in problem
+    assert check_inference(InferenceConfig(model="m", max_logprobs=1000), None, orch) == []
+    assert (
+        check_inference(InferenceConfig(model="m", max_logprobs=-1), None, _checking(orch, top_logprobs=-1))
+        == []
+    )
+    (whole,) = check_inference(
+        InferenceConfig(model="m", max_logprobs=5000), None, _checking(orch, top_logprobs=-1)
+    )
+    assert "set max_logprobs: -1" in whole
+    assert check_inference(InferenceConfig(model="m"), None, OrchestratorConfig()) == []
+
+
+def test_a_colocated_consistency_check_raises_the_engine_s_max_logprobs_to_what_it_asks() -> None:
+    train, infer, orch = _demo()
+    assert check_colocated(train, infer, orch)[1].max_logprobs == 20
+    assert check_colocated(train, infer, _checking(orch))[1].max_logprobs == 1000
+    assert check_colocated(train, infer, _checking(orch, top_logprobs=-1))[1].max_logprobs == -1
+    assert check_colocated(train, infer, _checking(orch, top_logprobs=5))[1].max_logprobs == 20
+
+
+def test_a_consistency_check_is_refused_with_the_megatron_backend() -> None:
+    from grpo.config.crosscheck import check_trainer_orchestrator
+
+    train, _, orch = _demo()
+    megatron = TrainerConfig.model_validate(
+        {**train.model_dump(exclude_unset=True), "backend": "megatron", "lora": False}
+    )
+    problems = check_trainer_orchestrator(megatron, _checking(orch))
+    assert any("consistency_check runs on backend hf only" in p for p in problems)
+    assert not any("consistency_check" in p for p in check_trainer_orchestrator(train, _checking(orch)))
+
+
+def test_a_top_logprobs_of_zero_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="top_logprobs must be >= 1, or -1"):
+        OrchestratorConfig.model_validate({"consistency_check": {"top_logprobs": 0}})

@@ -206,6 +206,47 @@ def test_prompt_logprobs_pick_each_prompt_tokens_own_logprob() -> None:
     assert asyncio.run(make_client(handler).prompt_logprobs([7, 8, 9], "teacher")) == [0.0, -1.5, -2.0]
 
 
+def test_top_prompt_logprobs_ask_for_the_top_tokens_and_keep_every_one_returned() -> None:
+    bodies: list[dict[str, object]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(req.content))
+        entries = [None, {"8": {"logprob": -1.5, "rank": 2}, "3": {"logprob": -0.1, "rank": 1}}]
+        return httpx.Response(200, json={"choices": [{"prompt_logprobs": entries}]})
+
+    top = asyncio.run(make_client(handler).prompt_top_logprobs([7, 8], "policy", 1000))
+    assert top == [None, {8: -1.5, 3: -0.1}]
+    assert (bodies[0]["prompt_logprobs"], bodies[0]["prompt"], bodies[0]["temperature"]) == (
+        1000,
+        [7, 8],
+        1.0,
+    )
+
+
+def test_the_server_renders_chat_messages_with_its_own_template_and_returns_the_ids() -> None:
+    bodies: list[dict[str, object]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        assert req.url.path == "/v1/chat/completions"
+        bodies.append(json.loads(req.content))
+        return httpx.Response(200, json={"prompt_token_ids": [1, 2, 3], "choices": []})
+
+    client = make_client(handler)
+    question = [{"role": "user", "content": "hi"}]
+    assert asyncio.run(client.render_chat_prompt(question, "policy", None, {"enable_thinking": False})) == [
+        1,
+        2,
+        3,
+    ]
+    prefill = [*question, {"role": "assistant", "content": "Sure,"}]
+    asyncio.run(client.render_chat_prompt(prefill, "policy"))
+    asked, continued = bodies
+    assert (asked["add_generation_prompt"], asked["continue_final_message"]) == (True, False)
+    assert asked["chat_template_kwargs"] == {"enable_thinking": False} and asked["return_token_ids"] is True
+    assert (continued["add_generation_prompt"], continued["continue_final_message"]) == (False, True)
+    assert "chat_template_kwargs" not in continued and "tools" not in continued
+
+
 def test_wait_until_ready_times_out_when_the_model_is_not_served() -> None:
     def handler(req: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"data": [{"id": "other"}]})

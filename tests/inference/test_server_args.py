@@ -43,6 +43,7 @@ def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatc
         rope_scaling={"rope_type": "yarn", "factor": 4.0},
         seed=7,
         max_num_seqs=64,
+        max_logprobs=-1,
         block_size=64,
         api_key_var="MY_KEY",
     )
@@ -70,6 +71,7 @@ def test_every_config_key_reaches_the_server_argv(monkeypatch: pytest.MonkeyPatc
     }
     assert option(argv, "--seed") == "7"
     assert option(argv, "--max-num-seqs") == "64"
+    assert option(argv, "--max-logprobs") == "-1"
     assert option(argv, "--block-size") == "64"
     assert option(argv, "--worker-extension-cls") == WORKER_EXTENSION_CLS
     assert option(argv, "--api-key") == "k-123-a-long-enough-key"
@@ -81,7 +83,14 @@ def test_defaults_bind_loopback_and_leave_optional_settings_to_vllm(monkeypatch:
     argv = build_server_args(InferenceConfig(model="m"), "/models/m", on_cpu=False)
     assert option(argv, "--host") == "127.0.0.1"
     assert option(argv, "--max-lora-rank") == "64"
-    for flag in ("--api-key", "--max-model-len", "--max-num-seqs", "--enforce-eager", "--block-size"):
+    for flag in (
+        "--api-key",
+        "--max-model-len",
+        "--max-num-seqs",
+        "--max-logprobs",
+        "--enforce-eager",
+        "--block-size",
+    ):
         assert flag not in argv
     # float32 logits from the lm_head, as the trainer computes them (the step-0 mismatch)
     assert json.loads(option(argv, "--hf-overrides")) == {"head_dtype": "float32"}

@@ -50,8 +50,12 @@ class FakeClient:
     """Instant (or `delay`-second) server (a RolloutClient); replies with `reply` text. Records the
     policies it loaded and the noisy norms it applied, in order, in `calls`."""
 
-    def __init__(self, delay: float = 0.0, num_tokens: int = 4, reply: str = "ok") -> None:
+    def __init__(
+        self, delay: float = 0.0, num_tokens: int = 4, reply: str = "ok", template_prefix: str = ""
+    ) -> None:
         self.delay = delay
+        self.template_prefix = template_prefix
+        """Put before every prompt the server renders itself: a chat template unlike the orchestrator's."""
         self.num_tokens = num_tokens
         self.reply = reply
         self.version = 0
@@ -95,6 +99,24 @@ class FakeClient:
 
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
         return [0.0] + [-1.0] * (len(token_ids) - 1)
+
+    async def prompt_top_logprobs(
+        self, token_ids: list[int], model: str, num_top: int
+    ) -> list[dict[int, float] | None]:
+        """Three tokens a position, the most likely one the policy's token; plus the position's own."""
+        ranked = {VERSION_TOKEN_BASE + self.version: -0.1, 1: -2.5, 2: -3.0}
+        return [None] + [{**ranked, token: ranked.get(token, -9.0)} for token in token_ids[1:]]
+
+    async def render_chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        model: str,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        self.calls.append(("render_chat_prompt", model))
+        rendered = fake_tokenizer().prompt_ids(messages, tools)  # type: ignore[arg-type]
+        return fake_tokenizer().encode(self.template_prefix) + rendered
 
     async def close(self) -> None:
         return None

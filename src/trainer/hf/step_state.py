@@ -36,6 +36,8 @@ class OpenStep:
     """Most decoder layers any accumulation group of the step recomputed (gradient checkpointing)."""
     first_pass: list[FirstPass] = field(default_factory=list)
     """Each micro-batch of the first pass, kept for the later ones (num_iterations > 1 only)."""
+    consistency: dict[str, float] = field(default_factory=dict)
+    """The consistency check's metrics when a batch of the step carried a probe."""
 
 
 @dataclass

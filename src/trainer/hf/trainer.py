@@ -13,21 +13,9 @@ normalised over all ranks' tokens); metrics are summed over ranks and written by
 Everything that touches the weights of every rank is collective, so every rank calls it in the same
 order: train_step, score, publish (rank 0 writes), save_checkpoint (rank 0 writes), maybe_resume.
 
-Metrics (one JSON object per step in trainer_metrics.jsonl): mismatch_kl, masked, tokens, loss, entropy,
-teacher_kl, clip_frac_low, clip_frac_high, tis_frac_capped (the last three only with loss.clip_low /
-clip_high / tis_cap; see grpo.trainer.loss and docs/loss.md), grad_norm (after clipping, as the reference
-defines it) and grad_norm_before_clip (see grpo.trainer.optim), lr (used by
-this step), step_time (seconds of compute), wait_time (seconds blocked on the batch), tokens_per_s
-(all tokens forwarded, prompt included, per second of step_time), sequence_tokens_per_s (the same
-with every sequence counted whole, as if no prefix were shared: the rate plain packing would need to
-match), skipped_steps (steps so far whose gradient norm was not finite and were not applied),
-fp16_grad_scale (only when computing in float16: the dynamic gradient scale after the step),
-model_tflops_per_s and mfu (this rank's model FLOPs per second of step_time, and that over one
-device's peak in the matmul dtype; see grpo.trainer.flops and grpo.trainer.peak_flops),
-kl_ref (only with loss.kl_beta > 0: the reference KL estimate, grpo.trainer.loss), recomputed_layers
-(the most decoder layers a group of micro-batches recomputed in backward: gradient checkpointing,
-grpo.trainer.hf.checkpointing), router_aux_loss (only with router_aux_loss_coef > 0: the routers'
-load-balancing loss the step added, before the coefficient; grpo.trainer.hf.load_balancing).
+Metrics: one JSON object per step in trainer_metrics.jsonl, each name explained in docs/metrics.md
+(the trainer's table) and the loss's in docs/loss.md ("Metrics"). A batch that carries a
+consistency probe is checked against the policy before the step's update (grpo.trainer.consistency).
 
 num_iterations > 1 (train_step only): the batch's micro-batches are kept and trained on again after
 each optimizer update, with the first pass's logprobs as old_lp (and its reference logprobs reused:
@@ -63,6 +51,7 @@ if TYPE_CHECKING:
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
     from grpo.transport.batches.batch import PackedRow, SamplingTruncation
+    from grpo.transport.batches.probe import ConsistencyProbe, ProbeSequence
 
 log = get_logger("trainer")
 
@@ -253,6 +242,14 @@ class Trainer:
         loss_scale = 1 if state.loss_scale is None else state.loss_scale
         # the batch says which truncation; its boundary and tie rules are those of the engine's device
         sampling = dataclasses.replace(batch.sampling, engine_sampler=self._engine_sampler)
+        # Before any update of this step: the probe came from the policy the batch trains from. Only
+        # rank 0 holds it (share_batch leaves it out); a sharded forward would wait for the others.
+        if batch.consistency_probe is not None and self._sharded:
+            log.warning(
+                "batch %d's consistency probe is not checked: FSDP shards the weights over ranks", batch.step
+            )
+        elif batch.consistency_probe is not None:
+            state.consistency = self._check_consistency(batch.step, batch.consistency_probe, sampling)
         passes = [FirstPass(mb, sampling) for mb in self._micro_batches(self._local_rows(batch.rows))]
         self._backward(passes, loss_scale, first=True)
         if self.cfg.num_iterations > 1:
@@ -350,6 +347,7 @@ class Trainer:
         if self.policy.routing_replay is not None:
             metrics.update(self.policy.routing_replay.take_metrics())
         metrics["recomputed_layers"] = state.num_recomputed_layers
+        metrics.update(state.consistency)
         metrics.update(self._flops.take_rates(step_time))
         self._report.write(batch_step, metrics, totals.num_loss_tokens)
         return metrics
@@ -398,6 +396,26 @@ class Trainer:
         else:
             self.optimizer.step()
         return grad_norm
+
+    def _check_consistency(
+        self, step: int, probe: ConsistencyProbe, sampling: SamplingTruncation
+    ) -> dict[str, float]:
+        """The consistency metrics of a batch's probe (grpo.trainer.consistency); collective."""
+        from grpo.trainer.consistency import completion_predictors, probe_metrics, probe_row
+        from grpo.trainer.float32_logits import float32_logits
+
+        if probe.policy_version != step:
+            log.warning(
+                "consistency probe of policy %d came with batch %d; not checked", probe.policy_version, step
+            )
+            return {}
+
+        def logits_of(sequence: ProbeSequence) -> Any:
+            (mb,) = self._micro_batches([probe_row(sequence)])
+            hidden = self.policy.hidden_states(mb)
+            return float32_logits(self.policy.lm_head, hidden[completion_predictors(sequence)])
+
+        return probe_metrics(probe, step, sampling, logits_of)
 
     def _micro_batch_loss(
         self,

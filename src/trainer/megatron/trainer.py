@@ -181,6 +181,12 @@ class MegatronTrainer:
         from grpo.trainer.megatron.optimizer import set_learning_rate
 
         batch.validate()
+        if (
+            batch.consistency_probe is not None
+        ):  # grpo-train refuses the configs; a hand-made orch.yaml may not
+            log.warning(
+                "batch %d carries a consistency probe; backend megatron does not check it", batch.step
+            )
         if self.model.routing_replay is not None:
             from grpo.trainer.routing import check_batch_routing
 

@@ -44,6 +44,7 @@ from typing import Literal
 import numpy as np
 
 from grpo.transport.batches.images import RowImages
+from grpo.transport.batches.probe import ConsistencyProbe
 
 # name -> dtype of every per-token array in a row; the wire format and validation use this table.
 ROW_FIELDS: dict[str, type] = {
@@ -251,6 +252,9 @@ class TrainingBatch:
     """Orchestrator-side numbers worth logging next to trainer metrics (not used for training)."""
     sampling: SamplingTruncation = field(default_factory=SamplingTruncation)
     """How the completions' distributions were truncated after temperature (see the module doc)."""
+    consistency_probe: ConsistencyProbe | None = None
+    """At orch consistency_check steps: the engine's distributions at a few positions, for the
+    trainer to compare with its own (grpo.transport.batches.probe)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -268,3 +272,5 @@ class TrainingBatch:
         self.sampling.validate()
         for row in self.rows:
             row.validate()
+        if self.consistency_probe is not None:
+            self.consistency_probe.validate()

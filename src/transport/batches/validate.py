@@ -53,6 +53,8 @@ def check_batch_values(batch: TrainingBatch, vocab_size: int | None = None) -> N
         _finite(row.temperatures, f"{where}: temperatures")
         if row.temperatures.size and row.temperatures.min() <= 0:
             raise ValueError(f"{where}: temperatures must be > 0 (the trainer divides logits by them)")
+    if batch.consistency_probe is not None:
+        batch.consistency_probe.validate(vocab_size)
     check_metadata(batch.metadata)
 
 

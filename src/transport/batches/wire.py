@@ -5,8 +5,9 @@ Layout: tensors `rows.{i}.{field}` (every PackedRow field; `teacher_logprobs` an
 `rows.{i}.images.{pixel_values,grid_thw,token_starts}`),
 and in the safetensors header metadata (string -> string): `format`, `version`, `step`,
 `num_rows`, `metadata` (the batch metadata as JSON), `sampling` (the batch's top_k/top_p/min_p as
-JSON) and `checksum`. The checksum (sha256 over step, row count, metadata, sampling and every
-tensor's name, dtype, shape and bytes) catches corruption
+JSON), `probe` (a consistency probe's numbers as JSON, "null" without one; its arrays are tensors
+`probe.{j}.*`, grpo.transport.batches.probe) and `checksum`. The checksum (sha256 over step, row
+count, metadata, sampling, probe and every tensor's name, dtype, shape and bytes) catches corruption
 that still parses, e.g. a flipped byte inside a tensor; it is no authentication (anyone can
 compute it; the zmq transport signs frames). Decoded values are checked by
 `grpo.transport.batches.validate`. Nothing is pickled.
@@ -31,11 +32,12 @@ from grpo.transport.batches.batch import (
     TrainingBatch,
 )
 from grpo.transport.batches.images import IMAGE_FIELDS, RowImages
+from grpo.transport.batches.probe import ConsistencyProbe
 from grpo.transport.batches.validate import check_batch_values
 from grpo.utils.errors import UserError
 
 WIRE_FORMAT = "grpo.training_batch"
-WIRE_VERSION = "4"  # 3: optional rows.{i}.routed_experts; 4: optional rows.{i}.kept_counts
+WIRE_VERSION = "5"  # 3: optional rows.{i}.routed_experts; 4: optional rows.{i}.kept_counts; 5: optional probe
 WIRE_SAMPLING_FIELDS = ("top_k", "top_p", "min_p")
 """SamplingTruncation's fields on the wire (its engine_sampler is the trainer's to set)."""
 
@@ -44,10 +46,10 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 def _checksum(
-    tensors: Mapping[str, np.ndarray], step: str, num_rows: str, metadata: str, sampling: str
+    tensors: Mapping[str, np.ndarray], step: str, num_rows: str, metadata: str, sampling: str, probe: str
 ) -> str:
     digest = hashlib.sha256()  # hardware-accelerated on current x86 and ARM CPUs
-    digest.update(json.dumps([step, num_rows, metadata, sampling]).encode())
+    digest.update(json.dumps([step, num_rows, metadata, sampling, probe]).encode())
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
         digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
@@ -67,8 +69,11 @@ def encode_batch(batch: TrainingBatch) -> bytes:
                 tensors[f"rows.{i}.{name}"] = np.ascontiguousarray(array)
         if row.images is not None:
             tensors.update(row.images.to_tensors(f"rows.{i}.images"))
+    if batch.consistency_probe is not None:
+        tensors.update(batch.consistency_probe.to_tensors())
     step, num_rows, metadata = str(batch.step), str(len(batch.rows)), json.dumps(batch.metadata)
     sampling = json.dumps({name: getattr(batch.sampling, name) for name in WIRE_SAMPLING_FIELDS})
+    probe = json.dumps(None if batch.consistency_probe is None else batch.consistency_probe.header())
     header = {
         "format": WIRE_FORMAT,
         "version": WIRE_VERSION,
@@ -76,7 +81,8 @@ def encode_batch(batch: TrainingBatch) -> bytes:
         "num_rows": num_rows,
         "metadata": metadata,
         "sampling": sampling,
-        "checksum": _checksum(tensors, step, num_rows, metadata, sampling),
+        "probe": probe,
+        "checksum": _checksum(tensors, step, num_rows, metadata, sampling, probe),
     }
     return bytes(save(tensors, metadata=header))
 
@@ -121,14 +127,16 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
             f"expected {WIRE_FORMAT!r} version {WIRE_VERSION!r}: run orchestrator and trainer from the "
             "same grpo version"
         )
-    missing = {"num_rows", "metadata", "sampling", "checksum"} - set(header)
+    missing = {"num_rows", "metadata", "sampling", "probe", "checksum"} - set(header)
     if missing:
         raise ValueError(f"training batch ({where}) header lacks {sorted(missing)}: corrupt blob")
     try:
         tensors = load(blob)
     except SafetensorError as err:
         raise ValueError(f"training batch ({where}) is corrupt or truncated: {err}") from err
-    checksum = _checksum(tensors, header["step"], header["num_rows"], header["metadata"], header["sampling"])
+    checksum = _checksum(
+        tensors, header["step"], header["num_rows"], header["metadata"], header["sampling"], header["probe"]
+    )
     if checksum != header["checksum"]:
         raise ValueError(f"training batch ({where}) is corrupt: checksum mismatch")
     num_rows = int(header["num_rows"])
@@ -136,6 +144,9 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
     names = (*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "routed_experts", "kept_counts")
     known = {f"rows.{i}.{name}" for i in range(num_rows) for name in names}
     known |= {f"rows.{i}.images.{name}" for i in range(num_rows) for name in IMAGE_FIELDS}
+    probe = _probe_from_wire(header["probe"], tensors, where)
+    if probe is not None:
+        known |= probe.tensor_names()
     unexpected = set(tensors) - known
     if unexpected:
         raise ValueError(f"training batch ({where}) has unexpected tensors {sorted(unexpected)[:5]}")
@@ -151,13 +162,27 @@ def decode_batch(blob: bytes, vocab_size: int | None = None) -> TrainingBatch:
         raise ValueError(f"training batch ({where}) sampling must be an object of top_k, top_p and min_p")
     try:
         batch = TrainingBatch(
-            step=step, rows=rows, metadata=metadata, sampling=SamplingTruncation(**sampling)
+            step=step,
+            rows=rows,
+            metadata=metadata,
+            sampling=SamplingTruncation(**sampling),
+            consistency_probe=probe,
         )
         batch.validate()
         check_batch_values(batch, vocab_size)
     except ValueError as err:
         raise ValueError(f"training batch ({where}) is invalid: {err}") from err
     return batch
+
+
+def _probe_from_wire(encoded: str, tensors: Mapping[str, np.ndarray], where: str) -> ConsistencyProbe | None:
+    try:
+        header = json.loads(encoded)
+        return None if header is None else ConsistencyProbe.from_wire(header, dict(tensors))
+    except (json.JSONDecodeError, RecursionError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"training batch ({where}) has an unreadable probe: {type(err).__name__} {err}"
+        ) from err
 
 
 def _row_from_tensors(tensors: Mapping[str, np.ndarray], index: int, where: str) -> PackedRow:

@@ -64,7 +64,8 @@ def _blob_with_metadata(metadata_json: str, sampling_json: str = NEUTRAL_SAMPLIN
         "num_rows": "1",
         "metadata": metadata_json,
         "sampling": sampling_json,
-        "checksum": _checksum(tensors, "2", "1", metadata_json, sampling_json),
+        "probe": "null",
+        "checksum": _checksum(tensors, "2", "1", metadata_json, sampling_json, "null"),
     }
     return bytes(save(tensors, metadata=header))
 
