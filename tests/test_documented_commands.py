@@ -1,7 +1,7 @@
 """Every `grpo` command the user documentation shows in a shell block works as written, from the
 repository root: a run (grpo, grpo-train, grpo-infer, grpo-orch) passes its --dry-run, `grpo config`
-runs, and a command that needs a finished run or serves forever (grpo export, grpo-report,
-grpo-model, grpo-env) parses. Hub models resolve from configs/gpu/shapes (config.json only), and a
+runs, and a command that needs a finished run, serves forever or runs one of its own (grpo export,
+grpo doctor, grpo-report, grpo-model, grpo-env) parses. Hub models resolve from configs/gpu/shapes (config.json only), and a
 run that cannot be planned on this machine must pass when planned for an 80 GB GPU (--plan-gpu-gib).
 A page that shows the files its commands use (`# my_task/rl.yaml` atop a fence) has them written
 beside the repository's entries first. Which lines count as commands: tests/documented_commands.py."""
@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 GPU_SHAPES = REPO / "configs/gpu/shapes"
 H100_80GB_GIB = "79.6"
 RUNS = {"grpo", "grpo-train", "grpo-infer", "grpo-orch"}
-"""Executables whose runs take --dry-run (grpo's co-located run; not its export/config subcommands)."""
+"""Executables whose runs take --dry-run (grpo's co-located run; not its export, doctor or config subcommands)."""
 SERVER_WAIT_S = 60.0
 COMMANDS = [c for path in documentation_files() for c in documented_commands(path)]
 
@@ -71,7 +71,7 @@ def test_documented_command_works_from_the_repository_root(command: Command, tmp
     if program == "grpo" and args[:1] == ["config"]:
         result = _run(command, [], root)
         assert result.returncode == 0, _failure(command, result)
-    elif program in RUNS and args[:1] != ["export"]:
+    elif program in RUNS and args[:1] not in (["export"], ["doctor"]):
         _check_dry_run(command, root)
     else:
         _check_parses(program, args)
@@ -161,11 +161,14 @@ def _check_parses(program: str, args: list[str]) -> None:
 
 
 def _app(program: str, args: list[str]) -> typer.Typer:
-    from grpo.cli import env, export, model, report
+    from grpo.cli import doctor, env, export, model, report
 
     if program == "grpo":
-        assert args[:1] == ["export"], f"grpo {args[:1]}: not a command the documentation check knows"
-        return export.app
+        subcommands = {"export": export.app, "doctor": doctor.app}
+        assert args[:1] and args[0] in subcommands, (
+            f"grpo {args[:1]}: not a command the documentation check knows"
+        )
+        return subcommands[args[0]]
     apps = {"grpo-model": model.app, "grpo-env": env.app, "grpo-report": report.app}
     assert program in apps, f"{program}: not a command the documentation check knows"
     return apps[program]

@@ -61,6 +61,7 @@ def grpo(
 
     The keys most runs set: `grpo config show [train|infer|orch]` (every key, with its whole doc: --all).
     The trained model afterwards: `grpo export RUN_DIR OUT` (see `grpo export --help`).
+    A new machine checked first: `grpo doctor` (a short run of the embedded model; see `grpo doctor --help`).
     """
 
     def body() -> int:
@@ -127,4 +128,8 @@ def main() -> None:
         from grpo.cli.config_show import main as config_main
 
         config_main(sys.argv[2:])
+    if sys.argv[1:2] == ["doctor"]:
+        from grpo.cli.doctor import main as doctor_main
+
+        doctor_main(sys.argv[2:])
     run_app(app, "grpo")

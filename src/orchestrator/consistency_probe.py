@@ -97,7 +97,9 @@ async def _probe_prompt(
     if not completion_ids:
         return None
     try:
-        entries = await client.prompt_top_logprobs(engine_prompt_ids + completion_ids, model, cfg.top_logprobs)
+        entries = await client.prompt_top_logprobs(
+            engine_prompt_ids + completion_ids, model, cfg.top_logprobs
+        )
     except RuntimeError as refused:
         if "HTTP 400" not in str(refused):
             raise

@@ -13,7 +13,7 @@ BIN = Path(sys.executable).parent
 COMMANDS = ["grpo", "grpo-infer", "grpo-orch", "grpo-train", "grpo-model", "grpo-env", "grpo-report"]
 
 
-SUBCOMMANDS = [["grpo", "export"], ["grpo", "config"], ["grpo", "config", "show"]]
+SUBCOMMANDS = [["grpo", "export"], ["grpo", "doctor"], ["grpo", "config"], ["grpo", "config", "show"]]
 """Subcommands of `grpo` (grpo.cli.grpo.main hands them their arguments)."""
 
 
