@@ -50,7 +50,7 @@ WORKLOADS = {
     w.name: w
     for w in (
         Workload("short-answer", learning_steps=12, thresholds=(0.22, 0.25)),
-        Workload("long-brief", steps=5, learning_steps=6, thresholds=(0.2, 0.25)),
+        Workload("long-brief", steps=5, learning_steps=10, thresholds=(0.2, 0.25)),
         Workload("three-words", env="three_words:load_environment", thresholds=(0.25, 0.3)),
     )
 }

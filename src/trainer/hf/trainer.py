@@ -400,15 +400,10 @@ class Trainer:
     def _check_consistency(
         self, step: int, probe: ConsistencyProbe, sampling: SamplingTruncation
     ) -> dict[str, float]:
-        """The consistency metrics of a batch's probe (grpo.trainer.consistency); collective."""
+        """The consistency metrics of a batch's probe (grpo.trainer.consistency), on rank 0 alone:
+        the others hold the same whole weights, and no probe."""
         from grpo.trainer.consistency import completion_predictors, probe_metrics, probe_row
         from grpo.trainer.float32_logits import float32_logits
-
-        if probe.policy_version != step:
-            log.warning(
-                "consistency probe of policy %d came with batch %d; not checked", probe.policy_version, step
-            )
-            return {}
 
         def logits_of(sequence: ProbeSequence) -> Any:
             (mb,) = self._micro_batches([probe_row(sequence)])
