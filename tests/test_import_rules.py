@@ -34,7 +34,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "orchestrator": frozenset({"inference", "envs", "transport", *LOWER}),
     "colocate": frozenset({"orchestrator", "trainer", "inference", "envs", "transport", *LOWER}),
     "doctor": frozenset(LOWER),
-    "cli": frozenset({"doctor", "colocate", "orchestrator", "trainer", "inference", "envs", "transport", *LOWER}),
+    "cli": frozenset(
+        {"doctor", "colocate", "orchestrator", "trainer", "inference", "envs", "transport", *LOWER}
+    ),
     "python_api": frozenset({"colocate", *LOWER}),
 }
 """Top-level package -> the packages it may import (docs/design.md, "Import rules")."""
