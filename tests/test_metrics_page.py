@@ -24,6 +24,7 @@ FLAT = r"[a-z][a-z0-9_]*"
 NOT_METRICS = {
     "application/json": "an HTTP content type",
     "yes/no": "a judge's verdict parser",
+    "outputs/doctor": "grpo doctor's default --out folder",
     "tokens/s": "a plot's axis label (grpo-report)",
     "packing/num_tokens": "a sum over a step's parts, turned into packing/efficiency before the row",
     "packing/num_sample_tokens": "likewise, turned into packing/shared_frac",
