@@ -63,7 +63,8 @@ def doctor(
 def _checks(out: Path, num_steps: int, timeout_s: float, machine: dict[str, str]) -> list[Check]:
     from grpo.doctor.selfcheck_run import TIMED_OUT, cuda_device, has_vllm, run_colocated
 
-    num_gpus = 0 if cuda_device() is None else _num_gpus()
+    on_cuda = cuda_device() is not None
+    num_gpus = _num_gpus() if on_cuda else 0
     nccl = (
         skipped(["multi_process_nccl"], "needs two GPUs")
         if num_gpus < 2
@@ -84,7 +85,7 @@ def _checks(out: Path, num_steps: int, timeout_s: float, machine: dict[str, str]
         what = f"timed out after {timeout_s:g} s" if code == TIMED_OUT else f"exit code {code}"
         run = Check("colocated_run", "fail", what, f"{out / 'run.log'} ends:\n{tail}")
         return [run, *skipped(RUN_CHECKS, "the run did not finish"), *nccl]
-    device = "the CPU" if cuda_device() is None else machine["cuda_device"]
+    device = machine["cuda_device"] if on_cuda else "the CPU"
     run = Check(
         "colocated_run",
         "pass",
@@ -92,7 +93,7 @@ def _checks(out: Path, num_steps: int, timeout_s: float, machine: dict[str, str]
         f"vLLM and the LoRA trainer in one process on {device}, the trainer on the engine's base weights "
         "(compared with the checkpoint at start)",
     )
-    precision: Precision = "float32" if cuda_device() is None else "16-bit"
+    precision: Precision = "16-bit" if on_cuda else "float32"
     return [run, *run_checks(run_dir, precision), *nccl]
 
 

@@ -25,6 +25,11 @@ class ToolUse(Protocol):
     tools: ToolSet
 
 
+def tool_schemas(env: Environment) -> list[dict[str, Any]] | None:
+    """The JSON schemas of the tools env's model may call (None: no tools)."""
+    return env.tools.schemas if isinstance(env, ToolUse) else None
+
+
 class ToolEnv:
     def __init__(self, env: Environment, tools: ToolSet, max_turns: int) -> None:
         self.inner = env

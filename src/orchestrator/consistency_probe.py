@@ -25,7 +25,7 @@ import numpy as np
 
 from grpo.config.consistency import ConsistencyCheckConfig
 from grpo.envs.base import Environment, non_text_parts
-from grpo.envs.tool_env import ToolUse
+from grpo.envs.tool_env import tool_schemas
 from grpo.inference.types import GenerateRequest, RolloutClient, SamplingParams
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.orchestrator.tokenizer import ChatTokenizer
@@ -61,8 +61,9 @@ async def take_probe(
         messages = env.prompt_messages(group.example)
         if non_text_parts(messages):
             continue
-        tools = env.tools.schemas if isinstance(env, ToolUse) else None
-        sequence = await _probe_prompt(cfg, client, tokenizer, list(messages), tools, params, policy)
+        sequence = await _probe_prompt(
+            cfg, client, tokenizer, list(messages), tool_schemas(env), params, policy
+        )
         if sequence is not None:
             sequences.append(sequence)
     if not sequences:

@@ -312,11 +312,10 @@ class Orchestrator:
         check = self.cfg.consistency_check
         if not is_check_step(check, step):
             return None
-        timeout = self._policy_wait_timeout()
-        waited = await self._unless_stopped(asyncio.wait_for(self.policy.wait_for(step), timeout))
-        if waited is None:
+        reached = await self._wait_for_policy(step, self._policy_wait_timeout())
+        if reached is None:
             return None
-        if isinstance(waited.exception(), TimeoutError) or self.policy.version != step:
+        if not reached or self.policy.version != step:
             log.warning(
                 "consistency check skipped at step %d: the servers run policy %d, not the trainer's %d",
                 step,
@@ -324,7 +323,6 @@ class Orchestrator:
                 step,
             )
             return None
-        waited.result()  # a dead policy watcher raises here, as it does during the run
         return await take_probe(
             check, self.client, self.tokenizer, self.envs, groups, self._params(), self.policy
         )
@@ -362,10 +360,10 @@ class Orchestrator:
         await self._cancel_inflight()
         timeout = self._policy_wait_timeout()
         log.info("waiting up to %g s for the final policy %d to evaluate it", timeout, final)
-        waited = await self._unless_stopped(asyncio.wait_for(self.policy.wait_for(final), timeout))
-        if waited is None:
+        reached = await self._wait_for_policy(final, timeout)
+        if reached is None:
             return
-        if isinstance(waited.exception(), TimeoutError):
+        if not reached:
             log.warning(
                 "the final policy %d did not reach inference within %g s (it runs policy %d), so it was not "
                 "evaluated; the trainer publishes broadcasts/step_%d/ after its last step. To wait longer, "
@@ -376,7 +374,6 @@ class Orchestrator:
                 final,
             )
             return
-        waited.result()  # a dead policy watcher raises here, as it does during the run
         evaluation = await self._unless_stopped(
             evaluate(self.cfg.eval, self.eval_envs, self.runner, self._params())
         )
@@ -384,6 +381,18 @@ class Orchestrator:
             await reporter.log_final_eval(
                 final, {**evaluation.result(), "policy/version": self.policy.version}
             )
+
+    async def _wait_for_policy(self, version: int, timeout: float) -> bool | None:
+        """True once the servers run a policy >= `version`, False when `timeout` seconds pass first,
+        None when stop was requested first. A dead policy watcher's error is raised, as it is during
+        the run."""
+        waited = await self._unless_stopped(asyncio.wait_for(self.policy.wait_for(version), timeout))
+        if waited is None:
+            return None
+        if isinstance(waited.exception(), TimeoutError):
+            return False
+        waited.result()
+        return True
 
     def _policy_wait_timeout(self) -> float:
         """Seconds to wait for the policy a resume needs, and for the final policy:

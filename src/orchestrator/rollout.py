@@ -12,7 +12,7 @@ import numpy as np
 
 from grpo.envs.base import Environment, EnvReply, Example, GroupScoring, Message, Score
 from grpo.envs.rewards import FailureLog
-from grpo.envs.tool_env import ToolUse
+from grpo.envs.tool_env import ToolUse, tool_schemas
 from grpo.envs.tools import ToolCall
 from grpo.inference.types import GenerateRequest, RolloutClient, SamplingParams
 from grpo.orchestrator.image_prompt import ImagePrompt, ImagePrompter, image_parts
@@ -230,7 +230,7 @@ class RolloutRunner:
         messages = req.env.prompt_messages(req.example)
         image_prompt = self._image_prompt(req, messages)
         if image_prompt is None:
-            prompt_ids = self.tokenizer.prompt_ids(messages, _tool_schemas(req.env))
+            prompt_ids = self.tokenizer.prompt_ids(messages, tool_schemas(req.env))
         else:
             prompt_ids = image_prompt.ids
         if req.env.max_turns == 1:
@@ -357,7 +357,7 @@ class RolloutRunner:
         """The model/environment turns of one rollout; an environment failure ends them early. With
         tools, a turn's tool calls are run and their results are the next context; a turn without
         calls goes to the environment's step."""
-        tools = _tool_schemas(req.env)
+        tools = tool_schemas(req.env)
         # a prompt ending in an assistant message is that turn's start (the model continues it)
         prefill = str(history.pop()["content"]) if history and history[-1].get("role") == "assistant" else ""
         rollout: Rollout | None = None
@@ -441,11 +441,6 @@ class RolloutRunner:
             rollout.num_tool_errors += result.error
             messages.append(result.message)
         return messages
-
-
-def _tool_schemas(env: Environment) -> list[dict[str, Any]] | None:
-    """The JSON schemas of the tools env's model may call (None: no tools)."""
-    return env.tools.schemas if isinstance(env, ToolUse) else None
 
 
 def _openai_call(call: ToolCall) -> dict[str, Any]:

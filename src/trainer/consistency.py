@@ -144,8 +144,8 @@ def probe_metrics(
     probe: ConsistencyProbe, step: int, truncation: SamplingTruncation, logits_of: ProbeLogits
 ) -> dict[str, float]:
     """The `consistency/...` metrics of the probe batch `step` carries (module doc), computed with
-    policy `step`; warns past its warn_kl, or when a kept set or a prompt rendering differs. None
-    (and a warning) for a probe of another policy, which this one cannot be compared with."""
+    policy `step`; warns past its warn_kl, or when a kept set or a prompt rendering differs. No
+    metrics (and a warning) for a probe of another policy, which this one cannot be compared with."""
     import torch
 
     if probe.policy_version != step:
