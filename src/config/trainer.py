@@ -188,6 +188,14 @@ class TrainerConfig(StrictModel):
     leaves it out: in RL it pulls the routing away from what the rollouts used for no reward.
     Backend hf only."""
 
+    attention: Literal["auto", "flex_attention", "sdpa", "eager"] = "auto"
+    """Attention kernel of the HF trainer's decoder (transformers' attn_implementation). auto: on a
+    GPU flex_attention, whose block mask skips the blocks a packed row's prefix-tree mask excludes
+    (sdpa handed that mask leaves its fused kernels), except for models with attention sinks
+    (gpt-oss: eager) and vision-language models (transformers' default); on CPU sdpa, or eager where sdpa would drop part of the model
+    (Gemma-2's soft-capped scores). flex_attention needs a GPU: torch has no FlexAttention backward
+    on CPU. Backend hf only."""
+
     gradient_checkpointing: Literal["auto"] | bool | int = "auto"
     """Recompute activations in backward to save memory (backend hf; backend megatron has
     megatron.recompute instead and ignores this). auto: decided for each group of micro-batches
@@ -393,6 +401,11 @@ class TrainerConfig(StrictModel):
         if self.backend == "megatron" and (self.loss.kl_beta > 0 or self.num_iterations > 1):
             knob = "loss.kl_beta > 0" if self.loss.kl_beta > 0 else f"num_iterations {self.num_iterations}"
             raise ValueError(f"{knob} is implemented by backend hf only; use backend: hf, or remove it")
+        if self.backend == "megatron" and self.attention != "auto":
+            raise ValueError(
+                f"attention: {self.attention} chooses the HF trainer's kernel, and backend megatron computes "
+                "attention with megatron-core's own: remove attention, or use backend: hf"
+            )
         if self.loss.kl_beta > 0 and not self.lora and self.gpus > 1:
             raise ValueError(
                 "loss.kl_beta > 0 with full-parameter training on several GPUs: the frozen reference copy is "

@@ -74,3 +74,8 @@ def test_rmsnorm_noise_loads_with_filesystem_broadcasts_and_is_refused_over_the_
 def test_a_precision_recipe_megatron_does_not_implement_is_refused_not_ignored(recipe: str) -> None:
     line = _refusal({"lora": False, "recipe": recipe})
     assert f"recipe {recipe}" in line and "recipe: bf16" in line
+
+
+def test_an_hf_attention_kernel_under_megatron_is_refused_not_ignored() -> None:
+    line = _refusal({"lora": False, "attention": "flex_attention"})
+    assert "attention: flex_attention" in line and "backend: hf" in line

@@ -31,7 +31,10 @@ from grpo.utils.errors import UserError
 
 IMPLEMENTATIONS = ["eager", "sdpa"]
 LOADED_WITH_EAGER = {"gemma2", "gpt_oss"}
-"""Families the trainer loads with eager attention; the others load with sdpa."""
+"""Families the trainer loads with eager attention on CPU; the others load with sdpa."""
+HAS_SINKS = {"gpt_oss"}
+"""Families with attention sinks, which the trainer never runs under FlexAttention (transformers'
+sink correction rounds the log-sum-exp to 16 bits, and cannot run on CPU)."""
 
 
 def _matrix() -> list[object]:
@@ -44,7 +47,20 @@ def _matrix() -> list[object]:
             extra = implementation != loaded_with and family != "llama" and family not in LOADED_WITH_EAGER
             marks = [pytest.mark.slow] if extra else []
             cases.append(pytest.param(family, implementation, marks=marks, id=f"{family}-{implementation}"))
+        if family not in HAS_SINKS:  # FlexAttention's backward runs on CUDA only
+            cases.append(pytest.param(family, "flex_attention", marks=[pytest.mark.gpu], id=f"{family}-flex"))
     return cases
+
+
+def _flex_families() -> list[object]:
+    """FlexAttention on CPU, forward only: Llama and Gemma-2 (mixed windows, soft-capped scores) in
+    the default run, the rest `slow` (each compiles its own kernels, about 15 s here)."""
+    default = {"llama", "gemma2"}
+    return [
+        pytest.param(family, marks=[] if family in default else [pytest.mark.slow])
+        for family in FAMILIES
+        if family not in HAS_SINKS
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +135,15 @@ def _trainer_side(
 ) -> tuple[dict[float, float], dict[str, torch.Tensor]]:
     """The same through the trainer: packed micro-batches, the policy's forward, the chunked head."""
     policy.model.zero_grad(set_to_none=True)
+    logprobs = _trainer_logprobs(policy, rows, backward=True)
+    # On a CUDA machine the trainer runs there; the reference stays on the CPU.
+    grads = {name: p.grad.cpu() for name, p in policy.causal_lm.named_parameters() if p.grad is not None}
+    return logprobs, grads
+
+
+def _trainer_logprobs(policy: Policy, rows: list[PackedRow], backward: bool = False) -> dict[float, float]:
+    """Each completion token's logprob (by name) through the trainer's forward, each row its own
+    micro-batch; `backward` accumulates the test objective's gradient."""
     logprobs: dict[float, float] = {}
     for row in rows:
         mb = build_micro_batch([row], policy.device, policy.uses_varlen_attention)
@@ -127,11 +152,10 @@ def _trainer_side(
         lp, _ = token_logprobs(
             hidden[tokens.predicted_from], policy.lm_head, tokens.targets, tokens.temperatures, chunk_size=7
         )
-        (_weight(tokens.inference_logprobs) * lp).sum().backward()
+        if backward:
+            (_weight(tokens.inference_logprobs) * lp).sum().backward()
         logprobs.update(zip(tokens.inference_logprobs.tolist(), lp.tolist(), strict=True))
-    # On a CUDA machine the trainer runs there; the reference stays on the CPU.
-    grads = {name: p.grad.cpu() for name, p in policy.causal_lm.named_parameters() if p.grad is not None}
-    return logprobs, grads
+    return logprobs
 
 
 def _layouts(rollouts: list[Rollout]) -> dict[str, list[PackedRow]]:
@@ -189,16 +213,43 @@ def test_trainer_logprobs_and_gradients_equal_the_unpacked_hf_forward(
             )
 
 
+@pytest.mark.parametrize("family", _flex_families())
+def test_flex_attention_with_the_tree_block_mask_gives_the_unpacked_hf_logprobs(
+    family, family_dir, monkeypatch
+):
+    """The GPU default's kernel, its block mask built from each row's prefix tree (windows and
+    soft-caps in the same mask and score functions), on CPU where torch runs FlexAttention's forward
+    but has no backward: the logprobs of every layout, not the gradients (those are the `-flex`
+    cases above, on CUDA)."""
+    # Inductor's CPU FlexAttention kernel fails to compile once a second shape makes it dynamic
+    # (torch 2.13: an undeclared kvSplitSize); one static kernel per shape sidesteps that here.
+    static_shapes = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
+    path = build_family_model(family, family_dir / family)
+    policy = _policy(path, "flex_attention", monkeypatch)
+    rollouts = _rollouts()
+    ref_lp, _ = _reference(path, rollouts)
+    for layout, rows in _layouts(rollouts).items():
+        with torch.no_grad(), static_shapes:
+            lp = _trainer_logprobs(policy, rows)
+        assert lp.keys() == ref_lp.keys()
+        np.testing.assert_allclose(
+            [lp[k] for k in ref_lp], list(ref_lp.values()), atol=1e-5, rtol=0, err_msg=f"{layout} logprobs"
+        )
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_trainer_loads_each_family_with_an_implementation_it_computes_exactly(
     family, family_dir, monkeypatch
 ):
-    """Without a choice of the user's: sdpa where it is exact, eager where sdpa would drop part of the
-    model (Gemma-2's attention soft-cap) or where the model has no sdpa (gpt-oss's sinks)."""
+    """Without a choice of the user's: on CPU sdpa where it is exact, eager where sdpa would drop part
+    of the model (Gemma-2's attention soft-cap) or where the model has no sdpa (gpt-oss's sinks); on
+    CUDA FlexAttention, except for gpt-oss (eager)."""
     path = build_family_model(family, family_dir / family)
     monkeypatch.setattr(trainer_model, "choose_dtype", lambda device: torch.float32)
     policy = build_policy(TrainerConfig(model=str(path), lora=False, optimizer="adamw"), DiskWeights(path))
     expected = "eager" if family in LOADED_WITH_EAGER else "sdpa"
+    if torch.cuda.is_available():
+        expected = "eager" if family in HAS_SINKS else "flex_attention"
     assert policy.causal_lm.config._attn_implementation == expected
 
 

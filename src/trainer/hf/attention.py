@@ -105,10 +105,26 @@ def check_attention(causal_lm: nn.Module) -> AttentionLayout:
     return layout
 
 
-def attention_implementation_for(config: Any) -> str | None:
-    """The implementation to load a model with, or None for transformers' default (sdpa where the
-    model supports it): eager where sdpa would drop part of the model's attention."""
-    if getattr(config.get_text_config(), "attn_logit_softcapping", None) is not None:
+def attention_implementation_for(config: Any, requested: str, device_type: str) -> str | None:
+    """The implementation to load a model with (trainer `attention`), or None for transformers'
+    default (sdpa where the model supports it)."""
+    text_config = config.get_text_config()
+    if requested == "flex_attention" and device_type != "cuda":
+        raise UserError(
+            "trainer attention: flex_attention needs a CUDA GPU (torch has no FlexAttention backward on "
+            f"{device_type}); set attention: auto, or sdpa/eager"
+        )
+    if requested != "auto":
+        return requested
+    # transformers renormalises flex attention's output for attention sinks with the log-sum-exp
+    # rounded to the activations' 16-bit dtype, an error eager attention does not make.
+    has_sinks = text_config.model_type == "gpt_oss"
+    # A vision-language model's vision tower shares the implementation, and the towers'
+    # FlexAttention support is unverified here.
+    has_vision_tower = text_config is not config
+    if device_type == "cuda" and not has_sinks and not has_vision_tower:
+        return "flex_attention"
+    if getattr(text_config, "attn_logit_softcapping", None) is not None:
         return "eager"
     return None
 

@@ -115,7 +115,7 @@ class Policy:
                 return out.last_hidden_state[0]
             if self.uses_varlen_attention:
                 raise UserError(
-                    "shared-prefix rows need attention that takes a mask (sdpa or eager), but the "
+                    "shared-prefix rows need attention that takes a mask (flex_attention, sdpa or eager), but the "
                     "trainer's model uses flash attention; set shared_prefix: false in orch.yaml"
                 )
             layout = attention_layout(self.causal_lm)
@@ -242,7 +242,7 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
     config = AutoConfig.from_pretrained(source.model_path)
     # Co-located, the language model's linears are borrowed; the vision tower is loaded from disk.
     vision = _vision_tokens(cfg, config)
-    if (attn_implementation := attention_implementation_for(config)) is not None:
+    if (attn_implementation := attention_implementation_for(config, cfg.attention, device.type)) is not None:
         kwargs["attn_implementation"] = attn_implementation
     if cfg.qlora_bnb:
         kwargs["quantization_config"] = BitsAndBytesConfig(
