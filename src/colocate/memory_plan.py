@@ -279,6 +279,18 @@ def trainer_rows(
                 f"one fp32 chunk of FP8 rows (at most {DEQUANT_CHUNK_BYTES // 2**20} MiB)",
             )
         )
+    if train.recipe == "fp8_hybrid":
+        # One linear at a time: its weight's FP8 cast and a transposed copy for the backward
+        # matmul, and its input's and output gradient's casts (torchao keeps the 16-bit tensors
+        # for backward and casts again there, so the activations above are unchanged).
+        widest = max(h, shape.intermediate_size)
+        rows.append(
+            (
+                "fp8 casts",
+                2 * shape.max_linear_numel() + 2 * tokens * widest,
+                "recipe fp8_hybrid: the largest linear's weight twice and two token-wide tensors, 1 B each",
+            )
+        )
     num_embed = 1 if shape.tied_embeddings else 2
     # in the trainer's dtype, as its activations
     width = shape.activation_value_bytes

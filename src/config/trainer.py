@@ -140,8 +140,12 @@ class TrainerConfig(StrictModel):
 
     recipe: Literal["bf16", "fp8_hybrid", "nvfp4"] = "bf16"
     """Precision recipe: bf16 (on CPU bf16 when the CPU supports it, else fp32; co-located, the
-    engine's dtype). fp8_hybrid (FP8 matmuls, SM89+) and nvfp4 (SM100+) are accepted names,
-    refused at load: neither backend implements them yet (qlora_fp8 stores base weights in FP8)."""
+    engine's dtype). fp8_hybrid (backend hf, an SM89+ GPU, torchao): the decoder's linears multiply
+    in FP8, E4M3 inputs and weights forward, E5M2 gradients backward, dynamic per-tensor scales;
+    weights, LoRA adapters, optimizer state and the lm_head keep the bf16 recipe's precision
+    (grpo.trainer.hf.fp8_training). Refused when the trainer starts anywhere else. nvfp4 is an
+    accepted name, refused at load: no backend implements it (qlora_fp8 stores base weights in
+    FP8 and runs anywhere)."""
 
     lora: bool = True
     """Train LoRA adapters (false = full-parameter training)."""
@@ -346,12 +350,23 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _recipe_is_implemented(self) -> TrainerConfig:
-        # Accepted by the parser so configs naming them get this line rather than a list of
-        # allowed values; the trainers compute in bf16 (or fp32) only.
-        if self.recipe != "bf16":
+        # nvfp4 is accepted by the parser so configs naming it get this line rather than a list
+        # of allowed values.
+        if self.recipe == "nvfp4":
             raise ValueError(
-                f"recipe {self.recipe} is not implemented by either backend (they compute in bf16, or fp32 "
-                "without bf16 hardware): set recipe: bf16 (add qlora_fp8: true for FP8 base weights)"
+                "recipe nvfp4 is not implemented by either backend (FP4 matmuls need SM100+ and a kernel "
+                "grpo does not ship): set recipe: bf16, or fp8_hybrid on an SM89+ GPU"
+            )
+        if self.recipe == "fp8_hybrid" and self.backend == "megatron":
+            raise ValueError(
+                "recipe fp8_hybrid is implemented by backend hf only (torchao float8 linears); "
+                "use backend: hf, or set recipe: bf16"
+            )
+        quantized = [k for k in ("qlora_bnb", "qlora_fp8", "qlora_fp4") if getattr(self, k)]
+        if self.recipe == "fp8_hybrid" and quantized:
+            raise ValueError(
+                f"recipe fp8_hybrid multiplies the base's 16-bit weights in FP8, and {quantized[0]} stores the "
+                f"base quantized: choose one (remove {quantized[0]}, or set recipe: bf16)"
             )
         return self
 

@@ -24,27 +24,31 @@ def resolve_device(cfg: TrainerConfig) -> torch.device:
 
 
 def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
-    """Fail at start (not mid-run) when a quantization needs hardware that is absent (recipes other
-    than bf16 are refused when the config loads).
+    """Fail at start (not mid-run) when a recipe or quantization needs hardware that is absent
+    (fp8_hybrid: FP8 tensor cores, SM89+; nvfp4 is refused when the config loads).
 
     qlora_fp8 is weight-only (FP8 storage, matmuls in bf16/fp32), so it runs on any device.
     """
     import torch
 
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    needs = []
+    # (what, the compute capability it needs, whether this trainer implements it)
+    needs: list[tuple[str, tuple[int, int], bool]] = []
+    if cfg.recipe == "fp8_hybrid":
+        needs.append(("recipe fp8_hybrid", (8, 9), True))
     if cfg.qlora_fp4:
-        needs.append(("qlora_fp4", (10, 0)))
-    for what, (major, minor) in needs:
+        needs.append(("qlora_fp4", (10, 0), False))
+    for what, (major, minor), implemented in needs:
         if capability is None or capability < (major, minor):
             found = f"SM{capability[0]}{capability[1]}" if capability else device.type.upper()
             raise UserError(
                 f"{what} needs a CUDA GPU with compute capability SM{major}{minor}+, found {found}; "
                 "use recipe: bf16 with qlora_fp8 (weight-only FP8, any device), qlora_bnb (NF4) or plain LoRA"
             )
-        raise UserError(
-            f"{what} is not implemented by this trainer yet; use recipe: bf16 with qlora_fp8, qlora_bnb or LoRA"
-        )
+        if not implemented:
+            raise UserError(
+                f"{what} is not implemented by this trainer yet; use recipe: bf16 with qlora_fp8, qlora_bnb or LoRA"
+            )
 
 
 def choose_dtype(device: torch.device) -> torch.dtype:

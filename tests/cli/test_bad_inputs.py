@@ -143,8 +143,14 @@ CASES = [
     (
         "precision recipe not implemented",
         ["grpo-train", "t.yaml"],
-        {"t.yaml": "model: m\nrecipe: fp8-hybrid\n"},
+        {"t.yaml": "model: m\nrecipe: nvfp4\n"},
         "set recipe: bf16",
+    ),
+    (
+        "FP8 training without an FP8 GPU, refused before the model is looked up",
+        ["grpo-train", "t.yaml"],
+        {"t.yaml": "model: m\nrecipe: fp8-hybrid\n"},
+        "recipe fp8_hybrid needs a CUDA GPU with compute capability SM89+",
     ),
     (
         "co-located engine quantization the trainer cannot borrow",

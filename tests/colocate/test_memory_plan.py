@@ -313,3 +313,14 @@ def test_a_trainer_borrowing_a_float32_engines_weights_is_planned_float32_activa
     per_gib32 = tokens32 / float32.activation_memory_gib
     per_gib16 = tokens16 / bfloat16.activation_memory_gib
     assert per_gib32 == pytest.approx(per_gib16 / 2, rel=0.01)
+
+
+def test_an_fp8_hybrid_trainer_is_planned_its_casts_and_a_bf16_one_none(tiny_model_path: Path) -> None:
+    from grpo.colocate.memory_plan import trainer_rows
+
+    fp8 = TrainerConfig(model=str(tiny_model_path), recipe="fp8_hybrid")
+    rows = {name: size for name, size, _ in trainer_rows(fp8, _7b_shape(), True)}
+    widest = 18944  # the 7B shape's intermediate size
+    assert rows["fp8 casts"] == 2 * 18944 * 3584 + 2 * fp8.micro_batch_token_budget * widest
+    bf16 = TrainerConfig(model=str(tiny_model_path))
+    assert "fp8 casts" not in {name for name, _, _ in trainer_rows(bf16, _7b_shape(), True)}

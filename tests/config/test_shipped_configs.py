@@ -117,7 +117,7 @@ def test_every_shipped_yaml_outside_a_set_passes_its_commands_dry_run(
 
 def test_quickstart_keeps_reference_values() -> None:
     """The reference quick-start's keys load with their values; the model id is swapped and recipe
-    fp8-hybrid (refused: not implemented) is bf16, so it trains as written on a CPU or one GPU."""
+    fp8-hybrid (FP8 matmuls: an SM89+ GPU only) is bf16, so it trains as written on a CPU or any GPU."""
     train = load_config(TrainerConfig, REFERENCE_QUICKSTART / "train.yaml")
     assert train.recipe == "bf16"
     assert train.loss.geo_mask_high == 10.0

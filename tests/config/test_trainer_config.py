@@ -109,9 +109,21 @@ def test_qerl_noise_loads_where_the_norms_travel_as_files() -> None:
     assert validate(TrainerConfig, files, "train.yaml").weight_broadcast.type == "filesystem"
 
 
-@pytest.mark.parametrize("recipe", ["fp8-hybrid", "fp8_hybrid", "nvfp4"])
-def test_an_unimplemented_precision_recipe_is_refused_at_load_in_one_line(recipe: str) -> None:
+def test_the_unimplemented_nvfp4_recipe_is_refused_at_load_in_one_line() -> None:
     with pytest.raises(ConfigError) as err:
-        validate(TrainerConfig, {"model": "m", "recipe": recipe}, "train.yaml")
+        validate(TrainerConfig, {"model": "m", "recipe": "nvfp4"}, "train.yaml")
     lines = str(err.value).splitlines()
     assert len(lines) == 1 and "not implemented" in lines[0] and "set recipe: bf16" in lines[0], lines
+
+
+@pytest.mark.parametrize("recipe", ["fp8-hybrid", "fp8_hybrid"])
+def test_the_fp8_hybrid_recipe_loads_under_either_spelling(recipe: str) -> None:
+    assert validate(TrainerConfig, {"model": "m", "recipe": recipe}, "train.yaml").recipe == "fp8_hybrid"
+
+
+@pytest.mark.parametrize("quantization", ["qlora_bnb", "qlora_fp8"])
+def test_fp8_hybrid_over_a_quantized_base_is_refused_naming_both(quantization: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(TrainerConfig, {"model": "m", "recipe": "fp8_hybrid", quantization: True}, "train.yaml")
+    line = str(err.value)
+    assert "\n" not in line and "recipe fp8_hybrid" in line and f"remove {quantization}" in line

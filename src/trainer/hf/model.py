@@ -235,6 +235,11 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             "turn the trainer's quantization off (the borrowed weights are used as the engine holds them)"
         )
     _check_borrowed_device(borrowed, borrowed_quantized, device)
+    if borrowed_quantized and cfg.recipe == "fp8_hybrid":
+        raise UserError(
+            "recipe fp8_hybrid casts the base's 16-bit weights to FP8 for each matmul, but the engine lends "
+            "quantized ones; serve the model unquantized (infer quantization: null) or set recipe: bf16"
+        )
 
     # Full training keeps fp32 weights (bf16 Adam updates would round away); compute is autocast.
     load_dtype = dtype if cfg.lora else torch.float32
@@ -281,6 +286,13 @@ def build_policy(cfg: TrainerConfig, source: BaseWeightSource) -> Policy:
             causal_lm.get_output_embeddings().weight = causal_lm.get_input_embeddings().weight
     if not cfg.qlora_bnb:
         causal_lm.to(device)  # no-op (same tensors) for borrowed weights already on `device`
+    if cfg.recipe == "fp8_hybrid":
+        from grpo.trainer.hf.fp8_training import convert_to_fp8_hybrid
+
+        num_fp8 = convert_to_fp8_hybrid(causal_lm)
+        log.info(
+            "recipe fp8_hybrid: %d decoder linears multiply in FP8 (E4M3 forward, E5M2 gradients)", num_fp8
+        )
     from grpo.models.shape import ModelShape
     from grpo.trainer.hf.checkpointing import LayerCheckpointing
 
