@@ -66,6 +66,6 @@ clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache
 
 # The acceptance run on a GPU machine (~25 min, no vLLM or network needed): every gpu-marked test,
-# trainer tokens/s, MFU and peak memory against the plan; outputs/gpu_validate/summary.json.
+# trainer tokens/s, MFU and peak memory against the plan, grpo doctor; outputs/gpu_validate/summary.json.
 gpu-validate:
 	bash scripts/gpu_validate.sh

@@ -117,5 +117,11 @@ timeout 1200 "$PYTHON" benchmarks/trainer_bench.py --model "$QWEN_DIR" --rows 8 
 bench_rc=${PIPESTATUS[0]}
 cp benchmarks/results/trainer_cuda.json "$OUT/" 2>/dev/null || echo "no trainer_cuda.json written"
 
-# 3. One summary, pass/fail per item.
-"$PYTHON" scripts/gpu_validate_summary.py "$OUT" "$tests_rc" "$bench_rc"
+# 3. grpo doctor: the co-located run end to end where vLLM is installed; without it, its report
+#    says which checks it skipped and why.
+timeout 1800 "$PYTHON" -c 'import sys; from grpo.cli.doctor import main; main(sys.argv[1:])' \
+  --out "$OUT/doctor" 2>&1 | tee "$OUT/doctor.log"
+doctor_rc=${PIPESTATUS[0]}
+
+# 4. One summary, pass/fail per item.
+"$PYTHON" scripts/gpu_validate_summary.py "$OUT" "$tests_rc" "$bench_rc" "$doctor_rc"

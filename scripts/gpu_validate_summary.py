@@ -1,7 +1,8 @@
 """The summary of scripts/gpu_validate.sh: pass/fail per item in OUT/summary.json and summary.md,
-from the files the script's steps wrote there (pytest_gpu.xml, trainer_cuda.json).
+from the files the script's steps wrote there (pytest_gpu.xml, trainer_cuda.json, doctor/report.json).
 
-    python scripts/gpu_validate_summary.py OUT TESTS_EXIT_CODE BENCH_EXIT_CODE   (exit 0: all pass)
+    python scripts/gpu_validate_summary.py OUT TESTS_EXIT_CODE BENCH_EXIT_CODE [DOCTOR_EXIT_CODE]
+    (exit 0: all pass)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 NOT_PLANNED = {"plain_peft"}
 
 
-def summarize(out: Path, tests_rc: int, bench_rc: int) -> dict[str, Any]:
+def summarize(out: Path, tests_rc: int, bench_rc: int, doctor_rc: int | None = None) -> dict[str, Any]:
     items: dict[str, dict[str, Any]] = {}
     tests: dict[str, str] = {}
     if (out / "pytest_gpu.xml").exists():
@@ -49,7 +50,26 @@ def summarize(out: Path, tests_rc: int, bench_rc: int) -> dict[str, Any]:
         "variants_checked": len(planned),
         "over_plan": " ".join(over) or "none",
     }
+    if doctor_rc is not None:
+        items["doctor"] = _doctor_item(out / "doctor" / "report.json", doctor_rc)
     return {"pass": all(i["pass"] for i in items.values()), "items": items}
+
+
+def _doctor_item(report_path: Path, doctor_rc: int) -> dict[str, Any]:
+    """grpo doctor's checks by status; it passes when none failed (a check it skipped, such as
+    every run check without vLLM, is named, not failed)."""
+    checks = json.loads(report_path.read_text())["checks"] if report_path.exists() else []
+
+    def named(status: str) -> str:
+        return " ".join(c["name"] for c in checks if c["status"] == status) or "none"
+
+    return {
+        "pass": doctor_rc == 0 and bool(checks) and named("fail") == "none",
+        "exit_code": doctor_rc,
+        "passed": named("pass"),
+        "failed": named("fail"),
+        "skipped": named("skipped"),
+    }
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -66,7 +86,8 @@ def table(summary: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     out, tests_rc, bench_rc = Path(argv[0]), int(argv[1]), int(argv[2])
-    summary = summarize(out, tests_rc, bench_rc)
+    doctor_rc = int(argv[3]) if len(argv) > 3 else None
+    summary = summarize(out, tests_rc, bench_rc, doctor_rc)
     markdown = table(summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(markdown)

@@ -64,3 +64,40 @@ def test_peak_memory_ignores_the_plain_peft_comparison_loop(tmp_path: Path) -> N
     result = _summarize(out)
     assert result.returncode == 0, result.stdout
     assert "variants_checked=2, over_plan=none" in result.stdout
+
+
+def test_the_validation_runs_grpo_doctor_and_summarises_its_checks() -> None:
+    assert re.search(r"from grpo\.cli\.doctor import main.*\n\s*--out \"\$OUT/doctor\"", SCRIPT.read_text())
+
+
+def _doctor_report(out: Path, statuses: dict[str, str]) -> None:
+    import json
+
+    (out / "doctor").mkdir()
+    checks = [{"name": name, "status": status} for name, status in statuses.items()]
+    (out / "doctor" / "report.json").write_text(json.dumps({"machine": {}, "checks": checks}))
+
+
+def test_doctor_passes_with_skipped_checks_and_fails_with_a_failed_one(tmp_path: Path) -> None:
+    command = [sys.executable, str(REPO / "scripts/gpu_validate_summary.py")]
+    skipped = tmp_path / "a"
+    skipped.mkdir()
+    _bench_results(skipped, trainer=True)
+    _doctor_report(skipped, {"versions": "pass", "colocated_run": "skipped"})
+    result = subprocess.run([*command, str(skipped), "0", "0", "0"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+    assert (
+        "| doctor | PASS | exit_code=0, passed=versions, failed=none, skipped=colocated_run |"
+        in result.stdout
+    )
+
+    failed = tmp_path / "b"
+    failed.mkdir()
+    _bench_results(failed, trainer=True)
+    _doctor_report(failed, {"colocated_run": "pass", "step0_mismatch_kl": "fail"})
+    result = subprocess.run([*command, str(failed), "0", "0", "1"], capture_output=True, text=True)
+    assert (
+        result.returncode == 1
+        and "| doctor | FAIL |" in result.stdout
+        and "failed=step0_mismatch_kl" in result.stdout
+    )
