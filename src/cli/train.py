@@ -95,10 +95,9 @@ def _check_backend(cfg: TrainerConfig) -> None:
     """The device's support of the recipe (grpo.trainer.device) and megatron's checks against the
     model and the launch (grpo.trainer.megatron.preflight), with --dry-run too and before the wait
     for the orchestrator: a run that cannot train says so at once."""
-    if cfg.recipe == "fp8_hybrid" or cfg.qlora_fp4:
-        from grpo.trainer.device import check_precision_support, resolve_device
+    from grpo.trainer.device import check_recipe_hardware
 
-        check_precision_support(cfg, resolve_device(cfg))
+    check_recipe_hardware(cfg)
     if cfg.backend != "megatron":
         return
     from grpo.models.resolve import resolve_model

@@ -48,10 +48,10 @@ def prepare_colocated(
     train, infer, orch = check_colocated(train, infer, orch, sources, on_cuda)
     # Before the engine starts: a bad env[] should not cost a minute of start-up to learn about.
     check_environments(orch)
-    if plan_gpu_gib is None and (train.recipe == "fp8_hybrid" or train.qlora_fp4):
-        from grpo.trainer.device import check_precision_support, resolve_device
+    if plan_gpu_gib is None:
+        from grpo.trainer.device import check_recipe_hardware
 
-        check_precision_support(train, resolve_device(train))
+        check_recipe_hardware(train)
     resolved = resolve_model(train.model)
     if has_vision_tower(resolved.path):
         from grpo.colocate.vision import check_colocated_vision_model

@@ -51,6 +51,13 @@ def check_precision_support(cfg: TrainerConfig, device: torch.device) -> None:
             )
 
 
+def check_recipe_hardware(cfg: TrainerConfig) -> None:
+    """check_precision_support as a command starts, before the model is looked up or an engine
+    starts, for the settings that need particular hardware (nothing is imported otherwise)."""
+    if cfg.recipe == "fp8_hybrid" or cfg.qlora_fp4:
+        check_precision_support(cfg, resolve_device(cfg))
+
+
 def choose_dtype(device: torch.device) -> torch.dtype:
     import torch
 
