@@ -196,9 +196,9 @@ class TrainerConfig(StrictModel):
     """Attention kernel of the HF trainer's decoder (transformers' attn_implementation). auto: on a
     GPU flex_attention, whose block mask skips the blocks a packed row's prefix-tree mask excludes
     (sdpa handed that mask leaves its fused kernels), except for models with attention sinks
-    (gpt-oss: eager) and vision-language models (transformers' default); on CPU sdpa, or eager where sdpa would drop part of the model
-    (Gemma-2's soft-capped scores). flex_attention needs a GPU: torch has no FlexAttention backward
-    on CPU. Backend hf only."""
+    (gpt-oss: eager) and vision-language models (transformers' default); on CPU sdpa, or eager
+    where sdpa would drop part of the model (Gemma-2's soft-capped scores). flex_attention needs a
+    GPU: torch has no FlexAttention backward on CPU. Backend hf only."""
 
     gradient_checkpointing: Literal["auto"] | bool | int = "auto"
     """Recompute activations in backward to save memory (backend hf; backend megatron has
@@ -329,7 +329,7 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_quantization(self) -> TrainerConfig:
-        chosen = [k for k in ("qlora_bnb", "qlora_fp8", "qlora_fp4") if getattr(self, k)]
+        chosen = self.quantization_keys
         if len(chosen) > 1:
             raise ValueError(f"choose one base-weight quantization, not {' and '.join(chosen)}")
         if chosen and not self.lora:
@@ -362,7 +362,7 @@ class TrainerConfig(StrictModel):
                 "recipe fp8_hybrid is implemented by backend hf only (torchao float8 linears); "
                 "use backend: hf, or set recipe: bf16"
             )
-        quantized = [k for k in ("qlora_bnb", "qlora_fp8", "qlora_fp4") if getattr(self, k)]
+        quantized = self.quantization_keys
         if self.recipe == "fp8_hybrid" and quantized:
             raise ValueError(
                 f"recipe fp8_hybrid multiplies the base's 16-bit weights in FP8, and {quantized[0]} stores the "
@@ -464,6 +464,11 @@ class TrainerConfig(StrictModel):
         if self.backend == "hf":
             return 1
         return 2 if self.per_device_train_batch_size is None else self.per_device_train_batch_size
+
+    @property
+    def quantization_keys(self) -> list[str]:
+        """The qlora_* keys set to true, in the order they are declared."""
+        return [k for k in ("qlora_bnb", "qlora_fp8", "qlora_fp4") if getattr(self, k)]
 
     @property
     def quantization(self) -> Literal["none", "nf4", "fp8", "nvfp4"]:
