@@ -46,11 +46,17 @@ def run_tag(workload: Workload, seed: int) -> str:
     return f"{workload.name}-learn-s{seed}"
 
 
-def grpo_async_level(system: str) -> int | None:
-    """max_async_level of a grpo system name: "grpo" runs grpo's default (1, as configs/bench sets
-    it), "grpo-async0" names another; None for TRL."""
+def grpo_async_level(system: str, on_cuda: bool | None = None) -> int | None:
+    """max_async_level of a grpo system name: "grpo" runs grpo's co-located default on this machine
+    (0 on CPU, grpo.config.cpu_defaults; the specification's 1 on a GPU), "grpo-async1" names
+    another; None for TRL. `on_cuda`: None asks whether a CUDA device is visible."""
     if system == "grpo":
-        return 1
+        from grpo.config.cpu_defaults import CPU_MAX_ASYNC_LEVEL
+        from grpo.config.orchestrator import OrchestratorConfig
+        from grpo.utils.device import cuda_present
+
+        gpu = cuda_present() if on_cuda is None else on_cuda
+        return OrchestratorConfig.model_fields["max_async_level"].default if gpu else CPU_MAX_ASYNC_LEVEL
     if system.startswith("grpo-async"):
         return int(system.removeprefix("grpo-async"))
     if system != "trl":
@@ -125,7 +131,9 @@ def summarise(workload: Workload, results: dict[str, list[dict[str, Any]]]) -> l
             row[f"{system}_steps"] = "not reached" if median_steps is None else median_steps
             row[f"{system}_s"] = "not reached" if seconds[system] is None else round(seconds[system], 1)
             row[f"{system}_reached"] = f"{sum(s is not None for s in steps)}/{len(runs)}"
-        grpo_s, trl_s = seconds.get("grpo"), seconds.get("trl")
+        # against the first grpo system given (grpo, or the grpo-async<N> named instead)
+        grpo_s = next((s for system, s in seconds.items() if system != "trl"), None)
+        trl_s = seconds.get("trl")
         row["time_ratio"] = round(trl_s / grpo_s, 2) if grpo_s and trl_s else None
         rows.append(row)
     return rows

@@ -137,11 +137,13 @@ class MemoryPlan:
         return "\n".join(lines)
 
     def sizes(self, orch: OrchestratorConfig) -> str:
-        """The sizes that drive a run's memory and step time, in one line."""
+        """The sizes that drive a run's memory and step time, in one line (with max_async_level, which a
+        CPU run may have taken from grpo.config.cpu_defaults)."""
         parts = [
             f"batch_size {orch.batch_size} ({orch.num_groups_per_step} prompts x {orch.rollouts_per_example})",
             f"sampling.max_tokens {orch.sampling.max_tokens}",
             f"seq_len {orch.seq_len}",
+            f"max_async_level {orch.max_async_level}",
         ]
         if self.micro_batch_tokens is not None:
             parts.append(f"micro_batch_tokens {self.micro_batch_tokens}")

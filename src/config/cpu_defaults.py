@@ -28,6 +28,9 @@ CPU_MAX_ROLLOUTS = 64
 """At most this many rollouts a CPU step (fewer prompts for large groups, at least one)."""
 CPU_MAX_TOKENS = 128
 """orch sampling.max_tokens when unset on CPU (at most half of the context, max_model_len or seq_len)."""
+CPU_MAX_ASYNC_LEVEL = 0
+"""max_async_level (train.yaml and orch.yaml) when neither file sets it on CPU: every batch is
+sampled by the newest policy."""
 
 
 def runs_on_cpu(train: TrainerConfig, on_cuda: bool | None) -> bool:
@@ -55,11 +58,11 @@ def cpu_max_tokens(infer: InferenceConfig, orch: OrchestratorConfig) -> int:
 def with_cpu_defaults(
     configs: dict[File, BaseModel], sources: Mapping[File, str] | None = None
 ) -> dict[File, BaseModel]:
-    """The reconciled configs of a CPU run with orch batch_size and sampling.max_tokens filled in
-    where no file sets them."""
-    infer = configs["infer"]
-    orch = configs["orch"]
+    """The reconciled configs of a CPU run with orch batch_size and sampling.max_tokens, and
+    max_async_level in train.yaml and orch.yaml, filled in where no file sets them."""
+    infer, orch, train = configs["infer"], configs["orch"], configs["train"]
     assert isinstance(infer, InferenceConfig) and isinstance(orch, OrchestratorConfig)
+    assert isinstance(train, TrainerConfig)
     data = orch.model_dump(exclude_unset=True)
     chosen = []
     if not is_set(orch, Place("orch", "batch_size")):
@@ -69,7 +72,21 @@ def with_cpu_defaults(
     if not is_set(orch, Place("orch", "sampling.max_tokens", unset=())):
         data = with_value(data, "sampling.max_tokens", cpu_max_tokens(infer, orch))
         chosen.append("sampling.max_tokens")
+    # Reconciled already: a level either file sets has reached the other.
+    on_policy = not is_set(orch, Place("orch", "max_async_level")) and not is_set(
+        train, Place("train", "max_async_level")
+    )
+    if on_policy:
+        data = with_value(data, "max_async_level", CPU_MAX_ASYNC_LEVEL)
+        chosen.append("max_async_level")
     if not chosen:
         return configs
-    source = (sources or {}).get("orch", FILE_NAMES["orch"])
-    return {**configs, "orch": validate(OrchestratorConfig, data, f"{source} (CPU {', '.join(chosen)})")}
+    sources = sources or {}
+    configs = {**configs}
+    source = sources.get("orch", FILE_NAMES["orch"])
+    configs["orch"] = validate(OrchestratorConfig, data, f"{source} (CPU {', '.join(chosen)})")
+    if on_policy:
+        train_data = with_value(train.model_dump(exclude_unset=True), "max_async_level", CPU_MAX_ASYNC_LEVEL)
+        source = sources.get("train", FILE_NAMES["train"])
+        configs["train"] = validate(TrainerConfig, train_data, f"{source} (CPU max_async_level)")
+    return configs

@@ -332,7 +332,9 @@ class OrchestratorConfig(StrictModel):
 
     max_async_level: int = Field(1, ge=0)
     """How far inference may run ahead of the trainer: rollouts for batch n are started from policy
-    max(0, n - max_async_level) or newer; 0 samples every batch from the newest policy."""
+    max(0, n - max_async_level) or newer; 0 samples every batch from the newest policy. A co-located
+    run on CPU takes 0 where neither this nor train.yaml sets it: generation and training share the
+    cores there, so the overlap 1 allows saves little time and the lag costs steps (docs/loss.md)."""
 
     max_off_policy_steps: int = Field(8, ge=0)
     """Oldest policy a batch trains on: batch n drops (and counts in off_policy/num_dropped) a

@@ -260,7 +260,8 @@ class TrainerConfig(StrictModel):
     """How new weights reach inference (LoRA adapters always go through the filesystem)."""
 
     max_async_level: int = Field(1, ge=0)
-    """Must match the orchestrator's; also how many broadcast folders are kept (+1)."""
+    """Must match the orchestrator's; also how many broadcast folders are kept (+1). A co-located run
+    on CPU takes 0 where neither file sets it (orch.yaml's max_async_level)."""
 
     batch_timeout: float | None = Field(None, gt=0)
     """Seconds to wait for a batch before failing with a message (null = wait forever). A batch

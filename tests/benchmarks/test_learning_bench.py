@@ -50,7 +50,9 @@ def test_a_grpo_system_name_picks_its_max_async_level_and_its_result_file() -> N
     from learning_bench import grpo_async_level, result_path, run_command
 
     workload = Workload("task")
-    assert grpo_async_level("grpo") == 1 and grpo_async_level("grpo-async0") == 0
+    # "grpo" is the co-located default: on-policy on CPU, the specification's 1 on a GPU
+    assert grpo_async_level("grpo", on_cuda=False) == 0 and grpo_async_level("grpo", on_cuda=True) == 1
+    assert grpo_async_level("grpo-async1") == 1 and grpo_async_level("grpo-async0") == 0
     assert grpo_async_level("trl") is None
     assert "_async0_task-learn-s2" in result_path("grpo-async0", workload, 2).name
     argv = run_command("grpo-async0", workload, 2, "auto")
