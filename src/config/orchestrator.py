@@ -2,7 +2,7 @@
 
 Its `sampling` section is in grpo.config.sampling, `env` entries in grpo.config.env (and
 grpo.config.dataset_env), `advantage` in grpo.config.advantage, the transports in
-grpo.config.transport (each re-exported here).
+grpo.config.transport, `client` in grpo.config.client (each re-exported here).
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from pydantic import Field, field_validator, model_validator
 from grpo.config.advantage import GROUP_RELATIVE_ADVANTAGES as GROUP_RELATIVE_ADVANTAGES
 from grpo.config.advantage import AdvantageConfig as AdvantageConfig
 from grpo.config.base import StrictModel
+from grpo.config.client import ClientConfig as ClientConfig
+from grpo.config.client import ElasticConfig as ElasticConfig
+from grpo.config.client import TeacherClientConfig
 from grpo.config.consistency import ConsistencyCheckConfig
 from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.env import OPENENV_PREFIX as OPENENV_PREFIX
@@ -23,7 +26,6 @@ from grpo.config.max_seq_len import fill_length
 from grpo.config.sampling import SamplingConfig
 from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
 from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
-from grpo.config.supervisor import ServerRecoveryConfig
 from grpo.config.transport import (
     FilesystemRolloutTransport,
     FilesystemWeightBroadcast,
@@ -47,40 +49,6 @@ class ModelConfig(StrictModel):
 
     lora_alpha: float | None = Field(None, gt=0)
     """LoRA alpha of the trainer (checked against the trainer)."""
-
-
-class ElasticConfig(StrictModel):
-    hostname: str
-    """DNS name whose A records are the inference servers of an elastic pool."""
-
-    port: int = Field(8000, ge=1, le=65535)
-    """Port of every server in the pool."""
-
-    sync_interval: float = Field(5.0, gt=0)
-    """Seconds between DNS re-resolutions."""
-
-
-class ClientConfig(StrictModel):
-    base_url: list[str] = Field(default_factory=lambda: ["http://localhost:8000/v1"])
-    """Inference server URL(s); requests go to the least-loaded one."""
-
-    timeout: float = Field(1200, gt=0)
-    """Request timeout in seconds."""
-
-    api_key_var: str | None = "VLLM_API_KEY"
-    """Env var holding the API key sent to the servers (null: none is sent)."""
-
-    skip_model_check: bool = False
-    """Skip checking that the servers' /models lists the model."""
-
-    max_retries: int = Field(3, ge=0)
-    """Retries on transient errors (connection errors, 5xx, 429); other errors fail at once."""
-
-    elastic: ElasticConfig | None = None
-    """Discover servers by DNS instead of a fixed base_url list."""
-
-    recovery: ServerRecoveryConfig = Field(default_factory=ServerRecoveryConfig)
-    """Route around a dead or hung server and bring it back to the current policy."""
 
 
 class BufferConfig(StrictModel):
@@ -243,13 +211,6 @@ class RolloutLogConfig(StrictModel):
 
     max_total_mib: float = Field(64.0, gt=0)
     """Stop writing once the rollouts folder holds this many MiB (one line in the log says so)."""
-
-
-class TeacherClientConfig(ClientConfig):
-    api_key_var: str | None = None
-    """Env var holding the API key sent to the teacher server; null sends none. The teacher runs
-    elsewhere, so the run's own inference key ($VLLM_API_KEY, which may load adapters into the
-    run's servers) is never sent to it unless named here."""
 
 
 class TeacherModelConfig(StrictModel):

@@ -33,6 +33,8 @@ from grpo.inference.completion_bodies import (
     completion_body,
     completion_from_choice,
     prompt_logprobs_body,
+    prompt_logprobs_of,
+    prompt_top_logprobs_of,
 )
 from grpo.inference.elastic_pool import ElasticPool, Resolver, resolve_dns
 from grpo.inference.generate_bodies import GENERATE_PATH, completions_from_generate, generate_body, route_url
@@ -63,15 +65,6 @@ class InferenceClient:
         weight_broadcast: WeightBroadcastConfig | None = None,
         resolver: Resolver = resolve_dns,
     ) -> None:
-        if cfg.elastic is not None and "base_url" in cfg.model_fields_set:
-            raise UserError(
-                "client.base_url and client.elastic are both set; keep one: a fixed list of servers "
-                "(base_url) or DNS discovery (elastic)"
-            )
-        if cfg.elastic is None and not cfg.base_url:
-            raise UserError(
-                "client.base_url is empty; list at least one server, e.g. http://localhost:8000/v1"
-            )
         self.cfg = cfg
         self.weight_broadcast = weight_broadcast or FilesystemWeightBroadcast()
         """The orchestrator's weight_broadcast: where servers meet the trainer for full weights."""
@@ -467,12 +460,7 @@ class InferenceClient:
 
     async def prompt_logprobs(self, token_ids: list[int], model: str) -> list[float]:
         response = await self._post_routed("/completions", prompt_logprobs_body(token_ids, model))
-        entries = response["choices"][0]["prompt_logprobs"]
-        # Entry i maps token id -> {logprob, ...}; it always includes the prompt's own token.
-        return [
-            0.0 if entry is None else float(entry[str(token)]["logprob"])
-            for entry, token in zip(entries, token_ids, strict=True)
-        ]
+        return prompt_logprobs_of(response, token_ids)
 
     async def prompt_top_logprobs(
         self, token_ids: list[int], model: str, num_top: int
@@ -481,15 +469,7 @@ class InferenceClient:
         under `model`, untempered and untruncated; vLLM adds the position's own token when it is not
         among them. None at position 0, which nothing predicts."""
         response = await self._post_routed("/completions", prompt_logprobs_body(token_ids, model, num_top))
-        entries = response["choices"][0]["prompt_logprobs"]
-        if len(entries) != len(token_ids):
-            raise RuntimeError(
-                f"server returned prompt logprobs for {len(entries)} of {len(token_ids)} tokens"
-            )
-        return [
-            None if entry is None else {int(token): float(value["logprob"]) for token, value in entry.items()}
-            for entry in entries
-        ]
+        return prompt_top_logprobs_of(response, len(token_ids))
 
     async def render_chat_prompt(
         self,

@@ -119,6 +119,29 @@ def prompt_logprobs_body(token_ids: list[int], model: str, num_top: int = 0) -> 
     }
 
 
+def prompt_logprobs_of(response: dict[str, Any], token_ids: list[int]) -> list[float]:
+    """Each prompt token's own logprob from the answer to `prompt_logprobs_body(token_ids, ...)`
+    (0.0 at position 0, which nothing predicts)."""
+    entries = response["choices"][0]["prompt_logprobs"]
+    # Entry i maps token id -> {logprob, ...}; it always includes the prompt's own token.
+    return [
+        0.0 if entry is None else float(entry[str(token)]["logprob"])
+        for entry, token in zip(entries, token_ids, strict=True)
+    ]
+
+
+def prompt_top_logprobs_of(response: dict[str, Any], num_tokens: int) -> list[dict[int, float] | None]:
+    """Each position's reported tokens and logprobs from the answer to `prompt_logprobs_body` with
+    `num_top`; None at position 0."""
+    entries = response["choices"][0]["prompt_logprobs"]
+    if len(entries) != num_tokens:
+        raise RuntimeError(f"server returned prompt logprobs for {len(entries)} of {num_tokens} tokens")
+    return [
+        None if entry is None else {int(token): float(value["logprob"]) for token, value in entry.items()}
+        for entry in entries
+    ]
+
+
 def chat_render_body(
     messages: list[dict[str, Any]],
     model: str,

@@ -20,9 +20,8 @@ import asyncio
 import math
 import statistics
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.base import Environment
@@ -44,6 +43,7 @@ from grpo.orchestrator.scheduler import (
     PolicyTracker,
     oldest_acceptable,
     required_policy,
+    unless_stopped,
 )
 from grpo.orchestrator.step_batch import build_batch, pack_metrics, rollout_metrics
 from grpo.orchestrator.tokenizer import ChatTokenizer
@@ -55,8 +55,6 @@ from grpo.transport.batches.probe import ConsistencyProbe
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
-
-T = TypeVar("T")
 
 
 class Orchestrator:
@@ -312,7 +310,7 @@ class Orchestrator:
         check = self.cfg.consistency_check
         if not is_check_step(check, step):
             return None
-        reached = await self._wait_for_policy(step, self._policy_wait_timeout())
+        reached = await self.policy.reached(step, self._policy_wait_timeout(), self.stop)
         if reached is None:
             return None
         if not reached or self.policy.version != step:
@@ -360,7 +358,7 @@ class Orchestrator:
         await self._cancel_inflight()
         timeout = self._policy_wait_timeout()
         log.info("waiting up to %g s for the final policy %d to evaluate it", timeout, final)
-        reached = await self._wait_for_policy(final, timeout)
+        reached = await self.policy.reached(final, timeout, self.stop)
         if reached is None:
             return
         if not reached:
@@ -374,25 +372,13 @@ class Orchestrator:
                 final,
             )
             return
-        evaluation = await self._unless_stopped(
-            evaluate(self.cfg.eval, self.eval_envs, self.runner, self._params())
+        evaluation = await unless_stopped(
+            evaluate(self.cfg.eval, self.eval_envs, self.runner, self._params()), self.stop
         )
         if evaluation is not None:
             await reporter.log_final_eval(
                 final, {**evaluation.result(), "policy/version": self.policy.version}
             )
-
-    async def _wait_for_policy(self, version: int, timeout: float) -> bool | None:
-        """True once the servers run a policy >= `version`, False when `timeout` seconds pass first,
-        None when stop was requested first. A dead policy watcher's error is raised, as it is during
-        the run."""
-        waited = await self._unless_stopped(asyncio.wait_for(self.policy.wait_for(version), timeout))
-        if waited is None:
-            return None
-        if isinstance(waited.exception(), TimeoutError):
-            return False
-        waited.result()
-        return True
 
     def _policy_wait_timeout(self) -> float:
         """Seconds to wait for the policy a resume needs, and for the final policy:
@@ -401,19 +387,6 @@ class Orchestrator:
         if self.cfg.ckpt.wait_for_weights_timeout is not None:
             return self.cfg.ckpt.wait_for_weights_timeout
         return self.cfg.client.timeout
-
-    async def _unless_stopped(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T] | None:
-        """The finished task that ran `work` (read its result or error), or None when stop was requested
-        first; `work` is then cancelled."""
-        task = asyncio.ensure_future(work)
-        stopper = asyncio.ensure_future(self.stop.wait())
-        try:
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopper.cancel()
-            task.cancel()  # a no-op once it finished
-            await asyncio.gather(task, stopper, return_exceptions=True)
-        return None if task.cancelled() else task
 
     async def _resume(self) -> int | None:
         resumed_at = await asyncio.to_thread(

@@ -23,7 +23,9 @@ import asyncio
 import heapq
 import itertools
 import os
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from grpo.inference.types import RolloutClient
 from grpo.orchestrator.partial import UpdateGate
@@ -33,6 +35,8 @@ from grpo.utils.atomic import STABLE
 from grpo.utils.logging import get_logger
 
 log = get_logger("orchestrator")
+
+T = TypeVar("T")
 
 
 def required_policy(step: int, max_async_level: int) -> int:
@@ -203,3 +207,28 @@ class PolicyTracker:
                     await asyncio.wait_for(self._changed.wait(), timeout=1.0)
                 except TimeoutError:
                     continue
+
+    async def reached(self, version: int, timeout: float, stop: asyncio.Event) -> bool | None:
+        """True once the servers run a policy >= `version`, False when `timeout` seconds pass first,
+        None when `stop` is set first. A dead watcher's error is raised, as during the run."""
+        waited = await unless_stopped(asyncio.wait_for(self.wait_for(version), timeout), stop)
+        if waited is None:
+            return None
+        if isinstance(waited.exception(), TimeoutError):
+            return False
+        waited.result()
+        return True
+
+
+async def unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> asyncio.Task[T] | None:
+    """The finished task that ran `work` (read its result or error), or None when `stop` was set
+    first; `work` is then cancelled."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        task.cancel()  # a no-op once it finished
+        await asyncio.gather(task, stopper, return_exceptions=True)
+    return None if task.cancelled() else task

@@ -32,10 +32,12 @@ from grpo.utils.errors import UserError
 from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from torch import nn
 
     from grpo.config.trainer import TrainerConfig
+    from grpo.trainer.flops import StepFlopCounter
     from grpo.trainer.hf.checkpointing import LayerCheckpointing
     from grpo.trainer.hf.load_balancing import LoadBalancingLoss
     from grpo.trainer.hf.moe import RoutingReplay
@@ -146,6 +148,48 @@ class Policy:
         order = torch.cat(tokens)
         hidden = torch.cat(parts)
         return hidden[torch.argsort(order)]
+
+    def token_logprobs(self, batch: MicroBatch, chunk_size: int | None) -> np.ndarray:
+        """Logprobs [num_tokens] (float32) of every token of a micro-batch under this policy, without
+        gradients, aligned like inference_logprobs (grpo.trainer.logprobs.every_token_logprobs)."""
+        import torch
+
+        from grpo.trainer.logprobs import every_token_logprobs
+
+        with torch.no_grad():
+            hidden = self.hidden_states(batch)
+            logprobs = every_token_logprobs(
+                hidden, self.lm_head, batch.input_ids, batch.parent_ids, batch.temperatures, chunk_size
+            )
+        return logprobs.float().cpu().numpy()
+
+    def attention_pair_weight(self) -> float:
+        """What one attended pair costs in tokens, for cutting wide prefix trees at their trunks
+        (grpo.trainer.tree_split). Measured on CPU only: 0 (never cut) on other devices."""
+        if self.device.type != "cpu":
+            return 0.0
+        from grpo.trainer.flops import flop_shape
+        from grpo.trainer.tree_split import pair_weight_for
+
+        shape = flop_shape(self.causal_lm.config)
+        return pair_weight_for(
+            shape.num_decoder_linear_params, shape.num_layers, shape.attention_width, not self.is_lora
+        )
+
+    def flop_counter(self) -> StepFlopCounter:
+        """The model FLOPs of a step's tokens (grpo.trainer.flops), for the mfu metric: LoRA counts
+        no base-weight gradients."""
+        from grpo.trainer.flops import StepFlopCounter, flop_shape
+
+        num_lora = sum(p.numel() for p in self.trainable_parameters()) if self.is_lora else 0
+        return StepFlopCounter(
+            flop_shape(self.causal_lm.config),
+            trains_base=not self.is_lora,
+            trains_output_layer=not self.is_lora,
+            num_lora_params=num_lora,
+            device=self.device,
+            dtype=self.autocast_dtype or self.dtype,
+        )
 
 
 def _borrowed_dtype(borrowed: Mapping[str, torch.Tensor]) -> torch.dtype:

@@ -46,7 +46,6 @@ from grpo.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from grpo.config.trainer import TrainerConfig
-    from grpo.trainer.flops import StepFlopCounter
     from grpo.trainer.hf.model import Policy
     from grpo.trainer.packing import MicroBatch
     from grpo.trainer.weights import BaseWeightSource
@@ -100,7 +99,7 @@ class Trainer:
             from grpo.trainer.hf.fsdp import shard_full_model
 
             shard_full_model(self.policy.causal_lm)
-        self._pair_weight = self._attention_pair_weight()
+        self._pair_weight = self.policy.attention_pair_weight()
         self.reference = None
         """The frozen reference of loss.kl_beta (grpo.trainer.hf.reference); None when it is 0."""
         if cfg.loss.kl_beta > 0:
@@ -121,7 +120,7 @@ class Trainer:
         self._open: OpenStep | None = None
         """The step between begin_step and finish_step."""
         self._report = StepReport(cfg, self.run_dir, self.is_main)
-        self._flops = self._flop_counter()
+        self._flops = self.policy.flop_counter()
         log.info("mfu against the %s", self._flops.peak_description)
 
     @property
@@ -186,25 +185,8 @@ class Trainer:
         return score_on_all_ranks(rows, self.dist, self._score_rows)
 
     def _score_rows(self, rows: list[PackedRow]) -> list[np.ndarray]:
-        import torch
-
-        from grpo.trainer.logprobs import every_token_logprobs
-
-        out = []
-        with torch.no_grad():
-            for row in rows:
-                (mb,) = self._micro_batches([row])
-                hidden = self.policy.hidden_states(mb)
-                lp = every_token_logprobs(
-                    hidden,
-                    self.policy.lm_head,
-                    mb.input_ids,
-                    mb.parent_ids,
-                    mb.temperatures,
-                    self.cfg.logprob_chunk_size,
-                )
-                out.append(lp.float().cpu().numpy())
-        return out
+        chunk_size = self.cfg.logprob_chunk_size
+        return [self.policy.token_logprobs(self._micro_batches([row])[0], chunk_size) for row in rows]
 
     def train_step(self, batch: TrainingBatch, wait_time: float = 0.0) -> dict[str, float]:
         """One step on a whole batch: num_iterations optimizer updates (1 by default)."""
@@ -423,31 +405,6 @@ class Trainer:
     ) -> tuple[Any, LossSums, Any]:
         """(loss, sums, logprobs) of one micro-batch: grpo.trainer.hf.micro_batch_loss."""
         return micro_batch_loss(self.policy, self.cfg, mb, loss_scale, truncation, ref_lp, old_lp, keep_probs)
-
-    def _attention_pair_weight(self) -> float:
-        """What one attended pair costs in tokens, for cutting wide prefix trees at their trunks
-        (grpo.trainer.tree_split). Measured on CPU only: 0 (never cut) on other devices."""
-        if self.policy.device.type != "cpu":
-            return 0.0
-        from grpo.trainer.flops import flop_shape
-        from grpo.trainer.tree_split import pair_weight_for
-
-        shape = flop_shape(self.policy.causal_lm.config)
-        return pair_weight_for(
-            shape.num_decoder_linear_params, shape.num_layers, shape.attention_width, not self.policy.is_lora
-        )
-
-    def _flop_counter(self) -> StepFlopCounter:
-        from grpo.trainer.flops import StepFlopCounter, flop_shape
-
-        return StepFlopCounter(
-            flop_shape(self.policy.causal_lm.config),
-            trains_base=not self.policy.is_lora,
-            trains_output_layer=not self.policy.is_lora,
-            num_lora_params=sum(p.numel() for p in self.params) if self.policy.is_lora else 0,
-            device=self.policy.device,
-            dtype=self.policy.autocast_dtype or self.policy.dtype,
-        )
 
     def _sum_over_ranks(
         self, totals: LossSums, num_tokens: int, num_sequence_tokens: int
