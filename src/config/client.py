@@ -42,13 +42,10 @@ class ClientConfig(StrictModel):
     recovery: ServerRecoveryConfig = Field(default_factory=ServerRecoveryConfig)
     """Route around a dead or hung server and bring it back to the current policy."""
 
+    # Whether base_url is set beside elastic is the client's check (grpo.inference.client): a resolved
+    # copy of this config (configs/orch.yaml, which grpo-train validates) holds the default base_url.
     @model_validator(mode="after")
-    def _one_way_to_find_servers(self) -> ClientConfig:
-        if self.elastic is not None and "base_url" in self.model_fields_set:
-            raise ValueError(
-                "client.base_url and client.elastic are both set; keep one: a fixed list of servers "
-                "(base_url) or DNS discovery (elastic)"
-            )
+    def _some_server(self) -> ClientConfig:
         if self.elastic is None and not self.base_url:
             raise ValueError(
                 "client.base_url is empty; list at least one server, e.g. http://localhost:8000/v1"

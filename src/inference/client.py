@@ -65,6 +65,11 @@ class InferenceClient:
         weight_broadcast: WeightBroadcastConfig | None = None,
         resolver: Resolver = resolve_dns,
     ) -> None:
+        if cfg.elastic is not None and "base_url" in cfg.model_fields_set:
+            raise UserError(
+                "client.base_url and client.elastic are both set; keep one: a fixed list of servers "
+                "(base_url) or DNS discovery (elastic)"
+            )
         self.cfg = cfg
         self.weight_broadcast = weight_broadcast or FilesystemWeightBroadcast()
         """The orchestrator's weight_broadcast: where servers meet the trainer for full weights."""

@@ -214,3 +214,18 @@ def test_a_group_of_one_rollout_with_a_group_baseline_is_refused_naming_the_fix(
 def test_a_group_of_one_rollout_with_a_batch_baseline_loads() -> None:
     data = {"model": {"name": "m"}, "rollouts_per_example": 1, "advantage": {"type": "reinforce_pp"}}
     assert OrchestratorConfig.model_validate(data).rollouts_per_example == 1
+
+
+def test_a_resolved_config_with_an_elastic_pool_loads_again() -> None:
+    # grpo-train validates the orchestrator's resolved configs/orch.yaml, which holds the default
+    # base_url beside elastic.
+    orch = validate(
+        OrchestratorConfig, {"client": {"elastic": {"hostname": "servers.internal"}}}, "orch.yaml"
+    )
+    again = validate(OrchestratorConfig, orch.model_dump(mode="json"), "configs/orch.yaml")
+    assert again.client.elastic is not None and again.client.elastic.hostname == "servers.internal"
+
+
+def test_an_empty_server_list_is_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match=r"client.base_url is empty; list at least one server"):
+        validate(OrchestratorConfig, {"client": {"base_url": []}}, "orch.yaml")
