@@ -84,7 +84,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_model": model,
         "cpu_family_model": family,
         # AVX2 or AVX512 (+BF16/AMX): 16-bit matmuls are emulated without the latter, which changes
-        # the default dtype (grpo.config.engine_dtype) and every figure
+        # the default dtype (grpo.config.machine.engine_dtype) and every figure
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_native_bf16": cpu_has_native_bf16(),
         "cpu_count": os.cpu_count(),
@@ -375,7 +375,7 @@ def summarise(orch: ArrivalWatcher, train: ArrivalWatcher, batch_size: int) -> d
         "trainer_wait_time_s": [t["wait_time"] for t in train.records],
         "mismatch_kl_curve": [t.get("mismatch_kl") for t in train.records],
         # how close the trainer ran to the machine's peak, and how much of each batch's tokens the
-        # shared-prefix packing encoded once instead of per sequence (grpo.orchestrator.step_batch)
+        # shared-prefix packing encoded once instead of per sequence (grpo.orchestrator.batching.step_batch)
         "trainer_mfu_curve": [t.get("mfu") for t in train.records],
         "shared_frac_curve": [s.get("packing/shared_frac") for s in steps][:num_steps],
         "orchestrator_step_time_s": [s["time/step"] for s in steps][:num_steps],

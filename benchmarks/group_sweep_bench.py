@@ -81,7 +81,7 @@ def grpo_sweep(args: argparse.Namespace, model: str) -> tuple[dict[str, Any], di
     """Seconds per train_step for each layout and G (the mean over --steps after one warm-up)."""
     import torch
 
-    from grpo.orchestrator.packer import pack_rollouts
+    from grpo.orchestrator.batching.packer import pack_rollouts
     from grpo.trainer.hf.trainer import Trainer
     from grpo.transport.batches.batch import TrainingBatch
 

@@ -48,10 +48,10 @@ def run_tag(workload: Workload, seed: int) -> str:
 
 def grpo_async_level(system: str, on_cuda: bool | None = None) -> int | None:
     """max_async_level of a grpo system name: "grpo" runs grpo's co-located default on this machine
-    (0 on CPU, grpo.config.cpu_defaults; the specification's 1 on a GPU), "grpo-async1" names
+    (0 on CPU, grpo.config.machine.cpu_defaults; the specification's 1 on a GPU), "grpo-async1" names
     another; None for TRL. `on_cuda`: None asks whether a CUDA device is visible."""
     if system == "grpo":
-        from grpo.config.cpu_defaults import CPU_MAX_ASYNC_LEVEL
+        from grpo.config.machine.cpu_defaults import CPU_MAX_ASYNC_LEVEL
         from grpo.config.orchestrator import OrchestratorConfig
         from grpo.utils.device import cuda_present
 

@@ -30,7 +30,7 @@ from grpo.envs import load_environment
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.models import embedded
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.orchestrator.tokenizer import ChatTokenizer
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.atomic import publish_dir, staging_dir
 

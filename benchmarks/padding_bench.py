@@ -50,7 +50,7 @@ def main() -> None:
 
     import grpo.trainer.packing as packing
     from grpo.models.embedded import build
-    from grpo.orchestrator.packer import pack_rollouts
+    from grpo.orchestrator.batching.packer import pack_rollouts
     from grpo.trainer.hf.trainer import Trainer
     from grpo.transport.batches.batch import TrainingBatch
 

@@ -42,7 +42,7 @@ from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.inference.types import ABORTED, Completion, GenerateRequest
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.orchestrator.tokenizer import ChatTokenizer
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
 from grpo.transport.batches.batch import TrainingBatch
 from grpo.utils.atomic import publish_dir, staging_dir
 from grpo.utils.jsonl import read_jsonl

@@ -103,7 +103,7 @@ def run_layout(layout: str, model: str, prompt_tokens: int, num_steps: int) -> d
     import torch
 
     from grpo.config.trainer import TrainerConfig
-    from grpo.orchestrator.packer import pack_rollouts
+    from grpo.orchestrator.batching.packer import pack_rollouts
     from grpo.trainer.hf.trainer import Trainer
     from grpo.transport.batches.batch import TrainingBatch
 

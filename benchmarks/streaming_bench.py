@@ -40,7 +40,7 @@ from grpo.envs import load_environment
 from grpo.inference.types import Completion, GenerateRequest
 from grpo.models.tiny import build_tiny_model
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.orchestrator.tokenizer import ChatTokenizer
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
 from grpo.trainer.entry import run as run_trainer
 from grpo.transport.batches.memory import memory_transport_pair
 from grpo.utils.jsonl import read_jsonl

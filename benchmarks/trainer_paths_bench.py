@@ -45,7 +45,7 @@ def main() -> None:
     from peft.tuners.lora.layer import Linear as LoraLinear
 
     from grpo.models.embedded import build
-    from grpo.orchestrator.packer import pack_rollouts
+    from grpo.orchestrator.batching.packer import pack_rollouts
     from grpo.trainer.hf.trainer import Trainer
     from grpo.transport.batches.batch import TrainingBatch
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from grpo.config.derived import DERIVED
-from grpo.config.field_table import field_rows
+from grpo.config.across_files.derived import DERIVED
+from grpo.config.across_files.shared_facts import SHARED_FACTS, File
 from grpo.config.inference import InferenceConfig
-from grpo.config.openenv import OpenEnvArgs
+from grpo.config.keys.field_table import field_rows
 from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.shared_facts import SHARED_FACTS, File
+from grpo.config.sections.openenv import OpenEnvArgs
 from grpo.config.trainer import TrainerConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"
@@ -77,7 +77,7 @@ def render() -> str:
         "## Settings several files share",
         "",
         "One fact of a run under a key in each file that needs it, owned by",
-        "`grpo.config.shared_facts`. One-shot `grpo`: an override of any of a fact's keys sets them all; a value",
+        "`grpo.config.across_files.shared_facts`. One-shot `grpo`: an override of any of a fact's keys sets them all; a value",
         "set in one file reaches the files that leave it unset; two files setting different values stop the run",
         "with one line naming both. A value reaches the others before validation, so a required key (`model`)",
         "need be written in one file only.",

@@ -114,7 +114,7 @@ def _merged(
 ) -> dict[str, Any]:
     """rl.yaml's content with the arguments in place: top-level keys replaced (paths from the working
     directory, Python objects registered), sections merged key by key."""
-    from grpo.config.relative_paths import resolve_block_paths, resolve_orch_paths
+    from grpo.config.keys.relative_paths import resolve_block_paths, resolve_orch_paths
 
     cwd = Path.cwd()
     out = {**raw, **resolve_block_paths(_in_process_task(top), cwd, SOURCE)}
@@ -143,7 +143,7 @@ def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, An
 
 def _in_process_orch(orch: dict[str, Any]) -> dict[str, Any]:
     """orch's env blocks (and eval's) with their Python objects registered."""
-    from grpo.config.relative_paths import map_env_blocks
+    from grpo.config.keys.relative_paths import map_env_blocks
 
     return map_env_blocks(orch, lambda b: _in_process_task(b) if isinstance(b, Mapping) else b)
 

@@ -50,9 +50,14 @@ ROW_BUILDERS = {
     "trainer/hf/moe.py": ["*.take_metrics"],
     "trainer/megatron/moe.py": ["*.take_metrics"],
     "trainer/megatron/trainer.py": ["MegatronTrainer.train_step"],
-    "orchestrator/step_batch.py": ["rollout_metrics", "tool_metrics", "turn_metrics", "pack_metrics"],
+    "orchestrator/batching/step_batch.py": [
+        "rollout_metrics",
+        "tool_metrics",
+        "turn_metrics",
+        "pack_metrics",
+    ],
     "orchestrator/orchestrator.py": ["Orchestrator._steps"],
-    "orchestrator/report.py": ["Reporter._log_wandb"],
+    "orchestrator/reporting/report.py": ["Reporter._log_wandb"],
 }
 """Module under src/ -> the functions that put a step's metrics in a dict (`Class.method`, `*.method`
 for that method of any class, `*` for every function of the module)."""

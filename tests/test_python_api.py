@@ -15,9 +15,9 @@ import yaml
 
 import grpo
 from grpo.config.config_set import RunData
-from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.errors import ConfigError
 from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.sections.dataset_env import DatasetEnvConfig
 from grpo.envs import load_environment
 from grpo.python_api import SOURCE, _merged, _read_config
 from grpo.utils.errors import UserError

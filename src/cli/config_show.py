@@ -1,5 +1,5 @@
 """`grpo config show [train|infer|orch] [--all]`: the keys most runs set, grouped, with defaults and
-one-line docs (grpo.config.user_keys); with --all every key of the config files and its whole doc."""
+one-line docs (grpo.config.keys.user_keys); with --all every key of the config files and its whole doc."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import typer
 from pydantic import BaseModel
 
 from grpo.cli.common import run_app
-from grpo.config.field_table import FieldRow, field_rows
+from grpo.config.across_files.shared_facts import FILE_NAMES, SHARED_FACTS, File
 from grpo.config.inference import InferenceConfig
+from grpo.config.keys.field_table import FieldRow, field_rows
+from grpo.config.keys.user_keys import USER_KEYS
 from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.shared_facts import FILE_NAMES, SHARED_FACTS, File
 from grpo.config.trainer import TrainerConfig
-from grpo.config.user_keys import USER_KEYS
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -74,7 +74,7 @@ def render(rows: list[FieldRow]) -> str:
 
 
 def render_user_keys(file: File | None) -> str:
-    """The groups of grpo.config.user_keys (those of `file` only, when given): each key on a line
+    """The groups of grpo.config.keys.user_keys (those of `file` only, when given): each key on a line
     with its type and default, the first sentence of its doc below."""
     of_file = f" of {FILE_NAMES[file]}" if file is not None else ""
     lines = [

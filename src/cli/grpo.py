@@ -14,9 +14,9 @@ from typing import cast
 import typer
 
 from grpo.cli.common import EXTRA_ARGS, guard, print_resolved, run_app, split_overrides
+from grpo.config.across_files.shared_facts import File
 from grpo.config.config_set import load_run
 from grpo.config.errors import ConfigError
-from grpo.config.shared_facts import File
 from grpo.utils.errors import UserError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -81,7 +81,7 @@ def grpo(
 
         restrict_new_files(train_cfg.share_with_group)
         if dry_run:
-            from grpo.orchestrator.sampling import describe_sampling
+            from grpo.orchestrator.rollouts.sampling import describe_sampling
             from grpo.trainer.loss_description import describe_loss
 
             print_resolved({"train": train_cfg, "infer": infer_cfg, "orch": orch_cfg})

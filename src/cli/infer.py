@@ -45,8 +45,8 @@ def infer(
         return run_server(cfg)
 
     def check(cfg: InferenceConfig) -> None:
-        from grpo.config.engine_dtype import dtype_problems
-        from grpo.config.fp8_support import fp8_problems
+        from grpo.config.machine.engine_dtype import dtype_problems
+        from grpo.config.machine.fp8_support import fp8_problems
 
         problems = fp8_problems(cfg.quantization) + dtype_problems(cfg)
         if problems:

@@ -125,6 +125,6 @@ def main() -> None:
 
 
 def _describe_sampling(cfg: OrchestratorConfig) -> str:
-    from grpo.orchestrator.sampling import describe_sampling
+    from grpo.orchestrator.rollouts.sampling import describe_sampling
 
     return describe_sampling(cfg)

@@ -23,7 +23,7 @@ def report(
     time split, completion length) and index.html with them and a few sample completions."""
 
     def body() -> int:
-        from grpo.orchestrator.run_report import write_report
+        from grpo.orchestrator.reporting.run_report import write_report
 
         print(write_report(run_dir, out))
         return 0

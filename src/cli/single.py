@@ -9,8 +9,8 @@ from typing import TypeVar, cast
 from pydantic import BaseModel
 
 from grpo.cli.common import check_option_typos, guard, load_with_overrides, print_resolved, split_overrides
+from grpo.config.across_files.shared_facts import File
 from grpo.config.errors import ConfigError
-from grpo.config.shared_facts import File
 from grpo.utils.file_access import restrict_new_files
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

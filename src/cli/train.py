@@ -110,17 +110,17 @@ def _check_against_orchestrator(
     cfg: TrainerConfig, run_dir: Path, source: str = "train.yaml"
 ) -> tuple[TrainerConfig, int]:
     """The checks that need the orchestrator's config, here its resolved copy in the run dir: the
-    settings both files hold (grpo.config.shared_facts; those train.yaml leaves unset, and its
+    settings both files hold (grpo.config.across_files.shared_facts; those train.yaml leaves unset, and its
     sequence_len, are taken from it) and the relations between them that the one-shot `grpo`
-    checks too (grpo.config.crosscheck: LoRA on both sides or neither, seq_len, streaming, Dr.
+    checks too (grpo.config.across_files.crosscheck: LoRA on both sides or neither, seq_len, streaming, Dr.
     GRPO's loss normaliser). Returns the config and the parts each step arrives in (orch
     streaming; 1 when off)."""
-    from grpo.config.crosscheck import check_trainer_orchestrator
-    from grpo.config.derived import take_from_orchestrator
+    from grpo.config.across_files.crosscheck import check_trainer_orchestrator
+    from grpo.config.across_files.derived import take_from_orchestrator
+    from grpo.config.across_files.shared_facts import conflicts_with_orchestrator
     from grpo.config.errors import ConfigError
     from grpo.config.loading import read_yaml, validate
     from grpo.config.orchestrator import OrchestratorConfig
-    from grpo.config.shared_facts import conflicts_with_orchestrator
 
     path = run_dir / "configs" / "orch.yaml"
     data = read_yaml(path)

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo.orchestrator.report import METRICS_FILE
+from grpo.orchestrator.reporting.report import METRICS_FILE
 from grpo.transport.weights.filesystem import broadcasts_dir
 from grpo.utils.atomic import write_text_atomic
 from grpo.utils.jsonl import read_jsonl

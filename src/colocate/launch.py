@@ -11,9 +11,9 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from grpo.colocate.memory_plan import MemoryPlan
+    from grpo.config.across_files.shared_facts import File
     from grpo.config.inference import InferenceConfig
     from grpo.config.orchestrator import OrchestratorConfig
-    from grpo.config.shared_facts import File
     from grpo.config.trainer import TrainerConfig
     from grpo.models.resolve import ResolvedModel
 
@@ -35,7 +35,7 @@ def prepare_colocated(
     """The checked configs, the model and the memory plan (for a GPU of `plan_gpu_gib` GiB instead of
     this machine's device when given: a plan to read, not to run)."""
     from grpo.colocate.memory_plan import plan_memory
-    from grpo.config.crosscheck import check_colocated
+    from grpo.config.across_files.crosscheck import check_colocated
     from grpo.envs.loading import check_environments
     from grpo.models.resolve import log_model, resolve_model
     from grpo.models.shape import has_vision_tower

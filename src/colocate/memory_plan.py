@@ -138,7 +138,7 @@ class MemoryPlan:
 
     def sizes(self, orch: OrchestratorConfig) -> str:
         """The sizes that drive a run's memory and step time, in one line (with max_async_level, which a
-        CPU run may have taken from grpo.config.cpu_defaults)."""
+        CPU run may have taken from grpo.config.machine.cpu_defaults)."""
         parts = [
             f"batch_size {orch.batch_size} ({orch.num_groups_per_step} prompts x {orch.rollouts_per_example})",
             f"sampling.max_tokens {orch.sampling.max_tokens}",
@@ -368,7 +368,7 @@ def plan_memory(
     plan = MemoryPlan(device=device, total_bytes=total)
     if train.backend == "hf":
         # The hf trainer computes in the dtype of the engine weights it borrows.
-        from grpo.config.engine_dtype import resolve_engine_dtype
+        from grpo.config.machine.engine_dtype import resolve_engine_dtype
 
         width = 4 if resolve_engine_dtype(infer, on_cuda=on_gpu) == "float32" else 2
         shape = replace(shape, activation_value_bytes=width)
@@ -408,7 +408,7 @@ def plan_memory(
 
     # CPU: the replicas share this machine's RAM, and vLLM's own weights live in it too.
     usable = (total * (1 - SAFETY_MARGIN) - num_replicas * plan.trainer_bytes) / num_replicas
-    from grpo.config.engine_dtype import resolve_engine_dtype
+    from grpo.config.machine.engine_dtype import resolve_engine_dtype
 
     engine_dtype = resolve_engine_dtype(infer, on_cuda=False)
     bytes_per_weight = 4 if engine_dtype == "float32" else 2

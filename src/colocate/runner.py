@@ -64,7 +64,7 @@ def run_colocated(
     started = time.monotonic()
     # Before the configs are rewritten (it compares with the run dir's) and before anything starts
     # (it removes what a killed run wrote past the step both sides checkpointed).
-    # One value for both sides (grpo.config.shared_facts reconciled them).
+    # One value for both sides (grpo.config.across_files.shared_facts reconciled them).
     step = resolve_colocated_resume(run_dir, orch.ckpt.resume_step, train.model_dump(mode="json"))
     train = train.model_copy(update={"ckpt": train.ckpt.model_copy(update={"resume_step": step})})
     orch = orch.model_copy(update={"ckpt": orch.ckpt.model_copy(update={"resume_step": step})})

@@ -1,13 +1,13 @@
 """The three configs of a run, read from three files or from one rl.yaml, with overrides applied.
 
 rl.yaml holds `train:`, `infer:` and `orch:` sections (each what the file of that name would hold)
-and, at the top, the settings several files share (grpo.config.shared_facts) under their train.yaml
+and, at the top, the settings several files share (grpo.config.across_files.shared_facts) under their train.yaml
 names: `model`, `output_dir`, `seed`, `max_steps`, `lora_rank`, ... A top-level value reaches every
 section that has the key and leaves it unset. A dataset block's keys at the top (`dataset`,
 `reward_funcs`, `prompt_column`, ...) are the run's task: orch's one env block. Paths in a file are
-relative to its folder (grpo.config.relative_paths). The separate files and the one file load the same way
+relative to its folder (grpo.config.keys.relative_paths). The separate files and the one file load the same way
 after that: overrides, then `spread` (a value one file sets reaches the others, before validation,
-so that `model` need be written once), then validation; `reconcile` (grpo.config.crosscheck) then
+so that `model` need be written once), then validation; `reconcile` (grpo.config.across_files.crosscheck) then
 refuses disagreements and derives what no file sets.
 """
 
@@ -20,14 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from grpo.config.dataset_env import DatasetEnvConfig
-from grpo.config.derived import derive
-from grpo.config.errors import ConfigError
-from grpo.config.inference import InferenceConfig
-from grpo.config.loading import apply_overrides, has_key, read_yaml, validate
-from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.relative_paths import resolve_one_file_paths, resolve_orch_paths
-from grpo.config.shared_facts import (
+from grpo.config.across_files.derived import derive
+from grpo.config.across_files.shared_facts import (
     FILE_NAMES,
     MISSING,
     SHARED_FACTS,
@@ -37,6 +31,12 @@ from grpo.config.shared_facts import (
     spread,
     value_at,
 )
+from grpo.config.errors import ConfigError
+from grpo.config.inference import InferenceConfig
+from grpo.config.keys.relative_paths import resolve_one_file_paths, resolve_orch_paths
+from grpo.config.loading import apply_overrides, has_key, read_yaml, validate
+from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.sections.dataset_env import DatasetEnvConfig
 from grpo.config.trainer import TrainerConfig
 
 MODELS: dict[File, type[BaseModel]] = {
@@ -106,7 +106,7 @@ class RunData:
 
 
 def read_one_file(path: Path) -> dict[str, Any]:
-    """rl.yaml's content, the paths in it made absolute from its folder (grpo.config.relative_paths)."""
+    """rl.yaml's content, the paths in it made absolute from its folder (grpo.config.keys.relative_paths)."""
     return resolve_one_file_paths(read_yaml(path), path.absolute().parent, str(path))
 
 

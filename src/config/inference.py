@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from grpo.config.across_files.max_seq_len import fill_length
 from grpo.config.base import StrictModel
-from grpo.config.max_seq_len import fill_length
-from grpo.config.supervisor import SupervisorConfig
+from grpo.config.sections.supervisor import SupervisorConfig
 
 # vLLM accepts only these LoRA ranks; a configured rank is rounded up to the next one.
 VALID_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -42,7 +42,7 @@ class InferenceConfig(StrictModel):
     """Weight and activation dtype of the engine (and of a co-located trainer, which computes on the
     engine's weights). auto: vLLM's choice on a GPU (the checkpoint's; 16-bit), float32 on a CPU
     (unquantized weights): trainer and engine logprobs agree to ~1e-8 and a LoRA policy merged into
-    the served weights keeps every update (grpo.config.engine_dtype). float32 with enable_lora is
+    the served weights keeps every update (grpo.config.machine.engine_dtype). float32 with enable_lora is
     refused on a GPU (vLLM's CUDA LoRA kernels take 16-bit only). float32_on_cpu: float32 on CPU,
     bfloat16 on a GPU."""
 
@@ -57,7 +57,7 @@ class InferenceConfig(StrictModel):
 
     max_seq_len: int | None = Field(None, gt=0)
     """Longest sequence, prompt + completion: max_model_len, train sequence_len, orch seq_len default to
-    it. One key for the three files (grpo.config.max_seq_len)."""
+    it. One key for the three files (grpo.config.across_files.max_seq_len)."""
 
     enforce_eager: bool = False
     """Run vLLM's model eagerly: no CUDA graphs on GPU, no torch.compile (inductor) on CPU (faster to

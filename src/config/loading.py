@@ -191,9 +191,9 @@ def validate(model_cls: type[ModelT], data: dict[str, Any], source: str) -> Mode
 
 def read_config(model_cls: type[BaseModel], path: str | Path) -> dict[str, Any]:
     """read_yaml, and for an orch config the files it names as absolute paths from the file's folder
-    (grpo.config.relative_paths), so that overrides, other files and other processes see them so."""
+    (grpo.config.keys.relative_paths), so that overrides, other files and other processes see them so."""
+    from grpo.config.keys.relative_paths import resolve_orch_paths
     from grpo.config.orchestrator import OrchestratorConfig
-    from grpo.config.relative_paths import resolve_orch_paths
 
     data = read_yaml(path)
     if issubclass(model_cls, OrchestratorConfig):

@@ -1,8 +1,8 @@
 """`orch.yaml`: the orchestrator (`grpo-orch`, or the main loop of `grpo`).
 
-Its `sampling` section is in grpo.config.sampling, `env` entries in grpo.config.env (and
-grpo.config.dataset_env), `advantage` in grpo.config.advantage, the transports in
-grpo.config.transport, `client` in grpo.config.client (each re-exported here).
+Its `sampling` section is in grpo.config.sections.sampling, `env` entries in grpo.config.sections.env (and
+grpo.config.sections.dataset_env), `advantage` in grpo.config.sections.advantage, the transports in
+grpo.config.sections.transport, `client` in grpo.config.sections.client (each re-exported here).
 """
 
 from __future__ import annotations
@@ -11,29 +11,29 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from grpo.config.advantage import GROUP_RELATIVE_ADVANTAGES as GROUP_RELATIVE_ADVANTAGES
-from grpo.config.advantage import AdvantageConfig as AdvantageConfig
+from grpo.config.across_files.max_seq_len import fill_length
 from grpo.config.base import StrictModel
-from grpo.config.client import ClientConfig as ClientConfig
-from grpo.config.client import ElasticConfig as ElasticConfig
-from grpo.config.client import TeacherClientConfig
-from grpo.config.consistency import ConsistencyCheckConfig
-from grpo.config.dataset_env import DatasetEnvConfig
-from grpo.config.env import OPENENV_PREFIX as OPENENV_PREFIX
-from grpo.config.env import EnvBlock as EnvBlock
-from grpo.config.env import EnvConfig as EnvConfig
-from grpo.config.max_seq_len import fill_length
-from grpo.config.sampling import SamplingConfig
-from grpo.config.sampling import TempSchedulerConfig as TempSchedulerConfig
-from grpo.config.streaming import StreamingConfig, streaming_advantage_problem
-from grpo.config.transport import (
+from grpo.config.sections.advantage import GROUP_RELATIVE_ADVANTAGES as GROUP_RELATIVE_ADVANTAGES
+from grpo.config.sections.advantage import AdvantageConfig as AdvantageConfig
+from grpo.config.sections.client import ClientConfig as ClientConfig
+from grpo.config.sections.client import ElasticConfig as ElasticConfig
+from grpo.config.sections.client import TeacherClientConfig
+from grpo.config.sections.consistency import ConsistencyCheckConfig
+from grpo.config.sections.dataset_env import DatasetEnvConfig
+from grpo.config.sections.env import OPENENV_PREFIX as OPENENV_PREFIX
+from grpo.config.sections.env import EnvBlock as EnvBlock
+from grpo.config.sections.env import EnvConfig as EnvConfig
+from grpo.config.sections.sampling import SamplingConfig
+from grpo.config.sections.sampling import TempSchedulerConfig as TempSchedulerConfig
+from grpo.config.sections.streaming import StreamingConfig, streaming_advantage_problem
+from grpo.config.sections.transport import (
     FilesystemRolloutTransport,
     FilesystemWeightBroadcast,
     RolloutTransportConfig,
     WeightBroadcastConfig,
 )
-from grpo.config.transport import NcclWeightBroadcast as NcclWeightBroadcast
-from grpo.config.transport import ZmqRolloutTransport as ZmqRolloutTransport
+from grpo.config.sections.transport import NcclWeightBroadcast as NcclWeightBroadcast
+from grpo.config.sections.transport import ZmqRolloutTransport as ZmqRolloutTransport
 
 
 class ModelConfig(StrictModel):
@@ -249,7 +249,7 @@ class OrchestratorConfig(StrictModel):
 
     batch_size: int = Field(128, gt=0)
     """Rollouts per training step. Unset in a co-located run on CPU: 8 groups of rollouts_per_example
-    (at most 64 rollouts, at least one group; grpo.config.cpu_defaults)."""
+    (at most 64 rollouts, at least one group; grpo.config.machine.cpu_defaults)."""
 
     rollouts_per_example: int = Field(8, gt=0)
     """Rollouts per prompt: the group each rollout's advantage is measured against (batch_size must be
@@ -262,7 +262,7 @@ class OrchestratorConfig(StrictModel):
 
     max_seq_len: int | None = Field(None, gt=0)
     """Longest sequence, prompt + completion: seq_len, train sequence_len, infer max_model_len default to
-    it. One key for the three files (grpo.config.max_seq_len); sampling.max_tokens must leave room
+    it. One key for the three files (grpo.config.across_files.max_seq_len); sampling.max_tokens must leave room
     for the prompt in it."""
 
     micro_batch_tokens: int | None = Field(None, gt=0)

@@ -1,7 +1,7 @@
 """`train.yaml`: the trainer (`grpo-train`, or the trainer thread of `grpo`).
 
 Field names follow the SFT config the GRPO trainer inherits from (model, sequence_len,
-learning_rate, lora_*, ...) plus the GRPO-specific `loss` (grpo.config.loss, re-exported here), `noise_scheduler`, `transport_type`
+learning_rate, lora_*, ...) plus the GRPO-specific `loss` (grpo.config.sections.loss, re-exported here), `noise_scheduler`, `transport_type`
 and `max_async_level`.
 """
 
@@ -11,18 +11,18 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from grpo.config.across_files.max_seq_len import fill_length
 from grpo.config.base import StrictModel
-from grpo.config.loss import LossConfig as LossConfig
-from grpo.config.max_seq_len import fill_length
-from grpo.config.megatron import MegatronConfig
+from grpo.config.keys.renamed_keys import move_renamed_keys
 from grpo.config.orchestrator import FilesystemWeightBroadcast, ReportConfig, WeightBroadcastConfig
-from grpo.config.renamed_keys import move_renamed_keys
+from grpo.config.sections.loss import LossConfig as LossConfig
+from grpo.config.sections.megatron import MegatronConfig
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MOE_DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 """What the default targets become on a mixture-of-experts model (attention only; docs/moe.md)."""
 RENAMED_KEYS = {"gradient_accumulation_steps": "micro_batches_per_backward"}
-"""Old train.yaml key -> its name now (grpo.config.renamed_keys)."""
+"""Old train.yaml key -> its name now (grpo.config.keys.renamed_keys)."""
 
 
 class NoiseSchedulerConfig(StrictModel):
@@ -84,7 +84,7 @@ class TrainerConfig(StrictModel):
 
     max_seq_len: int | None = Field(None, gt=0)
     """Longest sequence, prompt + completion: sequence_len, orch seq_len, infer max_model_len default to
-    it. One key for the three files (grpo.config.max_seq_len)."""
+    it. One key for the three files (grpo.config.across_files.max_seq_len)."""
 
     learning_rate: float = Field(2e-4, gt=0.0)
     """Peak learning rate."""

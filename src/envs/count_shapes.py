@@ -5,7 +5,7 @@ triangles in a few colours, drawn with PIL from a seed (no download), and the qu
 <colour> shapes are in the picture?"; the answer is the count as digits. The prompt is one user
 message of an image part (the PIL image itself) and a text part.
 
-The orchestrator sends its prompts to vLLM with their images (grpo.orchestrator.image_prompts) for
+The orchestrator sends its prompts to vLLM with their images (grpo.orchestrator.images.prompts) for
 a Qwen2-VL, Qwen2.5-VL or Idefics3 (SmolVLM) policy; tests/colocate/test_colocated_vision.py
 trains a tiny Idefics3 on it co-located on vLLM's CPU engine (which cannot load the Qwen-VL
 families here).

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo.config.dataset_env import DatasetEnvConfig
+from grpo.config.sections.dataset_env import DatasetEnvConfig
 from grpo.envs.base import Example, Message, Score, completion_text, normalise_examples
 from grpo.envs.dataset_images import MIB, pick_image_column, row_images, with_images
 from grpo.envs.group_rewards import OWN_ARGUMENTS, GroupRewardSet, check_signature

@@ -9,7 +9,7 @@ dataset file's folder; found only from the working directory, it loads with a wa
 is opened and decoded once at load, so a missing file, a value that is no image or one above the
 pixel or byte bound is refused before anything starts; it is then kept encoded
 (grpo.envs.encoded_image), not decoded, for the run. The prompt becomes chat messages whose image
-parts hold the EncodedImages, the form grpo.orchestrator.image_prompts renders.
+parts hold the EncodedImages, the form grpo.orchestrator.images.prompts renders.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ weighted like them and logged like them (reward/<env>/<name>). An environment th
 
 from __future__ import annotations
 
-from grpo.config.judges import ExtraRewardsConfig
+from grpo.config.sections.judges import ExtraRewardsConfig
 from grpo.envs.base import Environment
 from grpo.envs.dataset_env import DatasetEnv
 from grpo.envs.single_turn import SingleTurnEnv

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from tenacity import RetryError
 
-from grpo.config.judges import MATCH_PREFIX, OWN_SERVER, JudgeConfig
+from grpo.config.sections.judges import MATCH_PREFIX, OWN_SERVER, JudgeConfig
 from grpo.envs.base import Message
 from grpo.envs.rewards import RewardFailure
 from grpo.utils.auth import secret_from_env, warn_if_plaintext_token

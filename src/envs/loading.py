@@ -1,5 +1,5 @@
 """`load_environment(env_cfg)`: a built-in id, a user loader "pkg.module:function" or "envs.py:function"
-(grpo.config.relative_paths makes a config's relative ones absolute), a verifiers
+(grpo.config.keys.relative_paths makes a config's relative ones absolute), a verifiers
 environment by its id (grpo.envs.verifiers_env), a `grpo-env` server at env_cfg.address, an OpenEnv
 server (`openenv:http://HOST:PORT`, grpo.envs.openenv_env), or a
 `- dataset:` block (grpo.envs.dataset_env).
@@ -24,8 +24,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.orchestrator import OPENENV_PREFIX, EnvConfig, OrchestratorConfig
+from grpo.config.sections.dataset_env import DatasetEnvConfig
 from grpo.envs.args import check_args
 from grpo.envs.base import Environment, check_num_examples, non_text_parts
 from grpo.utils.errors import UserError
@@ -183,7 +183,7 @@ def _reasoning_gym(env_cfg: EnvConfig) -> Callable[[], Environment]:
 def _openenv(env_cfg: EnvConfig) -> Callable[[], Environment]:
     from pydantic import ValidationError
 
-    from grpo.config.openenv import OpenEnvArgs
+    from grpo.config.sections.openenv import OpenEnvArgs
     from grpo.envs import openenv_env, openenv_load
 
     names = dict.fromkeys(OpenEnvArgs.model_fields, None)
@@ -265,7 +265,7 @@ def _build(env_cfg: EnvConfig | DatasetEnvConfig) -> Environment:
 
 def _refuse_unsent_parts(env: Environment, name: str) -> None:
     """UserError at load for an environment whose prompts hold video, audio or other non-text parts
-    but images (its first example's): only images reach vLLM (grpo.orchestrator.image_prompts)."""
+    but images (its first example's): only images reach vLLM (grpo.orchestrator.images.prompts)."""
     kinds = non_text_parts(env.prompt_messages(env.examples[0])) if env.examples else []
     unsent = [kind for kind in kinds if kind != "image"]
     if unsent:

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from grpo.config.openenv import OpenEnvArgs
 from grpo.config.orchestrator import OPENENV_PREFIX
+from grpo.config.sections.openenv import OpenEnvArgs
 from grpo.envs.base import EnvReply, Example, Message, Score
 from grpo.envs.rewards import FailureLog
 from grpo.utils.auth import is_loopback_host, secret_from_env, warn_if_plaintext_token

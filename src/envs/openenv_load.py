@@ -12,8 +12,8 @@ import json
 import time
 from typing import Any
 
-from grpo.config.openenv import OpenEnvArgs
 from grpo.config.orchestrator import OPENENV_PREFIX
+from grpo.config.sections.openenv import OpenEnvArgs
 from grpo.envs.base import Example
 from grpo.envs.openenv_env import (
     CLOSE_WAIT_S,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from grpo.config.judges import RewardModelConfig
+from grpo.config.sections.judges import RewardModelConfig
 from grpo.envs.base import Message
 from grpo.envs.rewards import GROUP_REWARD_ATTR
 from grpo.utils.errors import UserError

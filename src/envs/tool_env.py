@@ -2,7 +2,7 @@
 
 `with_tools(env, tools, max_turns)` wraps any in-process environment: the wrapper is the same
 environment (examples, prompts, scoring, its own `step`) plus a `ToolSet` and a turn budget. The
-rollout runner parses each model turn's tool calls (grpo.orchestrator.tool_calls), runs them through
+rollout runner parses each model turn's tool calls (grpo.orchestrator.rollouts.tool_calls), runs them through
 `tools` and appends their `tool` messages (masked from the loss); a turn that calls no tool (or whose
 call cannot be parsed) goes to the wrapped environment's `step`, which ends a one-reply environment's
 rollout.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from grpo.config.tool_use import ToolUseConfig
+from grpo.config.sections.tool_use import ToolUseConfig
 from grpo.envs.base import Environment, EnvReply, Example, GroupScoring, Message, Score
 from grpo.envs.tools import ToolSet
 

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from grpo.config.transport import NcclWeightBroadcast
+from grpo.config.sections.transport import NcclWeightBroadcast
 from grpo.inference.weight_routes import RECEIVE_WEIGHTS_ROUTE
 
 RECEIVE_WEIGHTS_PATH = RECEIVE_WEIGHTS_ROUTE.removeprefix("/v1")

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import httpx
 
-from grpo.config.supervisor import ServerRecoveryConfig
+from grpo.config.sections.supervisor import ServerRecoveryConfig
 from grpo.utils.logging import get_logger
 
 T = TypeVar("T")

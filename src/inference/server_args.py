@@ -10,8 +10,8 @@ import math
 import os
 from typing import Literal
 
-from grpo.config.engine_dtype import merging_is_exact, resolve_engine_dtype
 from grpo.config.inference import InferenceConfig
+from grpo.config.machine.engine_dtype import merging_is_exact, resolve_engine_dtype
 from grpo.inference.vllm_compat.cpu_block_size import CPU_BLOCK_SIZE_UNIT
 from grpo.inference.vllm_compat.cpu_weights import KEEP_DENSE_WEIGHTS_ENV
 from grpo.inference.vllm_compat.kept_counts import RECORD_KEPT_COUNTS_ENV
@@ -32,7 +32,7 @@ def resolve_lora_serving(cfg: InferenceConfig, on_cpu: bool | None = None) -> Lo
     auto merges on CPU, where vLLM's LoRA path is about 3x slower than the base model
     (benchmarks/results/inference_cpu-2core_embedded.json), and keeps adapters on GPU, where the
     LoRA kernels are fast and merging would need a second copy of the base. A quantized,
-    tensor-parallel or 16-bit engine cannot merge exactly (grpo.config.engine_dtype.merging_is_exact),
+    tensor-parallel or 16-bit engine cannot merge exactly (grpo.config.machine.engine_dtype.merging_is_exact),
     so auto serves adapters there.
     """
     if cfg.lora_serving == "adapter":

@@ -36,7 +36,7 @@ from grpo.utils.ports import HELD_PORT_ENV, reserve_port
 
 if TYPE_CHECKING:
     from grpo.config.inference import InferenceConfig
-    from grpo.config.supervisor import SupervisorConfig
+    from grpo.config.sections.supervisor import SupervisorConfig
 
 log = get_logger("supervisor")
 

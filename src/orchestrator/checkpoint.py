@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config.orchestrator import CheckpointConfig
-from grpo.orchestrator.report import METRICS_FILE
-from grpo.orchestrator.rollout_log import drop_rollouts_from
+from grpo.orchestrator.reporting.report import METRICS_FILE
+from grpo.orchestrator.reporting.rollout_log import drop_rollouts_from
 from grpo.transport.run_dir import TRAINER_METRICS_FILE, complete_trainer_checkpoints, trainer_checkpoint_root
 from grpo.transport.weights.filesystem import broadcasts_dir
 from grpo.utils.atomic import (
@@ -120,7 +120,7 @@ def resolve_colocated_resume(
     run_dir: Path, resume_step: int | None, train_config: dict[str, Any] | None = None
 ) -> int | None:
     """The one step a co-located run resumes from (None = start at step 0), from ckpt.resume_step
-    (one value for both sides: grpo.config.shared_facts); UserError (one line, with the fix) when no
+    (one value for both sides: grpo.config.across_files.shared_facts); UserError (one line, with the fix) when no
     step fits, or when
     `train_config` (this run's train.yaml as a dict) differs in WEIGHT_KEYS from the configs/train.yaml
     the run dir was written with (its checkpoints and adapters would not fit this model).

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from grpo.config.consistency import ConsistencyCheckConfig
+from grpo.config.sections.consistency import ConsistencyCheckConfig
 from grpo.envs.base import Environment, non_text_parts
 from grpo.envs.tool_env import tool_schemas
 from grpo.inference.types import GenerateRequest, RolloutClient, SamplingParams
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
 from grpo.orchestrator.scheduler import PolicyTracker
-from grpo.orchestrator.tokenizer import ChatTokenizer
 from grpo.orchestrator.types import Group
 from grpo.transport.batches.probe import ConsistencyProbe, ProbeSequence
 from grpo.utils.errors import UserError

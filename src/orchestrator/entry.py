@@ -9,9 +9,9 @@ from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs.loading import load_environment
 from grpo.envs.rewards import REWARD_POOL
 from grpo.inference.types import RolloutClient
-from grpo.orchestrator.image_prompts import image_prompter_for
+from grpo.orchestrator.images.prompts import image_prompter_for
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.orchestrator.tokenizer import ChatTokenizer
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
 from grpo.transport.batches.interfaces import BatchSender
 
 

@@ -11,9 +11,9 @@ import asyncio
 from grpo.config.orchestrator import EvalConfig
 from grpo.envs.base import Environment
 from grpo.inference.types import SamplingParams
+from grpo.orchestrator.batching.step_batch import reward_function_means
 from grpo.orchestrator.env_labels import env_labels
-from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
-from grpo.orchestrator.step_batch import reward_function_means
+from grpo.orchestrator.rollouts.rollout import GroupRequest, RolloutRunner
 
 
 def should_evaluate(cfg: EvalConfig | None, step: int, resumed_at: int | None) -> bool:

@@ -28,16 +28,19 @@ from grpo.envs.base import Environment
 from grpo.envs.tool_env import ToolUse
 from grpo.inference.types import RolloutClient, SamplingParams
 from grpo.orchestrator import checkpoint
+from grpo.orchestrator.batching.step_batch import build_batch, pack_metrics, rollout_metrics
 from grpo.orchestrator.buffer import Buffer
 from grpo.orchestrator.consistency_probe import is_check_step, take_probe
 from grpo.orchestrator.env_labels import env_labels
 from grpo.orchestrator.eval import evaluate, should_evaluate
-from grpo.orchestrator.image_prompt import ImagePrompter
-from grpo.orchestrator.partial import UpdateGate
-from grpo.orchestrator.report import Reporter
-from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
-from grpo.orchestrator.rollout_log import RolloutLog
-from grpo.orchestrator.sampling import request_sampling
+from grpo.orchestrator.images.prompt import ImagePrompter
+from grpo.orchestrator.reporting.report import Reporter
+from grpo.orchestrator.reporting.rollout_log import RolloutLog
+from grpo.orchestrator.rollouts.partial import UpdateGate
+from grpo.orchestrator.rollouts.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.rollouts.sampling import request_sampling
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
+from grpo.orchestrator.rollouts.tool_calls import ToolCallParser
 from grpo.orchestrator.scheduler import (
     FinishedGroups,
     PolicyTracker,
@@ -45,9 +48,6 @@ from grpo.orchestrator.scheduler import (
     required_policy,
     unless_stopped,
 )
-from grpo.orchestrator.step_batch import build_batch, pack_metrics, rollout_metrics
-from grpo.orchestrator.tokenizer import ChatTokenizer
-from grpo.orchestrator.tool_calls import ToolCallParser
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.interfaces import BatchSender
 from grpo.transport.batches.parts import PartSender
@@ -270,7 +270,7 @@ class Orchestrator:
                 return None
             self._finished.add(waited)
 
-    # ---- the step (its batch and metrics: grpo.orchestrator.step_batch) ---------------------
+    # ---- the step (its batch and metrics: grpo.orchestrator.batching.step_batch) ---------------------
 
     async def _collect_and_send(
         self, step: int, stats: dict[str, float]

@@ -13,7 +13,7 @@ Two knobs, two rules (docs/design.md, "Step semantics"):
   max_off_policy_steps >= max_async_level, so a rollout that arrives in time is never dropped.
 - A batch takes the freshest finished groups first (FinishedGroups), so oversampling's surplus
   lowers a batch's lag instead of raising it; the older surplus is what goes stale.
-- With partial_rollouts a rollout's tokens can come from several policies (grpo.orchestrator.partial);
+- With partial_rollouts a rollout's tokens can come from several policies (grpo.orchestrator.rollouts.partial);
   its start_version is its oldest token's, so both rules judge it by that token.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from grpo.inference.types import RolloutClient
-from grpo.orchestrator.partial import UpdateGate
+from grpo.orchestrator.rollouts.partial import UpdateGate
 from grpo.orchestrator.types import Group
 from grpo.transport.weights.filesystem import NOISY_NORMS_FILE, broadcast_dir, broadcasts_dir
 from grpo.utils.atomic import STABLE

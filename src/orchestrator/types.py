@@ -36,7 +36,7 @@ class Rollout:
     failure: str | None = None
     """Why the rollout failed (scoring raised or timed out, a non-finite reward, an environment that
     broke); None when it succeeded. A failed rollout is masked, left out of its group's baseline and
-    of the batch (grpo.orchestrator.rollout_failures)."""
+    of the batch (grpo.orchestrator.batching.rollout_failures)."""
     truncated: bool = False
     """The model hit max_tokens (finish_reason 'length')."""
     reward_metrics: dict[str, float] = field(default_factory=dict)

@@ -133,7 +133,7 @@ def _train_streamed_step(
     """Train step `step` part by part as the parts arrive, then step the optimizer; False when stop
     was requested first (the step is abandoned: its gradients are dropped by the next begin_step,
     and a resume trains it again from part 0)."""
-    from grpo.config.streaming import streaming_trainer_problem
+    from grpo.config.sections.streaming import streaming_trainer_problem
 
     # Parts arrive one at a time (num_parts stands for groups_per_part: both say "streamed").
     problem = streaming_trainer_problem(parts.num_parts, 1, num_iterations=trainer.cfg.num_iterations)

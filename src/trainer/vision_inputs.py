@@ -37,7 +37,7 @@ class VisionTokens:
     """Image tokens take M-RoPE (temporal, height, width) positions; False: the row's 1-D positions."""
     tile_patch_size: int | None = None
     """Idefics3: images are square tiles sent as flattened patches of this side
-    (grpo.orchestrator.image_tiles); None for Qwen2-VL's patch sequences."""
+    (grpo.orchestrator.images.tiles); None for Qwen2-VL's patch sequences."""
 
 
 @dataclass

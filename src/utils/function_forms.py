@@ -1,4 +1,4 @@
-"""The three ways a config names a Python function (grpo.config.function_path checks them, and
+"""The three ways a config names a Python function (grpo.config.keys.function_path checks them, and
 grpo.utils.function_import imports what they name)."""
 
 from __future__ import annotations

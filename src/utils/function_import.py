@@ -1,4 +1,4 @@
-"""The function a config names (grpo.config.function_path): 'file.py:function', 'pkg.module:function'
+"""The function a config names (grpo.config.keys.function_path): 'file.py:function', 'pkg.module:function'
 or an in-process '<python>:function', with a UserError that says what is missing and where."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from grpo.utils.function_forms import FILE_FUNCTION, IN_PROCESS_PREFIX
 
 def import_function(where: str, path: str) -> Callable[..., Any]:
     """The callable `path` names; a relative file path is from the working directory (config files
-    have made theirs absolute already, grpo.config.relative_paths)."""
+    have made theirs absolute already, grpo.config.keys.relative_paths)."""
     if path.startswith(IN_PROCESS_PREFIX):
         from grpo.utils.in_process import is_registered, lookup
 

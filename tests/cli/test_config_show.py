@@ -9,9 +9,9 @@ import re
 from typer.testing import CliRunner
 
 from grpo.cli.config_show import FILES, app, render_user_keys
-from grpo.config.field_table import field_rows
+from grpo.config.keys.field_table import field_rows
+from grpo.config.keys.user_keys import USER_KEYS
 from grpo.config.orchestrator import OrchestratorConfig
-from grpo.config.user_keys import USER_KEYS
 
 runner = CliRunner()
 

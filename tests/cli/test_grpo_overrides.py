@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from grpo.config.shared_facts import share_overrides
+from grpo.config.across_files.shared_facts import share_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

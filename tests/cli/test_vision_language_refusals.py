@@ -2,7 +2,7 @@
 starts: co-located, a vision-language model vLLM cannot serve here (Qwen2-VL without torchvision) or whose
 engine weights co-located mode does not borrow yet;
 and text rendering refuses image parts (image
-prompts go through grpo.orchestrator.image_prompts)."""
+prompts go through grpo.orchestrator.images.prompts)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from one_line_refusal import assert_refused_in_one_line
 
-from grpo.orchestrator.tokenizer import ChatTokenizer
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
 from grpo.utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 calculator tool is really called.
 
 What is real: the vLLM server, the sampling of every token the model trains on, the hermes tool-call
-parser (vLLM's, through grpo.orchestrator.tool_calls), the tool runner calling `calc_tools.calculate`
+parser (vLLM's, through grpo.orchestrator.rollouts.tool_calls), the tool runner calling `calc_tools.calculate`
 in the run's own process, the tool message tokenised into the rollout (masked from the loss), the
 model's second turn after it, TRL-style scoring of the group and two training steps on the
 shared-prefix trainer. What is scripted: the tool call itself. The tiny random model never writes one,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from task_tools import ENV_NAME
 
-from grpo.orchestrator.rollout_log import read_rollouts
+from grpo.orchestrator.reporting.rollout_log import read_rollouts
 
 DISCOUNT = 0.5
 

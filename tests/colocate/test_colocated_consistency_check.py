@@ -45,7 +45,7 @@ async def _load_all_but_policy_2(self, version):
 scheduler.PolicyTracker._load = _load_all_but_policy_2
 """
 OTHER_TEMPLATE = """
-from grpo.orchestrator import tokenizer
+from grpo.orchestrator.rollouts import tokenizer
 
 _render = tokenizer.ChatTokenizer.render
 

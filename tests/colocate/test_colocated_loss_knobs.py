@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.orchestrator.rollout_log import rollouts_file
+from grpo.orchestrator.reporting.rollout_log import rollouts_file
 from grpo.utils.jsonl import read_jsonl
 
 ColocatedArgs = Callable[..., list[str]]  # the colocated_args fixture (tests/conftest.py)

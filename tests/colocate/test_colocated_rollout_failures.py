@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from grpo.orchestrator.rollout_log import read_rollouts, rollouts_file
+from grpo.orchestrator.reporting.rollout_log import read_rollouts, rollouts_file
 from grpo.utils.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from grpo.config.fp8_support import fp8_problems
+from grpo.config.machine.fp8_support import fp8_problems
 
 pytestmark = [
     pytest.mark.vllm,

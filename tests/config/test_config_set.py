@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo.config.across_files.crosscheck import check_colocated
+from grpo.config.across_files.derived import take_from_orchestrator
 from grpo.config.config_set import load_run, load_section
-from grpo.config.crosscheck import check_colocated
-from grpo.config.derived import take_from_orchestrator
 from grpo.config.errors import ConfigError
 from grpo.config.inference import InferenceConfig
 from grpo.config.orchestrator import OrchestratorConfig

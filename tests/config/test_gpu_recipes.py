@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from grpo.colocate.memory_plan import GIB, plan_memory
-from grpo.config.crosscheck import check_colocated
+from grpo.config.across_files.crosscheck import check_colocated
 from grpo.config.inference import InferenceConfig
 from grpo.config.loading import load_config
 from grpo.config.orchestrator import OrchestratorConfig

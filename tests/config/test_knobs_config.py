@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from grpo.config.crosscheck import check_trainer_orchestrator
+from grpo.config.across_files.crosscheck import check_trainer_orchestrator
 from grpo.config.errors import ConfigError
 from grpo.config.loading import validate
 from grpo.config.orchestrator import OrchestratorConfig

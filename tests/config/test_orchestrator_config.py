@@ -42,7 +42,7 @@ def test_temperatures_from_vllms_minimum_up_load(temperature: float) -> None:
 def test_the_minimum_temperature_is_vllms() -> None:
     from vllm.sampling_params import _MAX_TEMP
 
-    from grpo.config.sampling import MIN_TEMPERATURE
+    from grpo.config.sections.sampling import MIN_TEMPERATURE
 
     assert MIN_TEMPERATURE == _MAX_TEMP
 

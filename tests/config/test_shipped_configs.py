@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpo.config.across_files.crosscheck import check_colocated
 from grpo.config.config_set import load_run
-from grpo.config.crosscheck import check_colocated
 from grpo.config.inference import InferenceConfig
 from grpo.config.loading import load_config
 from grpo.config.orchestrator import OrchestratorConfig

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from grpo.config.dataset_env import DatasetEnvConfig
 from grpo.config.loading import validate
 from grpo.config.orchestrator import OrchestratorConfig
+from grpo.config.sections.dataset_env import DatasetEnvConfig
 from grpo.envs import Environment, load_environment
 from grpo.envs.base import GroupScoring, Score
 from grpo.envs.dataset_env import DatasetEnv

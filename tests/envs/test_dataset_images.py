@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from grpo.config.dataset_env import DatasetEnvConfig
+from grpo.config.sections.dataset_env import DatasetEnvConfig
 from grpo.envs import load_environment
 from grpo.envs.dataset_images import row_images
-from grpo.orchestrator.image_prompts import has_image_prompts
+from grpo.orchestrator.images.prompts import has_image_prompts
 from grpo.utils.errors import UserError
 
 CALLS: list[dict[str, Any]] = []
@@ -186,7 +186,7 @@ def test_a_rows_images_reach_the_idefics3_prompter_in_order(
 ) -> None:
     import base64
 
-    from grpo.orchestrator.image_prompts import image_prompter_for
+    from grpo.orchestrator.images.prompts import image_prompter_for
 
     rows = [{"prompt": "Which first?", "images": ["img/blue.png", "img/red.png"], "answer": "blue"}]
     env = load_environment(_cfg(_jsonl(pictures, rows)))

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from grpo.config.dataset_env import DatasetEnvConfig
-from grpo.config.judges import JudgeConfig
 from grpo.config.orchestrator import EnvConfig
+from grpo.config.sections.dataset_env import DatasetEnvConfig
+from grpo.config.sections.judges import JudgeConfig
 from grpo.envs import load_environment
 from grpo.envs.base import GroupScoring
 from grpo.envs.judge import Endpoint, Judge, parse_verdict, render, use_own_server

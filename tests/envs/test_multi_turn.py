@@ -6,9 +6,9 @@ from typing import Any
 
 from grpo.envs import EnvReply, Message, MultiTurnEnv
 from grpo.inference.types import Completion, GenerateRequest, SamplingParams
-from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.rollouts.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
 from grpo.orchestrator.scheduler import PolicyTracker
-from grpo.orchestrator.tokenizer import ChatTokenizer
 
 
 class GuessEnv(MultiTurnEnv):

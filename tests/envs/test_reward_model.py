@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from grpo.config.judges import RewardModelConfig
 from grpo.config.orchestrator import EnvConfig
+from grpo.config.sections.judges import RewardModelConfig
 from grpo.envs import MultiTurnEnv, load_environment
 from grpo.envs.extra_rewards import add_extra_rewards
 from grpo.envs.reward_model import RewardModel, conversation

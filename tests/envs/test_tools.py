@@ -15,10 +15,10 @@ from grpo.envs.base import Message
 from grpo.envs.tool_env import ToolEnv, with_tools
 from grpo.envs.tools import ToolCall, ToolSet
 from grpo.inference.types import Completion, GenerateRequest, SamplingParams
-from grpo.orchestrator.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.rollouts.rollout import GroupRequest, RolloutRunner
+from grpo.orchestrator.rollouts.tokenizer import ChatTokenizer
+from grpo.orchestrator.rollouts.tool_calls import ToolCallParser
 from grpo.orchestrator.scheduler import PolicyTracker
-from grpo.orchestrator.tokenizer import ChatTokenizer
-from grpo.orchestrator.tool_calls import ToolCallParser
 from grpo.utils.errors import UserError
 
 CALLS: list[tuple[int, int]] = []
@@ -327,8 +327,8 @@ def test_max_turns_bounds_the_model_turns_and_the_last_turns_calls_do_not_run(
 def test_max_turns_without_tools_and_tools_on_a_remote_env_are_refused() -> None:
     from pydantic import ValidationError
 
-    from grpo.config.dataset_env import DatasetEnvConfig
     from grpo.config.orchestrator import EnvConfig
+    from grpo.config.sections.dataset_env import DatasetEnvConfig
 
     with pytest.raises(ValidationError, match="max_turns applies to tool calls"):
         DatasetEnvConfig(dataset="d.jsonl", reward_funcs=["m:f"], max_turns=3)
@@ -341,7 +341,7 @@ def test_max_turns_without_tools_and_tools_on_a_remote_env_are_refused() -> None
 def test_a_dataset_block_with_tools_loads_as_a_group_scoring_tool_env(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from grpo.config.dataset_env import DatasetEnvConfig
+    from grpo.config.sections.dataset_env import DatasetEnvConfig
     from grpo.envs.base import GroupScoring
     from grpo.envs.loading import load_environment
     from grpo.envs.tool_env import ToolUse

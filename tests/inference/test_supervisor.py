@@ -16,7 +16,7 @@ import psutil
 import pytest
 from free_ports import free_port
 
-from grpo.config.supervisor import SupervisorConfig
+from grpo.config.sections.supervisor import SupervisorConfig
 from grpo.inference.supervisor import RESTART_ENV, Supervisor
 
 FAKE_SERVER = """

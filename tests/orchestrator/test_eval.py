@@ -15,7 +15,7 @@ from grpo.envs import SingleTurnEnv
 from grpo.inference.types import Completion, GenerateRequest, SamplingParams
 from grpo.orchestrator.eval import evaluate, should_evaluate
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.orchestrator.rollout import RolloutRunner
+from grpo.orchestrator.rollouts.rollout import RolloutRunner
 from grpo.orchestrator.scheduler import PolicyTracker
 from grpo.utils.jsonl import read_jsonl
 

@@ -13,7 +13,7 @@ from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokeni
 from grpo.config.orchestrator import CheckpointConfig, OrchestratorConfig
 from grpo.envs import SingleTurnEnv
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.orchestrator.rollout_log import read_rollouts, rollouts_file
+from grpo.orchestrator.reporting.rollout_log import read_rollouts, rollouts_file
 from grpo.orchestrator.types import Group, Rollout
 from grpo.transport.batches.filesystem import FilesystemBatchReceiver, FilesystemBatchSender
 from grpo.utils.atomic import publish_dir, staging_dir
@@ -167,7 +167,7 @@ def test_metrics_have_one_record_per_step(tmp_path: Path) -> None:
     assert first["frac_reward_zero_std"] == 1.0
     assert first["completion_len/max"] == 4
     assert 0 < first["packing/efficiency"] <= 1
-    # the rollouts of each step are on disk too (grpo.orchestrator.rollout_log)
+    # the rollouts of each step are on disk too (grpo.orchestrator.reporting.rollout_log)
     for step in range(3):
         rollouts = read_rollouts(rollouts_file(tmp_path, step))
         assert len(rollouts) == 8 and {r["completion"] for r in rollouts} == {"ok"}

@@ -15,7 +15,7 @@ from orchestrator_fakes import FakeClient, FakeTrainer, QueueSender, fake_tokeni
 from grpo.config.orchestrator import OrchestratorConfig
 from grpo.envs import EnvReply, Message, MultiTurnEnv
 from grpo.orchestrator.orchestrator import Orchestrator
-from grpo.orchestrator.rollout_log import read_rollouts, rollouts_file
+from grpo.orchestrator.reporting.rollout_log import read_rollouts, rollouts_file
 from grpo.utils.jsonl import read_jsonl
 
 

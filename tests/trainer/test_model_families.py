@@ -19,7 +19,7 @@ from model_families import FAMILIES, VOCAB, build_family_model
 
 import grpo.trainer.hf.model as trainer_model
 from grpo.config.trainer import TrainerConfig
-from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.batching.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.attention import check_attention
 from grpo.trainer.hf.model import Policy, build_policy

@@ -20,7 +20,7 @@ from model_families import MOE_FAMILIES, VOCAB, build_family_model
 
 import grpo.trainer.hf.model as trainer_model
 from grpo.config.trainer import TrainerConfig
-from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.batching.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.model import Policy, build_policy
 from grpo.trainer.hf.moe import moe_layers

@@ -15,7 +15,7 @@ import torch
 
 import grpo.trainer.hf.model as trainer_model
 from grpo.config.trainer import LossConfig
-from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.batching.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.trainer import Trainer
 from grpo.trainer.loss import LossSums

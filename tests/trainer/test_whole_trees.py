@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 import grpo.trainer.hf.model as trainer_model
-from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.batching.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.trainer import Trainer
 from grpo.transport.batches.batch import PackedRow

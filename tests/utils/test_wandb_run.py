@@ -14,7 +14,7 @@ from wandb_records import run_id as recorded_run_id
 
 from grpo.config.orchestrator import ReportConfig
 from grpo.config.trainer import TrainerConfig
-from grpo.orchestrator.report import Reporter
+from grpo.orchestrator.reporting.report import Reporter
 from grpo.trainer.step_report import StepReport
 from grpo.transport.run_dir import TRAINER_METRICS_FILE
 from grpo.utils.jsonl import JsonlWriter

@@ -12,7 +12,7 @@ LoRA adapts the language model only; the vision tower stays frozen unless `train
 
 Verified families: Qwen2-VL (`qwen2_vl`) and Qwen2.5-VL (`qwen2_5_vl`, whose M-RoPE for images is
 Qwen2-VL's), and Idefics3 (`idefics3`, SmolVLM: 1-D positions, its images as square tiles whose
-patches travel in Qwen2-VL's layout, grpo.orchestrator.image_tiles; the trainer puts them back into
+patches travel in Qwen2-VL's layout, grpo.orchestrator.images.tiles; the trainer puts them back into
 tiles for the vision tower and its pixel-shuffle connector). Others fail at load by name.
 """
 
@@ -82,7 +82,7 @@ def freeze_vision_tower(causal_lm: nn.Module) -> int:
 
 def patches_to_tiles(pixel_values: torch.Tensor, grid_thw: torch.Tensor, patch_size: int) -> torch.Tensor:
     """[num_tiles * rows * cols, C * p * p] flattened patches of equal tiles -> [num_tiles, C, rows * p,
-    cols * p] (the inverse of grpo.orchestrator.image_tiles.tiles_to_patches)."""
+    cols * p] (the inverse of grpo.orchestrator.images.tiles.tiles_to_patches)."""
     if not bool((grid_thw == grid_thw[0]).all()) or int(grid_thw[0, 0]) != 1:
         raise ValueError(f"image tiles must all have one grid (1, rows, cols), got {grid_thw.tolist()}")
     num_tiles = int(grid_thw.shape[0])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from grpo.utils.errors import UserError
 
 if TYPE_CHECKING:
-    from grpo.config.megatron import MegatronConfig
+    from grpo.config.sections.megatron import MegatronConfig
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 """Llama-style decoders: RMSNorm, RoPE, grouped-query attention, gated SiLU MLP (Qwen2 adds q/k/v

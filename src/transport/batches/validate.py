@@ -18,7 +18,7 @@ from grpo.transport.batches.batch import TrainingBatch
 MAX_ABS_ADVANTAGE = 1e6
 """Far above any real advantage (group-normalised ones are within sqrt(group size)); a larger one
 would overflow the float32 loss or take one huge step. The orchestrator holds rewards and
-advantages to it too, failing the groups beyond it (grpo.orchestrator.group_checks)."""
+advantages to it too, failing the groups beyond it (grpo.orchestrator.batching.group_checks)."""
 
 MAX_METADATA_ITEMS = 1024
 MAX_METADATA_STR = 4096

@@ -89,7 +89,7 @@ from grpo.utils.errors import UserError
 if TYPE_CHECKING:
     import torch
 
-    from grpo.config.transport import NcclWeightBroadcast
+    from grpo.config.sections.transport import NcclWeightBroadcast
 
 _NONCE_BYTES = 16
 _REFUSAL_LINGER_S = 1.0

@@ -13,7 +13,7 @@ from trainer_batches import default_rows, on_policy_batch, reference_logprobs
 
 import grpo.trainer.hf.model as trainer_model
 from grpo.config.trainer import LossConfig
-from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.batching.packer import pack_rollouts
 from grpo.trainer.hf.trainer import Trainer
 from grpo.trainer.logprobs import token_logprobs
 from grpo.trainer.ref_kl import kl_estimate

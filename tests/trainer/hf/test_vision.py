@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import grpo.trainer.hf.model as trainer_model
-from grpo.orchestrator.image_prompts import image_prompter_of
-from grpo.orchestrator.image_tiles import TiledImagePrompter
-from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.batching.packer import pack_rollouts
+from grpo.orchestrator.images.prompts import image_prompter_of
+from grpo.orchestrator.images.tiles import TiledImagePrompter
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.hf.trainer import Trainer
 from grpo.transport.batches.batch import PackedRow, SamplingTruncation, TrainingBatch, plain_parent_ids

@@ -19,7 +19,7 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
 from grpo.config.trainer import TrainerConfig
-from grpo.orchestrator.packer import pack_rollouts
+from grpo.orchestrator.batching.packer import pack_rollouts
 from grpo.orchestrator.types import Rollout
 from grpo.trainer.megatron import layer_spec
 from grpo.trainer.megatron.layer_spec import gpt_layer_spec, use_transformer_engine

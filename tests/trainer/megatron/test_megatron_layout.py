@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from grpo.config.megatron import MegatronConfig
+from grpo.config.sections.megatron import MegatronConfig
 from grpo.trainer.megatron.parallel import check_layout
 from grpo.utils.errors import UserError
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from free_ports import free_port
 
-from grpo.config.transport import NcclWeightBroadcast
+from grpo.config.sections.transport import NcclWeightBroadcast
 from grpo.transport.weights import buckets
 from grpo.transport.weights.buckets import (
     ALIGN_BYTES,
