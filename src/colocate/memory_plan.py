@@ -49,9 +49,13 @@ MIN_CPU_KV_CACHE_GB = 0.25
 # peak (VmHWM) 0.71 GB for EngineCore and 1.33 GB for the Worker's Python, torch, oneDNN and
 # compiled graphs.
 CPU_ENGINE_OVERHEAD = 2.25 * GIB
-CPU_TRAINER_PLANNED_GIB = 8.0
+CPU_TRAINER_PLANNED_GIB = 12.0
 """On CPU, the most memory the trainer's micro-batch budget and activations are planned against
-(grpo.trainer.activation_plan.ACTIVATION_SHARE of it for the activations alive at once) when activation_memory_gib is unset."""
+(grpo.trainer.activation_plan.ACTIVATION_SHARE of it for the activations alive at once) when
+activation_memory_gib is unset. A float32 trainer (a CPU run's default) keeps twice a bf16 one's
+bytes a token: at 8 GiB a long-brief step (1,800 tokens, its brief shared) recomputed 8 of
+SmolLM2-135M's 30 layers; 12 GiB keeps 2,500 tokens' activations (about half of a 24 GiB machine
+planned in all)."""
 # Bytes per LoRA parameter: fp32 weight + fp32 grad + optimizer moments (8-bit: 2 x 1 B; else 2 x 4 B).
 LORA_BYTES = {"adamw": 4 + 4 + 8, "adamw_8bit": 4 + 4 + 2}
 # Bytes per base parameter for full fine-tuning (fp32 master + grad + moments; bf16 copy is the engine's).

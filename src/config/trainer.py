@@ -210,8 +210,9 @@ class TrainerConfig(StrictModel):
 
     activation_memory_gib: float | None = Field(None, gt=0)
     """Memory the activations of one group of micro-batches may take (gradient_checkpointing auto
-    decides against it; a group that recomputes no layer also keeps its loss tokens' float32
-    probabilities for backward where they fit too, rather than running the lm_head again). null:
+    decides against it; a group also keeps its loss tokens' float32 probabilities for backward
+    where they fit beside its activations, rather than running the lm_head again, and under auto
+    recomputes a few more layers to make that room where their forward costs less). null:
     co-located, what the memory plan reserves for the worst case it plans; otherwise half the
     device's memory (a GPU's total, or the RAM available at start), which under an explicit
     gradient_checkpointing keeps no probabilities."""

@@ -17,7 +17,7 @@ step's tokens), and most steps, with shared prompts and short completions, hold 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from grpo.config.trainer import TrainerConfig
 from grpo.models.shape import ModelShape
@@ -49,6 +49,9 @@ class CheckpointingChoice:
 
     reason: str
     """Why, for `grpo --dry-run` and the trainer's log."""
+
+    keeps_probabilities: bool = False
+    """Whether the group keeps its loss tokens' probabilities for backward (keeps_probabilities)."""
 
     def describe(self, num_layers_total: int) -> str:
         if self.num_layers == 0:
@@ -108,11 +111,12 @@ def activation_budget_bytes(train: TrainerConfig, memory_bytes: int) -> int:
 
 
 def checkpointing_choice(
-    train: TrainerConfig, shape: ModelShape, num_tokens: int, budget_bytes: int
+    train: TrainerConfig, shape: ModelShape, num_tokens: int, budget_bytes: int, num_loss_tokens: int = 0
 ) -> CheckpointingChoice:
     """What `gradient_checkpointing` means when `num_tokens` tokens' activations are alive at once:
     auto recomputes as few layers as bring them within `budget_bytes` (every layer when even that
-    does not)."""
+    does not), or a few more where that makes room to keep the `num_loss_tokens` loss tokens'
+    probabilities and costs less (recompute_for_probabilities)."""
     setting = train.gradient_checkpointing
     num_layers = shape.num_layers
     if setting is True:
@@ -121,6 +125,50 @@ def checkpointing_choice(
         return CheckpointingChoice(0, "gradient_checkpointing: false")
     if setting != "auto":
         return CheckpointingChoice(min(int(setting), num_layers), f"gradient_checkpointing: {setting}")
+    fewest = _fewest_recomputed(shape, num_tokens, budget_bytes)
+    more = recompute_for_probabilities(shape, num_tokens, num_loss_tokens, budget_bytes, fewest.num_layers)
+    if more is None:
+        return fewest
+    kept = f"keeping the {num_loss_tokens} loss tokens' probabilities for backward"
+    if more == fewest.num_layers:
+        return replace(fewest, reason=f"{fewest.reason}; {kept}", keeps_probabilities=True)
+    return CheckpointingChoice(
+        more,
+        f"{fewest.reason}; {more - fewest.num_layers} more layers recomputed make room for {kept}, "
+        "which costs less than running the lm_head over them again",
+        keeps_probabilities=True,
+    )
+
+
+def recompute_for_probabilities(
+    shape: ModelShape, num_tokens: int, num_loss_tokens: int, budget_bytes: int, num_recomputed: int
+) -> int | None:
+    """The layers to recompute so that the loss tokens' probabilities fit beside the activations,
+    where that is at least `num_recomputed` and costs less than not keeping them; None otherwise.
+
+    Not keeping them runs the lm_head over every loss token again in backward (grpo.trainer.logprobs
+    recomputes each chunk's logits), 2 x hidden x vocab FLOPs a loss token; each further recomputed
+    layer runs its linears' forward again over every token. With SmolLM2-135M's 49k vocabulary the
+    lm_head costs as much as eight layers: on 2 CPU cores (float32) a long-brief-shaped step (1,790
+    tokens, 1,280 of them loss tokens) took 13.41 s recomputing 9 layers and keeping them, 13.94 s
+    recomputing 8 and running the lm_head again (benchmarks/README, "Seconds per step at the same
+    precision")."""
+    if num_loss_tokens == 0:
+        return None
+    probabilities = num_loss_tokens * shape.vocab_size * 4
+    lm_head_flops = 2 * shape.hidden_size * shape.vocab_size * num_loss_tokens
+    layer_flops = 2 * shape.num_linear_params() // shape.num_layers * num_tokens
+    for count in range(num_recomputed, shape.num_layers + 1):
+        if (count - num_recomputed) * layer_flops >= lm_head_flops:
+            return None
+        if activation_bytes(shape, num_tokens, count) + probabilities <= budget_bytes:
+            return count
+    return None
+
+
+def _fewest_recomputed(shape: ModelShape, num_tokens: int, budget_bytes: int) -> CheckpointingChoice:
+    """auto's fewest layers recomputed that bring `num_tokens` tokens' activations within `budget_bytes`."""
+    num_layers = shape.num_layers
     room = f"the {budget_bytes / 2**30:.2f} GiB for activations"
     every = activation_bytes(shape, num_tokens, 0)
     if every <= budget_bytes:
@@ -146,13 +194,12 @@ def keeps_probabilities(
     shape: ModelShape, num_tokens: int, num_loss_tokens: int, num_recomputed: int, budget_bytes: int
 ) -> bool:
     """Whether a group of micro-batches keeps its loss tokens' float32 probabilities [tokens, vocab]
-    from forward to backward (grpo.trainer.fused_logprobs) rather than recomputing the logits: only
-    where no layer recomputes (memory is not short) and its activations and the probabilities
-    together fit `budget_bytes`."""
-    if num_recomputed > 0:
-        return False
+    from forward to backward (grpo.trainer.fused_logprobs) rather than recomputing the logits: where
+    its activations, `num_recomputed` layers recomputing, and the probabilities together fit
+    `budget_bytes` (auto recomputes more layers to make that room where it pays:
+    recompute_for_probabilities)."""
     probabilities = num_loss_tokens * shape.vocab_size * 4
-    return activation_bytes(shape, num_tokens, 0) + probabilities <= budget_bytes
+    return activation_bytes(shape, num_tokens, num_recomputed) + probabilities <= budget_bytes
 
 
 def tokens_without_recompute(shape: ModelShape, budget_bytes: int) -> int:

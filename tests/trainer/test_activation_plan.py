@@ -132,12 +132,39 @@ def test_auto_decides_for_each_group_of_micro_batches_from_its_tokens(tiny_model
     assert checkpointing.fit(50) == 0 and not any(layer.gradient_checkpointing for layer in layers)
 
 
-def test_probabilities_are_kept_for_backward_only_where_nothing_recomputes_and_they_fit() -> None:
-    activations = activation_bytes(SHAPE, 2048, 0)
+def test_probabilities_are_kept_for_backward_where_they_fit_beside_the_activations() -> None:
     probabilities = 1536 * SHAPE.vocab_size * 4
-    assert keeps_probabilities(SHAPE, 2048, 1536, 0, activations + probabilities)
-    assert not keeps_probabilities(SHAPE, 2048, 1536, 0, activations + probabilities - 1)
-    assert not keeps_probabilities(SHAPE, 2048, 1536, 1, 1000 * GIB)  # short of memory already
+    for num_recomputed in (0, 1, 30):
+        activations = activation_bytes(SHAPE, 2048, num_recomputed)
+        assert keeps_probabilities(SHAPE, 2048, 1536, num_recomputed, activations + probabilities)
+        assert not keeps_probabilities(SHAPE, 2048, 1536, num_recomputed, activations + probabilities - 1)
+
+
+def test_auto_recomputes_a_layer_more_to_keep_the_probabilities_where_the_lm_head_costs_more() -> None:
+    # A short-answer step: 1,300 tokens, 1,200 of them loss tokens. Its activations fit with every
+    # layer kept, but not beside the probabilities; running the lm_head again over 1,200 tokens costs
+    # about eight layers' forward, so auto recomputes the first layer and keeps them.
+    probabilities = 1200 * SHAPE.vocab_size * 4
+    budget = activation_bytes(SHAPE, 1300, 1) + probabilities
+    assert activation_bytes(SHAPE, 1300, 0) <= budget < activation_bytes(SHAPE, 1300, 0) + probabilities
+    assert checkpointing_choice(_train(), SHAPE, 1300, budget).num_layers == 0  # loss tokens not said
+    choice = checkpointing_choice(_train(), SHAPE, 1300, budget, num_loss_tokens=1200)
+    assert choice.num_layers == 1 and choice.keeps_probabilities
+    assert (
+        "1 more layers recomputed make room for keeping the 1200 loss tokens' probabilities" in choice.reason
+    )
+    assert keeps_probabilities(SHAPE, 1300, 1200, choice.num_layers, budget)
+    fits = checkpointing_choice(_train(), SHAPE, 1300, budget + probabilities, num_loss_tokens=1200)
+    assert fits.num_layers == 0 and fits.keeps_probabilities
+
+
+def test_auto_recomputes_the_lm_head_rather_than_layers_that_cost_more() -> None:
+    # 8,192 tokens with 64 loss tokens: a layer's forward over every token costs more than the lm_head
+    # over the loss tokens, so the fewest layers stay and the logits are recomputed instead.
+    budget = activation_bytes(SHAPE, 8192, 7)
+    choice = checkpointing_choice(_train(), SHAPE, 8192, budget, num_loss_tokens=64)
+    assert choice.num_layers == 7 and not choice.keeps_probabilities
+    assert not keeps_probabilities(SHAPE, 8192, 64, 7, budget)
 
 
 def test_the_hf_trainer_keeps_probabilities_within_its_budget_also_with_checkpointing_off(
@@ -155,6 +182,17 @@ def test_the_hf_trainer_keeps_probabilities_within_its_budget_also_with_checkpoi
     checkpointing, _ = _checkpointing(tiny_model_path, gradient_checkpointing=True)
     checkpointing.fit(100)
     assert not checkpointing.keeps_probabilities(100, 1)
+
+
+def test_the_hf_trainer_recomputes_a_layer_more_where_that_keeps_the_probabilities(tiny_model_path) -> None:
+    shape = ModelShape.from_folder(tiny_model_path)
+    probabilities = 80 * shape.vocab_size * 4
+    budget = activation_bytes(shape, 100, 1) + probabilities
+    assert activation_bytes(shape, 100, 0) <= budget < activation_bytes(shape, 100, 0) + probabilities
+    checkpointing, layers = _checkpointing(tiny_model_path, activation_memory_gib=budget / GIB)
+    assert checkpointing.fit(100) == 0 and not checkpointing.keeps_probabilities(100, 80)
+    assert checkpointing.fit(100, 80) == 1 and checkpointing.keeps_probabilities(100, 80)
+    assert [layer.gradient_checkpointing for layer in layers] == [True] + [False] * (len(layers) - 1)
 
 
 def test_checkpointing_off_keeps_no_probabilities_without_a_planned_budget(tiny_model_path) -> None:

@@ -67,13 +67,14 @@ class LayerCheckpointing:
         else:
             self.set_layers(num_recomputed_layers(cfg, shape.num_layers))
 
-    def fit(self, num_tokens: int) -> int:
-        """Under auto, the layers to recompute for `num_tokens` tokens alive at once (set, and
-        returned); otherwise the fixed setting's."""
+    def fit(self, num_tokens: int, num_loss_tokens: int = 0) -> int:
+        """Under auto, the layers to recompute for `num_tokens` tokens alive at once, `num_loss_tokens`
+        of them loss tokens (set, and returned); otherwise the fixed setting's."""
         if self.auto:
-            self.set_layers(
-                checkpointing_choice(self.cfg, self.shape, num_tokens, self.budget_bytes).num_layers
+            choice = checkpointing_choice(
+                self.cfg, self.shape, num_tokens, self.budget_bytes, num_loss_tokens
             )
+            self.set_layers(choice.num_layers)
         return self.num_layers
 
     def keeps_probabilities(self, num_tokens: int, num_loss_tokens: int) -> bool:

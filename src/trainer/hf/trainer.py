@@ -258,9 +258,9 @@ class Trainer:
             keep_probs = False
             if self.policy.checkpointing is not None:
                 num_group_tokens = sum(item.micro_batch.num_tokens for item in group)
-                num_layers = self.policy.checkpointing.fit(num_group_tokens)
-                state.num_recomputed_layers = max(state.num_recomputed_layers, num_layers)
                 num_loss_tokens = sum(int(item.micro_batch.loss.targets.numel()) for item in group)
+                num_layers = self.policy.checkpointing.fit(num_group_tokens, num_loss_tokens)
+                state.num_recomputed_layers = max(state.num_recomputed_layers, num_layers)
                 keep_probs = self.policy.checkpointing.keeps_probabilities(num_group_tokens, num_loss_tokens)
             group_loss = None
             for item in group:
