@@ -17,7 +17,7 @@ step's tokens), and most steps, with shared prompts and short completions, hold 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from grpo.config.trainer import TrainerConfig
 from grpo.models.shape import ModelShape
@@ -49,9 +49,6 @@ class CheckpointingChoice:
 
     reason: str
     """Why, for `grpo --dry-run` and the trainer's log."""
-
-    keeps_probabilities: bool = False
-    """Whether the group keeps its loss tokens' probabilities for backward (keeps_probabilities)."""
 
     def describe(self, num_layers_total: int) -> str:
         if self.num_layers == 0:
@@ -131,12 +128,11 @@ def checkpointing_choice(
         return fewest
     kept = f"keeping the {num_loss_tokens} loss tokens' probabilities for backward"
     if more == fewest.num_layers:
-        return replace(fewest, reason=f"{fewest.reason}; {kept}", keeps_probabilities=True)
+        return CheckpointingChoice(more, f"{fewest.reason}; {kept}")
     return CheckpointingChoice(
         more,
         f"{fewest.reason}; {more - fewest.num_layers} more layers recomputed make room for {kept}, "
         "which costs less than running the lm_head over them again",
-        keeps_probabilities=True,
     )
 
 
@@ -155,13 +151,12 @@ def recompute_for_probabilities(
     precision")."""
     if num_loss_tokens == 0:
         return None
-    probabilities = num_loss_tokens * shape.vocab_size * 4
     lm_head_flops = 2 * shape.hidden_size * shape.vocab_size * num_loss_tokens
     layer_flops = 2 * shape.num_linear_params() // shape.num_layers * num_tokens
     for count in range(num_recomputed, shape.num_layers + 1):
         if (count - num_recomputed) * layer_flops >= lm_head_flops:
             return None
-        if activation_bytes(shape, num_tokens, count) + probabilities <= budget_bytes:
+        if keeps_probabilities(shape, num_tokens, num_loss_tokens, count, budget_bytes):
             return count
     return None
 

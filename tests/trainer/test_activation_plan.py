@@ -149,13 +149,14 @@ def test_auto_recomputes_a_layer_more_to_keep_the_probabilities_where_the_lm_hea
     assert activation_bytes(SHAPE, 1300, 0) <= budget < activation_bytes(SHAPE, 1300, 0) + probabilities
     assert checkpointing_choice(_train(), SHAPE, 1300, budget).num_layers == 0  # loss tokens not said
     choice = checkpointing_choice(_train(), SHAPE, 1300, budget, num_loss_tokens=1200)
-    assert choice.num_layers == 1 and choice.keeps_probabilities
+    assert choice.num_layers == 1
     assert (
         "1 more layers recomputed make room for keeping the 1200 loss tokens' probabilities" in choice.reason
     )
     assert keeps_probabilities(SHAPE, 1300, 1200, choice.num_layers, budget)
     fits = checkpointing_choice(_train(), SHAPE, 1300, budget + probabilities, num_loss_tokens=1200)
-    assert fits.num_layers == 0 and fits.keeps_probabilities
+    assert fits.num_layers == 0 and keeps_probabilities(SHAPE, 1300, 1200, 0, budget + probabilities)
+    assert fits.reason.endswith("keeping the 1200 loss tokens' probabilities for backward")
 
 
 def test_auto_recomputes_the_lm_head_rather_than_layers_that_cost_more() -> None:
@@ -163,7 +164,7 @@ def test_auto_recomputes_the_lm_head_rather_than_layers_that_cost_more() -> None
     # over the loss tokens, so the fewest layers stay and the logits are recomputed instead.
     budget = activation_bytes(SHAPE, 8192, 7)
     choice = checkpointing_choice(_train(), SHAPE, 8192, budget, num_loss_tokens=64)
-    assert choice.num_layers == 7 and not choice.keeps_probabilities
+    assert choice.num_layers == 7 and "probabilities" not in choice.reason
     assert not keeps_probabilities(SHAPE, 8192, 64, 7, budget)
 
 
